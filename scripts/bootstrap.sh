@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Set up everything moetrace needs on a fresh Debian 12 machine (run as root).
+# Idempotent: a second run only checks. Used by `make demo`, `make test` and .ci/run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${MOETRACE_VENV:-.venv}
+log() { printf 'bootstrap: %s\n' "$*" >&2; }
+warn() { printf 'bootstrap: WARNING: %s\n' "$*" >&2; }
+
+need_apt=()
+have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
+for p in python3-bpfcc bpfcc-tools python3-venv python3-pip fio; do
+  have_pkg "$p" || need_apt+=("$p")
+done
+krel=$(uname -r)
+hdr_pkg="linux-headers-$krel"
+if [ ! -e "/lib/modules/$krel/build/include" ]; then
+  if apt-cache show "$hdr_pkg" >/dev/null 2>&1; then
+    have_pkg "$hdr_pkg" || need_apt+=("$hdr_pkg")
+    fallback=""
+  else
+    # No headers for this kernel in the distro: bcc still compiles against a
+    # nearby Debian kernel's headers, but then only tracepoint and syscall
+    # arguments are layout-safe (see shared/docs/environment.md).
+    fallback=linux-headers-6.1.0-47-amd64
+    have_pkg "$fallback" || need_apt+=("$fallback")
+  fi
+fi
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    log "missing packages: ${need_apt[*]}; run as root or: sudo apt-get install -y ${need_apt[*]}"; exit 1
+  fi
+  log "installing ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null || apt-get update
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+if [ -n "${fallback:-}" ] && [ ! -e "/lib/modules/$krel/build/include" ] && [ "$(id -u)" = 0 ]; then
+  mkdir -p "/lib/modules/$krel"
+  ln -sfn "/usr/src/$fallback" "/lib/modules/$krel/build"
+  ln -sfn "/usr/src/${fallback%-amd64}-common" "/lib/modules/$krel/source"
+  warn "no kernel headers for $krel in the distro; linked $fallback instead."
+  warn "with mismatched headers only tracepoint-argument (and syscall-argument) probes are safe."
+fi
+
+# bcc is importable only from Debian's interpreter, hence --system-site-packages.
+if [ ! -x "$VENV/bin/python" ]; then
+  log "creating $VENV"
+  /usr/bin/python3 -m venv --system-site-packages "$VENV"
+fi
+stamp="$VENV/.moetrace-installed"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  log "installing moetrace (editable) and its dependencies"
+  "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+  "$VENV/bin/python" -m pip install -q -e '.[test]'
+  touch "$stamp"
+fi
+log "ready: $VENV/bin/moetrace"

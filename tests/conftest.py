@@ -1,0 +1,50 @@
+"""Test tiers (docs/style.md): no-kernel (default), probe-build, live.
+
+Live tests use the `live` fixture, which decides once per session whether a
+real kernel can be exercised and says why not. MOETRACE_LIVE=1 (set by CI)
+turns those skips into failures.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).parent / "data"
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+def _live_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "live tests need root"
+    if not os.path.exists("/sys/fs/cgroup"):
+        return "no /sys/fs/cgroup"
+    return None
+
+
+_LIVE = _live_reason()
+
+
+@pytest.fixture(scope="session")
+def live() -> None:
+    """Skip (or, with MOETRACE_LIVE=1, fail) when live kernel tests cannot run."""
+    if _LIVE is not None:
+        if os.environ.get("MOETRACE_LIVE") == "1":
+            pytest.fail(f"MOETRACE_LIVE=1 but live tests cannot run: {_LIVE}")
+        pytest.skip(_LIVE)
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    return DATA
+
+
+@pytest.fixture(scope="session")
+def counts_file() -> Path:
+    """The real OLMoE/Mixtral routing counts from ../shared/data."""
+    p = SHARED / "data" / "olmoe_mixtral_expert_counts.json"
+    if not p.exists():
+        pytest.fail(f"{p} is missing: the tests need the shared data folder beside the checkout")
+    return p

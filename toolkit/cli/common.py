@@ -1,0 +1,51 @@
+"""Small helpers shared by subcommands: JSON output, progress bars, sizes."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from ..geometry import parse_bytes
+
+
+def emit_json(obj: Any) -> None:
+    """Print one JSON document (numpy scalars converted) to stdout."""
+    click.echo(json.dumps(obj, indent=2, default=_default))
+
+
+def _default(o: Any) -> Any:
+    import numpy as np
+
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return None if np.isnan(o) else float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"not JSON serializable: {type(o).__name__}")
+
+
+def progress(iterable=None, length: int | None = None, label: str = ""):
+    """A click progress bar on a terminal, silent otherwise (stderr)."""
+    return click.progressbar(iterable, length=length, label=label, file=sys.stderr,
+                             hidden=not sys.stderr.isatty())
+
+
+class ByteSize(click.ParamType):
+    """A size option: 4096, 256KiB, 17.55MB, 2GiB."""
+
+    name = "size"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_bytes(value)
+        except click.ClickException as e:
+            self.fail(e.message, param, ctx)
+
+
+BYTES = ByteSize()
