@@ -1,0 +1,119 @@
+"""`moetrace trace import`: router traces from llama.cpp, vLLM, SGLang and plain tables."""
+
+from __future__ import annotations
+
+import click
+
+from .common import emit_json
+
+_FORMATS = ("auto", "llamacpp", "vllm", "sglang", "csv", "parquet")
+
+
+@click.command("import")
+@click.argument("in_file", metavar="IN", type=click.Path(dir_okay=False))
+@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False),
+              help="Engine JSONL to write (atomically).")
+@click.option("--format", "fmt", type=click.Choice(_FORMATS), default="auto", show_default=True,
+              help="Input format; auto decides by extension and content.")
+@click.option("--keep-warmup", is_flag=True, help="Keep a leading block of identical routes (dropped by default).")
+@click.option("--warmup-min-repeats", type=click.IntRange(min=2), default=16, show_default=True, metavar="N",
+              help="A leading run of at least N identical steps is warm-up junk.")
+@click.option("--k", type=int, help="Experts per token (reshapes flat arrays, splits layer-less tables; "
+                                    "default: inferred).")
+@click.option("--layers", type=int, help="Routed layers (bounds layer ids; reshapes 2-D arrays and splits "
+                                         "tables that have no layer column).")
+@click.option("--experts", type=int, help="Experts per layer; a larger expert id is an error.")
+@click.option("--geometry", "geometry_name", metavar="PRESET",
+              help="Take k, layers and experts from a preset (kimi-k3, deepseek-v3, qwen3-30b-a3b, olmoe).")
+@click.option("--key", help="Array name inside an .npz (default: detected).")
+@click.option("--prompt-tokens", type=click.IntRange(min=0), metavar="N",
+              help="Leading rows of a vLLM/SGLang array that are the prompt (default: from the file, else 0).")
+@click.option("--include-prefill", is_flag=True,
+              help="Keep prompt tokens as steps (one per token) instead of excluding them.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def import_(in_file, out, fmt, keep_warmup, warmup_min_repeats, k, layers, experts, geometry_name, key,
+            prompt_tokens, include_prefill, as_json):
+    """Convert another tool's router trace into engine JSONL.
+
+    \b
+    Formats:
+      llamacpp  eval-callback ffn_moe_topk-<il> tensors: a CSV (token, layer,
+                expert) or the raw llama-eval-callback log
+      vllm      routed experts (--enable-return-routed-experts): int array
+                (tokens, layers, k) as .npy/.npz, or the response .json
+      sglang    expert-distribution recorder per_token dump (.pt), or a
+                return_routed_experts response .json; stat/per_pass dumps hold
+                only counts (use `moetrace trace stats --counts`)
+      csv, parquet  step|token|pos, layer|il, expert|expert_id
+                [, rank, weight, pass] with a header, or an experts list column
+
+    \b
+    A leading block of at least N identical steps (warm-up junk: dummy
+    profiling passes) is dropped and reported; --keep-warmup keeps it.
+    The output is validated with the canonical typed parser before writing.
+
+    \b
+    Examples:
+      moetrace trace import routes.csv -o trace.jsonl
+      moetrace trace import --format vllm routed.npy --prompt-tokens 57 -o trace.jsonl --json
+    """
+    from ..importers import import_trace
+    from ..trace import type_records, write_jsonl
+
+    if geometry_name:
+        from ..geometry import preset
+
+        g = preset(geometry_name)
+        k = k or g.k
+        layers = layers or g.n_layers
+        experts = experts or g.n_experts
+    res = import_trace(in_file, fmt, key=key, prompt_tokens=prompt_tokens, include_prefill=include_prefill,
+                       keep_warmup=keep_warmup, warmup_min_repeats=warmup_min_repeats, k=k, n_layers=layers)
+    tt = type_records(res.records, k=k, n_layers=res.n_layers(layers), n_experts=experts, path=str(in_file))
+    n = write_jsonl(((r.step, r.layer, r.experts) for r in res.records), out)
+    st = res.stats
+    wu = st["warmup"]
+    summary = {
+        "input": str(in_file),
+        "output": str(out),
+        "format": st["format"],
+        "rows_read": st.get("rows_read", 0),
+        "rows_unit": st.get("rows_unit", "rows"),
+        "prefill_excluded": st.get("prefill_excluded", 0),
+        "placeholder_layers_dropped": st.get("placeholder_layers_dropped", []),
+        "warmup_steps_dropped": wu["steps_dropped"],
+        "warmup_rows_dropped": wu["rows_dropped"],
+        "warmup": wu,
+        "records_written": n,
+        "steps": tt.n_steps,
+        "layers": tt.n_layers,
+        "experts": tt.n_experts,
+        "k": tt.k,
+        "accounting": tt.accounting,
+        "notes": st.get("notes", []),
+    }
+    for extra in ("array", "array_shape", "passes_skipped", "source"):
+        if extra in st:
+            summary[extra] = st[extra]
+    if wu["steps_dropped"]:
+        click.echo(f"moetrace: {in_file}: dropped warm-up: {wu['steps_dropped']} leading steps of identical "
+                   f"routes ({wu['rows_dropped']} {summary['rows_unit']}, {len(wu['blocks'])} block(s)); "
+                   f"--keep-warmup keeps them", err=True)
+    elif wu.get("candidates"):
+        click.echo(f"moetrace: {in_file}: kept a leading block of identical routes "
+                   f"({sum(c for _, c in wu['candidates'])} steps) because of --keep-warmup", err=True)
+    for note in summary["notes"]:
+        click.echo(f"moetrace: note: {note}", err=True)
+    if as_json:
+        emit_json(summary)
+        return
+    click.echo(f"{in_file} ({summary['format']}) -> {out}")
+    click.echo(f"  read             {summary['rows_read']} {summary['rows_unit']}")
+    if summary["prefill_excluded"]:
+        click.echo(f"  prefill excluded {summary['prefill_excluded']} {st.get('prefill_unit', 'rows')}")
+    if summary["placeholder_layers_dropped"]:
+        click.echo(f"  placeholder layers dropped {summary['placeholder_layers_dropped']} (renumbered from 0)")
+    click.echo(f"  warm-up dropped  {wu['steps_dropped']} steps ({wu['rows_dropped']} {summary['rows_unit']})")
+    click.echo(f"  written          {n} records: {tt.n_steps} steps x {tt.n_layers} layers, k={tt.k}, "
+               f"{tt.n_experts} experts")
+    click.echo(f"  accepted tokens  {tt.accounting['accepted_tokens']}")
