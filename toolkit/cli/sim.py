@@ -1,0 +1,144 @@
+"""`moetrace sim`: cache-policy simulations (LRU, LFU, static, Belady) under fair windows."""
+
+from __future__ import annotations
+
+import click
+
+from .common import BYTES, emit_json
+
+
+@click.command()
+@click.argument("trace_or_plan", type=click.Path(dir_okay=False))
+@click.option("--policy", "policy_text", default="lru,lfu,static,belady", show_default=True,
+              help="Comma-separated policies: lru, lfu, static, belady.")
+@click.option("--budgets", "budget_text", default="8,16,32,64", show_default=True,
+              help="Cache sizes in experts per layer (per-layer scope; global scope uses B x layers "
+                   "unless --global-budgets).")
+@click.option("--scope", type=click.Choice(["per-layer", "global", "both"]),
+              help="per-layer: an independent cache of B experts per layer; global: one pool of N "
+                   "experts keyed by expert_id. Default per-layer, or both with --global-budgets.")
+@click.option("--global-budgets", "global_text", metavar="N,...",
+              help="Global pool sizes in experts (in all).")
+@click.option("--static-table", default="oracle", show_default=True, metavar="oracle|warm|FILE",
+              help="Static table: counts over the whole trace (oracle), over the warm window (warm), "
+                   "or over another trace or plan (domain shift).")
+@click.option("--warm-fraction", type=float, default=0.6, show_default=True,
+              help="Every policy warms on this fraction of iterations; the rest is scored.")
+@click.option("--expert-bytes", type=BYTES, metavar="SIZE",
+              help="Bytes per expert for miss demand (default: the --geometry preset's, else the "
+                   "plan's; else NA).")
+@click.option("--geometry", "geometry_name", metavar="PRESET",
+              help="Preset (kimi-k3, deepseek-v3, qwen3-30b-a3b, olmoe): layers, experts and k for a "
+                   "JSONL trace, and the expert size.")
+@click.option("--json", "as_json", is_flag=True, help="Print the window and one row per policy x scope x budget.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="OUT.png",
+              help="Also write hit rate vs budget per policy.")
+def sim(trace_or_plan, policy_text, budget_text, scope, global_text, static_table, warm_fraction,
+        expert_bytes, geometry_name, as_json, plot_path):
+    """Simulate expert caches on a router trace or a compiled plan.
+
+    \b
+    Fair windows (paper §3): every policy runs over the whole access stream,
+    warming on the first --warm-fraction of iterations, and only the remaining
+    iterations are scored. Policies admit every miss (no bypass) except static:
+      lru     least recently used; every budget from one stack-distance pass
+      lfu     least frequently used, ties by least recent; counts from the
+              start of the stream (perfect LFU)
+      static  the top-B experts by count (per layer, or top-N globally), fixed;
+              hit iff the expert is in the table; nothing else is admitted
+      belady  Belady's MIN (evict the farthest next use) from the best state a
+              demand-paging cache can hold after the warm window: the optimum
+              of lru/lfu-like policies; it does not bound static (preloaded)
+    miss demand = misses x expert bytes per scored iteration.
+
+    \b
+    Examples:
+      moetrace sim trace.jsonl --geometry kimi-k3
+      moetrace sim plan.bin --policy lru,belady --budgets 8,16,32,64,128 --json
+      moetrace sim prose.parquet --scope both --static-table code.parquet --plot fig1.png
+    """
+    from ..analyses.sim import compute_sim, load_accesses, parse_budgets, parse_policies, plan_expert_bytes
+    from ..errors import UsageError
+
+    policies = parse_policies(policy_text)
+    budgets = parse_budgets(budget_text)
+    gbudgets = parse_budgets(global_text, "--global-budgets") if global_text else None
+    if scope is None:
+        scopes = ["per_layer", "global"] if gbudgets else ["per_layer"]
+    elif scope == "both":
+        scopes = ["per_layer", "global"]
+    else:
+        scopes = [scope.replace("-", "_")]
+    if gbudgets and "global" not in scopes:
+        raise UsageError("--global-budgets needs --scope global or both")
+    geo = None
+    if geometry_name:
+        from ..geometry import preset
+
+        geo = preset(geometry_name)
+    if expert_bytes is None and geo is not None:
+        expert_bytes = geo.expert_bytes or None
+    kw = dict(k=geo.k, n_layers=geo.n_layers, n_experts=geo.n_experts) if geo else {}
+    acc = load_accesses(trace_or_plan, **kw)
+    if expert_bytes is None:
+        expert_bytes = plan_expert_bytes(trace_or_plan)
+    if geo is not None and (acc.n_layers, acc.n_experts) != (geo.n_layers, geo.n_experts):
+        raise UsageError(f"{trace_or_plan} is {acc.n_layers}x{acc.n_experts} but --geometry {geo.name} "
+                         f"is {geo.n_layers}x{geo.n_experts}")
+    if len(acc) == 0:
+        raise UsageError(f"{trace_or_plan} holds no accesses to simulate")
+    table, table_name = static_table, static_table
+    if "static" in policies and static_table not in ("oracle", "warm"):
+        table = load_accesses(static_table, **kw)
+    df = compute_sim(acc, policies, budgets, scopes, gbudgets, warm_fraction, expert_bytes,
+                     table if "static" in policies else "oracle", table_name)
+    if plot_path:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        from ..analyses.sim import plot_sim
+
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        plot_sim(df, ax)
+        fig.tight_layout()
+        fig.savefig(plot_path, dpi=120)
+        plt.close(fig)
+    if as_json:
+        rows = df.astype(object).where(df.notna(), None).to_dict(orient="records")
+        emit_json({"input": str(trace_or_plan), **df.attrs, "static_table": table_name, "rows": rows})
+        return
+    _print_table(df, str(trace_or_plan), policies, table_name, plot_path)
+
+
+def _print_table(df, source, policies, table_name, plot_path) -> None:
+    from ..geometry import format_bytes
+
+    a = df.attrs
+    click.echo(f"{source}: {a['n_iterations']} iterations ({a['warm_iterations']} warm, "
+               f"{a['scored_iterations']} scored), {a['n_layers']} layers x {a['n_experts']} experts, "
+               f"{int(df['accesses'].iloc[0]):,} scored accesses")
+    if "static" in policies:
+        click.echo(f"static table: {table_name}")
+    eb = a.get("expert_bytes")
+    head = f"{'scope':<10} {'budget':>7} {'total':>7}" + "".join(f" {p:>8}" for p in policies)
+    click.echo("\nhit rate (%) in the scored window")
+    click.echo(head)
+    wide = df.pivot_table(index=["scope", "budget", "budget_total"], columns="policy", values="hit_rate",
+                          sort=False)
+    for (scope, b, tot), row in wide.iterrows():
+        cells = "".join(f" {row[p] * 100:8.1f}" if row[p] == row[p] else f" {'NA':>8}" for p in policies)
+        click.echo(f"{scope.replace('_', '-'):<10} {b:>7} {tot:>7}{cells}")
+    if eb is not None:
+        click.echo(f"\nmiss demand per scored iteration (expert = {format_bytes(eb)})")
+        click.echo(f"{'scope':<10} {'budget':>7} {'total':>7}" + "".join(f" {p:>11}" for p in policies))
+        wide = df.pivot_table(index=["scope", "budget", "budget_total"], columns="policy",
+                              values="misses", sort=False)
+        it = a["scored_iterations"]
+        for (scope, b, tot), row in wide.iterrows():
+            cells = "".join(f" {format_bytes(row[p] * eb / it):>11}" if it else f" {'NA':>11}"
+                            for p in policies)
+            click.echo(f"{scope.replace('_', '-'):<10} {b:>7} {tot:>7}{cells}")
+    if plot_path:
+        click.echo(f"\nplot -> {plot_path}")
