@@ -376,7 +376,9 @@ def accesses_from_table(table: pd.DataFrame, n_layers: int, n_experts: int) -> A
     lay = table["layer"].to_numpy(np.int64)
     ex = table["expert"].to_numpy(np.int64)
     key = ((it.astype(np.int64) * 2 + ps) * n_layers + lay) * n_experts + ex
-    key = np.unique(key)
+    key = np.sort(key, kind="stable")
+    if key.size:
+        key = key[np.concatenate(([True], key[1:] != key[:-1]))]
     ex = key % n_experts
     rest = key // n_experts
     lay = rest % n_layers
