@@ -489,7 +489,7 @@ def test_cli_parquet_input(tmp_path, small):
     assert eq_accesses(P.read_accesses(out), tt.accesses())
     assert P.read_header(out).accepted_tokens == SMALL_ACCEPTED
     r = run("plan", "compile", pq, "-o", out, "--k", "3")
-    assert r.exit_code == 2 and "k=2" in r.output
+    assert r.exit_code == 1 and "k=2" in r.output
     r = run("plan", "compile", pq, "-o", out, "--layers", "2")
     assert r.exit_code == 1 and "unknown layer 2" in r.output
 

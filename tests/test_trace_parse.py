@@ -140,3 +140,13 @@ def test_merge_union_truncates_to_shortest(tmp_path):
     m = merge_accesses([a.accesses(), b.accesses()])
     assert m.n_iterations == 3
     assert [list(m.expert[m.iteration == i]) for i in range(3)] == [[0, 4, 5], [1, 4, 5], [2, 4, 5]]
+
+
+def test_typed_parquet_checked_against_geometry(tmp_path, data_dir):
+    out = tmp_path / "typed.parquet"
+    parse_jsonl(data_dir / "request_300.jsonl").save(out)
+    assert load_trace(out, n_layers=8, n_experts=64).n_layers == 8
+    with pytest.raises(InputError, match="unknown layer 3"):
+        load_trace(out, n_layers=3)
+    with pytest.raises(InputError, match="k=8"):
+        load_trace(out, k=4)

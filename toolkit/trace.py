@@ -330,7 +330,17 @@ def load_trace(path: str | os.PathLike, k: int | None = None, n_layers: int | No
                              hint="make one with `moetrace trace parse TRACE.jsonl -o typed.parquet`")
         df = tbl.to_pandas()
         df["kind"] = df["kind"].astype(KIND_DTYPE)
-        return TypedTrace(df, meta["k"], meta["n_layers"], meta["n_experts"], meta["accounting"], spath)
+        tt = TypedTrace(df, meta["k"], meta["n_layers"], meta["n_experts"], meta["accounting"], spath)
+        if k is not None and k != tt.k:
+            raise InputError(f"the typed trace has k={tt.k}, not {k}", path=spath)
+        for name, given, col in (("layers", n_layers, "layer"), ("experts per layer", n_experts, "expert")):
+            if given is not None:
+                top = int(df[col].max()) if len(df) else -1
+                if top >= given:
+                    raise InputError(f"unknown {col} {top} (the geometry has {given} {name})", path=spath)
+        tt.n_layers = n_layers if n_layers is not None else tt.n_layers
+        tt.n_experts = n_experts if n_experts is not None else tt.n_experts
+        return tt
     return parse_jsonl(spath, k=k, n_layers=n_layers, n_experts=n_experts)
 
 

@@ -1,0 +1,156 @@
+"""`moetrace trace stats`: routing locality of traces (paper Table 1) or of real counts."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from ..geometry import PRESETS
+
+
+@click.command("stats")
+@click.argument("traces", nargs=-1, type=click.Path(dir_okay=False))
+@click.option("--counts", "counts_path", type=click.Path(dir_okay=False), default=None,
+              help="Per-domain expert counts JSON ({key: {layer: {expert: count}}}) instead of traces: "
+                   "slope fits and top-N Jaccard between the domains of each model (no token order, no W_n).")
+@click.option("--top-n", type=int, default=32, show_default=True,
+              help="Top-N experts per layer for the cross-domain Jaccard (capped at experts/4).")
+@click.option("--preset", "preset_name", type=click.Choice(sorted(PRESETS)), default=None,
+              help="Geometry of the traces (pool size for coverage); default: inferred from the trace.")
+@click.option("--experts", type=int, default=None, help="Experts per layer (pool size for coverage).")
+@click.option("--per-layer", is_flag=True, help="Also print the per-layer table.")
+@click.option("--json", "as_json", is_flag=True, help="Print everything as JSON.")
+def stats(traces, counts_path, top_n, preset_name, experts, per_layer, as_json):
+    """Locality statistics of router traces: Zipf slope, W1/W8/W64 reuse, top-8
+    share, coverage growth, cross-domain top-N Jaccard.
+
+    \b
+    TRACES are engine JSONL or typed Parquet traces (statistics use accepted
+    tokens). Definitions: moetrace.analyses.locality. Examples:
+      moetrace trace stats kimi.jsonl
+      moetrace trace stats kimi_0.jsonl kimi_1.jsonl kimi_2.jsonl --json
+      moetrace trace stats --counts olmoe_mixtral_expert_counts.json
+    """
+    import numpy as np
+    import pandas as pd
+
+    from ..analyses import locality as loc
+    from ..errors import UsageError
+    from .common import emit_json
+
+    if top_n < 1:
+        raise UsageError("--top-n must be >= 1")
+    if counts_path:
+        if traces:
+            raise UsageError("give either TRACES or --counts, not both")
+        from ..synth import load_counts
+
+        slopes, jac = loc.compute_counts_locality(load_counts(counts_path), top_n=top_n)
+        if as_json:
+            emit_json({"source": counts_path, "slopes": _records(slopes), "jaccard": _records(jac)})
+            return
+        overall = slopes[slopes["layer"].isna()]
+        click.echo("Zipf slope (layer-averaged fit) and mean top-8 share per model/domain:")
+        click.echo(overall[["model", "domain", "zipf_slope", "top8_share"]].to_string(index=False))
+        for model, g in jac.groupby("model", sort=False):
+            click.echo(f"\n{model}: top-{int(g['top_n'].iloc[0])} Jaccard between domains "
+                       f"{g['jaccard'].min():.3f}-{g['jaccard'].max():.3f}")
+            click.echo(g[["a", "b", "jaccard"]].to_string(index=False))
+        return
+    if not traces:
+        raise UsageError("give one or more TRACES, or --counts FILE")
+
+    from ..geometry import preset
+    from ..trace import load_trace
+
+    geo = preset(preset_name) if preset_name else None
+    results, counts = [], {}
+    for path in traces:
+        tt = load_trace(path, n_layers=geo.n_layers if geo else None,
+                        n_experts=experts or (geo.n_experts if geo else None))
+        L, E = tt.n_layers, experts or tt.n_experts
+        tok = tt.tokens()
+        name = _unique(os.path.basename(path), counts)
+        c = loc.selection_counts(tok, L, E)
+        counts[name] = c
+        summary = loc.compute_trace_summary(tok, L, E)
+        summary.insert(0, "trace", name)
+        results.append({
+            "trace": name, "path": path, "n_layers": L, "n_experts": E, "k": tt.k,
+            "accounting": tt.accounting,
+            "summary": _records(summary)[0],
+            "per_layer": loc.compute_layer_locality(c),
+            "reuse": loc.compute_reuse(tok, E, n_layers=L),
+            "coverage": loc.compute_coverage_growth(tok, L, E),
+        })
+    jac = None
+    if len(counts) > 1:
+        shapes = {v.shape for v in counts.values()}
+        if len(shapes) > 1:
+            raise UsageError(f"traces of different geometries cannot be compared: {sorted(shapes)}",
+                             hint="give --preset or --experts so every trace uses the same pool")
+        jac = loc.compute_jaccard(counts, top_n=top_n)
+    if as_json:
+        out = {"traces": [{**{k: v for k, v in r.items() if not isinstance(v, pd.DataFrame)},
+                           "per_layer": _records(r["per_layer"]),
+                           "reuse": _records(r["reuse"][r["reuse"]["layer"].isna()]),
+                           "reuse_per_layer": _records(r["reuse"][r["reuse"]["layer"].notna()]),
+                           "coverage": _records(r["coverage"])} for r in results]}
+        if jac is not None:
+            out["jaccard"] = _records(jac)
+            out["jaccard_range"] = [float(jac["jaccard"].min()), float(jac["jaccard"].max())]
+        emit_json(out)
+        return
+    for r in results:
+        s = r["summary"]
+        click.echo(f"{r['trace']}: {r['n_layers']} layers x {r['n_experts']} experts, k={r['k']}, "
+                   f"{s['tokens']} accepted tokens, {s['selections']} selections")
+        click.echo(f"  Zipf slope      {s['zipf_slope']:.3f} (layer-averaged curve; mean of per-layer fits "
+                   f"{s['zipf_slope_layer_mean']:.3f})")
+        click.echo("  reuse           " + "  ".join(
+            f"W{w} {_pct(s.get(f'W{w}'))}" for w in loc.REUSE_WINDOWS))
+        click.echo(f"  top-8 share     mean {_pct(s['top8_share_mean'])}, min {_pct(s['top8_share_min'])}, "
+                   f"max {_pct(s['top8_share_max'])}, first layer {_pct(s['top8_share_first'])}, "
+                   f"last {_pct(s['top8_share_last'])}")
+        cov = r["coverage"]
+        click.echo("  coverage        " + ", ".join(
+            f"{int(t)} tok {_pct(c)}" for t, c in zip(cov["tokens"], cov["coverage"])) +
+            f"; per layer {s['layer_distinct_min']}-{s['layer_distinct_max']} of {r['n_experts']}")
+        if per_layer:
+            click.echo(r["per_layer"].to_string(index=False))
+    if jac is not None:
+        n = int(jac["top_n"].iloc[0])
+        click.echo(f"\ntop-{n} Jaccard (layer mean) {jac['jaccard'].min():.3f}-{jac['jaccard'].max():.3f}:")
+        click.echo(jac.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+
+
+def _pct(x) -> str:
+    return "NA" if x is None or x != x else f"{100 * x:.1f}%"
+
+
+def _unique(name: str, seen: dict) -> str:
+    out, i = name, 2
+    while out in seen:
+        out, i = f"{name}#{i}", i + 1
+    return out
+
+
+def _records(df) -> list[dict]:
+    """DataFrame -> JSON-ready records (NA -> None, numpy scalars -> Python)."""
+    import numpy as np
+    import pandas as pd
+
+    rows = []
+    for rec in df.to_dict(orient="records"):
+        clean = {}
+        for k, v in rec.items():
+            if v is pd.NA or (isinstance(v, float) and np.isnan(v)):
+                v = None
+            elif isinstance(v, np.integer):
+                v = int(v)
+            elif isinstance(v, np.floating):
+                v = None if np.isnan(v) else float(v)
+            clean[k] = v
+        rows.append(clean)
+    return rows
