@@ -51,8 +51,12 @@ fi
 stamp="$VENV/.moetrace-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   log "installing moetrace (editable) and its dependencies"
-  "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
-  "$VENV/bin/python" -m pip install -q -e '.[test]'
+  plog="$VENV/pip-install.log"
+  if ! { "$VENV/bin/python" -m pip install -q --upgrade pip &&
+         "$VENV/bin/python" -m pip install -q -e '.[test]'; } >"$plog" 2>&1; then
+    cat "$plog" >&2
+    log "pip install failed (log above, also in $plog)"; exit 1
+  fi
   touch "$stamp"
 fi
 log "ready: $VENV/bin/moetrace"

@@ -144,6 +144,7 @@ def create_pool(
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }
         doc["checksum"] = _checksum(doc)
+        _remove_old_pool(root)
         for name in os.listdir(work):
             dst = root / name
             if dst.exists():
@@ -156,6 +157,23 @@ def create_pool(
         if work.exists():
             shutil.rmtree(work, ignore_errors=True)
     return open_pool(root)
+
+
+def _remove_old_pool(root: Path) -> None:
+    """With --force: delete the files an existing manifest lists (and nothing else)."""
+    try:
+        old = open_pool(root)
+    except InputError:
+        return
+    for rel in old.files:
+        (root / rel).unlink(missing_ok=True)
+        parent = (root / rel).parent
+        if parent != root:
+            try:
+                parent.rmdir()
+            except OSError:
+                pass
+    (root / MANIFEST).unlink(missing_ok=True)
 
 
 def _write_random(path: Path, n: int, rng: np.random.Generator, progress) -> None:

@@ -13,7 +13,15 @@ tiny input (compile or cache-load time reported separately):
   distinct items since its previous access with np.unique) on a capped prefix,
   extrapolated to the whole stream — said so in the output;
 * baseline 2: direct per-budget LRU simulation (linked list) at 8 budgets;
-* Belady's MIN at one budget, in accesses per second.
+* Belady's MIN at one budget, in accesses per second;
+* optional baseline 3: libCacheSim (GPL; never a moetrace dependency, only used
+  when ``import libcachesim`` works, e.g. from a separate ``pip install --target
+  DIR libcachesim`` given as ``--libcachesim-path DIR`` or
+  ``MOETRACE_LIBCACHESIM_PATH``): its LRU once per budget at the 8 budgets x
+  n_layers of the global stream and its Belady at one budget, over a
+  temporary oracleGeneral trace of the same stream (object id = expert_id,
+  size 1, so the cache size in objects is the budget), checked against
+  moetrace's global curve and Belady over the whole stream (warm_fraction 0).
 
 Targets (issue): LRU curve < 18 s (ambition < 5 s); Belady >= 1M accesses/s.
 """
@@ -21,6 +29,9 @@ Targets (issue): LRU curve < 18 s (ambition < 5 s); Belady >= 1M accesses/s.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+import tempfile
 import time
 
 import numpy as np
@@ -93,12 +104,107 @@ def naive_stack_distances(item: np.ndarray, limit_s: float) -> tuple[int, float]
     return done, time.perf_counter() - t0
 
 
+LIBCACHESIM_ENV = "MOETRACE_LIBCACHESIM_PATH"
+# oracleGeneral binary record (libCacheSim): packed, little-endian, 24 bytes
+ORACLE_GENERAL = np.dtype([("clock_time", "<u4"), ("obj_id", "<u8"), ("obj_size", "<u4"),
+                           ("next_access_vtime", "<i8")])
+
+
+def load_libcachesim(path: str | None):
+    """``import libcachesim`` with ``path`` (if given) prepended to sys.path; None when absent."""
+    if path:
+        sys.path.insert(0, os.path.abspath(path))
+    try:
+        import libcachesim
+    except ImportError:
+        return None
+    return libcachesim
+
+
+def write_oracle_general(item: np.ndarray, nxt: np.ndarray, clock: np.ndarray, path: str) -> None:
+    """Write a libCacheSim oracleGeneral trace: one request per access, size 1.
+
+    ``nxt`` is :func:`moetrace.analyses.sim.next_use` (len when none -> -1)."""
+    n = item.size
+    rec = np.empty(n, ORACLE_GENERAL)
+    rec["clock_time"] = clock
+    rec["obj_id"] = item
+    rec["obj_size"] = 1
+    rec["next_access_vtime"] = np.where(nxt >= n, -1, nxt)
+    rec.tofile(path)
+
+
+def libcachesim_baseline(lcs, acc, budgets: list[int], belady_budget: int, nxt: np.ndarray,
+                         t_nxt: float, hashpower: int = 18) -> None:
+    """Baseline 3: libCacheSim LRU at each global budget and Belady at one, vs moetrace.
+
+    Scored over the whole stream on both sides (moetrace warm_fraction=0)."""
+    from moetrace.analyses import sim, stackdist
+
+    n = len(acc)
+    _, item, _, _ = stackdist.stream(acc, "global")
+    with tempfile.TemporaryDirectory(prefix="bench_lcs_") as tmp:
+        path = os.path.join(tmp, "stream.oracleGeneral.bin")
+        t0 = time.perf_counter()
+        write_oracle_general(item, nxt, acc.iteration, path)
+        t_write = time.perf_counter() - t0
+        print(f"libCacheSim {lcs.__version__}: wrote an oracleGeneral trace of {n:,} requests "
+              f"({os.path.getsize(path) / 2**20:.0f} MiB) in {t_write:.1f} s (not timed below); "
+              f"hashpower={hashpower}")
+        reader = lcs.TraceReader(path, lcs.TraceType.ORACLE_GENERAL_TRACE)
+        assert reader.get_num_of_req() == n, (reader.get_num_of_req(), n)
+
+        def run(cache) -> tuple[int, float]:
+            reader.reset()
+            t = time.perf_counter()
+            miss_ratio, _ = cache.process_trace(reader)
+            t = time.perf_counter() - t
+            return n - int(round(miss_ratio * n)), t
+
+        gb = [b * acc.n_layers for b in budgets]
+        lcs_hits, t_lcs = [], 0.0
+        for b in gb:
+            h, t = run(lcs.LRU(b, hashpower=hashpower))
+            lcs_hits.append(h)
+            t_lcs += t
+        t0 = time.perf_counter()
+        curve = stackdist.lru_stack_curve(acc, "global", 0.0)
+        t_curve = time.perf_counter() - t0
+        ours = np.asarray(curve.hits_at(np.asarray(gb)), np.int64)
+        theirs = np.asarray(lcs_hits, np.int64)
+        diff = np.abs(ours - theirs) / n
+        print(f"baseline 3: libCacheSim LRU at {len(gb)} budgets (global, {gb[0]}..{gb[-1]}): "
+              f"{t_lcs:6.2f} s ({n * len(gb) / t_lcs / 1e6:.1f} M acc/s per budget) vs moetrace "
+              f"curve (global, warm 0, every budget) {t_curve:.2f} s -> curve is "
+              f"{t_lcs / t_curve:.1f}x faster")
+        print(f"           hit rates over the whole stream: max |moetrace - libCacheSim| = "
+              f"{diff.max():.2e} ({int(np.sum(ours == theirs))}/{len(gb)} budgets equal hit counts; "
+              f"libCacheSim {', '.join(f'{h / n:.4f}' for h in theirs)})")
+
+        bb = belady_budget * acc.n_layers
+        h_lcs, t_bl = run(lcs.Belady(bb, hashpower=hashpower))
+        t0 = time.perf_counter()
+        h_ours = sim.belady_hits(acc, bb, "global", 0.0, nxt=nxt)
+        t_bo = time.perf_counter() - t0
+        r_lcs = n / t_bl
+        r_ours = n / (t_bo + t_nxt)
+        print(f"baseline 3: Belady global B={bb} over the whole stream: libCacheSim {t_bl:.2f} s -> "
+              f"{r_lcs / 1e6:.1f} M acc/s (next-use precomputed in the trace file); moetrace "
+              f"{t_bo:.2f} s + next-use {t_nxt:.2f} s -> {r_ours / 1e6:.1f} M acc/s -> moetrace is "
+              f"{r_ours / r_lcs:.1f}x faster; hit rates {h_ours / n:.4f} vs {h_lcs / n:.4f} "
+              f"({'equal' if h_ours == h_lcs else f'differ by {abs(h_ours - h_lcs)} hits'})")
+        del reader
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--accesses", type=int, default=10_000_000)
     ap.add_argument("--naive-seconds", type=float, default=20.0,
                     help="cap on the naive baseline per scope before extrapolating")
     ap.add_argument("--budget", type=int, default=32, help="Belady budget (experts per layer)")
+    ap.add_argument("--libcachesim-path", metavar="DIR", default=os.environ.get(LIBCACHESIM_ENV),
+                    help=f"directory prepended to sys.path to find libcachesim (GPL; optional "
+                         f"baseline, never a moetrace dependency); default ${LIBCACHESIM_ENV}")
     args = ap.parse_args()
 
     t0 = time.perf_counter()
@@ -166,6 +272,12 @@ def main() -> int:
         tb = time.perf_counter() - t0
         print(f"Belady {scope:9s} B={b}: {tb:.2f} s + next-use {t_nxt:.2f} s -> "
               f"{len(acc) / (tb + t_nxt) / 1e6:.1f} M acc/s (hit rate {h / (len(acc) - sim.window(acc).cut):.3f})")
+    lcs = load_libcachesim(args.libcachesim_path)
+    if lcs is None:
+        print(f"baseline 3 (libCacheSim) skipped: not importable; enable with `pip install --target DIR "
+              f"libcachesim` (GPL, keep it out of the venv) and --libcachesim-path DIR or ${LIBCACHESIM_ENV}")
+    else:
+        libcachesim_baseline(lcs, acc, budgets, args.budget, nxt, t_nxt)
     print(f"LRU curve per_layer+global {curve_total:.2f} s (target < 18 s, ambition < 5 s)")
     return 0
 

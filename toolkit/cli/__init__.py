@@ -37,6 +37,7 @@ class LazyGroup(click.Group):
         "trace": ".trace:trace",
         "plan": ".plan:plan",
         "sim": ".sim:sim",
+        "pool": ".pool:pool",
         "demo": ".demo:demo",
     },
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -47,6 +48,7 @@ def cli() -> None:
 
     \b
     Offline (no root):  trace parse|import|synth|stats, plan compile|inspect, sim
+    Pools:              pool create|verify
     End to end:         demo
     """
 

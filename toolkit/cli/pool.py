@@ -1,0 +1,90 @@
+"""`moetrace pool`: create and verify expert pools on disk."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import click
+
+from . import LazyGroup
+from .common import BYTES, emit_json
+
+
+@click.group(cls=LazyGroup)
+def pool() -> None:
+    """Expert pools: one file per (layer, expert), or one pool file of page-aligned extents."""
+
+
+@pool.command()
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--geometry", "geometry_name", default="kimi-k3", show_default=True, metavar="PRESET",
+              help="Geometry preset (kimi-k3, deepseek-v3, qwen3-30b-a3b, olmoe).")
+@click.option("--layers", type=int, help="Routed layers (scales the preset down).")
+@click.option("--experts", type=int, help="Experts per layer (scales the preset down).")
+@click.option("--k", type=int, help="Experts per token.")
+@click.option("--expert-bytes", type=BYTES, help="Bytes per expert, e.g. 256KiB (default: the preset's).")
+@click.option("--layout", type=click.Choice(["files", "pool"]), default="files", show_default=True,
+              help="files: one file per expert; pool: one file of page-aligned fixed-size extents.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the incompressible fill.")
+@click.option("--force", is_flag=True, help="Replace a pool already in DIRECTORY.")
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest summary as JSON.")
+def create(directory, geometry_name, layers, experts, k, expert_bytes, layout, seed, force, as_json):
+    """Create a pool of incompressible bytes with a manifest (pool.json).
+
+    \b
+    A preset may be scaled down (fewer layers or experts, smaller experts);
+    the manifest records what it was scaled from.
+    Example (a ~2 GiB scaled Kimi-K3 pool):
+      moetrace pool create /var/tmp/pool --geometry kimi-k3 --experts 88 --expert-bytes 256KiB
+    """
+    from ..geometry import Geometry, format_bytes, preset
+    from ..pool import create_pool
+    from .common import progress
+
+    base = preset(geometry_name)
+    changes = {key: val for key, val in (("n_layers", layers), ("n_experts", experts), ("k", k),
+                                         ("expert_bytes", expert_bytes)) if val is not None}
+    if k is None and experts is not None and experts < base.k:
+        changes["k"] = experts  # k does not shape a pool; keep the geometry valid
+    geo = dataclasses.replace(base, **changes)
+    geo = Geometry(geo.n_layers, geo.n_experts, geo.k, geo.expert_bytes, geo.name)
+    scaled = None
+    if changes:
+        scaled = {"preset": base.name, "n_layers": base.n_layers, "n_experts": base.n_experts,
+                  "expert_bytes": base.expert_bytes}
+    total = geo.pool_bytes
+    with progress(length=total, label=f"pool {format_bytes(total)}") as bar:
+        p = create_pool(directory, geo, layout=layout, scaled_from=scaled, seed=seed, force=force,
+                        progress=bar.update)
+    info = {"directory": str(p.root), "geometry": geo.to_dict(), "layout": layout,
+            "experts": geo.n_total, "extent_bytes": p.extent_bytes, "data_bytes": p.data_bytes,
+            "scaled_from": scaled, "files": len(p.files)}
+    if as_json:
+        emit_json(info)
+    else:
+        click.echo(f"created {p.root}: {geo.n_layers} layers x {geo.n_experts} experts x "
+                   f"{format_bytes(geo.expert_bytes)} = {format_bytes(p.data_bytes)} ({layout} layout)"
+                   + (f", scaled from {base.name}" if scaled else ""))
+
+
+@pool.command()
+@click.argument("directory", type=click.Path(file_okay=False, exists=True))
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def verify(directory, as_json):
+    """Check the manifest (schema, checksum, paths inside the pool) and every file's size."""
+    from ..errors import MoetraceError
+    from ..pool import open_pool, verify_pool
+
+    p = open_pool(directory)
+    problems = verify_pool(p)
+    if as_json:
+        emit_json({"directory": str(p.root), "ok": not problems, "problems": problems,
+                   "experts": p.n_total, "layout": p.layout})
+    elif not problems:
+        click.echo(f"{p.root}: ok ({p.n_total} experts, {p.layout} layout)")
+    if problems:
+        if not as_json:
+            for line in problems[:20]:
+                click.echo(f"  {line}", err=True)
+        raise MoetraceError(f"{p.root}: {len(problems)} problem(s)",
+                            hint="recreate it with `moetrace pool create --force`")
