@@ -113,7 +113,7 @@ def create_pool(
         shutil.rmtree(work)
     work.mkdir()
     extent = -(-geometry.expert_bytes // PAGE) * PAGE
-    rng = np.random.default_rng(seed)
+    rng = np.random.SFC64(seed)  # fastest numpy bit generator: ~1 GB/s of incompressible bytes
     try:
         if layout == "files":
             files = []
@@ -176,16 +176,16 @@ def _remove_old_pool(root: Path) -> None:
     (root / MANIFEST).unlink(missing_ok=True)
 
 
-def _write_random(path: Path, n: int, rng: np.random.Generator, progress) -> None:
+def _write_random(path: Path, n: int, rng: np.random.SFC64, progress) -> None:
     with open(path, "wb", buffering=0) as fh:
         _write_stream(fh, n, rng, progress)
 
 
-def _write_stream(fh, n: int, rng: np.random.Generator, progress) -> None:
+def _write_stream(fh, n: int, rng: np.random.SFC64, progress) -> None:
     left = n
     while left:
         m = min(left, _CHUNK)
-        fh.write(rng.bytes(m))
+        fh.write(memoryview(rng.random_raw(-(-m // 8))).cast("B")[:m])
         left -= m
         if progress:
             progress(m)
