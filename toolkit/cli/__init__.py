@@ -38,6 +38,9 @@ class LazyGroup(click.Group):
         "plan": ".plan:plan",
         "sim": ".sim:sim",
         "pool": ".pool:pool",
+        "replay": ".replay:replay",
+        "cell": ".cell:cell",
+        "sweep": ".sweep:sweep",
         "demo": ".demo:demo",
     },
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -49,6 +52,8 @@ def cli() -> None:
     \b
     Offline (no root):  trace parse|import|synth|stats, plan compile|inspect, sim
     Pools:              pool create|verify
+    Replay:             replay (also the `replay` command)
+    Capacity (root):    cell, sweep
     End to end:         demo
     """
 

@@ -1,0 +1,123 @@
+"""`moetrace cell`: one capacity cell under Algorithm 1 (see moetrace.cell)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .common import BYTES, emit_json
+
+
+def cell_options(f):
+    """Options shared by `cell` and `sweep`."""
+    opts = [
+        click.option("--plan", "plan_path", required=True, type=click.Path(exists=True, dir_okay=False),
+                     help="The compiled plan (plan.bin) to replay."),
+        click.option("--pool", "pool_dir", required=True, type=click.Path(exists=True, file_okay=False),
+                     help="The expert pool directory (its geometry must equal the plan's)."),
+        click.option("--mechanism", type=click.Choice(["cgroup", "balloon"]), default="cgroup", show_default=True,
+                     help="cgroup: a memory wall of C + headroom (v2 memory.max, else v1 limit_in_bytes); "
+                          "balloon: mlocked anonymous memory leaving about C + headroom available."),
+        click.option("--mode", type=click.Choice(["pagecache", "mmap", "direct", "pinned", "hybrid"]),
+                     default="pagecache", show_default=True, help="The replay's read mode."),
+        click.option("--headroom", "headroom", type=BYTES, default="64MiB", show_default=True,
+                     help="Memory above C for the replay process's own anonymous memory (interpreter, "
+                          "buffers; the paper used 6 GiB at hundreds of GB)."),
+        click.option("--threads", type=click.IntRange(1), default=8, show_default=True, help="Replay threads."),
+        click.option("--warmup", type=click.IntRange(0), default=1, show_default=True, help="Warm-up passes."),
+        click.option("--passes", type=click.IntRange(1), default=1, show_default=True, help="Measured passes."),
+        click.option("--arena-fraction", type=float, default=None,
+                     help="hybrid: the arena is F x C (default 0.5); pinned: the arena is C."),
+        click.option("--prefetch", type=click.Choice(["none", "fadvise", "pread"]), default="none",
+                     show_default=True, help="The replay's prefetch advisor."),
+        click.option("--fadvise-random", is_flag=True, help="POSIX_FADV_RANDOM on the pool files."),
+        click.option("--freq-table", default=None, help="pinned/hybrid: 'oracle' (default) or a table file."),
+        click.option("--timeout", "timeout_s", type=float, default=3600.0, show_default=True,
+                     help="Seconds a cell may run before it is abandoned (not retained)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def make_spec(plan_path, pool_dir, capacity, mechanism, mode, headroom, threads, warmup, passes,
+              arena_fraction, prefetch, fadvise_random, freq_table, timeout_s, name="cell"):
+    """A validated CellSpec from CLI values."""
+    from ..cell import CellSpec
+
+    spec = CellSpec(plan=plan_path, pool=pool_dir, capacity_bytes=capacity, mechanism=mechanism, mode=mode,
+                    headroom_bytes=headroom, threads=threads, warmup=warmup, passes=passes,
+                    arena_fraction=arena_fraction, prefetch=prefetch, fadvise_random=fadvise_random,
+                    freq_table=freq_table, timeout_s=timeout_s, name=name)
+    spec.validate()
+    return spec
+
+
+SUMMARY_KEYS = ("retained", "reasons", "capacity_bytes", "mechanism", "mode", "device_bytes",
+                "device_bytes_per_iteration", "miss_bytes_per_iteration", "amplification",
+                "iteration_time_median_ns", "iteration_time_spread", "measured_iterations", "peak_memory_bytes",
+                "oom_events", "vmlck_at_loop_entry_bytes", "scope_removed")
+
+
+@click.command()
+@cell_options
+@click.option("--capacity", required=True, type=BYTES, help="The capacity C, e.g. 512MiB.")
+@click.option("--name", default="cell", show_default=True,
+              help="Scope name (the cgroup is moetrace-NAME; a stale one of that name is removed first).")
+@click.option("--out", "out_dir", default="cell", show_default=True, type=click.Path(file_okay=False),
+              help="The cell directory (cell.json, snapshots/, replay/).")
+@click.option("--json", "as_json", is_flag=True, help="Print cell.json's summary as JSON.")
+def cell(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passes, arena_fraction, prefetch,
+         fadvise_random, freq_table, timeout_s, capacity, name, out_dir, as_json):
+    """Measure one capacity cell (paper Algorithm 1) into a cell directory.
+
+    \b
+    Drops caches, starts a memory scope (limit C + headroom, no swap) or a
+    balloon, runs the warm-up and measured replay in that one scope, snapshots
+    diskstats/vmstat/meminfo/PSI/lru_gen/VmLck at loop entry and after, and
+    retains the cell iff VmLck matches the request, no OOM event occurred and
+    the scope stayed alive. Everything it creates is removed, also on Ctrl-C
+    (exit 130) and SIGTERM (exit 143); a scope left by a SIGKILLed cell is
+    removed by the next one. Needs root. Exit status 0 when retained, 3 when
+    the cell ran but was not retained.
+    Example:
+      moetrace cell --plan plan.bin --pool /var/tmp/pool --capacity 512MiB \\
+          --mechanism cgroup --out cells/512MiB --json
+    """
+    from ..cell import CellInterrupted, interrupt_handlers, run_cell
+
+    spec = make_spec(plan_path, pool_dir, capacity, mechanism, mode, headroom, threads, warmup, passes,
+                     arena_fraction, prefetch, fadvise_random, freq_table, timeout_s, name)
+    try:
+        with interrupt_handlers():
+            res = run_cell(spec, out_dir, on_phase=lambda p: click.echo(f"cell: {p}", err=True)
+                           if sys.stderr.isatty() else None)
+    except CellInterrupted as e:
+        click.echo(f"moetrace cell: {e}; the scope and balloon were removed", err=True)
+        sys.exit(e.exit_code)
+    if as_json:
+        emit_json({k: res.get(k) for k in SUMMARY_KEYS} | {"cell_dir": out_dir})
+    else:
+        _print_summary(res, out_dir)
+    sys.exit(0 if res["retained"] else 3)
+
+
+def _print_summary(res: dict, out_dir: str) -> None:
+    from ..geometry import format_bytes
+
+    def b(x):
+        return "NA" if x is None else format_bytes(x)
+
+    med = res.get("iteration_time_median_ns")
+    amp = res.get("amplification")
+    click.echo(f"cell {out_dir}: C={b(res['capacity_bytes'])} {res['mechanism']}/{res['mode']} "
+               f"{'retained' if res['retained'] else 'NOT retained'}")
+    click.echo(f"  iteration median {('NA' if med is None else f'{med / 1e6:.2f} ms')}, "
+               f"device {b(res.get('device_bytes_per_iteration'))}/it, "
+               f"simulated miss {b(res.get('miss_bytes_per_iteration'))}/it, "
+               f"amplification {('NA' if amp is None else f'{amp:.2f}')}")
+    for r in res["reasons"]:
+        click.echo(f"  reason: {r}")
+    for n in res.get("notes", []):
+        click.echo(f"  note: {n}")
