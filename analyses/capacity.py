@@ -99,11 +99,16 @@ def plot_capacity(cells: pd.DataFrame, axes) -> Any:
 
     pos = ret[ret["device_bytes_per_iteration"] > 0]
     zeros = int((ret["device_bytes_per_iteration"] == 0).sum())
-    ax_d.scatter(pos["capacity_bytes"] / gib, pos["device_bytes_per_iteration"] / 1024 ** 2, s=18, alpha=0.7,
-                 label="device (diskstats)" + (f"; {zeros} cell(s) at 0 B not shown" if zeros else ""))
+    # paper Fig. 2 right: measured device reads as circles on a solid line (repeats faint),
+    # simulated miss demand as squares on a dashed line, a/C dotted
+    ax_d.scatter(pos["capacity_bytes"] / gib, pos["device_bytes_per_iteration"] / 1024 ** 2, s=14, alpha=0.35,
+                 color="tab:blue", zorder=3)
+    tm = table[table["device_bytes_per_iteration"] > 0]
+    ax_d.plot(tm["capacity_bytes"] / gib, tm["device_bytes_per_iteration"] / 1024 ** 2, "o-", color="tab:blue",
+              zorder=4, label="device (diskstats), median" + (f"; {zeros} cell(s) at 0 B not shown" if zeros else ""))
     t = table[table["miss_bytes_per_iteration"] > 0]
-    ax_d.plot(t["capacity_bytes"] / gib, t["miss_bytes_per_iteration"] / 1024 ** 2, "o--", color="tab:green",
-              label="simulated LRU miss demand")
+    ax_d.plot(t["capacity_bytes"] / gib, t["miss_bytes_per_iteration"] / 1024 ** 2, "s--", color="tab:green",
+              mfc="none", ms=8, zorder=5, label="simulated LRU miss demand")
     ref = reference_curve(table)
     if ref is not None:
         c0, a = ref
@@ -112,6 +117,12 @@ def plot_capacity(cells: pd.DataFrame, axes) -> Any:
         ax_d.plot(cs / gib, a / cs / 1024 ** 2, ":", color="gray", label=f"a/C (anchored at {c0 / gib:.2f} GiB)")
     ax_d.set_xscale("log")
     ax_d.set_yscale("log")
+    caps = sorted(table["capacity_bytes"].astype(float) / gib)
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    ax_d.xaxis.set_major_locator(FixedLocator(caps))
+    ax_d.xaxis.set_minor_locator(NullLocator())
+    ax_d.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax_d.set_xlabel("capacity C (GiB)")
     ax_d.set_ylabel("device MiB per iteration")
     ax_d.set_title("device bytes vs C")
