@@ -55,6 +55,8 @@ MODES = ("pagecache", "mmap", "direct", "pinned", "hybrid")
 PREFETCH = ("none", "fadvise", "pread")
 DEFAULT_HEADROOM = 64 << 20
 DEFAULT_ARENA_FRACTION = 0.5
+REPLAY_SELF_BYTES = 48 << 20  # the replay process's own memory, measured ~30-40 MiB at loop entry
+MIN_MISS_CACHE_BYTES = 32 << 20  # least page cache an arena cell must leave for misses
 VMLCK_ZERO_TOLERANCE = 1 << 20  # non-arena modes: VmLck must be below this (≈ 0)
 
 
@@ -159,6 +161,19 @@ class CellSpec:
                 raise UsageError("--arena-fraction applies to --mode hybrid only")
             if not (0.0 < self.arena_fraction < 1.0):
                 raise UsageError(f"--arena-fraction must be in (0, 1), got {self.arena_fraction}")
+        arena = self.arena_bytes
+        if self.mechanism == "cgroup" and arena is not None:
+            # The scope holds the arena, the replay's own memory (interpreter, libraries,
+            # buffers: ~40 MiB) and the page cache that serves the arena's misses. Measured
+            # here: a pinned cell at C=512MiB with 64 MiB headroom (~28 MiB of page cache)
+            # thrashed on its own library pages for minutes; 256 MiB ran in 16 s.
+            left = self.capacity_bytes + self.headroom_bytes - arena - REPLAY_SELF_BYTES
+            if left < MIN_MISS_CACHE_BYTES:
+                need = arena + REPLAY_SELF_BYTES + MIN_MISS_CACHE_BYTES - self.capacity_bytes
+                raise UsageError(
+                    f"--mode {self.mode} at C={self.capacity_bytes} B leaves about {max(left, 0) >> 20} MiB of "
+                    "page cache for the arena's misses and the replay's own files: the replay would thrash",
+                    hint=f"use --headroom {-(-need // (1 << 20))}MiB or more (the paper used 6 GiB above C)")
 
 
 # -- simulated miss demand ---------------------------------------------------------------------

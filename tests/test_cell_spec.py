@@ -1,0 +1,38 @@
+"""Cell inputs are checked before anything is created (no kernel needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from moetrace.cell import CellSpec
+from moetrace.errors import UsageError
+
+MIB = 1 << 20
+
+
+def spec(**kw):
+    base = dict(plan="p.bin", pool="pool", capacity_bytes=512 * MIB)
+    base.update(kw)
+    return CellSpec(**base)
+
+
+def test_pinned_needs_headroom_for_misses():
+    with pytest.raises(UsageError, match="thrash") as ei:
+        spec(mode="pinned", headroom_bytes=64 * MIB).validate()
+    assert "--headroom 80MiB" in ei.value.format_message()
+    spec(mode="pinned", headroom_bytes=80 * MIB).validate()
+    spec(mode="hybrid", headroom_bytes=64 * MIB).validate()  # half of C stays page cache
+    spec(mode="pagecache", headroom_bytes=0).validate()
+
+
+@pytest.mark.parametrize("kw, needle", [
+    (dict(mode="nope"), "unknown mode"),
+    (dict(mechanism="vm"), "unknown mechanism"),
+    (dict(capacity_bytes=0), "--capacity"),
+    (dict(arena_fraction=0.5), "hybrid only"),
+    (dict(mode="hybrid", arena_fraction=1.5), "(0, 1)"),
+    (dict(passes=0), "--passes"),
+])
+def test_bad_specs(kw, needle):
+    with pytest.raises(UsageError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        spec(**kw).validate()
