@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import pandas as pd
 from click.testing import CliRunner
 
 from moetrace.cli import cli
 
 
-def test_demo_end_to_end(tmp_path):
-    out = tmp_path / "demo"
-    r = CliRunner().invoke(cli, ["demo", "--out", str(out), "--steps", "120"])
+def run_demo(out: Path, *extra: str):
+    r = CliRunner().invoke(cli, ["demo", "--out", str(out), "--steps", "120", *extra])
     assert r.exit_code == 0, r.output
+    return r
+
+
+def test_demo_offline(tmp_path):
+    out = tmp_path / "demo"
+    r = run_demo(out, "--no-capacity")
     for name in ("trace.jsonl", "typed.parquet", "plan.bin", "sim.png", "REPORT.md", "stats.json", "sim.json"):
         assert (out / name).stat().st_size > 0, name
     parse = json.loads((out / "parse.json").read_text())
@@ -21,3 +28,17 @@ def test_demo_end_to_end(tmp_path):
     assert parse["steps_by_kind"]["spec_fallback"] > 0 and parse["steps_by_kind"]["spec_accept"] > 0
     assert "accepted tokens" in r.output and "belady" in r.output
     assert not list(out.glob("*.tmp*"))
+    assert not (out / "sweep").exists()
+
+
+def test_demo_capacity_sweep(tmp_path, live):
+    out = tmp_path / "demo"
+    run_demo(out)
+    cells = pd.read_parquet(out / "sweep" / "results.parquet")
+    assert len(cells) == 3 and cells["retained"].all(), cells[["capacity", "reasons"]]
+    by_c = cells.set_index("capacity_bytes").sort_index()
+    dev = by_c["device_bytes_per_iteration"].astype(float).tolist()
+    assert dev == sorted(dev, reverse=True) and dev[-1] == 0  # the 256 MiB pool-fits cell reads nothing
+    assert (out / "sweep" / "fig2.png").stat().st_size > 0
+    assert not (out / "capacity" / "pool").exists()  # the demo's pool is removed, the results stay
+    assert "Capacity sweep" in (out / "REPORT.md").read_text()

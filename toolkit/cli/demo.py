@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -35,7 +36,9 @@ def _run(args: list[str], json_out: Path | None = None) -> dict | None:
               help="Geometry preset of the generated trace.")
 @click.option("--steps", default=300, show_default=True, help="Engine iterations to generate.")
 @click.option("--seed", default=0, show_default=True, help="Random seed of the generator.")
-def demo(out_dir, preset, steps, seed):
+@click.option("--capacity/--no-capacity", default=True, show_default=True,
+              help="Run step 6 (pool + capacity sweep under a memory limit; needs root).")
+def demo(out_dir, preset, steps, seed, capacity):
     """Run the pipeline on a generated trace and write every artifact to --out.
 
     \b
@@ -44,6 +47,8 @@ def demo(out_dir, preset, steps, seed):
     3. trace stats    Zipf slope, W1/W8/W64 reuse, concentration, coverage
     4. plan compile   plan.bin with oracle prefetch hints; plan inspect
     5. sim            LRU / LFU / static / Belady under fair windows -> sim.png
+    6. pool create + sweep (root): a small scaled pool, and capacity cells
+       under a cgroup memory limit from "pool fits" down to 1/4 -> sweep/fig2.png
     Everything lands in --out (JSON beside each step, REPORT.md last).
     """
     out = Path(out_dir)
@@ -51,26 +56,27 @@ def demo(out_dir, preset, steps, seed):
     t0 = time.monotonic()
     say = lambda s: click.echo(click.style(s, bold=True))  # noqa: E731
 
+    n = 6 if capacity else 5
     trace = out / "trace.jsonl"
-    say(f"[1/5] trace synth --preset {preset} --steps {steps}")
+    say(f"[1/{n}] trace synth --preset {preset} --steps {steps}")
     syn = _run(["trace", "synth", "--preset", preset, "--steps", steps, "--seed", seed,
                 "--spec-accept-rate", "0.1", "--spec-fallback-rate", "0.05", "--prefill-records", 4,
                 "-o", trace, "--json"], out / "synth.json")
     click.echo(f"      {trace} ({os.path.getsize(trace) / 1e6:.1f} MB)")
 
-    say("[2/5] trace parse")
+    say(f"[2/{n}] trace parse")
     acc = _run(["trace", "parse", trace, "--geometry", preset, "-o", out / "typed.parquet", "--json"],
                out / "parse.json")
     sk = acc["steps_by_kind"]
     click.echo(f"      {acc['steps']} steps: {sk['normal']} normal, {sk['spec_accept']} spec_accept, "
                f"{sk['spec_fallback']} spec_fallback -> {acc['accepted_tokens']} accepted tokens")
 
-    say("[3/5] trace stats")
+    say(f"[3/{n}] trace stats")
     st = _run(["trace", "stats", out / "typed.parquet", "--json"], out / "stats.json")
     summary = _first_summary(st)
     click.echo("      " + ", ".join(f"{k} {v}" for k, v in summary.items()))
 
-    say("[4/5] plan compile --hints oracle; plan inspect")
+    say(f"[4/{n}] plan compile --hints oracle; plan inspect")
     plan = out / "plan.bin"
     _run(["plan", "compile", out / "typed.parquet", "--geometry", preset, "--hints", "oracle", "-o", plan,
           "--json"], out / "plan-compile.json")
@@ -78,11 +84,16 @@ def demo(out_dir, preset, steps, seed):
     click.echo(f"      {plan}: {ins.get('iterations')} iterations, {ins.get('passes')} passes, "
                f"{ins.get('reads')} reads, {_gb(ins.get('logical_bytes'))} logical")
 
-    say("[5/5] sim (fair windows: warm 60%, score 40%)")
+    say(f"[5/{n}] sim (fair windows: warm 60%, score 40%)")
     sim = _run(["sim", plan, "--budgets", "8,16,32,64", "--plot", out / "sim.png", "--json"], out / "sim.json")
     rows = sim["rows"] if isinstance(sim, dict) and "rows" in sim else sim
     table = _sim_table(rows)
     click.echo(table)
+
+    sweep_md = ""
+    if capacity:
+        say(f"[6/{n}] pool create + sweep under a cgroup memory limit")
+        sweep_md = _capacity_step(out, seed)
 
     report = out / "REPORT.md"
     report.write_text(
@@ -92,8 +103,41 @@ def demo(out_dir, preset, steps, seed):
         "## Locality\n\n" + "\n".join(f"- {k}: {v}" for k, v in summary.items()) + "\n\n"
         f"## Plan\n\n- {ins.get('iterations')} iterations, {ins.get('passes')} passes, {ins.get('reads')} reads, "
         f"{_gb(ins.get('logical_bytes'))} logical bytes\n\n"
-        "## Fair-window hit rates (per layer)\n\n```\n" + table + "\n```\n\n![hit rates](sim.png)\n")
+        "## Fair-window hit rates (per layer)\n\n```\n" + table + "\n```\n\n![hit rates](sim.png)\n" + sweep_md)
     click.echo(f"done in {time.monotonic() - t0:.1f} s; artifacts in {out}/ (REPORT.md, sim.png, plan.bin, *.json)")
+
+
+def _capacity_step(out: Path, seed: int) -> str:
+    """Step 6: a 184 MiB scaled Kimi-K3 pool, a 20-step plan for it, and a sweep of three
+    capacities (pool fits, ~1/2, ~1/4) under the cgroup wall. Returns the report section."""
+    if os.geteuid() != 0:
+        click.echo("      skipped: capacity cells need root (memory cgroups, drop_caches); run as root, "
+                   "or pass --no-capacity")
+        return "\n## Capacity sweep\n\nSkipped: not root.\n"
+    work = out / "capacity"
+    work.mkdir(exist_ok=True)
+    pool = work / "pool"
+    _run(["pool", "create", pool, "--geometry", "kimi-k3", "--experts", 32, "--expert-bytes", "64KiB",
+          "--force", "--json"], work / "pool.json")
+    _run(["trace", "synth", "--preset", "kimi-k3", "--experts", 32, "--steps", 20, "--seed", seed,
+          "-o", work / "trace.jsonl", "--json"], work / "synth.json")
+    plan = work / "plan.bin"
+    _run(["plan", "compile", work / "trace.jsonl", "--geometry", "kimi-k3", "--experts", 32,
+          "--expert-bytes", "64KiB", "-o", plan, "--json"], work / "plan-compile.json")
+    click.echo(f"      pool {pool}: 92 layers x 32 experts x 64 KiB = 184 MiB; plan of 20 iterations")
+    res = _run(["sweep", "--plan", plan, "--pool", pool, "--capacities", "256MiB,96MiB,48MiB", "--repeats", 1,
+                "--mechanism", "cgroup", "--headroom", "40MiB", "--out", out / "sweep", "--json"], work / "sweep.json")
+    rows = res.get("capacity") or res.get("table") or []
+    lines = ["      C         iteration   device/iter   miss/iter   amp"]
+    for r in rows:
+        amp = r.get("amplification")
+        lines.append(f"      {r['capacity_bytes'] / 2**20:>5.0f} MiB {r['iteration_time_median_ns'] / 1e6:>8.1f} ms "
+                     f"{(r['device_bytes_per_iteration'] or 0) / 2**20:>9.1f} MiB {(r['miss_bytes_per_iteration'] or 0) / 2**20:>7.1f} MiB "
+                     f"{'NA' if amp is None else f'{amp:.2f}':>5}")
+    text = "\n".join(lines)
+    click.echo(text)
+    shutil.rmtree(pool, ignore_errors=True)  # 184 MiB of test data: keep the results, not the pool
+    return ("\n## Capacity sweep (cgroup wall)\n\n```\n" + text + "\n```\n\n![capacity](sweep/fig2.png)\n")
 
 
 def _gb(n) -> str:
