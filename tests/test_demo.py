@@ -38,7 +38,9 @@ def test_demo_capacity_sweep(tmp_path, live):
     assert len(cells) == 3 and cells["retained"].all(), cells[["capacity", "reasons"]]
     by_c = cells.set_index("capacity_bytes").sort_index()
     dev = by_c["device_bytes_per_iteration"].astype(float).tolist()
-    assert dev == sorted(dev, reverse=True) and dev[-1] == 0  # the 256 MiB pool-fits cell reads nothing
+    # the 256 MiB pool-fits cell reads (almost) nothing: diskstats is device-wide, so a stray
+    # page of another process may land in the interval
+    assert dev[0] > dev[1] > dev[2] and dev[2] < 64 * 1024
     assert (out / "sweep" / "fig2.png").stat().st_size > 0
     assert not (out / "capacity" / "pool").exists()  # the demo's pool is removed, the results stay
     assert "Capacity sweep" in (out / "REPORT.md").read_text()

@@ -241,10 +241,10 @@ def check_privileges() -> None:
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    from .cli.common import _default
+    from .jsonutil import json_default
 
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=_default))
+    tmp.write_text(json.dumps(obj, indent=2, default=json_default))
     os.replace(tmp, path)
 
 

@@ -93,6 +93,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import numpy as np
 
 from . import __version__
+from .jsonutil import json_default
 from .errors import InputError, PlanFormatError, UsageError
 from .geometry import Geometry, preset
 
@@ -293,7 +294,7 @@ def write_plan(
     meta.setdefault("geometry_name", geometry.name)
     if has_hints:
         meta["hints"] = {"source": hint_source, **meta.get("hints", {}), **hint_stats}
-    meta_bytes = json.dumps(meta, sort_keys=True, default=_json_default).encode()
+    meta_bytes = json.dumps(meta, sort_keys=True, default=json_default).encode()
     meta_offset = HEADER_SIZE
     index_offset = _align(meta_offset + len(meta_bytes), 8)
     blocks_offset = index_offset + INDEX_DTYPE.itemsize * n_it
@@ -384,14 +385,6 @@ def _sorted_unique(a: np.ndarray) -> np.ndarray:
         return a
     a = np.sort(a)
     return a[np.r_[True, a[1:] != a[:-1]]]
-
-
-def _json_default(o):
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return float(o)
-    raise TypeError(type(o).__name__)
 
 
 def _slot_keys(acc: "Accesses", L: int, E: int, n_it: int, what: str, canonical: bool

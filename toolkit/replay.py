@@ -60,6 +60,7 @@ from typing import Callable
 import numpy as np
 
 from . import __version__
+from .jsonutil import json_default
 from .errors import InputError, MoetraceError, UsageError
 from .geometry import format_bytes
 
@@ -1115,19 +1116,11 @@ def write_outputs(run_dir: str | os.PathLike, rows: dict, summary: dict) -> None
 
     def wjson(p: str) -> None:
         with open(p, "w") as fh:
-            json.dump(summary, fh, indent=1, default=_json_default)
+            json.dump(summary, fh, indent=1, default=json_default)
             fh.write("\n")
             fh.flush()
             os.fsync(fh.fileno())
     _atomic_write(d / SUMMARY_FILE, wjson)
-
-
-def _json_default(o):
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return float(o)
-    raise TypeError(type(o).__name__)
 
 
 def run_replay(plan_path: str | os.PathLike, pool_dir: str | os.PathLike, opts: ReplayOptions, *,

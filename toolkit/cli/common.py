@@ -9,23 +9,12 @@ from typing import Any
 import click
 
 from ..geometry import parse_bytes
+from ..jsonutil import json_default
 
 
 def emit_json(obj: Any) -> None:
     """Print one JSON document (numpy scalars converted) to stdout."""
-    click.echo(json.dumps(obj, indent=2, default=_default))
-
-
-def _default(o: Any) -> Any:
-    import numpy as np
-
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return None if np.isnan(o) else float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(f"not JSON serializable: {type(o).__name__}")
+    click.echo(json.dumps(obj, indent=2, default=json_default))
 
 
 def progress(iterable=None, length: int | None = None, label: str = ""):
