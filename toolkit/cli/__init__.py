@@ -42,6 +42,7 @@ class LazyGroup(click.Group):
         "cell": ".cell:cell",
         "sweep": ".sweep:sweep",
         "demo": ".demo:demo",
+        "doctor": ".doctor:doctor",
     },
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -54,6 +55,7 @@ def cli() -> None:
     Pools:              pool create|verify
     Replay:             replay (also the `replay` command)
     Capacity (root):    cell, sweep
+    Kernel:             doctor (what this kernel can trace, and why not)
     End to end:         demo
     """
 

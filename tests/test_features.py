@@ -1,0 +1,440 @@
+"""No-kernel tests of feature detection and attach-plan resolution (fake /proc, /sys, /lib trees)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from moetrace import features as F
+from moetrace.features import FieldSpec, Features
+from moetrace.probespec import (PROBES, AttachCandidate, AttachGroup, Column, Knob, ProbeSpec, resolve,
+                                resolve_all)
+
+# Real format files, read from this project's 6.18 kernel (tracefs mounted).
+ADD_TO_PAGE_CACHE_FORMAT = """\
+name: mm_filemap_add_to_page_cache
+ID: 600
+format:
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;
+\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;
+\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;
+
+\tfield:unsigned long pfn;\toffset:8;\tsize:8;\tsigned:0;
+\tfield:unsigned long i_ino;\toffset:16;\tsize:8;\tsigned:0;
+\tfield:unsigned long index;\toffset:24;\tsize:8;\tsigned:0;
+\tfield:dev_t s_dev;\toffset:32;\tsize:4;\tsigned:0;
+\tfield:unsigned char order;\toffset:36;\tsize:1;\tsigned:0;
+
+print fmt: "dev %d:%d ino %lx pfn=0x%lx ofs=%lu order=%u", ((unsigned int) ((REC->s_dev) >> 20)), \
+((unsigned int) ((REC->s_dev) & ((1U << 20) - 1))), REC->i_ino, REC->pfn, REC->index << 12, REC->order
+"""
+
+BLOCK_RQ_ISSUE_FORMAT = """\
+name: block_rq_issue
+ID: 2104
+format:
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;
+\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;
+\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;
+
+\tfield:dev_t dev;\toffset:8;\tsize:4;\tsigned:0;
+\tfield:sector_t sector;\toffset:16;\tsize:8;\tsigned:0;
+\tfield:unsigned int nr_sector;\toffset:24;\tsize:4;\tsigned:0;
+\tfield:unsigned int bytes;\toffset:28;\tsize:4;\tsigned:0;
+\tfield:unsigned short ioprio;\toffset:32;\tsize:2;\tsigned:0;
+\tfield:char rwbs[10];\toffset:34;\tsize:10;\tsigned:0;
+\tfield:char comm[16];\toffset:44;\tsize:16;\tsigned:0;
+\tfield:__data_loc char[] cmd;\toffset:60;\tsize:4;\tsigned:0;
+
+print fmt: "%d,%d %s %u (%s) %llu + %u", ((unsigned int) ((REC->dev) >> 20)), REC->rwbs
+"""
+
+SYS_ENTER_PREAD64_FORMAT = """\
+name: sys_enter_pread64
+ID: 838
+format:
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;
+\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;
+\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;
+
+\tfield:int __syscall_nr;\toffset:8;\tsize:4;\tsigned:1;
+\tfield:unsigned int fd;\toffset:16;\tsize:8;\tsigned:0;
+\tfield:char * buf;\toffset:24;\tsize:8;\tsigned:0;
+\tfield:size_t count;\toffset:32;\tsize:8;\tsigned:0;
+\tfield:loff_t pos;\toffset:40;\tsize:8;\tsigned:0;
+
+print fmt: "fd: 0x%08lx, buf: 0x%08lx, count: 0x%08lx, pos: 0x%08lx", ((unsigned long)(REC->fd))
+"""
+
+GENERIC_FORMAT = "name: {ev}\nID: 1\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
+
+# Addresses zeroed, as an unprivileged reader sees them (and no raw kernel address in the repo).
+KALLSYMS_61 = """\
+0000000000000000 T _stext
+0000000000000000 T filemap_add_folio
+0000000000000000 T mlock_folio
+0000000000000000 T mlock_new_page
+0000000000000000 T munlock_page
+0000000000000000 t evict_folios
+0000000000000000 t isolate_folios
+0000000000000000 t should_run_aging
+0000000000000000 t try_to_inc_max_seq
+0000000000000000 t folio_inc_gen
+0000000000000000 T lru_gen_look_around
+0000000000000000 T workingset_eviction
+0000000000000000 T workingset_refault
+0000000000000000 t lru_gen_add_folio
+0000000000000000 t lru_gen_add_folio
+0000000000000000 t ext4_fill_super\t[ext4]
+"""
+
+KALLSYMS_612 = """\
+0000000000000000 T mlock_folio
+0000000000000000 T mlock_new_folio
+0000000000000000 T munlock_folio
+0000000000000000 t evict_folios
+0000000000000000 t isolate_folios
+0000000000000000 t try_to_inc_max_seq
+0000000000000000 t inc_max_seq.constprop.0
+0000000000000000 t folio_inc_gen
+"""
+
+EVENTS_618 = {
+    "filemap": ["mm_filemap_get_pages", "mm_filemap_add_to_page_cache", "mm_filemap_delete_from_page_cache",
+                "mm_filemap_fault", "mm_filemap_map_pages"],
+    "readahead": ["page_cache_sync_ra", "page_cache_async_ra"],
+    "pagemap": ["mm_lru_insertion", "mm_lru_activate"],
+    "vmscan": ["mm_vmscan_memcg_reclaim_begin", "mm_vmscan_memcg_reclaim_end", "mm_vmscan_direct_reclaim_begin",
+               "mm_vmscan_direct_reclaim_end", "mm_vmscan_kswapd_wake", "mm_vmscan_kswapd_sleep",
+               "mm_vmscan_lru_shrink_inactive", "mm_vmscan_lru_shrink_active", "mm_vmscan_lru_isolate"],
+    "block": ["block_bio_queue", "block_io_start", "block_io_done", "block_rq_issue", "block_rq_complete",
+              "block_rq_requeue"],
+    "syscalls": [f"sys_{side}_{sc}" for sc in ("mlock", "mlock2", "munlock", "mlockall", "munlockall",
+                                               "pread64", "preadv", "preadv2", "read")
+                 for side in ("enter", "exit")],
+}
+# 6.1: no get_pages/fault/map_pages, no readahead events, no block_io_start
+EVENTS_61 = {c: [e for e in evs if e not in ("mm_filemap_get_pages", "mm_filemap_fault", "mm_filemap_map_pages",
+                                               "block_io_start", "block_io_done")]
+             for c, evs in EVENTS_618.items() if c != "readahead"}
+
+CAPEFF_ROOT = "000001fffeffffff"  # this project's root shell (CAP_SYS_RESOURCE dropped)
+
+MOUNTS = """\
+proc /proc proc rw,relatime 0 0
+sysfs /sys sysfs rw,relatime 0 0
+/dev/vda / ext4 rw,relatime 0 0
+tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0
+cgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0
+cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0
+"""
+
+
+def _w(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def make_tree(root: Path, *, osrel: str = "6.18.44-fc-v973", headers: str | None = "6.1.0-47-amd64",
+              tracefs: str | None = "/sys/kernel/tracing", debugfs: bool = False, events=None,
+              kallsyms: str = KALLSYMS_61, kprobes: bool = False, mglru: str | None = None,
+              capeff: str = CAPEFF_ROOT, uid: int = 0, btf: bool = True, psi: bool = True,
+              v2_controllers: str = "hugetlb", unpriv_bpf: str = "2") -> Path:
+    """A fake kernel view under root; ``headers`` is the UTS_RELEASE of the build dir (None: no build)."""
+    F.clear_cache()
+    mounts = MOUNTS
+    if tracefs:
+        mounts += f"tracefs {tracefs} tracefs rw,relatime 0 0\n"
+        t = root / tracefs.lstrip("/")
+        for cat, evs in (EVENTS_618 if events is None else events).items():
+            for ev in evs:
+                text = {"mm_filemap_add_to_page_cache": ADD_TO_PAGE_CACHE_FORMAT,
+                        "block_rq_issue": BLOCK_RQ_ISSUE_FORMAT,
+                        "sys_enter_pread64": SYS_ENTER_PREAD64_FORMAT}.get(ev, GENERIC_FORMAT.format(ev=ev))
+                _w(t / "events" / cat / ev / "format", text)
+        _w(t / "available_events", "")
+        if kprobes:
+            _w(t / "kprobe_events", "")
+    if debugfs:
+        mounts += "debugfs /sys/kernel/debug debugfs rw,relatime 0 0\n"
+        (root / "sys/kernel/debug").mkdir(parents=True, exist_ok=True)
+        if mglru is not None:
+            _w(root / "sys/kernel/debug/lru_gen", "memcg     1 /\n node     0\n          0      65272          0           0\n")
+    _w(root / "proc/mounts", mounts)
+    _w(root / "proc/kallsyms", kallsyms)
+    _w(root / "proc/sys/kernel/osrelease", osrel + "\n")
+    _w(root / "proc/sys/kernel/unprivileged_bpf_disabled", unpriv_bpf + "\n")
+    _w(root / "proc/sys/kernel/perf_event_paranoid", "2\n")
+    (root / "sys/bus/event_source/devices/software").mkdir(parents=True, exist_ok=True)
+    _w(root / "proc/self/status", f"Name:\tpython\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nCapInh:\t0000000000000000\n"
+                                  f"CapPrm:\t{capeff}\nCapEff:\t{capeff}\n")
+    if headers is not None:
+        _w(root / f"lib/modules/{osrel}/build/include/generated/utsrelease.h",
+           f'#define UTS_RELEASE "{headers}"\n')
+    if btf:
+        _w(root / "sys/kernel/btf/vmlinux", "")
+    if psi:
+        _w(root / "proc/pressure/memory", "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+                                          "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    if mglru is not None:
+        _w(root / "sys/kernel/mm/lru_gen/enabled", mglru + "\n")
+        _w(root / "sys/kernel/mm/lru_gen/min_ttl_ms", "0\n")
+    _w(root / "sys/fs/cgroup/unified/cgroup.controllers", v2_controllers + "\n")
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    F.clear_cache()
+    yield
+    F.clear_cache()
+
+
+# -- features ---------------------------------------------------------------------------------
+
+def test_parse_real_format_file(tmp_path):
+    make_tree(tmp_path)
+    fmt = F.tracepoint_format("filemap", "mm_filemap_add_to_page_cache", root=tmp_path)
+    assert fmt["pfn"] == FieldSpec("pfn", "unsigned long", 8, 8, False)
+    assert fmt["i_ino"] == FieldSpec("i_ino", "unsigned long", 16, 8, False)
+    assert fmt["index"].offset == 24
+    assert fmt["s_dev"] == FieldSpec("s_dev", "dev_t", 32, 4, False)
+    assert fmt["order"] == FieldSpec("order", "unsigned char", 36, 1, False)
+    assert fmt["common_pid"].signed is True
+    blk = F.tracepoint_format("block", "block_rq_issue", root=tmp_path)
+    assert blk["rwbs"] == FieldSpec("rwbs", "char[10]", 34, 10, False)
+    assert blk["cmd"] == FieldSpec("cmd", "__data_loc char[]", 60, 4, False)
+    assert blk["sector"].type == "sector_t"
+    sc = F.tracepoint_format("syscalls", "sys_enter_pread64", root=tmp_path)
+    assert sc["buf"].type == "char *" and sc["count"].offset == 32 and sc["__syscall_nr"].signed
+
+
+def test_tracefs_found_through_mounts(tmp_path):
+    make_tree(tmp_path)
+    assert F.tracefs_path(tmp_path) == tmp_path / "sys/kernel/tracing"
+    assert F.has_tracepoint("filemap", "mm_filemap_add_to_page_cache", root=tmp_path)
+    assert not F.has_tracepoint("filemap", "no_such_event", root=tmp_path)
+    assert "no tracepoint filemap:no_such_event" in F.tracepoint_reason("filemap", "no_such_event", tmp_path)
+
+
+def test_tracefs_under_debugfs_and_unmounted(tmp_path):
+    a = make_tree(tmp_path / "a", tracefs=None, debugfs=True)
+    _w(a / "sys/kernel/debug/tracing/events/filemap/mm_filemap_add_to_page_cache/format", ADD_TO_PAGE_CACHE_FORMAT)
+    assert F.tracefs_path(a) == a / "sys/kernel/debug/tracing"
+    assert F.has_tracepoint("filemap", "mm_filemap_add_to_page_cache", root=a)
+    b = make_tree(tmp_path / "b", tracefs=None)
+    assert F.tracefs_path(b) is None
+    assert F.tracefs_path(b, mount=True) is None  # never mounts on a fake root
+    assert F.tracepoint_format("filemap", "mm_filemap_add_to_page_cache", root=b) is None
+    assert F.TRACEFS_MOUNT_CMD in F.tracepoint_reason("filemap", "mm_filemap_add_to_page_cache", b)
+    assert F.debugfs_path(b) is None and F.debugfs_path(a) == a / "sys/kernel/debug"
+
+
+def test_kallsyms_and_kprobes(tmp_path):
+    r = make_tree(tmp_path, kallsyms=KALLSYMS_612)
+    assert F.kallsyms_has("mlock_new_folio", r) and not F.kallsyms_has("mlock_new_page", r)
+    assert F.kallsyms_has("inc_max_seq.constprop.0", r) and not F.kallsyms_has("inc_max_seq", r)
+    assert F.kallsyms_matching("inc_max_seq", r) == ["inc_max_seq.constprop.0"]
+    assert not F.kprobes_available(r)
+    assert "kprobes not built" in F.kprobes_reason(r)
+    r2 = make_tree(tmp_path / "k", kprobes=True)
+    assert F.kprobes_available(r2)
+    assert F.kallsyms_count("lru_gen_add_folio", r2) == 2
+    assert F.kallsyms_has("ext4_fill_super", r2)  # module suffix dropped
+    assert "static copies" in Features(r2).symbol_reason("lru_gen_add_folio")
+    assert "present as inc_max_seq.constprop.0" in Features(r).symbol_reason("inc_max_seq")
+
+
+@pytest.mark.parametrize("uts,expect", [("6.1.0-47-amd64", "mismatched"), ("6.18.44-fc-v973", "exact"),
+                                        (None, "none")])
+def test_headers_state(tmp_path, uts, expect):
+    r = make_tree(tmp_path, headers=uts)
+    state, detail = F.headers_state(r)
+    assert state == expect
+    if expect == "mismatched":
+        assert "6.1.0-47-amd64" in detail and "6.18.44-fc-v973" in detail
+        assert "tracepoint and syscall arguments" in detail
+    if expect == "none":
+        assert "apt-get install linux-headers-6.18.44-fc-v973" in detail
+        assert "/lib/modules/6.18.44-fc-v973/build" in detail
+
+
+def test_headers_kheaders_and_missing_utsrelease(tmp_path):
+    r = make_tree(tmp_path / "a", headers=None)
+    _w(r / "sys/kernel/kheaders.tar.xz", "")
+    assert F.headers_state(r)[0] == "exact"
+    r = make_tree(tmp_path / "b", headers=None)
+    (r / "lib/modules/6.18.44-fc-v973/build").mkdir(parents=True)
+    assert F.headers_state(r)[0] == "mismatched"
+
+
+@pytest.mark.parametrize("capeff,uid,expect", [
+    (CAPEFF_ROOT, 0, dict(root=True, cap_bpf=True, cap_perfmon=True, cap_sys_admin=True)),
+    ("0000000000000000", 1000, dict(root=False, cap_bpf=False, cap_perfmon=False, cap_sys_admin=False)),
+    ("000000c000000000", 1000, dict(root=False, cap_bpf=True, cap_perfmon=True, cap_sys_admin=False)),
+    ("0000008000000000", 1000, dict(root=False, cap_bpf=True, cap_perfmon=False, cap_sys_admin=False)),
+    ("0000000000200000", 1000, dict(root=False, cap_bpf=True, cap_perfmon=True, cap_sys_admin=True)),
+])
+def test_privileges(tmp_path, capeff, uid, expect):
+    r = make_tree(tmp_path, capeff=capeff, uid=uid)
+    assert F.privileges(r) == expect
+
+
+def test_bpf_usable_fake(tmp_path):
+    assert F.bpf_usable(make_tree(tmp_path / "a"))[0]
+    ok, detail = F.bpf_usable(make_tree(tmp_path / "b", capeff="0" * 16, uid=1000))
+    assert not ok and "unprivileged_bpf_disabled=2" in detail
+    assert F.bpf_usable(make_tree(tmp_path / "c", capeff="0" * 16, uid=1000, unpriv_bpf="0"))[0]
+
+
+def test_btf_mglru_cgroup_psi(tmp_path):
+    r = make_tree(tmp_path / "a")
+    assert F.btf_available(r) and F.psi_available(r)
+    assert F.mglru_state(r) is None
+    cg = F.cgroup_memory(r)
+    assert cg == {"v1": "/sys/fs/cgroup/memory", "v2": None, "v2_mount": "/sys/fs/cgroup/unified",
+                  "v2_controllers": ["hugetlb"], "preferred": "v1"}
+    r = make_tree(tmp_path / "b", mglru="0x0007", debugfs=True, btf=False, psi=False,
+                  v2_controllers="cpuset cpu io memory pids")
+    assert not F.btf_available(r) and not F.psi_available(r)
+    assert F.mglru_state(r) == {"enabled_raw": "0x0007", "enabled_mask": 7, "on": True, "min_ttl_ms": 0,
+                                "debugfs_lru_gen": True}
+    assert F.cgroup_memory(r)["preferred"] == "v2"
+    r = make_tree(tmp_path / "c", mglru="0x0000")
+    st = F.mglru_state(r)
+    assert st["on"] is False and st["debugfs_lru_gen"] is False
+
+
+# -- probespec --------------------------------------------------------------------------------
+
+def test_registry_is_well_formed():
+    assert set(PROBES) == {"pagecache", "lru", "reclaim", "mlock", "block", "reads", "stacks", "mglru"}
+    for name, spec in PROBES.items():
+        assert spec.source_path.name == f"{name}.c" and spec.source_path.parent.name == "probes"
+        groups = [g.name for g in spec.attach]
+        assert len(groups) == len(set(groups)), name
+        cols = [c.name for c in spec.schema]
+        assert len(cols) == len(set(cols)), name
+        assert spec.needs in ("tracepoint-args", "exact-headers")
+        for g in spec.attach:
+            assert g.candidates, (name, g.name)
+            for c in g.candidates:
+                assert c.fn_name or c.kind == "debugfs"
+        flags = spec.cflags()
+        assert all(f.startswith("-D") and "=" in f for f in flags)
+    targets = {c.target for g in PROBES["mglru"].attach for c in g.candidates}
+    assert {"try_to_inc_max_seq", "inc_max_seq", "inc_max_seq.constprop.0", "lru_gen"} <= targets
+
+
+def test_cflags_knobs():
+    spec = PROBES["pagecache"]
+    assert "-DMOE_PER_PAGE_EVENTS=1" in spec.cflags(MOE_PER_PAGE_EVENTS=1)
+    with pytest.raises(ValueError, match="unknown knob"):
+        spec.cflags(NOPE=1)
+    with pytest.raises(ValueError):
+        AttachCandidate("uprobe", "x", "f")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        AttachCandidate("tracepoint", "no_category", "f")
+
+
+def test_resolve_this_machine_shape(tmp_path):
+    """6.18 here: tracepoints yes, kprobes no, MGLRU no, headers mismatched."""
+    feats = Features(make_tree(tmp_path))
+    plans = resolve_all(feats)
+    pc = plans["pagecache"]
+    assert pc.status == "yes"
+    assert pc.entry("add").candidate.target == "filemap:mm_filemap_add_to_page_cache"
+    assert all(e.candidate.kind == "tracepoint" for e in pc.entries)
+    assert plans["block"].entry("bytes").candidate.target == "block:block_io_start"
+    assert plans["reads"].status == "yes" and plans["stacks"].status == "yes"
+    ml = plans["mlock"]
+    assert ml.status == "degraded"
+    assert ml.entry("mlock_enter").attached and "kprobes not built" in ml.entry("kp_mlock_folio").reason
+    mg = plans["mglru"]
+    assert mg.status == "no" and "MGLRU not built" in mg.entry("lru_gen").reason
+    for g in ("evict_folios", "inc_max_seq", "workingset_refault"):
+        assert "kprobes" in mg.entry(g).reason
+    d = mg.to_dict()
+    assert d["status"] == "no" and d["entries"][0]["group"] == "lru_gen" and d["headers"] == "mismatched"
+
+
+def test_resolve_61_lab_kernel(tmp_path):
+    """6.1 with exact headers and kprobes: fallbacks and old names are picked."""
+    feats = Features(make_tree(tmp_path, osrel="6.1.0-47-amd64", headers="6.1.0-47-amd64", events=EVENTS_61,
+                               kprobes=True, mglru="0x0000", debugfs=True))
+    plans = resolve_all(feats)
+    pc = plans["pagecache"]
+    assert pc.status == "degraded"
+    assert "no tracepoint filemap:mm_filemap_get_pages" in pc.entry("get_pages").reason
+    assert not pc.entry("sync_ra").attached
+    blk = plans["block"].entry("bytes")
+    assert blk.candidate.target == "block:block_bio_queue"
+    assert blk.tried[0][0].target == "block:block_io_start" and "no tracepoint" in blk.tried[0][1]
+    ml = plans["mlock"]
+    assert ml.status == "yes"
+    assert ml.entry("kp_mlock_new").candidate.target == "mlock_new_page"
+    assert ml.entry("kp_munlock").candidate.target == "munlock_page"
+    mg = plans["mglru"]
+    assert mg.entry("lru_gen").attached
+    assert mg.entry("inc_max_seq").candidate.target == "try_to_inc_max_seq"
+    assert mg.entry("folio_inc_gen").attached  # exact headers: may read folio flags
+    assert mg.status == "yes"
+
+
+def test_resolve_612_clone_and_missing_symbol(tmp_path):
+    kall = KALLSYMS_612.replace("0000000000000000 t try_to_inc_max_seq\n", "")
+    feats = Features(make_tree(tmp_path, osrel="6.12.95+deb12-amd64", headers="6.12.95+deb12-amd64",
+                               kprobes=True, kallsyms=kall, mglru="0x0007", debugfs=True))
+    mg = resolve(PROBES["mglru"], feats)
+    e = mg.entry("inc_max_seq")
+    assert e.candidate.target == "inc_max_seq.constprop.0"
+    assert [c.target for c, _r in e.tried] == ["try_to_inc_max_seq", "inc_max_seq"]
+    assert "not in /proc/kallsyms" in mg.entry("should_run_aging").reason
+    assert mg.status == "degraded"
+    ml = resolve(PROBES["mlock"], feats)
+    assert ml.entry("kp_mlock_new").candidate.target == "mlock_new_folio"
+
+
+def test_resolve_mismatched_headers_blocks_struct_readers(tmp_path):
+    feats = Features(make_tree(tmp_path, kprobes=True, mglru="0x0007", debugfs=True))
+    mg = resolve(PROBES["mglru"], feats)
+    assert mg.entry("evict_folios").attached  # scalar/regs only: layout-safe
+    r = mg.entry("folio_inc_gen").reason
+    assert r.startswith("headers mismatched") and "reads kernel structs" in r
+    ml = resolve(PROBES["mlock"], feats)
+    assert "headers mismatched" in ml.entry("kp_mlock_folio").reason
+    spec = ProbeSpec("structy", (AttachGroup("add", (AttachCandidate("tracepoint",
+                     "filemap:mm_filemap_add_to_page_cache", "f"),)),), needs="exact-headers")
+    p = resolve(spec, feats)
+    assert p.status == "no" and "headers mismatched" in p.reason
+
+
+def test_resolve_no_headers_blocks_bpf_not_sampler(tmp_path):
+    feats = Features(make_tree(tmp_path, headers=None, mglru="0x0007", debugfs=True))
+    pc = resolve(PROBES["pagecache"], feats)
+    assert pc.status == "no" and "no kernel headers" in pc.reason and "apt-get install" in pc.reason
+    mg = resolve(PROBES["mglru"], feats)
+    assert mg.entry("lru_gen").attached  # the debugfs sampler needs no bcc
+    assert mg.status == "degraded"
+
+
+def test_resolve_tracefs_unmounted_and_bpf_unusable(tmp_path):
+    feats = Features(make_tree(tmp_path / "a", tracefs=None))
+    pc = resolve(PROBES["pagecache"], feats)
+    assert pc.status == "no" and F.TRACEFS_MOUNT_CMD in pc.entry("delete").reason
+    feats = Features(make_tree(tmp_path / "b", capeff="0" * 16, uid=1000))
+    pc = resolve(PROBES["pagecache"], feats)
+    assert pc.status == "no" and pc.reason.startswith("BPF unusable")
+
+
+def test_resolve_does_not_need_the_c_file(tmp_path):
+    spec = ProbeSpec("ghost", (AttachGroup("a", (AttachCandidate("tracepoint", "filemap:mm_filemap_fault", "f"),)),),
+                     schema=(Column("x_pages", "int64", "pages"),), knobs=(Knob("K", 1),),
+                     source=tmp_path / "does-not-exist.c")
+    plan = resolve(spec, Features(make_tree(tmp_path)))
+    assert plan.status == "yes" and not spec.source_path.exists()
+    assert str(plan.entries[0]) == "attached: tracepoint filemap:mm_filemap_fault"

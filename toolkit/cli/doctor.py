@@ -1,0 +1,163 @@
+"""`moetrace doctor`: what this kernel and this process can record, and why not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from .common import emit_json
+
+Row = dict[str, Any]
+
+
+def _row(section: str, name: str, status: str, detail: str, fix: str | None = None,
+         checked: bool = True) -> Row:
+    return {"section": section, "name": name, "status": status, "detail": detail, "fix": fix,
+            "checked": checked}
+
+
+def capability_rows(feats) -> list[Row]:
+    """One row per capability of ``feats`` (a moetrace.features.Features)."""
+    from .. import features as F
+
+    rows: list[Row] = []
+    priv = feats.privileges
+    rows.append(_row("capability", "root", "yes" if priv["root"] else "no",
+                     "effective uid 0" if priv["root"] else "not root: record needs root "
+                     "(or CAP_BPF + CAP_PERFMON + tracefs access)", None if priv["root"] else "sudo moetrace ..."))
+    for key, label in (("cap_bpf", "CAP_BPF"), ("cap_perfmon", "CAP_PERFMON")):
+        rows.append(_row("capability", key, "yes" if priv[key] else "no",
+                         f"{label} {'in' if priv[key] else 'not in'} CapEff"
+                         + (" (via CAP_SYS_ADMIN)" if priv[key] and priv["cap_sys_admin"] else "")))
+    ok, detail = feats.bpf()
+    rows.append(_row("capability", "bpf", "yes" if ok else "no", detail,
+                     None if ok else "run as root (or grant CAP_BPF)",
+                     checked=not detail.startswith("could not check")))
+
+    if feats.tracefs is not None:
+        try:
+            readable = (feats.tracefs / "events").is_dir()
+        except PermissionError:
+            readable = False
+        rows.append(_row("capability", "tracefs", "yes" if readable else "degraded",
+                         f"mounted at {feats.tracefs}" + ("" if readable else ", not readable (needs root)"),
+                         checked=readable))
+    else:
+        rows.append(_row("capability", "tracefs", "no", "not mounted (tracepoints cannot be checked)",
+                         F.TRACEFS_MOUNT_CMD + "   (or: moetrace doctor --mount)"))
+    if feats.debugfs is not None:
+        rows.append(_row("capability", "debugfs", "yes", f"mounted at {feats.debugfs}"))
+    else:
+        rows.append(_row("capability", "debugfs", "no", "not mounted (lru_gen sampler needs it)",
+                         F.DEBUGFS_MOUNT_CMD + "   (or: moetrace doctor --mount)"))
+
+    hs = {"exact": "yes", "mismatched": "degraded", "none": "no"}[feats.headers]
+    rows.append(_row("capability", "headers", hs, f"{feats.headers}: {feats.headers_detail}",
+                     F.headers_fix(feats.root) if feats.headers == "none" else None))
+
+    kr = feats.kprobes_reason()
+    rows.append(_row("capability", "kprobes", "yes" if kr is None else "no", kr or "kprobes can be created",
+                     checked=kr is None or not kr.startswith("could not check")))
+    rows.append(_row("capability", "btf", "yes" if feats.btf else "no",
+                     "/sys/kernel/btf/vmlinux" if feats.btf else "no /sys/kernel/btf/vmlinux (CONFIG_DEBUG_INFO_BTF off)"))
+    pe = F.perf_events_available(feats.root)
+    rows.append(_row("capability", "perf_events", "yes" if pe else "no",
+                     "software PMU (cpu-clock)" if pe else "no perf events"))
+
+    mg = feats.mglru
+    if mg is None:
+        rows.append(_row("capability", "mglru", "no", "MGLRU not built (no /sys/kernel/mm/lru_gen)"))
+    elif mg["on"]:
+        rows.append(_row("capability", "mglru", "yes", f"on (enabled={mg['enabled_raw']}, "
+                         f"lru_gen in debugfs: {'yes' if mg['debugfs_lru_gen'] else 'no'})"))
+    else:
+        rows.append(_row("capability", "mglru", "degraded", f"built but off (enabled={mg['enabled_raw']})",
+                         "echo y > /sys/kernel/mm/lru_gen/enabled"))
+
+    cg = F.cgroup_memory(feats.root)
+    if cg["v2"]:
+        rows.append(_row("capability", "cgroup_v2_memory", "yes", f"memory controller in {cg['v2']}"))
+    else:
+        where = (f"{cg['v2_mount']} offers only {', '.join(cg['v2_controllers']) or 'no controllers'}"
+                 if cg["v2_mount"] else "no cgroup2 mount")
+        rows.append(_row("capability", "cgroup_v2_memory", "no", where))
+    rows.append(_row("capability", "cgroup_v1_memory", "yes" if cg["v1"] else "no",
+                     f"memory controller at {cg['v1']}" if cg["v1"] else "no v1 memory hierarchy mounted"))
+    psi = F.psi_available(feats.root)
+    rows.append(_row("capability", "psi", "yes" if psi else "no",
+                     "/proc/pressure/memory" if psi else "no readable /proc/pressure/memory (CONFIG_PSI off or psi=0)"))
+    return rows
+
+
+def probe_rows(plans) -> list[Row]:
+    """A summary row per probe, then one row per attach group."""
+    rows: list[Row] = []
+    for name, plan in plans.items():
+        rows.append(_row("probe", name, plan.status, plan.reason or f"all {len(plan.entries)} attach points",
+                         checked=all(e.checked for e in plan.entries)))
+        for e in plan.entries:
+            if e.attached:
+                st = "degraded" if e.tried else "yes"
+                detail = e.candidate.describe()
+                if e.tried:
+                    detail += " (fallback; " + "; ".join(f"{c.describe()}: {r}" for c, r in e.tried) + ")"
+            else:
+                st, detail = "no", e.reason + ("" if e.required else " [optional]")
+            rows.append(_row("attach", f"{name}.{e.group}", st, detail, checked=e.checked))
+    return rows
+
+
+def doctor_report(root: str = "/", mount: bool = False) -> dict[str, Any]:
+    """Everything `doctor --json` prints: kernel, mount notes, rows, plans, not_checked."""
+    from ..features import Features
+    from ..probespec import resolve_all
+
+    feats = Features(root, mount=mount)
+    plans = resolve_all(feats)
+    rows = capability_rows(feats) + probe_rows(plans)
+    not_checked = [r["name"] for r in rows if not r["checked"]]
+    return {"kernel": feats.osrelease, "root": feats.root, "mounted": feats.notes, "rows": rows,
+            "plans": {n: p.to_dict() for n, p in plans.items()}, "not_checked": not_checked}
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the rows, attach plans and what was not checked as JSON.")
+@click.option("--mount", is_flag=True, help="Mount tracefs/debugfs when absent (root), and say so.")
+@click.option("--probes-only", is_flag=True, help="Only the probe and attach-point rows.")
+@click.option("--root", "root", default="/", hidden=True, type=click.Path(file_okay=False),
+              help="Look up proc/, sys/, lib/ under this directory (tests: a fake tree).")
+def doctor(as_json: bool, mount: bool, probes_only: bool, root: str) -> None:
+    """What this kernel and this process can record: one row per capability and per
+    probe attach point, yes / no / degraded with the reason and the fix.
+
+    \b
+    Asks the kernel (tracepoint format files, kallsyms, sysfs knobs), never the
+    version number. Runs without root and lists what it could not check. Exit 0.
+    Examples:
+      moetrace doctor
+      sudo moetrace doctor --mount        # mount tracefs/debugfs first
+      moetrace doctor --json | jq '.plans.pagecache.status'
+    """
+    rep = doctor_report(root, mount=mount)
+    if probes_only:
+        rep["rows"] = [r for r in rep["rows"] if r["section"] != "capability"]
+    if as_json:
+        emit_json(rep)
+        return
+    click.echo(f"kernel {rep['kernel']}")
+    for note in rep["mounted"]:
+        click.echo(f"note: {note}")
+    width = max(len(r["name"]) for r in rep["rows"])
+    section = None
+    for r in rep["rows"]:
+        if r["section"] != section and r["section"] != "attach":
+            section = r["section"]
+            click.echo(f"\n{'capabilities' if section == 'capability' else 'probes'}:")
+        name = ("  " + r["name"]) if r["section"] == "attach" else r["name"]
+        mark = "" if r["checked"] else " (not checked)"
+        click.echo(f"  {r['status']:<8} {name:<{width + 2}} {r['detail']}{mark}")
+        if r["fix"]:
+            click.echo(f"  {'':<8} {'':<{width + 2}} fix: {r['fix']}")
+    if rep["not_checked"]:
+        click.echo(f"\ncould not check: {', '.join(rep['not_checked'])}")

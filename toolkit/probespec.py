@@ -1,0 +1,491 @@
+"""Probe declarations: attach candidates as data, resolved once against the kernel.
+
+One probe = one C file (``probes/<name>.c``, configured only with ``-D`` cflags) + one
+:class:`ProbeSpec` here (docs/style.md). A spec lists its logical attach points
+(:class:`AttachGroup`), each an ordered list of :class:`AttachCandidate` (first available
+wins), each citing the kernel change that made it necessary. :func:`resolve` asks a
+:class:`moetrace.features.Features` (never a version number) and returns an
+:class:`AttachPlan`: per group the candidate that will be attached, or "unavailable:
+reason". Resolving never needs the C file to exist.
+
+The registry :data:`PROBES` holds the design table's probes (docs/design.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from .features import Features
+
+Kind = Literal["tracepoint", "raw_tracepoint", "kprobe", "kretprobe", "perf_event", "debugfs"]
+Needs = Literal["tracepoint-args", "exact-headers"]
+KINDS = ("tracepoint", "raw_tracepoint", "kprobe", "kretprobe", "perf_event", "debugfs")
+PROBES_DIR = Path(__file__).resolve().parent.parent / "probes"
+
+
+@dataclass(frozen=True)
+class AttachCandidate:
+    """One way to attach.
+
+    kind: tracepoint | raw_tracepoint (target "category:event"), kprobe | kretprobe
+    (target a kallsyms symbol), perf_event (target "software:cpu-clock"), debugfs (target
+    a file under debugfs read by a Python sampler, no BPF: fn_name "").
+    fn_name: the C function in the probe's source (bcc naming is the C author's choice).
+    needs: overrides the probe's ``needs`` for this candidate (a kprobe that reads a
+    struct folio needs exact headers even in a tracepoint-args probe)."""
+
+    kind: Kind
+    target: str
+    fn_name: str
+    note: str = ""
+    needs: Needs | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown attach kind {self.kind!r}")
+        if self.kind in ("tracepoint", "raw_tracepoint") and ":" not in self.target:
+            raise ValueError(f"tracepoint target must be category:event, got {self.target!r}")
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.target}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "target": self.target, "fn_name": self.fn_name, "note": self.note,
+                "needs": self.needs}
+
+
+@dataclass(frozen=True)
+class AttachGroup:
+    """One logical attach point: ordered candidates, the first available wins.
+
+    required: the probe cannot do its job without it (the probe is "no" when it is
+    unavailable); an optional group only degrades the probe."""
+
+    name: str
+    candidates: tuple[AttachCandidate, ...]
+    required: bool = True
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a probe's output table; units also in the name (``_ns``, ``_pages``)."""
+
+    name: str
+    dtype: str
+    unit: str = ""
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A ``-D`` cflag of the probe's C file, with its default."""
+
+    name: str
+    default: int | str
+    help: str = ""
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """A probe: its C source, attach groups, what it needs from headers, knobs, schema.
+
+    needs: "tracepoint-args" (reads only tracepoint/syscall arguments and scalar
+    registers: layout-safe with mismatched headers) or "exact-headers" (reads kernel
+    structs). default: part of ``record``'s default set. enrichment: a missing
+    enrichment probe warns; a missing non-enrichment probe is an error under
+    ``--missing-probes error``."""
+
+    name: str
+    attach: tuple[AttachGroup, ...]
+    needs: Needs = "tracepoint-args"
+    knobs: tuple[Knob, ...] = ()
+    schema: tuple[Column, ...] = ()
+    description: str = ""
+    default: bool = True
+    enrichment: bool = False
+    source: Path | None = None
+
+    @property
+    def source_path(self) -> Path:
+        """probes/<name>.c (it need not exist to resolve)."""
+        return self.source if self.source is not None else PROBES_DIR / f"{self.name}.c"
+
+    def cflags(self, **overrides: int | str) -> list[str]:
+        """``-DNAME=value`` for every knob (defaults, then ``overrides`` by knob name)."""
+        names = {k.name for k in self.knobs}
+        unknown = set(overrides) - names
+        if unknown:
+            raise ValueError(f"probe {self.name}: unknown knob(s) {sorted(unknown)}; knobs: {sorted(names)}")
+        return [f"-D{k.name}={overrides.get(k.name, k.default)}" for k in self.knobs]
+
+    def group(self, name: str) -> AttachGroup:
+        for g in self.attach:
+            if g.name == name:
+                return g
+        raise KeyError(f"probe {self.name} has no attach group {name!r}")
+
+
+# -- resolution -------------------------------------------------------------------------------
+
+@dataclass
+class PlanEntry:
+    """One attach group resolved: status "attached" (the candidate to attach) or
+    "unavailable" (reason); ``checked`` is False when a reason is "could not check"
+    (e.g. tracefs unreadable without root). ``tried``: (candidate, reason) for every
+    candidate that was rejected before the winner."""
+
+    group: str
+    required: bool
+    status: Literal["attached", "unavailable"]
+    candidate: AttachCandidate | None = None
+    reason: str = ""
+    checked: bool = True
+    tried: list[tuple[AttachCandidate, str]] = field(default_factory=list)
+
+    @property
+    def attached(self) -> bool:
+        return self.status == "attached"
+
+    def __str__(self) -> str:
+        if self.candidate is not None:
+            return f"attached: {self.candidate.describe()}"
+        return f"unavailable: {self.reason}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"group": self.group, "required": self.required, "status": self.status,
+                "candidate": self.candidate.to_dict() if self.candidate else None,
+                "reason": self.reason, "checked": self.checked,
+                "tried": [{"kind": c.kind, "target": c.target, "reason": r} for c, r in self.tried]}
+
+
+@dataclass
+class AttachPlan:
+    """A probe resolved against one kernel.
+
+    status: "yes" (every group attached), "degraded" (only optional groups missing),
+    "no" (a required group unavailable, or the probe blocked as a whole: headers, BPF)."""
+
+    probe: str
+    entries: list[PlanEntry]
+    needs: str
+    headers: str
+    blocked: str = ""
+
+    @property
+    def status(self) -> Literal["yes", "no", "degraded"]:
+        if self.blocked or any(e.required and not e.attached for e in self.entries):
+            return "no"
+        if any(not e.attached for e in self.entries):
+            return "degraded"
+        return "yes"
+
+    @property
+    def reason(self) -> str:
+        """One line: why the probe is "no"/"degraded" ("" when "yes")."""
+        if self.blocked:
+            return self.blocked
+        bad = [e for e in self.entries if not e.attached]
+        req = [e for e in bad if e.required]
+        pick = req or bad
+        if not pick:
+            return ""
+        head = "required" if req else "optional"
+        return f"{head} {', '.join(e.group for e in pick)} unavailable: {pick[0].reason}" + (
+            f" (+{len(pick) - 1} more)" if len(pick) > 1 else "")
+
+    @property
+    def attached(self) -> list[PlanEntry]:
+        return [e for e in self.entries if e.attached]
+
+    def entry(self, group: str) -> PlanEntry:
+        for e in self.entries:
+            if e.group == group:
+                return e
+        raise KeyError(f"plan of {self.probe} has no group {group!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """For the run manifest and `doctor --json`."""
+        return {"probe": self.probe, "status": self.status, "reason": self.reason, "needs": self.needs,
+                "headers": self.headers, "blocked": self.blocked,
+                "entries": [e.to_dict() for e in self.entries]}
+
+
+def _not_checked(reason: str) -> bool:
+    return reason.startswith("could not check")
+
+
+def candidate_reason(cand: AttachCandidate, feats: "Features", needs: str) -> str | None:
+    """None when ``cand`` can be attached on ``feats``' kernel, else why not.
+
+    Order: infrastructure (tracefs, kprobes, perf, debugfs), then the target itself
+    (format file, kallsyms), then headers (a candidate needing kernel structs with
+    mismatched headers)."""
+    need = cand.needs or needs
+    r: str | None
+    if cand.kind in ("tracepoint", "raw_tracepoint"):
+        cat, ev = cand.target.split(":", 1)
+        r = feats.tracepoint_reason(cat, ev)
+    elif cand.kind in ("kprobe", "kretprobe"):
+        r = feats.kprobes_reason() or feats.symbol_reason(cand.target)
+    elif cand.kind == "perf_event":
+        r = feats.perf_event_reason(cand.target)
+    else:  # debugfs
+        r = feats.debugfs_reason(cand.target)
+    if r:
+        return r
+    if need == "exact-headers" and cand.kind != "debugfs" and feats.headers != "exact":
+        return f"headers {feats.headers}: {cand.describe()} reads kernel structs ({feats.headers_detail})"
+    return None
+
+
+def resolve(spec: ProbeSpec, feats: "Features | None" = None) -> AttachPlan:
+    """Resolve every attach group of ``spec`` against ``feats`` (default: the live kernel)."""
+    if feats is None:
+        from .features import Features
+        feats = Features()
+    blocked = ""
+    bpf_groups = any(c.kind != "debugfs" for g in spec.attach for c in g.candidates)
+    if bpf_groups and feats.headers == "none":
+        blocked = f"no kernel headers: bcc cannot compile ({feats.headers_detail})"
+    elif bpf_groups:
+        ok, detail = feats.bpf()
+        if not ok:
+            blocked = f"BPF unusable: {detail}"
+    entries: list[PlanEntry] = []
+    for g in spec.attach:
+        tried: list[tuple[AttachCandidate, str]] = []
+        chosen: AttachCandidate | None = None
+        for c in g.candidates:
+            r = candidate_reason(c, feats, spec.needs)
+            if r is None and blocked and c.kind != "debugfs":
+                r = blocked
+            if r is None:
+                chosen = c
+                break
+            tried.append((c, r))
+        if chosen is not None:
+            entries.append(PlanEntry(g.name, g.required, "attached", chosen, tried=tried))
+        else:
+            if len({r for _c, r in tried}) == 1:
+                reason = tried[0][1]
+            else:
+                reason = "; ".join(f"{c.describe()}: {r}" for c, r in tried)
+            checked = not any(_not_checked(r) for _c, r in tried)
+            entries.append(PlanEntry(g.name, g.required, "unavailable", None, reason, checked, tried))
+    if blocked and any(e.attached for e in entries):
+        blocked = ""  # a BPF-free group (debugfs sampler) still runs: report per group instead
+    return AttachPlan(spec.name, entries, spec.needs, feats.headers, blocked)
+
+
+def resolve_all(feats: "Features | None" = None, names: list[str] | None = None) -> dict[str, AttachPlan]:
+    """Resolve the named probes (default: every registered probe)."""
+    if feats is None:
+        from .features import Features
+        feats = Features()
+    return {n: resolve(PROBES[n], feats) for n in (names or list(PROBES))}
+
+
+# -- the registry -----------------------------------------------------------------------------
+
+def _tp(target: str, fn: str | None = None, note: str = "", needs: Needs | None = None) -> AttachCandidate:
+    return AttachCandidate("tracepoint", target, fn or "tp_" + target.split(":", 1)[1], note, needs)
+
+
+def _kp(sym: str, fn: str | None = None, note: str = "", needs: Needs | None = None,
+        kind: Kind = "kprobe") -> AttachCandidate:
+    fn = fn or ("kp_" if kind == "kprobe" else "kret_") + sym.replace(".", "_")
+    return AttachCandidate(kind, sym, fn, note, needs)
+
+
+def _g(name: str, *cands: AttachCandidate, required: bool = True, note: str = "") -> AttachGroup:
+    return AttachGroup(name, tuple(cands), required, note)
+
+
+_EXPERT_COLS = (Column("layer", "int32"), Column("expert", "int32"), Column("expert_id", "int32"))
+_COMMON_KNOBS = (
+    Knob("MOE_MAX_INODES", 65536, "entries of the inode -> expert map"),
+    Knob("MOE_MAX_EXPERTS", 65536, "per-expert counter slots"),
+)
+
+PAGECACHE = ProbeSpec(
+    name="pagecache",
+    description="per-expert requested / added (miss) / evicted / re-added pages; hits = requested - added",
+    attach=(
+        _g("get_pages", _tp("filemap:mm_filemap_get_pages",
+                            note="added in 6.11 (filemap: add trace events for get_pages, map_pages, and "
+                                 "fault); absent on 6.1. Fires once per folio batch; ranges overlap on 6.12, "
+                                 "so requested pages come from the read call's bytes"),
+           required=False),
+        _g("add", _tp("filemap:mm_filemap_add_to_page_cache",
+                      note="stable tracepoint (pfn, i_ino, index, s_dev, order); pages = 1 << order "
+                           "since large folios"),
+           _kp("filemap_add_folio", needs="exact-headers",
+               note="fallback where the tracepoint is missing: the folio conversion (5.18) renamed "
+                    "add_to_page_cache_lru; reads folio->mapping->host")),
+        _g("delete", _tp("filemap:mm_filemap_delete_from_page_cache",
+                         note="stable tracepoint; carries order like add"),
+           _kp("__filemap_remove_folio", needs="exact-headers",
+               note="fallback: folio-era name of __delete_from_page_cache (5.18)")),
+        _g("fault", _tp("filemap:mm_filemap_fault", note="added in 6.11 with get_pages; absent on 6.1"),
+           required=False),
+        _g("map_pages", _tp("filemap:mm_filemap_map_pages", note="added in 6.11 with get_pages"),
+           required=False),
+        _g("sync_ra", _tp("readahead:page_cache_sync_ra",
+                          note="readahead tracepoints are newer than 6.1 (no trace/events/readahead.h there)"),
+           required=False),
+        _g("async_ra", _tp("readahead:page_cache_async_ra", note="as sync_ra"), required=False),
+    ),
+    knobs=_COMMON_KNOBS + (
+        Knob("MOE_PAGE_BITMAP_PAGES", 1 << 24, "pages tracked by the per-page re-read bitmap"),
+        Knob("MOE_PER_PAGE_EVENTS", 0, "1: stream per-page add/delete events (ages) through the ring"),
+        Knob("MOE_RINGBUF_PAGES", 256, "ring buffer size in pages when streaming"),
+    ),
+    schema=_EXPERT_COLS + (
+        Column("requested_pages", "int64", "pages"), Column("added_pages", "int64", "pages"),
+        Column("evicted_pages", "int64", "pages"), Column("readded_pages", "int64", "pages"),
+        Column("hit_pages", "Int64", "pages"),
+    ),
+)
+
+LRU = ProbeSpec(
+    name="lru",
+    description="classic LRU: list placement, activations, dwell (joined on pfn)",
+    attach=(
+        _g("insertion", _tp("pagemap:mm_lru_insertion",
+                            note="takes a folio since the folio conversion (5.16); the C file includes "
+                                 "<linux/mmzone.h> for the LRU enum")),
+        _g("activate", _tp("pagemap:mm_lru_activate", note="folio-based since 5.16")),
+    ),
+    knobs=_COMMON_KNOBS + (Knob("MOE_MAX_PFNS", 1 << 22, "pfn -> (expert, insert time) join entries"),),
+    schema=_EXPERT_COLS + (
+        Column("inserted_pages", "int64", "pages"), Column("activated_pages", "int64", "pages"),
+        Column("inactive_dwell_ns", "Int64", "ns"),
+    ),
+    enrichment=True,
+)
+
+RECLAIM = ProbeSpec(
+    name="reclaim",
+    description="scan/steal per event; who reclaimed (kswapd, direct, memcg)",
+    attach=(
+        _g("memcg_begin", _tp("vmscan:mm_vmscan_memcg_reclaim_begin")),
+        _g("memcg_end", _tp("vmscan:mm_vmscan_memcg_reclaim_end")),
+        _g("direct_begin", _tp("vmscan:mm_vmscan_direct_reclaim_begin"), required=False),
+        _g("direct_end", _tp("vmscan:mm_vmscan_direct_reclaim_end"), required=False),
+        _g("kswapd_wake", _tp("vmscan:mm_vmscan_kswapd_wake"), required=False),
+        _g("kswapd_sleep", _tp("vmscan:mm_vmscan_kswapd_sleep"), required=False),
+        _g("shrink_inactive", _tp("vmscan:mm_vmscan_lru_shrink_inactive",
+                                  note="does NOT fire with MGLRU on in 6.1 (evict_folios bypasses "
+                                       "shrink_inactive_list); fires again in 6.12")),
+        _g("shrink_active", _tp("vmscan:mm_vmscan_lru_shrink_active"), required=False),
+        _g("isolate", _tp("vmscan:mm_vmscan_lru_isolate"), required=False),
+    ),
+    schema=(
+        Column("time_ns", "int64", "ns"), Column("who", "string"), Column("nr_scanned_pages", "int64", "pages"),
+        Column("nr_reclaimed_pages", "int64", "pages"), Column("duration_ns", "Int64", "ns"),
+    ),
+)
+
+_MLOCK_SYSCALLS = ("mlock", "mlock2", "munlock", "mlockall", "munlockall")
+MLOCK = ProbeSpec(
+    name="mlock",
+    description="locked bytes over time, locked fraction",
+    attach=tuple(
+        _g(f"{sc}_{side}", _tp(f"syscalls:sys_{side}_{sc}"), required=sc in ("mlock", "munlock"))
+        for sc in _MLOCK_SYSCALLS for side in ("enter", "exit")
+    ) + (
+        _g("kp_mlock_folio", _kp("mlock_folio", needs="exact-headers",
+                              note="folio_nr_pages(folio) is a struct read; mlock_page before the "
+                                   "mlock folio conversion (6.1 already has mlock_folio)"),
+           required=False),
+        _g("kp_mlock_new", _kp("mlock_new_folio", needs="exact-headers",
+                            note="renamed from mlock_new_page by the mlock folio conversion (6.3)"),
+           _kp("mlock_new_page", needs="exact-headers", note="6.1 name"), required=False),
+        _g("kp_munlock", _kp("munlock_folio", needs="exact-headers", note="6.3+ name"),
+           _kp("munlock_page", needs="exact-headers", note="6.1 name"), required=False),
+    ),
+    schema=(Column("time_ns", "int64", "ns"), Column("call", "string"), Column("start", "uint64"),
+            Column("len_bytes", "int64", "bytes"), Column("ret", "int64"), Column("locked_pages", "Int64", "pages")),
+    enrichment=True,
+)
+
+BLOCK = ProbeSpec(
+    name="block",
+    description="device bytes per expert via FIEMAP extents; latency net of requeues",
+    attach=(
+        _g("bytes", _tp("block:block_io_start",
+                        note="added in 6.5 (block: add io_start/io_done tracepoints); absent on 6.1"),
+           _tp("block:block_bio_queue", note="every kernel; counts bios before merging")),
+        _g("rq_issue", _tp("block:block_rq_issue", note="over-counts by requeues: net with rq_requeue")),
+        _g("rq_complete", _tp("block:block_rq_complete",
+                              note="IRQ context: can lose events to BPF recursion protection; latency only")),
+        _g("rq_requeue", _tp("block:block_rq_requeue")),
+    ),
+    knobs=_COMMON_KNOBS + (Knob("MOE_MAX_EXTENTS", 1 << 20, "FIEMAP extent entries (sector -> expert)"),
+                           Knob("MOE_MAX_INFLIGHT", 65536, "in-flight requests for latency")),
+    schema=_EXPERT_COLS + (Column("device_bytes", "int64", "bytes"), Column("requests", "int64"),
+                           Column("latency_ns_sum", "int64", "ns"), Column("requeues", "int64")),
+)
+
+_READ_SYSCALLS = ("pread64", "preadv", "preadv2", "read")
+READS = ProbeSpec(
+    name="reads",
+    description="per read call of the replay: latency, bytes, pages added -> hit-only / miss",
+    attach=tuple(
+        _g(f"{sc}_{side}", _tp(f"syscalls:sys_{side}_{sc}"), required=sc == "pread64")
+        for sc in _READ_SYSCALLS for side in ("enter", "exit")
+    ),
+    knobs=(Knob("MOE_MAX_TASKS", 4096, "followed tasks of the child's process tree"),
+           Knob("MOE_RINGBUF_PAGES", 256, "ring buffer size in pages")),
+    schema=(Column("time_ns", "int64", "ns"), Column("tid", "int32"), Column("fd", "int32"),
+            Column("bytes", "int64", "bytes"), Column("latency_ns", "int64", "ns"),
+            Column("added_pages", "int64", "pages"), Column("class", "string")),
+)
+
+STACKS = ProbeSpec(
+    name="stacks",
+    description="perf cpu-clock samples of the replay threads and kswapd, folded in the kernel",
+    attach=(_g("cpu_clock", AttachCandidate("perf_event", "software:cpu-clock", "on_cpu_clock",
+                                            "PERF_COUNT_SW_CPU_CLOCK: no hardware PMU needed in a VM")),),
+    knobs=(Knob("MOE_STACK_ENTRIES", 16384, "stack-trace map entries"),
+           Knob("MOE_MAX_TASKS", 4096, "followed tasks")),
+    schema=(Column("stack", "string"), Column("samples", "int64")),
+    enrichment=True,
+)
+
+MGLRU = ProbeSpec(
+    name="mglru",
+    description="aging cadence, generation birth times and sizes (kprobes), lru_gen samples (debugfs)",
+    attach=(
+        _g("lru_gen", AttachCandidate("debugfs", "lru_gen", "",
+                                      "Python sampler of <debugfs>/lru_gen: wherever MGLRU is built, no BPF")),
+        _g("evict_folios", _kp("evict_folios", note="6.1: (lruvec, sc, swappiness, bool *need_swapping); "
+                                                     "6.12 drops need_swapping"), required=False),
+        _g("isolate_folios", _kp("isolate_folios"), required=False),
+        _g("should_run_aging", _kp("should_run_aging", note="6.1 only: gone from kallsyms by 6.12 (inlined)"),
+           required=False),
+        _g("inc_max_seq",
+           _kp("try_to_inc_max_seq", note="6.1: (lruvec, max_seq, sc, can_swap, force_scan); 6.12: "
+                                          "(lruvec, seq, can_swap, force_scan)"),
+           _kp("inc_max_seq", note="the aging step itself; 6.8+ returns bool and takes seq"),
+           _kp("inc_max_seq.constprop.0", note="6.12 exports only a compiler clone: arguments not trustworthy"),
+           required=False),
+        _g("folio_inc_gen", _kp("folio_inc_gen", needs="exact-headers",
+                                note="per-page generation: reads folio->flags (LRU_GEN_PGOFF from the build)"),
+           required=False),
+        _g("look_around", _kp("lru_gen_look_around", note="6.12 returns bool"), required=False),
+        _g("workingset_eviction", _kp("workingset_eviction"), required=False),
+        _g("workingset_refault", _kp("workingset_refault"), required=False),
+    ),
+    schema=(Column("time_ns", "int64", "ns"), Column("memcg_id", "int32"), Column("node", "int32"),
+            Column("seq", "int64"), Column("age_ms", "int64", "ms"), Column("nr_anon_pages", "int64", "pages"),
+            Column("nr_file_pages", "int64", "pages")),
+    enrichment=True,
+)
+
+PROBES: dict[str, ProbeSpec] = {p.name: p for p in
+                                (PAGECACHE, LRU, RECLAIM, MLOCK, BLOCK, READS, STACKS, MGLRU)}
+DEFAULT_PROBES: tuple[str, ...] = tuple(n for n, p in PROBES.items() if p.default)
