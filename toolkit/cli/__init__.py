@@ -43,6 +43,7 @@ class LazyGroup(click.Group):
         "sweep": ".sweep:sweep",
         "demo": ".demo:demo",
         "doctor": ".doctor:doctor",
+        "record": ".record:record",
     },
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -56,6 +57,7 @@ def cli() -> None:
     Replay:             replay (also the `replay` command)
     Capacity (root):    cell, sweep
     Kernel:             doctor (what this kernel can trace, and why not)
+    Recording (root):   record -- CMD (eBPF probes attached while CMD runs)
     End to end:         demo
     """
 

@@ -1,0 +1,65 @@
+"""`moetrace record`: run a command with probes attached and write a run directory."""
+
+from __future__ import annotations
+
+import click
+
+from .common import emit_json
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "ignore_unknown_options": True})
+@click.option("--probes", default="pagecache", show_default=True, metavar="LIST",
+              help="Comma-separated probes to attach (this version: pagecache).")
+@click.option("--out", type=click.Path(file_okay=False), metavar="RUN_DIR",
+              help="Run directory to create, owner-only (default: runs/<UTC time>-<pid>).")
+@click.option("--pool", "pool_dir", type=click.Path(file_okay=False),
+              help="Pool to attribute pages to (default: the --pool of the recorded command).")
+@click.option("--missing-probes", type=click.Choice(["error", "warn"]), default="error", show_default=True,
+              help="A probe that cannot attach (or does not exist yet): stop, or record without it "
+                   "(the manifest's attach plan says why).")
+@click.option("--stream-events", is_flag=True,
+              help="Also stream one record per (page-cache event, expert) through the ring buffer "
+                   "(page_events.parquet; lost records counted per interval).")
+@click.option("--json", "as_json", is_flag=True, help="Print the final manifest on stdout.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.pass_context
+def record(ctx, probes, out, pool_dir, missing_probes, stream_events, as_json, command):
+    """Run COMMAND with probes attached; write a run directory; exit with COMMAND's status.
+
+    \b
+    Probes are compiled and attached first, then COMMAND starts (no event of it
+    is missed) with MOETRACE_RUN_DIR=<RUN_DIR>/replay, so a replay's iteration
+    log lands beside the probe tables. The pagecache probe counts, per expert
+    and in the kernel, pages added (misses), evicted and re-added (exact, per
+    page); requested pages come from the replay's own accounting, hits =
+    requested - added. Ctrl-C is forwarded to COMMAND; the run is then marked
+    "complete": false and still loads. Needs root (or CAP_BPF + CAP_PERFMON).
+
+    \b
+    Examples:
+      moetrace record --out runs/cold -- replay plan.bin --pool /var/tmp/pool --warmup 0
+      moetrace record --pool /var/tmp/pool -- dd if=/var/tmp/pool/pool.bin of=/dev/null bs=1M
+      moetrace record --json --out runs/x -- replay plan.bin --pool /var/tmp/pool --passes 3
+    """
+    from ..recorder import RecordOptions, record as do_record
+
+    cmd = list(command)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    plist = tuple(p.strip() for p in probes.split(",") if p.strip())
+    opts = RecordOptions(command=cmd, out=out, probes=plist, pool=pool_dir, missing_probes=missing_probes,
+                         stream_events=stream_events)
+    res = do_record(opts, on_event=lambda s: click.echo(f"moetrace record: {s}", err=True))
+    if as_json:
+        emit_json(res.manifest)
+    else:
+        t = res.manifest.get("totals") or {}
+        tail = "" if res.complete else " (incomplete)"
+        click.echo(f"moetrace record: run directory {res.run_dir}{tail}; command exit status {res.exit_status}",
+                   err=True)
+        if t:
+            click.echo(f"moetrace record: experts added {t['experts_added_pages']} pages, evicted "
+                       f"{t['experts_evicted_pages']}, re-added {t['experts_re_added_pages']}, requested "
+                       f"{t['experts_requested_pages']}; unattributed added {t['unattributed_added_pages']}",
+                       err=True)
+    ctx.exit(res.exit_status)
