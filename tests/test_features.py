@@ -70,6 +70,30 @@ format:
 print fmt: "fd: 0x%08lx, buf: 0x%08lx, count: 0x%08lx, pos: 0x%08lx", ((unsigned long)(REC->fd))
 """
 
+SYS_EXIT_FORMAT = """\
+name: {ev}
+ID: 700
+format:
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+\tfield:int __syscall_nr;\toffset:8;\tsize:4;\tsigned:1;
+\tfield:long ret;\toffset:16;\tsize:8;\tsigned:1;
+
+print fmt: "0x%lx", REC->ret
+"""
+
+TASK_NEWTASK_FORMAT = """\
+name: task_newtask
+ID: 150
+format:
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+\tfield:pid_t pid;\toffset:8;\tsize:4;\tsigned:1;
+\tfield:char comm[16];\toffset:12;\tsize:16;\tsigned:0;
+\tfield:unsigned long clone_flags;\toffset:32;\tsize:8;\tsigned:0;
+\tfield:short oom_score_adj;\toffset:40;\tsize:2;\tsigned:1;
+
+print fmt: "pid=%d comm=%s clone_flags=%lx oom_score_adj=%hd", REC->pid
+"""
+
 GENERIC_FORMAT = "name: {ev}\nID: 1\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
 
 # Addresses zeroed, as an unprivileged reader sees them (and no raw kernel address in the repo).
@@ -116,6 +140,7 @@ EVENTS_618 = {
     "syscalls": [f"sys_{side}_{sc}" for sc in ("mlock", "mlock2", "munlock", "mlockall", "munlockall",
                                                "pread64", "preadv", "preadv2", "read")
                  for side in ("enter", "exit")],
+    "task": ["task_newtask"],
 }
 # 6.1: no get_pages/fault/map_pages, no readahead events, no block_io_start
 EVENTS_61 = {c: [e for e in evs if e not in ("mm_filemap_get_pages", "mm_filemap_fault", "mm_filemap_map_pages",
@@ -143,8 +168,9 @@ def make_tree(root: Path, *, osrel: str = "6.18.44-fc-v973", headers: str | None
               tracefs: str | None = "/sys/kernel/tracing", debugfs: bool = False, events=None,
               kallsyms: str = KALLSYMS_61, kprobes: bool = False, mglru: str | None = None,
               capeff: str = CAPEFF_ROOT, uid: int = 0, btf: bool = True, psi: bool = True,
-              v2_controllers: str = "hugetlb", unpriv_bpf: str = "2") -> Path:
-    """A fake kernel view under root; ``headers`` is the UTS_RELEASE of the build dir (None: no build)."""
+              v2_controllers: str = "hugetlb", unpriv_bpf: str = "2", formats: dict[str, str] | None = None) -> Path:
+    """A fake kernel view under root; ``headers`` is the UTS_RELEASE of the build dir (None: no build);
+    ``formats``: {event: format text} overriding the built-in ones."""
     F.clear_cache()
     mounts = MOUNTS
     if tracefs:
@@ -153,8 +179,13 @@ def make_tree(root: Path, *, osrel: str = "6.18.44-fc-v973", headers: str | None
         for cat, evs in (EVENTS_618 if events is None else events).items():
             for ev in evs:
                 text = {"mm_filemap_add_to_page_cache": ADD_TO_PAGE_CACHE_FORMAT,
+                        "mm_filemap_delete_from_page_cache": ADD_TO_PAGE_CACHE_FORMAT.replace(
+                            "mm_filemap_add_to_page_cache", "mm_filemap_delete_from_page_cache"),
                         "block_rq_issue": BLOCK_RQ_ISSUE_FORMAT,
-                        "sys_enter_pread64": SYS_ENTER_PREAD64_FORMAT}.get(ev, GENERIC_FORMAT.format(ev=ev))
+                        "task_newtask": TASK_NEWTASK_FORMAT,
+                        "sys_enter_pread64": SYS_ENTER_PREAD64_FORMAT}.get(
+                    ev, (SYS_EXIT_FORMAT if ev.startswith("sys_exit_") else GENERIC_FORMAT).format(ev=ev))
+                text = (formats or {}).get(ev, text)
                 _w(t / "events" / cat / ev / "format", text)
         _w(t / "available_events", "")
         if kprobes:
@@ -332,7 +363,8 @@ def test_registry_is_well_formed():
 
 def test_cflags_knobs():
     spec = PROBES["pagecache"]
-    assert "-DMOE_PER_PAGE_EVENTS=1" in spec.cflags(MOE_PER_PAGE_EVENTS=1)
+    assert "-DSTREAM_EVENTS=1" in spec.cflags(STREAM_EVENTS=1)
+    assert spec.knob_values(PPE=256)["PPE"] == 256 and spec.knob_values()["RING_PAGES"] == 256
     with pytest.raises(ValueError, match="unknown knob"):
         spec.cflags(NOPE=1)
     with pytest.raises(ValueError):
@@ -368,9 +400,7 @@ def test_resolve_61_lab_kernel(tmp_path):
                                kprobes=True, mglru="0x0000", debugfs=True))
     plans = resolve_all(feats)
     pc = plans["pagecache"]
-    assert pc.status == "degraded"
-    assert "no tracepoint filemap:mm_filemap_get_pages" in pc.entry("get_pages").reason
-    assert not pc.entry("sync_ra").attached
+    assert pc.status == "yes" and pc.knobs == {"TRACK_READS": 1, "FOLLOW_FORKS": 1, "HAVE_ORDER": 1}
     blk = plans["block"].entry("bytes")
     assert blk.candidate.target == "block:block_bio_queue"
     assert blk.tried[0][0].target == "block:block_io_start" and "no tracepoint" in blk.tried[0][1]
@@ -438,3 +468,31 @@ def test_resolve_does_not_need_the_c_file(tmp_path):
     plan = resolve(spec, Features(make_tree(tmp_path)))
     assert plan.status == "yes" and not spec.source_path.exists()
     assert str(plan.entries[0]) == "attached: tracepoint filemap:mm_filemap_fault"
+
+
+def test_pagecache_knobs_from_format_files(tmp_path):
+    """The kernel decides the pagecache knobs: no folio `order` -> HAVE_ORDER=0; one absent read
+    exit -> TRACK_READS=0 and its siblings "compiled out"; no task_newtask -> FOLLOW_FORKS=0; a
+    format lacking a field the C reads rejects the candidate (and a required group: the probe)."""
+    no_order = ADD_TO_PAGE_CACHE_FORMAT.replace("\tfield:unsigned char order;\toffset:36;\tsize:1;\tsigned:0;\n", "")
+    ev = {c: list(e) for c, e in EVENTS_618.items() if c != "task"}
+    ev["syscalls"].remove("sys_exit_preadv2")
+    feats = Features(make_tree(tmp_path / "a", events=ev, formats={
+        "mm_filemap_add_to_page_cache": no_order,
+        "mm_filemap_delete_from_page_cache": no_order.replace("add_to", "delete_from")}))
+    pc = resolve(PROBES["pagecache"], feats)
+    assert pc.knobs == {"TRACK_READS": 0, "FOLLOW_FORKS": 0, "HAVE_ORDER": 0}
+    assert pc.status == "degraded" and pc.entry("add").attached and pc.entry("delete").attached
+    assert "no tracepoint syscalls:sys_exit_preadv2" in pc.entry("exit_preadv2").reason
+    e = pc.entry("exit_pread64")
+    assert not e.attached and e.reason == "compiled out (TRACK_READS=0: exit_preadv2 unavailable)"
+    assert not pc.entry("newtask").attached
+    assert pc.to_dict()["knobs"]["HAVE_ORDER"] == 0
+    assert {x.group for x in pc.attached} == {"add", "delete"}
+    bad = no_order.replace("\tfield:unsigned long i_ino;\toffset:16;\tsize:8;\tsigned:0;\n", "")
+    feats = Features(make_tree(tmp_path / "b", formats={"mm_filemap_add_to_page_cache": bad}))
+    pc = resolve(PROBES["pagecache"], feats)
+    assert pc.status == "no" and "lacks i_ino" in pc.entry("add").reason
+    assert pc.knobs["HAVE_ORDER"] == 1  # from delete's format only: add was not chosen
+    with pytest.raises(ValueError, match="must be optional"):
+        AttachGroup("x", (AttachCandidate("tracepoint", "a:b", "f"),), required=True, knob="K")

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from moetrace import bpf, rundir
-from moetrace.recorder import PAGECACHE, kernel_dev, pool_from_command, resolve_attach
+from moetrace.recorder import kernel_dev, pool_from_command
 
 N, MIB = 23, 1 << 20
 PAGES = MIB // mmap.PAGESIZE
@@ -77,36 +77,24 @@ def test_tracefs_refusal_says_the_mount_command(tmp_path):
         bpf.require_tracefs(F())
 
 
-class _FakeFeatures:
-    """Formats as a kernel without folio order and without task_newtask."""
+def test_recorder_uses_the_one_declaration():
+    """No second declaration: the recorder's probe is probespec's, its ring dtype is the declared struct."""
+    from moetrace import probespec, recorder
 
-    def __init__(self, formats):
-        self.formats = formats
-
-    def tracepoint_reason(self, c, e):
-        return None if f"{c}:{e}" in self.formats else f"no tracepoint {c}:{e}"
-
-    def tracepoint_format(self, c, e):
-        return self.formats.get(f"{c}:{e}")
+    assert recorder.PAGECACHE is probespec.PROBES["pagecache"]
+    assert not hasattr(recorder, "ProbeDecl") and not hasattr(recorder, "resolve_attach")
+    assert recorder.PAGE_EVENT_DTYPE == probespec.PROBES["pagecache"].struct("page_event").dtype()
+    assert set(recorder.RECORDED) <= set(probespec.PROBES)
 
 
-def test_attach_plan_is_resolved_from_format_files():
-    fil = dict.fromkeys(["pfn", "i_ino", "index", "s_dev"])
-    ret = {"ret": None}
-    f = _FakeFeatures({"filemap:mm_filemap_add_to_page_cache": fil, "filemap:mm_filemap_delete_from_page_cache": fil,
-                       "syscalls:sys_exit_pread64": ret, "syscalls:sys_exit_preadv": ret,
-                       "syscalls:sys_exit_preadv2": ret, "syscalls:sys_exit_read": ret})
-    rows, knobs, fatal = resolve_attach(PAGECACHE, f)
-    assert fatal is None
-    assert knobs["HAVE_ORDER"] == 0 and knobs["FOLLOW_FORKS"] == 0 and "TRACK_READS" not in knobs
-    by = {r["attach"]: r for r in rows}
-    assert by["task:task_newtask"]["status"] == "unavailable"
-    assert by["syscalls:sys_exit_preadv"]["status"] == "attached"
-    # without the add tracepoint the probe cannot run: every row says why
-    del f.formats["filemap:mm_filemap_add_to_page_cache"]
-    rows, knobs, fatal = resolve_attach(PAGECACHE, f)
-    assert "mm_filemap_add_to_page_cache" in fatal
-    assert all(r["status"] == "unavailable" for r in rows)
+def test_unknown_and_unrecorded_probes_are_refused():
+    from moetrace.errors import UsageError
+    from moetrace.recorder import RecordOptions, record
+
+    with pytest.raises(UsageError, match="no such probe: nope"):
+        record(RecordOptions(["true"], probes=("pagecache", "nope")))
+    with pytest.raises(UsageError, match="probe lru: not recorded"):
+        record(RecordOptions(["true"], probes=("pagecache", "lru")))
 
 
 def test_small_helpers():
@@ -235,8 +223,13 @@ def test_acceptance_cold_pass_then_all_hits(live, pools, layout, tmp_path):
     assert doc["timings"]["pagecache_compile_attach_s"] > 0
     assert doc["pool"]["layout"] == layout and doc["plan"]["reads"] == N
     assert doc["kernel"]["release"] == Path("/proc/sys/kernel/osrelease").read_text().strip()
-    assert {r["attach"]: r["status"] for r in doc["attach_plan"]}["filemap:mm_filemap_add_to_page_cache"] \
-        == "attached"
+    # the attach plan is probespec.resolve's (what doctor shows), as AttachPlan.to_dict()
+    plan = doc["attach_plan"]["pagecache"]
+    assert plan["recorded"] is True and plan["status"] == "yes" and plan["knobs"]["HAVE_ORDER"] == 1
+    assert {e["group"]: e["status"] for e in plan["entries"]}["add"] == "attached"
+    from moetrace.cli.doctor import doctor_report
+
+    assert doctor_report()["plans"]["pagecache"]["entries"] == plan["entries"]
     # the replay's own log landed beside the probe tables
     assert (tmp_path / "cold" / "replay" / "iterations.parquet").exists()
     # owner-only, all the way down

@@ -45,7 +45,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from .capacity import (PAGE, Balloon, Scope, ScopeError, balloon_size, find_memory_controller,
-                       remove_stale_scopes)
+                       remove_stale_scopes, set_pdeathsig)
 from .errors import InputError, MoetraceError, UsageError
 from .snapshot import KernelLog, SECTOR_BYTES, device_of, take_snapshot
 
@@ -131,6 +131,7 @@ class CellSpec:
     python: str = sys.executable
     replay_argv: list[str] | None = None  # program part of the replay command (tests / development)
     drop_caches: bool = True
+    record: bool = False  # wrap the replay in `moetrace record` (run directory <cell dir>/run)
 
     @property
     def arena_bytes(self) -> int | None:
@@ -224,6 +225,13 @@ def _replay_argv(spec: CellSpec, run_dir: Path, sync_fd: int) -> list[str]:
     if spec.fadvise_random:
         argv.append("--fadvise-random")
     return argv
+
+
+def _record_argv(spec: CellSpec, run: Path, scope_path: Path) -> list[str]:
+    """`moetrace record` in front of the replay: the recorder stays outside the scope and
+    the replay joins it (``--cgroup``) after the probes are attached, before it execs."""
+    return [spec.python, "-m", "moetrace.cli.record", "--out", str(run), "--pool", str(spec.pool),
+            "--cgroup", str(scope_path), "--"]
 
 
 def drop_caches(root: str = "/") -> None:
@@ -410,9 +418,14 @@ def run_cell(spec: CellSpec, out_dir: str | os.PathLike, curve=None,
             env = dict(os.environ, MOETRACE_PDEATHSIG="1")
             argv = _replay_argv(spec, run_dir, child_sock.fileno())
             result["replay_argv"] = argv
+            preexec = scope.preexec()
+            if spec.record:
+                argv = _record_argv(spec, out / "run", scope.path) + argv
+                result["record"] = {"run_dir": str(out / "run"), "argv": argv[:argv.index("--") + 1]}
+                preexec = lambda: set_pdeathsig(signal.SIGKILL)  # noqa: E731  (outside the scope)
             with open(out / "replay.stdout", "wb") as so, open(out / "replay.stderr", "wb") as se:
                 proc = subprocess.Popen(argv, stdout=so, stderr=se, stdin=subprocess.DEVNULL,
-                                        pass_fds=(child_sock.fileno(),), preexec_fn=scope.preexec(), env=env)
+                                        pass_fds=(child_sock.fileno(),), preexec_fn=preexec, env=env)
             child_sock.close()
             child = _Child(proc, parent_sock)
             result["replay_pid"] = proc.pid
@@ -429,6 +442,12 @@ def run_cell(spec: CellSpec, out_dir: str | os.PathLike, curve=None,
             else:
                 kv = _parse_kv(line)
                 result["loop_entry"] = kv
+                if spec.record:  # proc is the recorder; the replay is the one task in the scope
+                    inside = scope.pids()
+                    if inside:
+                        pids["replay"] = inside[0]
+                        pids["recorder"] = proc.pid
+                        result["record"]["replay_pid"] = inside[0]
                 s = snap("loop_entry", pids)
                 st = (s.get("scope") or {}).get("stat", {})
                 anon = st.get("rss", st.get("anon"))

@@ -35,13 +35,18 @@ class AttachCandidate:
     a file under debugfs read by a Python sampler, no BPF: fn_name "").
     fn_name: the C function in the probe's source (bcc naming is the C author's choice).
     needs: overrides the probe's ``needs`` for this candidate (a kprobe that reads a
-    struct folio needs exact headers even in a tracepoint-args probe)."""
+    struct folio needs exact headers even in a tracepoint-args probe).
+    fields: the tracepoint format fields the C code reads; a format file lacking one
+    rejects the candidate. field_knobs: (field, knob) pairs: the knob is 1 when the
+    chosen candidate's format has the field, else 0 (e.g. folio ``order``)."""
 
     kind: Kind
     target: str
     fn_name: str
     note: str = ""
     needs: Needs | None = None
+    fields: tuple[str, ...] = ()
+    field_knobs: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -54,7 +59,8 @@ class AttachCandidate:
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "target": self.target, "fn_name": self.fn_name, "note": self.note,
-                "needs": self.needs}
+                "needs": self.needs, "fields": list(self.fields),
+                "field_knobs": {f: k for f, k in self.field_knobs}}
 
 
 @dataclass(frozen=True)
@@ -62,12 +68,21 @@ class AttachGroup:
     """One logical attach point: ordered candidates, the first available wins.
 
     required: the probe cannot do its job without it (the probe is "no" when it is
-    unavailable); an optional group only degrades the probe."""
+    unavailable); an optional group only degrades the probe.
+    knob: the ``-D`` knob that compiles the group in (optional groups only). Groups
+    sharing a knob are compiled together: when one is unavailable the knob is 0 and
+    the others are "unavailable: compiled out" (bcc attaches every program it compiles,
+    so a plan never says "attached" for a program that is not there)."""
 
     name: str
     candidates: tuple[AttachCandidate, ...]
     required: bool = True
     note: str = ""
+    knob: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.knob is not None and self.required:
+            raise ValueError(f"attach group {self.name}: a group behind a knob must be optional")
 
 
 @dataclass(frozen=True)
@@ -77,6 +92,23 @@ class Column:
     name: str
     dtype: str
     unit: str = ""
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class Struct:
+    """A C struct the probe shares with Python (map values, ring records): field names and
+    fixed-width types (u8..u64, s8..s64) in declaration order; a test checks the C file."""
+
+    name: str
+    fields: tuple[tuple[str, str], ...]
+
+    def dtype(self):
+        """The numpy dtype with C alignment (little-endian, as BPF on x86-64/arm64)."""
+        import numpy as np
+
+        conv = {"u": "<u", "s": "<i"}
+        return np.dtype([(n, conv[t[0]] + str(int(t[1:]) // 8)) for n, t in self.fields], align=True)
 
 
 @dataclass(frozen=True)
@@ -96,7 +128,9 @@ class ProbeSpec:
     registers: layout-safe with mismatched headers) or "exact-headers" (reads kernel
     structs). default: part of ``record``'s default set. enrichment: a missing
     enrichment probe warns; a missing non-enrichment probe is an error under
-    ``--missing-probes error``."""
+    ``--missing-probes error``. table: the run-directory table ``schema`` describes.
+    stats: names of the C file's ``STAT_*`` slots in slot order. structs: C structs
+    shared with Python (:class:`Struct`)."""
 
     name: str
     attach: tuple[AttachGroup, ...]
@@ -107,19 +141,32 @@ class ProbeSpec:
     default: bool = True
     enrichment: bool = False
     source: Path | None = None
+    table: str = ""
+    stats: tuple[str, ...] = ()
+    structs: tuple[Struct, ...] = ()
 
     @property
     def source_path(self) -> Path:
         """probes/<name>.c (it need not exist to resolve)."""
         return self.source if self.source is not None else PROBES_DIR / f"{self.name}.c"
 
-    def cflags(self, **overrides: int | str) -> list[str]:
-        """``-DNAME=value`` for every knob (defaults, then ``overrides`` by knob name)."""
+    def knob_values(self, **overrides: int | str) -> dict[str, int | str]:
+        """{knob: value} for every knob: defaults, then ``overrides`` by knob name."""
         names = {k.name for k in self.knobs}
         unknown = set(overrides) - names
         if unknown:
             raise ValueError(f"probe {self.name}: unknown knob(s) {sorted(unknown)}; knobs: {sorted(names)}")
-        return [f"-D{k.name}={overrides.get(k.name, k.default)}" for k in self.knobs]
+        return {k.name: overrides.get(k.name, k.default) for k in self.knobs}
+
+    def cflags(self, **overrides: int | str) -> list[str]:
+        """``-DNAME=value`` for every knob (defaults, then ``overrides`` by knob name)."""
+        return [f"-D{n}={v}" for n, v in self.knob_values(**overrides).items()]
+
+    def struct(self, name: str) -> Struct:
+        for st in self.structs:
+            if st.name == name:
+                return st
+        raise KeyError(f"probe {self.name} declares no struct {name!r}")
 
     def group(self, name: str) -> AttachGroup:
         for g in self.attach:
@@ -173,6 +220,7 @@ class AttachPlan:
     needs: str
     headers: str
     blocked: str = ""
+    knobs: dict[str, int] = field(default_factory=dict)
 
     @property
     def status(self) -> Literal["yes", "no", "degraded"]:
@@ -209,7 +257,7 @@ class AttachPlan:
     def to_dict(self) -> dict[str, Any]:
         """For the run manifest and `doctor --json`."""
         return {"probe": self.probe, "status": self.status, "reason": self.reason, "needs": self.needs,
-                "headers": self.headers, "blocked": self.blocked,
+                "headers": self.headers, "blocked": self.blocked, "knobs": dict(self.knobs),
                 "entries": [e.to_dict() for e in self.entries]}
 
 
@@ -236,6 +284,13 @@ def candidate_reason(cand: AttachCandidate, feats: "Features", needs: str) -> st
         r = feats.debugfs_reason(cand.target)
     if r:
         return r
+    if cand.fields and cand.kind in ("tracepoint", "raw_tracepoint"):
+        cat, ev = cand.target.split(":", 1)
+        fmt = feats.tracepoint_format(cat, ev)
+        if fmt is not None:
+            missing = [f for f in cand.fields if f not in fmt]
+            if missing:
+                return f"format of {cand.target} lacks {', '.join(missing)} (the probe reads them)"
     if need == "exact-headers" and cand.kind != "debugfs" and feats.headers != "exact":
         return f"headers {feats.headers}: {cand.describe()} reads kernel structs ({feats.headers_detail})"
     return None
@@ -277,7 +332,37 @@ def resolve(spec: ProbeSpec, feats: "Features | None" = None) -> AttachPlan:
             entries.append(PlanEntry(g.name, g.required, "unavailable", None, reason, checked, tried))
     if blocked and any(e.attached for e in entries):
         blocked = ""  # a BPF-free group (debugfs sampler) still runs: report per group instead
-    return AttachPlan(spec.name, entries, spec.needs, feats.headers, blocked)
+    return AttachPlan(spec.name, entries, spec.needs, feats.headers, blocked, _derive_knobs(spec, entries, feats))
+
+
+def _derive_knobs(spec: ProbeSpec, entries: list[PlanEntry], feats: "Features") -> dict[str, int]:
+    """Knobs the kernel decides: group knobs (1 only when every group of the knob is
+    attached; the attached siblings of an unavailable one become "compiled out") and
+    field knobs (1 only when every chosen format has the field)."""
+    knobs: dict[str, int] = {}
+    by_group = {g.name: g for g in spec.attach}
+    for g in spec.attach:
+        if g.knob is not None:
+            e = next(x for x in entries if x.group == g.name)
+            knobs[g.knob] = min(knobs.get(g.knob, 1), int(e.attached))
+    off = {k: [x.group for x in entries if by_group[x.group].knob == k and not x.attached]
+           for k, v in knobs.items() if v == 0}
+    for e in entries:
+        k = by_group[e.group].knob
+        if e.attached and k in off:
+            e.tried.append((e.candidate, f"compiled out ({k}=0: {', '.join(off[k])} unavailable)"))
+            e.status, e.reason, e.candidate = "unavailable", e.tried[-1][1], None
+    for e in entries:
+        c = e.candidate
+        if not e.attached or not c.field_knobs or c.kind not in ("tracepoint", "raw_tracepoint"):
+            continue
+        cat, ev = c.target.split(":", 1)
+        fmt = feats.tracepoint_format(cat, ev)
+        if fmt is None:
+            continue  # unreadable: the knob keeps its default
+        for fld, knob in c.field_knobs:
+            knobs[knob] = min(knobs.get(knob, 1), int(fld in fmt))
+    return knobs
 
 
 def resolve_all(feats: "Features | None" = None, names: list[str] | None = None) -> dict[str, AttachPlan]:
@@ -300,8 +385,9 @@ def _kp(sym: str, fn: str | None = None, note: str = "", needs: Needs | None = N
     return AttachCandidate(kind, sym, fn, note, needs)
 
 
-def _g(name: str, *cands: AttachCandidate, required: bool = True, note: str = "") -> AttachGroup:
-    return AttachGroup(name, tuple(cands), required, note)
+def _g(name: str, *cands: AttachCandidate, required: bool = True, note: str = "",
+       knob: str | None = None) -> AttachGroup:
+    return AttachGroup(name, tuple(cands), required, note, knob)
 
 
 _EXPERT_COLS = (Column("layer", "int32"), Column("expert", "int32"), Column("expert_id", "int32"))
@@ -310,43 +396,75 @@ _COMMON_KNOBS = (
     Knob("MOE_MAX_EXPERTS", 65536, "per-expert counter slots"),
 )
 
+def _bcc_tp(target: str, note: str = "", fields: tuple[str, ...] = (),
+            field_knobs: tuple[tuple[str, str], ...] = ()) -> AttachCandidate:
+    """A bcc ``TRACEPOINT_PROBE(category, event)``: bcc names it tracepoint__<cat>__<event>."""
+    cat, ev = target.split(":", 1)
+    return AttachCandidate("tracepoint", target, f"tracepoint__{cat}__{ev}", note, fields=fields,
+                           field_knobs=field_knobs)
+
+
+_FOLIO_FIELDS = ("i_ino", "index", "s_dev")
+_ORDER = (("order", "HAVE_ORDER"),)
+_READ_EXITS = ("pread64", "preadv", "preadv2", "read")
+
+#: probes/pagecache.c. Reads only tracepoint arguments (layout-safe with mismatched headers).
 PAGECACHE = ProbeSpec(
     name="pagecache",
-    description="per-expert requested / added (miss) / evicted / re-added pages; hits = requested - added",
+    description="per-expert added (miss) / evicted / re-added (exact, per page) pages in the kernel; "
+                "requested pages from the replay's accounting, hits = requested - added",
     attach=(
-        _g("get_pages", _tp("filemap:mm_filemap_get_pages",
-                            note="added in 6.11 (filemap: add trace events for get_pages, map_pages, and "
-                                 "fault); absent on 6.1. Fires once per folio batch; ranges overlap on 6.12, "
-                                 "so requested pages come from the read call's bytes"),
-           required=False),
-        _g("add", _tp("filemap:mm_filemap_add_to_page_cache",
-                      note="stable tracepoint (pfn, i_ino, index, s_dev, order); pages = 1 << order "
-                           "since large folios"),
-           _kp("filemap_add_folio", needs="exact-headers",
-               note="fallback where the tracepoint is missing: the folio conversion (5.18) renamed "
-                    "add_to_page_cache_lru; reads folio->mapping->host")),
-        _g("delete", _tp("filemap:mm_filemap_delete_from_page_cache",
-                         note="stable tracepoint; carries order like add"),
-           _kp("__filemap_remove_folio", needs="exact-headers",
-               note="fallback: folio-era name of __delete_from_page_cache (5.18)")),
-        _g("fault", _tp("filemap:mm_filemap_fault", note="added in 6.11 with get_pages; absent on 6.1"),
-           required=False),
-        _g("map_pages", _tp("filemap:mm_filemap_map_pages", note="added in 6.11 with get_pages"),
-           required=False),
-        _g("sync_ra", _tp("readahead:page_cache_sync_ra",
-                          note="readahead tracepoints are newer than 6.1 (no trace/events/readahead.h there)"),
-           required=False),
-        _g("async_ra", _tp("readahead:page_cache_async_ra", note="as sync_ra"), required=False),
+        _g("add", _bcc_tp("filemap:mm_filemap_add_to_page_cache", fields=_FOLIO_FIELDS, field_knobs=_ORDER,
+                          note="a folio added to the page cache: a miss (readahead included); stable "
+                               "tracepoint (pfn, i_ino, index, s_dev); `order` since large folios "
+                               "(6.x): pages = 1 << order, else one page per event")),
+        _g("delete", _bcc_tp("filemap:mm_filemap_delete_from_page_cache", fields=_FOLIO_FIELDS,
+                             field_knobs=_ORDER, note="a folio deleted from the page cache: an eviction "
+                                                      "(or truncation); carries order like add")),
+    ) + tuple(
+        _g(f"exit_{sc}", _bcc_tp(f"syscalls:sys_exit_{sc}", fields=("ret",),
+                                 note="read bytes of the followed processes (a cross-check of the replay's "
+                                      "accounting; fd -> inode would need kernel structs)"),
+           required=False, knob="TRACK_READS")
+        for sc in _READ_EXITS
+    ) + (
+        _g("newtask", _bcc_tp("task:task_newtask", fields=("pid", "clone_flags"),
+                              note="follow the command's child processes (threads share the tgid)"),
+           required=False, knob="FOLLOW_FORKS"),
     ),
-    knobs=_COMMON_KNOBS + (
-        Knob("MOE_PAGE_BITMAP_PAGES", 1 << 24, "pages tracked by the per-page re-read bitmap"),
-        Knob("MOE_PER_PAGE_EVENTS", 0, "1: stream per-page add/delete events (ages) through the ring"),
-        Knob("MOE_RINGBUF_PAGES", 256, "ring buffer size in pages when streaming"),
+    knobs=(
+        Knob("POOL_DEV", 0, "s_dev of the pool's filesystem, kernel encoding (major << 20) | minor; 0: every device"),
+        Knob("N_EXPERTS", 0, "experts in the pool (counts has N_EXPERTS + 1 slots: the last is unattributed)"),
+        Knob("PPE", 1, "pages per expert (the extent, in pages)"),
+        Knob("WPE", 1, "64-bit bitmap words per expert = ceil(PPE / 64)"),
+        Knob("HAVE_ORDER", 1, "1: the add/delete formats carry the folio order (set from the format files)"),
+        Knob("MAX_FOLIO_PAGES", 512, "largest folio handled in full; pages beyond it count as unprocessed"),
+        Knob("TRACK_READS", 1, "1: count read-syscall bytes of the followed tgids (exit_* groups)"),
+        Knob("FOLLOW_FORKS", 1, "1: a followed tgid's new processes are followed too (newtask group)"),
+        Knob("STREAM_EVENTS", 0, "1: one ring record per (event, expert piece): the per-page stream"),
+        Knob("RING_PAGES", 256, "ring buffer size in pages (power of two) when streaming"),
     ),
-    schema=_EXPERT_COLS + (
-        Column("requested_pages", "int64", "pages"), Column("added_pages", "int64", "pages"),
-        Column("evicted_pages", "int64", "pages"), Column("readded_pages", "int64", "pages"),
-        Column("hit_pages", "Int64", "pages"),
+    table="experts",
+    schema=(
+        Column("kind", "string", "", "'expert' or 'unattributed' (pool-filesystem pages of no expert)"),
+        Column("layer", "Int32", "", "layer of the expert (NA for unattributed)"),
+        Column("expert", "Int32", "", "expert index within the layer"),
+        Column("expert_id", "Int64", "", "layer * n_experts + expert"),
+        Column("added_pages", "Int64", "pages", "pages added to the page cache (misses, readahead included)"),
+        Column("evicted_pages", "Int64", "pages", "pages deleted from the page cache"),
+        Column("re_added_pages", "Int64", "pages", "pages added again after their eviction (exact, per page)"),
+        Column("requested_bytes", "Int64", "bytes",
+               "bytes the replay read (its plan accounting; NA without a replay log)"),
+        Column("requested_pages", "Int64", "pages", "pages the replay's reads cover (NA without a replay log)"),
+        Column("hit_pages", "Int64", "pages", "requested_pages - added_pages (negative: readahead charged here)"),
+    ),
+    stats=("add_events", "delete_events", "pool_dev_add_events", "pool_dev_delete_events", "unprocessed_pages",
+           "read_bytes", "read_calls", "tgid_map_full", "ring_drops", "bitmap_misses", "dev_mismatch_events"),
+    structs=(
+        Struct("expert_counts", (("added_pages", "u64"), ("evicted_pages", "u64"), ("re_added_pages", "u64"))),
+        Struct("ino_val", (("base", "u32"), ("n", "u32"))),
+        Struct("page_event", (("ts_ns", "u64"), ("expert_id", "u32"), ("kind", "u32"), ("first_page", "u32"),
+                              ("pages", "u32"), ("re_added", "u32"), ("tgid", "u32"))),
     ),
 )
 

@@ -9,17 +9,21 @@ Order of a recording (:func:`record`):
    files), derive its ``-D`` knobs, compile + load + attach it (timed);
 4. load the pool's inode -> expert map into the probe;
 5. fork the command, which waits on a pipe until its pid is in the probe's
-   tracked-tgid map, then execs with ``MOETRACE_RUN_DIR=<run>/replay`` (so no
-   event of the command is missed);
+   tracked-tgid map, joins ``--cgroup`` when given (a memory scope: only the
+   command is limited, never the recorder), then execs with
+   ``MOETRACE_RUN_DIR=<run>/replay`` (so no event of the command is missed; a
+   command that names its own ``--run-dir`` keeps it, and the recorder reads
+   the replay log from there);
 6. wait, forwarding SIGINT/SIGTERM to the child (a second signal escalates to
    SIGTERM, a third to SIGKILL);
 7. read the counters, detach, write the tables and the final manifest
    (``complete`` true only when nothing was interrupted), return the child's
    exit status.
 
-Probe declarations (one per probe C file; the C side reads only tracepoint
-arguments, so they are layout-safe with mismatched headers) live here:
-:data:`PAGECACHE`.
+Probe declarations (one per probe C file: attach groups, knobs, schema) are
+:data:`moetrace.probespec.PROBES`; the attach plan the recorder loads is
+:func:`moetrace.probespec.resolve`'s, the same one ``moetrace doctor`` shows, and
+its ``to_dict()`` is written to the manifest's ``attach_plan``.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import pandas as pd
 
 from . import rundir as rd
 from .errors import MoetraceError, UsageError
+from .probespec import PROBES, AttachPlan, resolve
 
 log = logging.getLogger("moetrace.record")
 
@@ -47,137 +52,17 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 # ---------------------------------------------------------------------------
-# probe declarations
+# probes: their one declaration each lives in moetrace.probespec (knobs, attach
+# groups, schema, stats slots, shared C structs); the recorder only derives the
+# pool knobs and reads the maps back.
 
-
-@dataclass(frozen=True)
-class TracepointCandidate:
-    """One attach point of a probe. ``knob``: the -D knob that compiles it in
-    (None: required, the probe cannot run without it); ``fields``: the format
-    fields the C code reads; ``optional_fields``: fields whose presence sets a
-    knob to 1 (else 0)."""
-
-    category: str
-    event: str
-    knob: str | None = None
-    fields: tuple[str, ...] = ()
-    optional_fields: tuple[tuple[str, str], ...] = ()  # (field, knob)
-    why: str = ""
-
-    @property
-    def name(self) -> str:
-        return f"{self.category}:{self.event}"
-
-
-@dataclass(frozen=True)
-class Column:
-    name: str
-    dtype: str
-    unit: str
-    doc: str
-
-
-@dataclass(frozen=True)
-class ProbeDecl:
-    """A probe: its C source, attach candidates, knobs (defaults) and output schema."""
-
-    name: str
-    source: str
-    attach: tuple[TracepointCandidate, ...]
-    knobs: dict[str, int]
-    table: str
-    columns: tuple[Column, ...]
-    stats: tuple[str, ...]
-    needs: str = "tracepoint arguments only"
-
-
-_FOLIO = (("order", "HAVE_ORDER"),)
-
-PAGECACHE = ProbeDecl(
-    name="pagecache",
-    source="pagecache.c",
-    attach=(
-        TracepointCandidate("filemap", "mm_filemap_add_to_page_cache", None, ("i_ino", "index", "s_dev"), _FOLIO,
-                            "a page (folio) added to the page cache: a miss"),
-        TracepointCandidate("filemap", "mm_filemap_delete_from_page_cache", None, ("i_ino", "index", "s_dev"),
-                            _FOLIO, "a page (folio) deleted from the page cache: an eviction"),
-        TracepointCandidate("syscalls", "sys_exit_pread64", "TRACK_READS", ("ret",), (), "read bytes (cross-check)"),
-        TracepointCandidate("syscalls", "sys_exit_preadv", "TRACK_READS", ("ret",), (), "read bytes (cross-check)"),
-        TracepointCandidate("syscalls", "sys_exit_preadv2", "TRACK_READS", ("ret",), (), "read bytes (cross-check)"),
-        TracepointCandidate("syscalls", "sys_exit_read", "TRACK_READS", ("ret",), (), "read bytes (cross-check)"),
-        TracepointCandidate("task", "task_newtask", "FOLLOW_FORKS", ("pid", "clone_flags"), (),
-                            "follow the command's child processes"),
-    ),
-    knobs={"POOL_DEV": 0, "N_EXPERTS": 0, "PPE": 1, "WPE": 1, "HAVE_ORDER": 1, "MAX_FOLIO_PAGES": 512,
-           "TRACK_READS": 1, "FOLLOW_FORKS": 1, "STREAM_EVENTS": 0, "RING_PAGES": 256},
-    table="experts",
-    columns=(
-        Column("kind", "string", "", "'expert' or 'unattributed' (pool-filesystem pages of no expert)"),
-        Column("layer", "Int32", "", "layer of the expert (NA for unattributed)"),
-        Column("expert", "Int32", "", "expert index within the layer"),
-        Column("expert_id", "Int64", "", "layer * n_experts + expert"),
-        Column("added_pages", "Int64", "pages", "pages added to the page cache (misses, readahead included)"),
-        Column("evicted_pages", "Int64", "pages", "pages deleted from the page cache"),
-        Column("re_added_pages", "Int64", "pages", "pages added again after their eviction (exact, per page)"),
-        Column("requested_bytes", "Int64", "bytes", "bytes the replay read (its plan accounting; NA without a replay log)"),
-        Column("requested_pages", "Int64", "pages", "pages the replay's reads cover (NA without a replay log)"),
-        Column("hit_pages", "Int64", "pages", "requested_pages - added_pages (negative: readahead charged here)"),
-    ),
-    stats=("add_events", "delete_events", "pool_dev_add_events", "pool_dev_delete_events", "unprocessed_pages",
-           "read_bytes", "read_calls", "tgid_map_full", "ring_drops", "bitmap_misses", "dev_mismatch_events"),
-)
-
-PROBES: dict[str, ProbeDecl] = {"pagecache": PAGECACHE}
-#: Probes of the issue not in this version yet: listed, never silently ignored.
-PLANNED = ("lru", "reclaim", "mlock", "block", "reads", "stacks", "mglru")
-
-#: struct page_event in probes/pagecache.c
-PAGE_EVENT_DTYPE = np.dtype([("ts_ns", "<u8"), ("expert_id", "<u4"), ("kind", "<u4"), ("first_page", "<u4"),
-                             ("pages", "<u4"), ("re_added", "<u4"), ("tgid", "<u4")])
-
-
-def resolve_attach(decl: ProbeDecl, features) -> tuple[list[dict[str, Any]], dict[str, int], str | None]:
-    """(attach plan rows, knobs derived from it, reason the probe cannot run or None).
-
-    Each row: {"probe", "attach": "category:event", "status": "attached" |
-    "unavailable", "reason", "knob"}. An optional candidate that is absent turns
-    its knob to 0 (every candidate sharing that knob is then skipped, and said)."""
-    rows: list[dict[str, Any]] = []
-    knobs: dict[str, int] = {}
-    fatal = None
-    off: set[str] = set()
-    fmt_cache: dict[str, dict | None] = {}
-    for c in decl.attach:
-        reason = features.tracepoint_reason(c.category, c.event)
-        fmt = features.tracepoint_format(c.category, c.event) if reason is None else None
-        fmt_cache[c.name] = fmt
-        if reason is None and fmt is not None:
-            missing = [f for f in c.fields if f not in fmt]
-            if missing:
-                reason = f"format of {c.name} lacks {', '.join(missing)}"
-        if reason is None:
-            for fld, knob in c.optional_fields:
-                have = int(fmt is not None and fld in fmt)
-                knobs[knob] = min(knobs.get(knob, 1), have)
-        if reason is not None:
-            if c.knob is None:
-                fatal = fatal or f"{c.name}: {reason}"
-            else:
-                off.add(c.knob)
-        rows.append({"probe": decl.name, "attach": c.name, "status": "attached" if reason is None else "unavailable",
-                     "reason": reason, "knob": c.knob, "why": c.why})
-    for k in off:
-        knobs[k] = 0
-    for r in rows:  # candidates compiled out because a sibling of their knob is absent
-        if r["status"] == "attached" and r["knob"] in off:
-            r["status"] = "unavailable"
-            r["reason"] = f"compiled out ({r['knob']}=0: another attach point of that knob is absent)"
-    if fatal:
-        for r in rows:
-            if r["status"] == "attached":
-                r["status"] = "unavailable"
-                r["reason"] = f"probe skipped ({fatal})"
-    return rows, knobs, fatal
+#: Probes this version of the recorder can load (the rest are declared and resolved
+#: by doctor, and listed in the manifest's attach plan as not recorded).
+RECORDED = ("pagecache",)
+PAGECACHE = PROBES["pagecache"]
+#: struct page_event of probes/pagecache.c (from the declaration)
+PAGE_EVENT_DTYPE = PAGECACHE.struct("page_event").dtype()
+RING_DROPS_SLOT = PAGECACHE.stats.index("ring_drops")
 
 
 # ---------------------------------------------------------------------------
@@ -224,14 +109,19 @@ def pool_map(pool) -> PoolMap:
     return PoolMap(pool, dev, ppe, -(-ppe // 64), inodes)
 
 
-def pool_from_command(cmd: list[str]) -> str | None:
-    """The value of ``--pool`` (or ``--pool=DIR``) in a command line, if any."""
+def option_from_command(cmd: list[str], name: str) -> str | None:
+    """The value of ``name`` (``--opt VALUE`` or ``--opt=VALUE``) in a command line, if any."""
     for i, a in enumerate(cmd):
-        if a == "--pool" and i + 1 < len(cmd):
+        if a == name and i + 1 < len(cmd):
             return cmd[i + 1]
-        if a.startswith("--pool="):
+        if a.startswith(name + "="):
             return a.split("=", 1)[1]
     return None
+
+
+def pool_from_command(cmd: list[str]) -> str | None:
+    """The value of ``--pool`` (or ``--pool=DIR``) in a command line, if any."""
+    return option_from_command(cmd, "--pool")
 
 
 # ---------------------------------------------------------------------------
@@ -353,7 +243,7 @@ def experts_table(pmap: PoolMap | None, counts: list[tuple[int, int, int]],
         "requested_pages": ia((req_pages.tolist() if req_pages is not None else na * n) + na),
     })
     df["hit_pages"] = df["requested_pages"] - df["added_pages"]
-    return df[[col.name for col in PAGECACHE.columns]]
+    return df[[col.name for col in PAGECACHE.schema]]
 
 
 # ---------------------------------------------------------------------------
@@ -369,6 +259,9 @@ class RecordOptions:
     missing_probes: str = "error"  # error | warn
     stream_events: bool = False
     stream_max_records: int = 5_000_000
+    #: a cgroup directory (v1 or v2) the command joins after the fork, before it execs:
+    #: only the command is limited, never the recorder (bcc + clang would be charged too)
+    cgroup: str | None = None
 
 
 @dataclass
@@ -402,11 +295,13 @@ def _set_pdeathsig(sig: int) -> None:
         pass
 
 
-def _spawn(cmd: list[str], env: dict[str, str]) -> tuple[int, int]:
+def _spawn(cmd: list[str], env: dict[str, str], cgroup_procs: str | None = None) -> tuple[int, int]:
     """Fork a child that waits for one byte on a pipe, then execs ``cmd``.
 
     Returns (pid, write end of the gate). The child's umask is 077 so what it
-    writes into the run directory is owner-only too."""
+    writes into the run directory is owner-only too. With ``cgroup_procs`` the
+    child writes its pid there first (joins that cgroup before reading a page)."""
+    procs = cgroup_procs.encode() if cgroup_procs else None  # no allocation-heavy work after fork
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: no Python-level cleanup, ever
@@ -419,6 +314,14 @@ def _spawn(cmd: list[str], env: dict[str, str]) -> tuple[int, int]:
             if os.read(r, 1) != b"g":
                 os._exit(125)
             os.close(r)
+            if procs is not None:
+                try:
+                    fd = os.open(procs, os.O_WRONLY)
+                    os.write(fd, str(os.getpid()).encode())
+                    os.close(fd)
+                except OSError as e:
+                    os.write(2, f"moetrace record: cannot join cgroup {procs.decode()}: {e.strerror}\n".encode())
+                    os._exit(126)
             os.execvpe(cmd[0], cmd, env)
         except OSError as e:
             os.write(2, f"moetrace record: cannot run {cmd[0]}: {e.strerror}\n".encode())
@@ -457,19 +360,34 @@ def record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) -
     if opts.missing_probes not in ("error", "warn"):
         raise UsageError(f"--missing-probes {opts.missing_probes!r}", hint="error or warn")
     notes: list[str] = []
-    attach_plan: list[dict[str, Any]] = []
+    attach_plan: dict[str, dict[str, Any]] = {}
     wanted = list(dict.fromkeys(opts.probes))
+    unknown = [p for p in wanted if p not in PROBES]
+    if unknown:
+        raise UsageError(f"no such probe: {', '.join(unknown)}", hint=f"probes: {', '.join(PROBES)}")
     for p in wanted:
-        if p not in PROBES:
-            why = ("not implemented in this version of moetrace" if p in PLANNED else "no such probe")
-            if opts.missing_probes == "error":
-                raise UsageError(f"probe {p}: {why}",
-                                 hint=f"available: {', '.join(PROBES)}; or pass --missing-probes warn")
-            attach_plan.append({"probe": p, "attach": None, "status": "unavailable", "reason": why})
-            notes.append(f"probe {p} skipped: {why}")
+        if p not in RECORDED and opts.missing_probes == "error":
+            raise UsageError(f"probe {p}: not recorded by this version of moetrace (declared, see "
+                             f"`moetrace doctor`)",
+                             hint=f"recorded: {', '.join(RECORDED)}; or pass --missing-probes warn")
     feats = _features()
     check_can_record(feats)
     notes.extend(feats.notes)
+    # one resolution per probe, the same doctor shows; its to_dict() is the manifest's attach plan
+    plans: dict[str, AttachPlan] = {p: resolve(PROBES[p], feats) for p in wanted}
+    for p, plan in plans.items():
+        attach_plan[p] = dict(plan.to_dict(), recorded=False, skip_reason=None)
+        if p not in RECORDED:
+            attach_plan[p]["skip_reason"] = "not recorded by this version of moetrace"
+            notes.append(f"probe {p} skipped: not recorded by this version of moetrace")
+        elif plan.status == "no":
+            attach_plan[p]["skip_reason"] = plan.reason
+            if opts.missing_probes == "error" and not PROBES[p].enrichment:
+                raise MoetraceError(f"probe {p} cannot attach: {plan.reason}",
+                                    hint="moetrace doctor lists what this kernel offers")
+            notes.append(f"probe {p} skipped: {plan.reason}")
+        elif plan.status == "degraded":
+            notes.append(f"probe {p} degraded: {plan.reason}")
 
     pool_dir = opts.pool or pool_from_command(opts.command)
     pmap = None
@@ -488,10 +406,24 @@ def record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) -
     else:
         notes.append("no pool named (--pool, or --pool in the command): every page-cache page is unattributed")
 
+    cgroup_procs = None
+    if opts.cgroup is not None:
+        cg = Path(opts.cgroup)
+        if not (cg / "cgroup.procs").is_file():
+            raise UsageError(f"--cgroup {opts.cgroup}: not a cgroup directory (no cgroup.procs)",
+                             hint="make one first, e.g. mkdir /sys/fs/cgroup/memory/moetrace-x and set "
+                                  "memory.limit_in_bytes")
+        cgroup_procs = str(cg.resolve() / "cgroup.procs")
+
     run_dir = rd.create_run_dir(opts.out or rd.default_run_dir())
     replay_dir = run_dir / rd.REPLAY_SUBDIR
     os.mkdir(replay_dir, rd.DIR_MODE)
     os.chmod(replay_dir, rd.DIR_MODE)
+    log_dir = replay_dir  # where the command's replay log lands (its own --run-dir wins over the env)
+    named = option_from_command(opts.command, "--run-dir")
+    if named is not None:
+        log_dir = Path(named)
+        notes.append(f"the command writes its replay log to its --run-dir {named}, not {replay_dir}")
     manifest: dict[str, Any] = {
         "command": list(opts.command),
         "record_command": [os.path.basename(sys.argv[0]), *sys.argv[1:]],
@@ -501,6 +433,8 @@ def record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) -
         "interrupted_by": None,
         "plan": None,
         "pool": pool_doc,
+        "replay_dir": str(log_dir.resolve()),
+        "cgroup": str(Path(opts.cgroup).resolve()) if opts.cgroup else None,
         "kernel": {"release": feats.osrelease, "headers": feats.headers, "headers_detail": feats.headers_detail,
                    "btf": feats.btf},
         "mglru": feats.mglru,
@@ -525,39 +459,40 @@ def record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) -
     result_df = None
     exit_status = 1
     try:
-        if "pagecache" in wanted:
-            rows, knobs_from_kernel, fatal = resolve_attach(PAGECACHE, feats)
-            attach_plan.extend(rows)
-            if fatal:
-                if opts.missing_probes == "error":
-                    raise MoetraceError(f"probe pagecache cannot attach: {fatal}",
-                                        hint="moetrace doctor lists what this kernel offers")
-                notes.append(f"probe pagecache skipped: {fatal}")
-            else:
-                knobs = dict(PAGECACHE.knobs)
-                knobs.update(knobs_from_kernel)
-                if pmap is not None:
-                    knobs.update(POOL_DEV=pmap.pool_dev, N_EXPERTS=pmap.n_total, PPE=pmap.pages_per_expert,
-                                 WPE=pmap.words_per_expert)
-                knobs["STREAM_EVENTS"] = int(opts.stream_events)
-                if not knobs.get("HAVE_ORDER", 1):
-                    notes.append("add/delete tracepoints carry no folio order: every event counts one page")
-                say("compiling and attaching pagecache ...")
-                probe = load_probe("pagecache", knobs)
-                manifest["timings"]["pagecache_compile_attach_s"] = round(probe.compile_attach_s, 4)
-                manifest["knobs"] = {"pagecache": knobs}
-                if pmap is not None:
-                    t = probe.table("inodes")
-                    for ino, (base, n) in pmap.inodes.items():
-                        t[t.Key(ino)] = t.Leaf(base, n)
-                if opts.stream_events:
-                    stats_t = probe.table("stats")
-                    stream = EventStream(probe, "events", PAGE_EVENT_DTYPE.itemsize, "ring",
-                                         kernel_lost=lambda: stats_t[ctypes.c_int(8)].value,
-                                         max_records=opts.stream_max_records)
-                manifest["bpf_prog_ids"] = sorted(i["id"] for i in (prog_info(f.fd) for f in probe.bpf.funcs.values())
-                                                  if i is not None)
-                say(f"attached {len(probe.tracepoints)} tracepoints in {probe.compile_attach_s:.2f} s")
+        if "pagecache" in plans and plans["pagecache"].status != "no":
+            plan = plans["pagecache"]
+            over: dict[str, int] = dict(plan.knobs)
+            if pmap is not None:
+                over.update(POOL_DEV=pmap.pool_dev, N_EXPERTS=pmap.n_total, PPE=pmap.pages_per_expert,
+                            WPE=pmap.words_per_expert)
+            over["STREAM_EVENTS"] = int(opts.stream_events)
+            knobs = {k: int(v) for k, v in PAGECACHE.knob_values(**over).items()}
+            if not knobs["HAVE_ORDER"]:
+                notes.append("add/delete tracepoints carry no folio order: every event counts one page")
+            say("compiling and attaching pagecache ...")
+            probe = load_probe("pagecache", knobs)
+            planned = sorted(e.candidate.target for e in plan.attached)
+            if sorted(probe.tracepoints) != planned:
+                probe.close()
+                raise MoetraceError(f"probe pagecache attached {sorted(probe.tracepoints)}, its attach plan "
+                                    f"says {planned}",
+                                    hint="probes/pagecache.c and its declaration in moetrace/probespec.py "
+                                         "disagree (tests/test_probe_build.py checks them)")
+            attach_plan["pagecache"]["recorded"] = True
+            manifest["timings"]["pagecache_compile_attach_s"] = round(probe.compile_attach_s, 4)
+            manifest["knobs"] = {"pagecache": knobs}
+            if pmap is not None:
+                t = probe.table("inodes")
+                for ino, (base, n) in pmap.inodes.items():
+                    t[t.Key(ino)] = t.Leaf(base, n)
+            if opts.stream_events:
+                stats_t = probe.table("stats")
+                stream = EventStream(probe, "events", PAGE_EVENT_DTYPE.itemsize, "ring",
+                                     kernel_lost=lambda: stats_t[ctypes.c_int(RING_DROPS_SLOT)].value,
+                                     max_records=opts.stream_max_records)
+            manifest["bpf_prog_ids"] = sorted(i["id"] for i in (prog_info(f.fd) for f in probe.bpf.funcs.values())
+                                              if i is not None)
+            say(f"attached {len(probe.tracepoints)} tracepoints in {probe.compile_attach_s:.2f} s")
         rd.write_manifest(run_dir, manifest)
         from .snapshot import take_snapshot
 
@@ -578,7 +513,7 @@ def record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) -
         env = dict(os.environ)
         env["MOETRACE_RUN_DIR"] = str(replay_dir.resolve())
         t_start = time.monotonic_ns()
-        pid, gate = _spawn(list(opts.command), env)
+        pid, gate = _spawn(list(opts.command), env, cgroup_procs)
         state.child = pid
         if probe is not None:
             tg = probe.table("tgids")
@@ -633,14 +568,14 @@ def record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) -
             snaps["post"] = take_snapshot("post")
             req_b = req_p = None
             if pmap is not None:
-                req_b, req_p, how = requested_from_replay(replay_dir, pmap.pool)
+                req_b, req_p, how = requested_from_replay(log_dir, pmap.pool)
             else:
                 how = "no pool: nothing to attribute requests to"
             manifest["requested"] = {"source": how, "available": req_p is not None}
             result_df = experts_table(pmap, counts, req_b, req_p)
-            rd.write_table(run_dir, "experts", result_df)
-            manifest["tables"]["experts"] = {c.name: {"dtype": c.dtype, "unit": c.unit, "doc": c.doc}
-                                             for c in PAGECACHE.columns}
+            rd.write_table(run_dir, PAGECACHE.table, result_df)
+            manifest["tables"][PAGECACHE.table] = {c.name: {"dtype": c.dtype, "unit": c.unit, "doc": c.doc}
+                                                   for c in PAGECACHE.schema}
             e = result_df[result_df["kind"] == "expert"]
             u = result_df[result_df["kind"] == "unattributed"].iloc[0]
             manifest["totals"] = {
@@ -666,7 +601,7 @@ def record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) -
         else:
             snaps["post"] = take_snapshot("post")
         _write_snapshots(run_dir, snaps)
-        rsum = replay_dir / "replay.json"
+        rsum = log_dir / "replay.json"
         if rsum.exists():
             try:
                 rs = json.loads(rsum.read_text())

@@ -35,6 +35,9 @@ def cell_options(f):
         click.option("--freq-table", default=None, help="pinned/hybrid: 'oracle' (default) or a table file."),
         click.option("--timeout", "timeout_s", type=float, default=3600.0, show_default=True,
                      help="Seconds a cell may run before it is abandoned (not retained)."),
+        click.option("--record", "record", is_flag=True,
+                     help="Record the cell's replay (warm-up and measured passes) with `moetrace record` "
+                          "into <cell dir>/run; the recorder stays outside the scope."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -42,14 +45,14 @@ def cell_options(f):
 
 
 def make_spec(plan_path, pool_dir, capacity, mechanism, mode, headroom, threads, warmup, passes,
-              arena_fraction, prefetch, fadvise_random, freq_table, timeout_s, name="cell"):
+              arena_fraction, prefetch, fadvise_random, freq_table, timeout_s, name="cell", record=False):
     """A validated CellSpec from CLI values."""
     from ..cell import CellSpec
 
     spec = CellSpec(plan=plan_path, pool=pool_dir, capacity_bytes=capacity, mechanism=mechanism, mode=mode,
                     headroom_bytes=headroom, threads=threads, warmup=warmup, passes=passes,
                     arena_fraction=arena_fraction, prefetch=prefetch, fadvise_random=fadvise_random,
-                    freq_table=freq_table, timeout_s=timeout_s, name=name)
+                    freq_table=freq_table, timeout_s=timeout_s, name=name, record=record)
     spec.validate()
     return spec
 
@@ -69,7 +72,7 @@ SUMMARY_KEYS = ("retained", "reasons", "capacity_bytes", "mechanism", "mode", "d
               help="The cell directory (cell.json, snapshots/, replay/).")
 @click.option("--json", "as_json", is_flag=True, help="Print cell.json's summary as JSON.")
 def cell(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passes, arena_fraction, prefetch,
-         fadvise_random, freq_table, timeout_s, capacity, name, out_dir, as_json):
+         fadvise_random, freq_table, timeout_s, record, capacity, name, out_dir, as_json):
     """Measure one capacity cell (paper Algorithm 1) into a cell directory.
 
     \b
@@ -84,11 +87,12 @@ def cell(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passes
     Example:
       moetrace cell --plan plan.bin --pool /var/tmp/pool --capacity 512MiB \\
           --mechanism cgroup --out cells/512MiB --json
+      moetrace cell --plan plan.bin --pool /var/tmp/pool --capacity 512MiB --record --out cells/r
     """
     from ..cell import CellInterrupted, interrupt_handlers, run_cell
 
     spec = make_spec(plan_path, pool_dir, capacity, mechanism, mode, headroom, threads, warmup, passes,
-                     arena_fraction, prefetch, fadvise_random, freq_table, timeout_s, name)
+                     arena_fraction, prefetch, fadvise_random, freq_table, timeout_s, name, record)
     try:
         with interrupt_handlers():
             res = run_cell(spec, out_dir, on_phase=lambda p: click.echo(f"cell: {p}", err=True)

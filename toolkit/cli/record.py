@@ -20,10 +20,13 @@ from .common import emit_json
 @click.option("--stream-events", is_flag=True,
               help="Also stream one record per (page-cache event, expert) through the ring buffer "
                    "(page_events.parquet; lost records counted per interval).")
+@click.option("--cgroup", "cgroup", type=click.Path(file_okay=False, exists=True), metavar="DIR",
+              help="A cgroup (v1 or v2 directory) COMMAND joins before it execs, e.g. a memory scope; "
+                   "the recorder itself stays outside it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final manifest on stdout.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
-def record(ctx, probes, out, pool_dir, missing_probes, stream_events, as_json, command):
+def record(ctx, probes, out, pool_dir, missing_probes, stream_events, cgroup, as_json, command):
     """Run COMMAND with probes attached; write a run directory; exit with COMMAND's status.
 
     \b
@@ -40,6 +43,7 @@ def record(ctx, probes, out, pool_dir, missing_probes, stream_events, as_json, c
       moetrace record --out runs/cold -- replay plan.bin --pool /var/tmp/pool --warmup 0
       moetrace record --pool /var/tmp/pool -- dd if=/var/tmp/pool/pool.bin of=/dev/null bs=1M
       moetrace record --json --out runs/x -- replay plan.bin --pool /var/tmp/pool --passes 3
+      moetrace record --cgroup /sys/fs/cgroup/memory/moetrace-c1 -- replay plan.bin --pool /var/tmp/pool
     """
     from ..recorder import RecordOptions, record as do_record
 
@@ -48,7 +52,7 @@ def record(ctx, probes, out, pool_dir, missing_probes, stream_events, as_json, c
         cmd = cmd[1:]
     plist = tuple(p.strip() for p in probes.split(",") if p.strip())
     opts = RecordOptions(command=cmd, out=out, probes=plist, pool=pool_dir, missing_probes=missing_probes,
-                         stream_events=stream_events)
+                         stream_events=stream_events, cgroup=cgroup)
     res = do_record(opts, on_event=lambda s: click.echo(f"moetrace record: {s}", err=True))
     if as_json:
         emit_json(res.manifest)
@@ -63,3 +67,7 @@ def record(ctx, probes, out, pool_dir, missing_probes, stream_events, as_json, c
                        f"{t['experts_requested_pages']}; unattributed added {t['unattributed_added_pages']}",
                        err=True)
     ctx.exit(res.exit_status)
+
+
+if __name__ == "__main__":  # `python -m moetrace.cli.record` (what `moetrace cell --record` runs)
+    record(prog_name="moetrace record")
