@@ -44,3 +44,9 @@ def test_demo_capacity_sweep(tmp_path, live):
     assert (out / "sweep" / "fig2.png").stat().st_size > 0
     assert not (out / "capacity" / "pool").exists()  # the demo's pool is removed, the results stay
     assert "Capacity sweep" in (out / "REPORT.md").read_text()
+    # every cell was recorded with the probes: the evictions a small cell forces show up per expert
+    runs = sorted((out / "sweep" / "cells").glob("*/run/manifest.json"))
+    assert len(runs) == 3 and all(json.loads(m.read_text())["complete"] for m in runs)
+    small = pd.read_parquet(out / "sweep" / "cells" / "48MiB-r0" / "run" / "experts.parquet")
+    e = small[small["kind"] == "expert"]
+    assert e["re_added_pages"].sum() > 0 and e["evicted_pages"].sum() > 0

@@ -47,8 +47,9 @@ def demo(out_dir, preset, steps, seed, capacity):
     3. trace stats    Zipf slope, W1/W8/W64 reuse, concentration, coverage
     4. plan compile   plan.bin with oracle prefetch hints; plan inspect
     5. sim            LRU / LFU / static / Belady under fair windows -> sim.png
-    6. pool create + sweep (root): a small scaled pool, and capacity cells
-       under a cgroup memory limit from "pool fits" down to 1/4 -> sweep/fig2.png
+    6. pool create + sweep --record (root): a small scaled pool, and capacity
+       cells under a cgroup memory limit from "pool fits" down to 1/4, each
+       recorded with the eBPF probes -> sweep/fig2.png, sweep/cells/*/run/
     Everything lands in --out (JSON beside each step, REPORT.md last).
     """
     out = Path(out_dir)
@@ -126,7 +127,8 @@ def _capacity_step(out: Path, seed: int) -> str:
           "--expert-bytes", "64KiB", "-o", plan, "--json"], work / "plan-compile.json")
     click.echo(f"      pool {pool}: 92 layers x 32 experts x 64 KiB = 184 MiB; plan of 20 iterations")
     res = _run(["sweep", "--plan", plan, "--pool", pool, "--capacities", "256MiB,96MiB,48MiB", "--repeats", 1,
-                "--mechanism", "cgroup", "--headroom", "40MiB", "--out", out / "sweep", "--json"], work / "sweep.json")
+                "--mechanism", "cgroup", "--headroom", "40MiB", "--record", "--out", out / "sweep", "--json"],
+               work / "sweep.json")
     rows = res.get("capacity") or res.get("table") or []
     lines = ["      C         iteration   device/iter   miss/iter   amp"]
     for r in rows:
@@ -134,10 +136,29 @@ def _capacity_step(out: Path, seed: int) -> str:
         lines.append(f"      {r['capacity_bytes'] / 2**20:>5.0f} MiB {r['iteration_time_median_ns'] / 1e6:>8.1f} ms "
                      f"{(r['device_bytes_per_iteration'] or 0) / 2**20:>9.1f} MiB {(r['miss_bytes_per_iteration'] or 0) / 2**20:>7.1f} MiB "
                      f"{'NA' if amp is None else f'{amp:.2f}':>5}")
-    text = "\n".join(lines)
+    text = "\n".join(lines) + "\n" + _recorded_summary(out / "sweep")
     click.echo(text)
     shutil.rmtree(pool, ignore_errors=True)  # 184 MiB of test data: keep the results, not the pool
     return ("\n## Capacity sweep (cgroup wall)\n\n```\n" + text + "\n```\n\n![capacity](sweep/fig2.png)\n")
+
+
+def _recorded_summary(sweep: Path) -> str:
+    """What `record` saw in the smallest-capacity cell: page-cache events per expert."""
+    import pandas as pd
+
+    runs = sorted(sweep.glob("cells/*/run/experts.parquet"),
+                  key=lambda p: int(json.loads((p.parent.parent / "cell.json").read_text())["capacity_bytes"]))
+    if not runs:
+        return "      (no recorded run found)"
+    df = pd.read_parquet(runs[0])
+    e = df[df["kind"] == "expert"]
+    top = e.sort_values("re_added_pages", ascending=False).head(3)
+    cell = runs[0].parent.parent.name
+    lines = [f"      recorded ({cell}, warm-up + measured): pages added {int(e['added_pages'].sum())}, "
+             f"evicted {int(e['evicted_pages'].sum())}, re-added {int(e['re_added_pages'].sum())}",
+             "      most re-read experts: " + ", ".join(
+                 f"L{int(r.layer)}/E{int(r.expert)} ({int(r.re_added_pages)} pages)" for r in top.itertuples())]
+    return "\n".join(lines)
 
 
 def _gb(n) -> str:
