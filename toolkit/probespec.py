@@ -38,7 +38,9 @@ class AttachCandidate:
     struct folio needs exact headers even in a tracepoint-args probe).
     fields: the tracepoint format fields the C code reads; a format file lacking one
     rejects the candidate. field_knobs: (field, knob) pairs: the knob is 1 when the
-    chosen candidate's format has the field, else 0 (e.g. folio ``order``)."""
+    chosen candidate's format has the field, else 0 (e.g. folio ``order``).
+    sets: (knob, value) pairs set when this candidate is the one chosen (which of
+    several implementations the C file compiles, e.g. block's ``MOE_BYTES_TP``)."""
 
     kind: Kind
     target: str
@@ -47,6 +49,7 @@ class AttachCandidate:
     needs: Needs | None = None
     fields: tuple[str, ...] = ()
     field_knobs: tuple[tuple[str, str], ...] = ()
+    sets: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -60,7 +63,7 @@ class AttachCandidate:
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "target": self.target, "fn_name": self.fn_name, "note": self.note,
                 "needs": self.needs, "fields": list(self.fields),
-                "field_knobs": {f: k for f, k in self.field_knobs}}
+                "field_knobs": {f: k for f, k in self.field_knobs}, "sets": {k: v for k, v in self.sets}}
 
 
 @dataclass(frozen=True)
@@ -130,7 +133,8 @@ class ProbeSpec:
     enrichment probe warns; a missing non-enrichment probe is an error under
     ``--missing-probes error``. table: the run-directory table ``schema`` describes.
     stats: names of the C file's ``STAT_*`` slots in slot order. structs: C structs
-    shared with Python (:class:`Struct`)."""
+    shared with Python (:class:`Struct`). more_tables: further run-directory tables
+    the probe writes, as (name, columns) pairs."""
 
     name: str
     attach: tuple[AttachGroup, ...]
@@ -144,6 +148,13 @@ class ProbeSpec:
     table: str = ""
     stats: tuple[str, ...] = ()
     structs: tuple[Struct, ...] = ()
+    more_tables: tuple[tuple[str, tuple[Column, ...]], ...] = ()
+
+    def tables(self) -> dict[str, tuple[Column, ...]]:
+        """{run-directory table: its columns}: ``table``/``schema`` first, then ``more_tables``."""
+        out = {self.table: self.schema} if self.table else {}
+        out.update(dict(self.more_tables))
+        return out
 
     @property
     def source_path(self) -> Path:
@@ -337,8 +348,9 @@ def resolve(spec: ProbeSpec, feats: "Features | None" = None) -> AttachPlan:
 
 def _derive_knobs(spec: ProbeSpec, entries: list[PlanEntry], feats: "Features") -> dict[str, int]:
     """Knobs the kernel decides: group knobs (1 only when every group of the knob is
-    attached; the attached siblings of an unavailable one become "compiled out") and
-    field knobs (1 only when every chosen format has the field)."""
+    attached; the attached siblings of an unavailable one become "compiled out"), the
+    chosen candidates' ``sets`` and field knobs (1 only when every chosen format has
+    the field)."""
     knobs: dict[str, int] = {}
     by_group = {g.name: g for g in spec.attach}
     for g in spec.attach:
@@ -352,6 +364,9 @@ def _derive_knobs(spec: ProbeSpec, entries: list[PlanEntry], feats: "Features") 
         if e.attached and k in off:
             e.tried.append((e.candidate, f"compiled out ({k}=0: {', '.join(off[k])} unavailable)"))
             e.status, e.reason, e.candidate = "unavailable", e.tried[-1][1], None
+    for e in entries:
+        if e.attached:
+            knobs.update(dict(e.candidate.sets))
     for e in entries:
         c = e.candidate
         if not e.attached or not c.field_knobs or c.kind not in ("tracepoint", "raw_tracepoint"):
@@ -375,8 +390,10 @@ def resolve_all(feats: "Features | None" = None, names: list[str] | None = None)
 
 # -- the registry -----------------------------------------------------------------------------
 
-def _tp(target: str, fn: str | None = None, note: str = "", needs: Needs | None = None) -> AttachCandidate:
-    return AttachCandidate("tracepoint", target, fn or "tp_" + target.split(":", 1)[1], note, needs)
+def _tp(target: str, fn: str | None = None, note: str = "", needs: Needs | None = None,
+        fields: tuple[str, ...] = (), sets: tuple[tuple[str, int], ...] = ()) -> AttachCandidate:
+    return AttachCandidate("tracepoint", target, fn or "tp_" + target.split(":", 1)[1], note, needs,
+                           fields=fields, sets=sets)
 
 
 def _kp(sym: str, fn: str | None = None, note: str = "", needs: Needs | None = None,
