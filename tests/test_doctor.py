@@ -68,10 +68,11 @@ def test_fixes_named(tmp_path):
 
 
 def test_fallback_shows_degraded(tmp_path):
-    from test_features import EVENTS_61
-    rep = _run("--json", "--root", str(make_tree(tmp_path, events=EVENTS_61)))
+    from test_features import EVENTS_618
+    events = {c: [e for e in evs if e != "block_bio_queue"] for c, evs in EVENTS_618.items()}
+    rep = _run("--json", "--root", str(make_tree(tmp_path, events=events)))
     row = _rows(rep)["block.bytes"]
-    assert row["status"] == "degraded" and row["detail"].startswith("tracepoint block:block_bio_queue (fallback")
+    assert row["status"] == "degraded" and row["detail"].startswith("tracepoint block:block_io_start (fallback")
 
 
 def test_text_output(tmp_path):

@@ -13,67 +13,102 @@ from moetrace.recorder import PAGE_EVENT_DTYPE, prog_id_exists, prog_info
 
 PAGECACHE = PROBES["pagecache"]
 SRC = bpf.probe_source("pagecache").read_text()
+#: -D macros a C file may define beyond its declared knobs: derived in the file from the knobs,
+#: or accepted and unused (block.c / reclaim.c keep MOE_MAX_* for a common command line)
+UNDECLARED_OK = {"pagecache": {"MAX_SEGS", "MAX_WPS", "MAX_TGIDS", "MAX_INODES"},
+                 "block": {"MOE_MAX_INODES", "MOE_MAX_EXPERTS", "MOE_MAX_EXTENTS"},
+                 "reclaim": {"MOE_MAX_INODES", "MOE_MAX_EXPERTS"}}
+#: probes whose STAT_* names are exactly the declaration's stats names (lower-cased)
+EXACT_STAT_NAMES = {"block", "reclaim"}
 
 
-def _struct_fields(name: str) -> list[tuple[str, str]]:
-    body = re.search(r"struct %s \{(.*?)\};" % name, SRC, re.S).group(1)
+def _struct_fields(src: str, name: str) -> list[tuple[str, str]]:
+    body = re.search(r"struct %s \{(.*?)\};" % name, src, re.S).group(1)
     return re.findall(r"^\s*(u\d+|s\d+)\s+(\w+);", body, re.M)  # [(type, field)]
 
 
-def _tracepoint_bodies() -> dict[str, tuple[str, str | None]]:
-    """{"cat:event": (body text up to the next probe, innermost enclosing `#if KNOB` or None)}."""
+_PROG = re.compile(r"TRACEPOINT_PROBE\((\w+),\s*(\w+)\)|^int (\w+)\(struct tracepoint__(\w+)__(\w+) \*args\)", re.M)
+
+
+def _tracepoint_bodies(src: str) -> dict[str, tuple[str, str, list[str]]]:
+    """{"cat:event": (C function name, body text up to the next program, the knobs of every
+    enclosing `#if KNOB...`)} for both bcc forms: TRACEPOINT_PROBE(cat, ev) and
+    ``int fn(struct tracepoint__cat__ev *args)``."""
     out = {}
-    for m in re.finditer(r"TRACEPOINT_PROBE\((\w+),\s*(\w+)\)", SRC):
-        before = SRC[:m.start()]
-        stack = []
-        for d in re.finditer(r"^#(if|ifdef|ifndef|endif)\b\s*(\w*)", before, re.M):
+    ms = list(_PROG.finditer(src))
+    for i, m in enumerate(ms):
+        if m.group(1):
+            cat, ev, fn = m.group(1), m.group(2), f"tracepoint__{m.group(1)}__{m.group(2)}"
+        else:
+            fn, cat, ev = m.group(3), m.group(4), m.group(5)
+        stack: list[str | None] = []
+        for d in re.finditer(r"^#(if|ifdef|ifndef|endif)\b\s*(\w*)", src[:m.start()], re.M):
             if d.group(1) == "endif":
                 stack.pop()
             else:
                 stack.append(d.group(2) if d.group(1) == "if" else None)
-        nxt = SRC.find("TRACEPOINT_PROBE(", m.end())
-        body = SRC[m.end(): nxt if nxt != -1 else len(SRC)]
-        out[f"{m.group(1)}:{m.group(2)}"] = (body, next((k for k in reversed(stack) if k), None))
+        body = src[m.end(): ms[i + 1].start() if i + 1 < len(ms) else len(src)]
+        out[f"{cat}:{ev}"] = (fn, body, [k for k in stack if k])
     return out
 
 
-def test_declaration_matches_c_source():
-    """The one declaration (moetrace.probespec PAGECACHE) and probes/pagecache.c agree."""
+@pytest.mark.parametrize("name", ["pagecache", "block", "reclaim"])
+def test_declaration_matches_c_source(name):
+    """The one declaration (moetrace.probespec) and probes/<name>.c agree: knobs, stats slots,
+    shared structs, attach candidates (function, enclosing knob, format fields read)."""
+    spec = PROBES[name]
+    src = bpf.probe_source(name).read_text()
     # every knob has a default in the C file (compilable as is), and the C file knows no other -D knob
-    declared = {k.name for k in PAGECACHE.knobs}
+    declared = {k.name for k in spec.knobs}
     for knob in declared:
-        assert f"#ifndef {knob}" in SRC, knob
-    internal = {"MAX_SEGS", "MAX_WPS", "MAX_TGIDS", "MAX_INODES"}  # derived in the C file from the knobs
-    assert set(re.findall(r"#ifndef (\w+)", SRC)) == declared | internal
+        assert f"#ifndef {knob}" in src, knob
+    assert set(re.findall(r"#ifndef (\w+)", src)) == declared | UNDECLARED_OK[name]
     # stats slots: names in the declaration = STAT_* defines, same order
-    slots = re.findall(r"#define STAT_(\w+) (\d+)", SRC)
+    slots = re.findall(r"#define STAT_(\w+) (\d+)", src)
     assert [int(i) for _, i in slots] == list(range(len(slots)))
-    assert int(re.search(r"#define N_STATS (\d+)", SRC).group(1)) == len(PAGECACHE.stats) == len(slots)
+    assert int(re.search(r"#define N_STATS (\d+)", src).group(1)) == len(spec.stats) == len(slots)
+    if name in EXACT_STAT_NAMES:
+        assert [n.lower() for n, _ in slots] == list(spec.stats)
+    # shared structs: same fields, same widths, same order
+    for st in spec.structs:
+        assert _struct_fields(src, st.name) == [(t, f) for f, t in st.fields], st.name
+    # attach candidates <-> tracepoint programs: the same set, each behind its group's knob (or the
+    # knob its `sets` choose), reading exactly the format fields the declaration names (what
+    # resolve() checks against the kernel)
+    tps = _tracepoint_bodies(src)
+    cands = {c.target: (g, c) for g in spec.attach for c in g.candidates}
+    assert set(tps) == set(cands)
+    for target, (fn, body, knobs) in tps.items():
+        g, c = cands[target]
+        assert c.kind == "tracepoint" and c.fn_name == fn, (target, c.fn_name, fn)
+        allowed_knobs = {g.knob} - {None} | {k for k, _v in c.sets}
+        assert set(knobs) <= allowed_knobs and (g.knob is None or g.knob in knobs), (target, knobs, g.knob)
+        read = set(re.findall(r"args->(\w+)", body))
+        declared_fields = set(c.fields) | {f for f, _k in c.field_knobs}
+        assert read == declared_fields, (target, read ^ declared_fields)
+        for fld, k in c.field_knobs:  # an optional field is read only under its knob
+            assert f"#if {k}" in body
+    for g in spec.attach:  # a chosen candidate's `sets` name declared knobs
+        for c in g.candidates:
+            assert {k for k, _v in c.sets} <= declared, c
+    # the declared tables: units in the column names
+    for tname, cols in spec.tables().items():
+        for col in cols:
+            if col.unit in ("ns", "bytes", "pages"):
+                assert col.name.endswith(col.unit) or col.name.endswith(f"{col.unit}_sum") \
+                    or col.name.endswith(f"{col.unit}_mean") or f"_{col.unit}" in col.name, (tname, col.name)
+    # configured by -D only: no template placeholders
+    assert "{" + "{" not in src and "$" not in src and "%s" not in src
+
+
+def test_pagecache_specifics():
+    slots = re.findall(r"#define STAT_(\w+) (\d+)", SRC)
     assert [n.lower() for n, _ in slots][:4] == ["add_events", "delete_events", "pool_dev_add_events",
                                                   "pool_dev_delete_events"]
     assert slots[PAGECACHE.stats.index("ring_drops")][0] == "RING_DROPS"
-    # shared structs: same fields, same widths, same order
-    for st in PAGECACHE.structs:
-        assert _struct_fields(st.name) == [(t, f) for f, t in st.fields], st.name
     assert PAGE_EVENT_DTYPE == PAGECACHE.struct("page_event").dtype() and PAGE_EVENT_DTYPE.itemsize == 32
     counted = {f for f, _t in PAGECACHE.struct("expert_counts").fields}
     assert counted <= {c.name for c in PAGECACHE.schema}
-    # attach groups <-> TRACEPOINT_PROBEs: the same set, each behind its group's knob, reading only
-    # the format fields the declaration names (what resolve() checks against the kernel)
-    tps = _tracepoint_bodies()
-    cands = {c.target: (g, c) for g in PAGECACHE.attach for c in g.candidates}
-    assert set(tps) == set(cands)
-    for target, (body, knob) in tps.items():
-        g, c = cands[target]
-        assert c.kind == "tracepoint" and c.fn_name == "tracepoint__" + target.replace(":", "__")
-        assert knob == g.knob, (target, knob, g.knob)
-        read = set(re.findall(r"args->(\w+)", body))
-        allowed = set(c.fields) | {f for f, _k in c.field_knobs}
-        assert read and read <= allowed, (target, read - allowed)
-        for fld, k in c.field_knobs:  # an optional field is read only under its knob
-            assert f"#if {k}" in body
-    # configured by -D only: no template placeholders
-    assert "{" + "{" not in SRC and "$" not in SRC and "%s" not in SRC
 
 
 def test_knob_cflags_are_integers_only():

@@ -204,7 +204,8 @@ def test_acceptance_cold_pass_then_all_hits(live, pools, layout, tmp_path):
     with _io_lock():
         _drop(pool)
         cold = _record(tmp_path / "cold", replay, "--pool", str(pool))
-        hot = _record(tmp_path / "hot", replay)  # the pool taken from the replay's --pool
+        # the pool taken from the replay's --pool; a declared, not recorded probe is a note under warn
+        hot = _record(tmp_path / "hot", replay, "--probes", "pagecache,block,reclaim,lru", "--missing-probes", "warn")
     assert cold.returncode == 0, cold.stderr
     assert hot.returncode == 0, hot.stderr
     doc, e, _u = _experts(tmp_path / "cold")
@@ -217,6 +218,22 @@ def test_acceptance_cold_pass_then_all_hits(live, pools, layout, tmp_path):
     assert list(e["requested_pages"]) == [PAGES] * N
     assert list(e["requested_bytes"]) == [MIB] * N
     assert list(e["hit_pages"]) == [0] * N
+    # block: each expert's 1 MiB came from the disk once, attributed through its FIEMAP extents
+    assert list(e["device_read_bytes"]) == [MIB] * N, e["device_read_bytes"].tolist()
+    assert (e["bios"] >= 1).all()
+    assert doc["lost"]["block"]["ring_lost_bios"] == 0 and doc["attach_plan"]["block"]["recorded"] is True
+    assert doc["attach_plan"]["block"]["knobs"] == {"MOE_BYTES_TP": 2}  # block_bio_queue first
+    assert doc["summaries"]["block"]["attach"]["bytes"] == "block:block_bio_queue"
+    assert doc["block_device"]["tp_dev"] == doc["summaries"]["block"]["dev"] != 0
+    _doc, tables = rundir.load_run(tmp_path / "cold")
+    assert {"block_latency", "block_device", "reclaim", "reclaim_histogram"} <= set(tables)
+    assert list(tables["reclaim"]["kind"]) == ["memcg", "direct", "kswapd", "other"]
+    assert int(tables["block_latency"]["requests"].sum()) == int(tables["block_device"]["complete_matched"].iloc[0])
+    assert doc["attach_plan"]["reclaim"]["recorded"] is True and doc["lost"]["reclaim"]["lost_events"] == 0
+    snaps = json.loads((tmp_path / "cold" / "snapshots.json").read_text())
+    assert snaps["pool_disk"]["disk"] == doc["block_device"]["disk"] and "post" in snaps["pool_disk"]
+    assert set(doc["timings"]) >= {"pagecache_compile_attach_s", "block_compile_attach_s",
+                                   "reclaim_compile_attach_s", "probes_attach_s"}
     assert doc["lost"]["pagecache"]["counters_lost_events"] == 0
     assert doc["lost"]["pagecache"]["unprocessed_pages"] == 0
     assert doc["stats"]["pagecache"]["dev_mismatch_events"] == 0
@@ -239,6 +256,9 @@ def test_acceptance_cold_pass_then_all_hits(live, pools, layout, tmp_path):
     assert doc2["pool"]["source"] == "the command's --pool"
     assert list(e2["added_pages"]) == [0] * N
     assert list(e2["hit_pages"]) == [PAGES] * N
+    assert list(e2["device_read_bytes"]) == [0] * N  # all hits: nothing from the disk
+    assert doc2["attach_plan"]["lru"]["skip_reason"] == "not recorded by this version of moetrace"
+    assert any(n.startswith("probe lru skipped") for n in doc2["notes"])
 
 
 def test_attribution_and_exact_re_adds(live, pools, tmp_path):
@@ -272,6 +292,8 @@ def test_exit_status_is_propagated(live, tmp_path):
     doc, tables = rundir.load_run(tmp_path / "s")
     assert doc["complete"] is True and doc["exit_status"] == 7
     assert tables["experts"]["kind"].tolist() == ["unattributed"]
+    # no pool: every disk's reads are counted, none attributed
+    assert doc["summaries"]["block"]["index_used"] is False and doc["summaries"]["block"]["dev"] == 0
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

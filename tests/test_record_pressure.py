@@ -18,6 +18,17 @@ anonymous memory. The recorder stays outside the scope. Oracles, each independen
 * added - evicted per expert vs the pages still resident (mincore) when the replay has exited,
   exactly: the pool was dropped from the cache before the recording.
 * lost events are zero (BPF recursion misses per program) and no page went unprocessed.
+
+Device half (the block and reclaim probes of the same recording):
+
+* device read bytes attributed to experts + the unattributed row vs the ``sectors_read x 512``
+  delta of the pool's disk in /proc/diskstats, read by the recorder right after the block probe
+  attached and right before it detached (the same window; clang reading headers for the other
+  probes is outside it). Counted at block_bio_queue: every bio once with its full size.
+* the reclaim probe's scanned / reclaimed pages (shrink_inactive nr_scanned / nr_reclaimed, every
+  reclaimer) vs the ``pgscan_anon + pgscan_file`` / ``pgsteal_anon + pgsteal_file`` deltas of
+  /proc/vmstat around the recording (memcg limit reclaim is counted only there on this kernel, not
+  in pgscan_direct/kswapd), and memcg limit reclaim is what reclaimed.
 """
 
 from __future__ import annotations
@@ -126,6 +137,26 @@ def test_eviction_under_a_memory_limit(live, pressure_pool, tmp_path):
         "re_added_vs_refault": round(_rel(re_added, refault), 5), "evicted_vs_pgsteal": round(_rel(evicted, steal), 5),
         "lost_events": lost["counters_lost_events"], "unprocessed_pages": lost["unprocessed_pages"],
     }
+    # device half
+    blk = doc["summaries"]["block"]
+    pd_ = json.loads((run / "snapshots.json").read_text())["pool_disk"]
+    disk_bytes = (pd_["post"]["sectors_read"] - pd_["pre"]["sectors_read"]) * 512
+    dev_experts, dev_unattr = int(e["device_read_bytes"].sum()), int(u["device_read_bytes"])
+    rc = doc["summaries"]["reclaim"]
+    scan_v = sum(v1[k] - v0[k] for k in ("pgscan_anon", "pgscan_file"))
+    steal_v = sum(v1[k] - v0[k] for k in ("pgsteal_anon", "pgsteal_file"))
+    figures.update({
+        "disk": pd_["disk"], "device_read_bytes_experts": dev_experts, "device_read_bytes_unattributed": dev_unattr,
+        "block_kernel_read_bytes": blk["kernel_read_bytes"], "diskstats_read_bytes": disk_bytes,
+        "device_vs_diskstats": round(_rel(dev_experts + dev_unattr, disk_bytes), 5),
+        "block_lost_bios": doc["lost"]["block"]["ring_lost_bios"], "block_bytes_at": blk["attach"]["bytes"],
+        "reclaim_scanned_pages": rc["scanned_pages"], "vmstat_pgscan": scan_v,
+        "reclaim_reclaimed_pages": rc["reclaimed_pages"], "vmstat_pgsteal": steal_v,
+        "reclaim_memcg_reclaimed_pages": rc["kinds"]["memcg"]["reclaimed_pages"],
+        "scanned_vs_pgscan": round(_rel(rc["scanned_pages"], scan_v), 5),
+        "reclaimed_vs_pgsteal": round(_rel(rc["reclaimed_pages"], steal_v), 5),
+        "timings": doc["timings"],
+    })
     print("\npressure figures:", json.dumps(figures, indent=1))
     # the limit forced eviction: pass 1 cold, passes 2 and 3 re-read (almost) everything
     assert added >= 3 * POOL_PAGES * 0.9 and re_added >= 2 * POOL_PAGES * 0.9, figures
@@ -137,6 +168,16 @@ def test_eviction_under_a_memory_limit(live, pressure_pool, tmp_path):
     # the oracles, within 2 %
     assert _rel(re_added, refault) <= TOL, figures
     assert _rel(evicted, steal) <= TOL, figures
+    # device half: what the disk read = experts + unattributed (no bio record lost), within 2 %
+    assert doc["lost"]["block"]["ring_lost_bios"] == 0
+    assert dev_experts + dev_unattr == blk["streamed_bytes"] == blk["kernel_read_bytes"]
+    assert dev_experts >= 3 * L * E * MIB * 0.9  # three passes that (almost) all missed
+    assert _rel(dev_experts + dev_unattr, disk_bytes) <= TOL, figures
+    # reclaim: every reclaimer's scan/steal is in pgscan/pgsteal_{anon,file}; the memcg limit did it
+    assert rc["lost_events"] == 0 and rc["stats"]["task_map_full"] == 0
+    assert _rel(rc["scanned_pages"], scan_v) <= TOL, figures
+    assert _rel(rc["reclaimed_pages"], steal_v) <= TOL, figures
+    assert rc["kinds"]["memcg"]["reclaimed_pages"] >= 0.9 * rc["reclaimed_pages"], figures
 
 
 def test_cell_record_wraps_the_replay(live, pressure_pool, tmp_path):

@@ -25,7 +25,7 @@ from __future__ import annotations
 import ctypes as ct
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +35,18 @@ import pandas as pd
 from .errors import MoetraceError
 from .extents import SECTOR, ExpertExtents
 
-SOURCE = Path(__file__).resolve().parent.parent / "probes" / "block.c"
-# stats slots of probes/block.c, in order (a probe-build test checks the two agree)
-STATS = ("read_bytes", "read_bios", "ring_lost", "issues", "issue_bytes", "requeues", "requeue_bytes",
-         "completes", "complete_matched", "inflight_full", "latency_ns")
+from .probespec import PROBES
+
+#: the one declaration of probes/block.c (attach candidates, knobs, stats slots, ring record)
+SPEC = PROBES["block"]
+SOURCE = SPEC.source_path
+#: stats slots of probes/block.c, in order (a probe-build test checks the two agree)
+STATS = SPEC.stats
 HIST_SLOTS = 64
-# struct bio_event of probes/block.c
-BIO_EVENT_DTYPE = np.dtype([("sector", "<u8"), ("nr_sector", "<u4"), ("flags", "<u4")])
-BYTES_TP = {"block:block_io_start": 1, "block:block_bio_queue": 2}
+#: struct bio_event of probes/block.c
+BIO_EVENT_DTYPE = SPEC.struct("bio_event").dtype()
+#: bytes candidates -> their MOE_BYTES_TP value (from the declaration's ``sets``)
+BYTES_TP = {c.target: dict(c.sets)["MOE_BYTES_TP"] for c in SPEC.group("bytes").candidates}
 # 6.1/6.12 headers warn under clang 14 (bcc 0.26); harmless for tracepoint-args programs
 QUIET_CFLAGS = ("-Wno-ignored-attributes", "-Wno-duplicate-decl-specifier", "-Wno-unused-function",
                 "-Wno-macro-redefined")
@@ -81,6 +85,11 @@ class BlockResult:
     dev: int
     start_s: float
     duration_s: float
+    knobs: dict[str, int] = field(default_factory=dict)
+    compile_s: float = 0.0
+    attach_s: float = 0.0
+    #: False when no extent index was given: nothing could be attributed (count only)
+    index_used: bool = True
 
     @property
     def attributed_bytes(self) -> int:
@@ -93,7 +102,9 @@ class BlockResult:
                 "streamed_bytes": self.streamed_bytes, "streamed_bios": self.streamed_bios,
                 "lost_events": self.lost_events,
                 "recursion_misses": dict(self.recursion_misses), "inflight_left": self.inflight_left,
-                "stats": dict(self.stats), "attach": dict(self.attach), "start_s": self.start_s,
+                "stats": dict(self.stats), "attach": dict(self.attach), "knobs": dict(self.knobs),
+                "compile_s": self.compile_s, "attach_s": self.attach_s, "index_used": self.index_used,
+                "start_s": self.start_s,
                 "duration_s": self.duration_s}
 
 
@@ -125,25 +136,38 @@ def prog_fdinfo(fd: int) -> dict[str, int]:
 
 def block_cflags(dev: int, bytes_tp: int, ring_pages: int = 64, stream: bool = True,
                  max_inflight: int = 65536) -> list[str]:
-    """The -D knobs of probes/block.c."""
+    """The -D knobs of probes/block.c (every declared knob, in declaration order)."""
     if ring_pages <= 0 or ring_pages & (ring_pages - 1):
         raise ValueError(f"ring_pages must be a power of two, got {ring_pages}")
-    return [f"-DMOE_DEV={int(dev)}", f"-DMOE_BYTES_TP={int(bytes_tp)}", f"-DMOE_RINGBUF_PAGES={int(ring_pages)}",
-            f"-DMOE_STREAM_BIOS={int(bool(stream))}", f"-DMOE_MAX_INFLIGHT={int(max_inflight)}"]
+    if int(bytes_tp) not in BYTES_TP.values():
+        raise ValueError(f"bytes_tp must be one of {sorted(BYTES_TP.values())}, got {bytes_tp}")
+    return SPEC.cflags(MOE_DEV=int(dev), MOE_BYTES_TP=int(bytes_tp), MOE_RINGBUF_PAGES=int(ring_pages),
+                       MOE_STREAM_BIOS=int(bool(stream)), MOE_MAX_INFLIGHT=int(max_inflight))
+
+
+def resolve_plan(features=None, plan=None):
+    """(attached {group: candidate}, knobs the kernel decided) of the block declaration:
+    ``plan`` (an :class:`~moetrace.probespec.AttachPlan` already resolved, e.g. by the
+    recorder) or :func:`moetrace.probespec.resolve` on ``features``. Raises
+    :class:`BlockProbeError` when a required group is unavailable."""
+    from . import probespec
+
+    if plan is None:
+        plan = probespec.resolve(SPEC, features)
+    out = {}
+    for e in plan.entries:
+        if e.attached:
+            out[e.group] = e.candidate
+        elif e.required:
+            raise BlockProbeError(f"block probe: {e.group} unavailable: {e.reason}",
+                                  hint="`moetrace doctor` lists every attach point")
+    return out, dict(plan.knobs)
 
 
 def resolve_attach(features=None) -> dict[str, str]:
     """{group: "category:event"} of the block declaration on this kernel; raises
     :class:`BlockProbeError` when a required group is unavailable."""
-    from .probespec import PROBES, resolve
-    plan = resolve(PROBES["block"], features)
-    out = {}
-    for e in plan.entries:
-        if e.attached:
-            out[e.group] = e.candidate.target
-        elif e.required:
-            raise BlockProbeError(f"block probe: {e.group} unavailable: {e.reason}")
-    return out
+    return {g: c.target for g, c in resolve_plan(features)[0].items()}
 
 
 class BlockRecorder:
@@ -152,12 +176,13 @@ class BlockRecorder:
     index: the pool's :class:`ExpertExtents` (its device gives the disk to watch), or
     None to count only (every sector unattributed; ``dev`` then required, 0 = every disk).
     bytes_tp: force "block:block_io_start" / "block:block_bio_queue" (default: resolved
-    from the probespec declaration). Use as a context manager: probes detach on exit,
-    also on exceptions; :attr:`result` holds the :class:`BlockResult`."""
+    from the probespec declaration, or taken from ``plan``, an already resolved
+    :class:`~moetrace.probespec.AttachPlan`). Use as a context manager: probes detach on
+    exit, also on exceptions; :attr:`result` holds the :class:`BlockResult`."""
 
     def __init__(self, index: ExpertExtents | None = None, dev: int | None = None,
                  bytes_tp: str | None = None, ring_pages: int = 256, stream: bool = True,
-                 features=None, extra_cflags: tuple[str, ...] = QUIET_CFLAGS):
+                 features=None, extra_cflags: tuple[str, ...] = QUIET_CFLAGS, plan=None):
         if dev is None:
             if index is None or index.device is None:
                 raise ValueError("BlockRecorder needs an index with a device, or dev=")
@@ -169,7 +194,10 @@ class BlockRecorder:
         self.features = features
         self.extra_cflags = tuple(extra_cflags)
         self._bytes_tp = bytes_tp
+        self._plan = plan
         self.attach: dict[str, str] = {}
+        self._fns: dict[str, str] = {}
+        self.knobs: dict[str, int] = {}
         self.bpf = None
         self.result: BlockResult | None = None
         self.compile_s = 0.0
@@ -193,16 +221,20 @@ class BlockRecorder:
         """Compile, load, attach and start polling."""
         bcc = _import_bcc()
         if self._bytes_tp is None:
-            self.attach = resolve_attach(self.features)
+            cands, _decided = resolve_plan(self.features, self._plan)
         else:
             if self._bytes_tp not in BYTES_TP:
                 raise ValueError(f"bytes_tp must be one of {sorted(BYTES_TP)}")
-            self.attach = {"bytes": self._bytes_tp, "rq_issue": "block:block_rq_issue",
-                           "rq_complete": "block:block_rq_complete", "rq_requeue": "block:block_rq_requeue"}
+            cands = {g.name: (next(c for c in g.candidates if c.target == self._bytes_tp) if g.name == "bytes"
+                              else g.candidates[0]) for g in SPEC.attach}
+        self.attach = {g: c.target for g, c in cands.items()}
+        self._fns = {g: c.fn_name for g, c in cands.items()}
         if self.attach["bytes"] not in BYTES_TP:
             raise BlockProbeError(f"block probe: bytes group resolved to {self.attach['bytes']}, which "
                                   f"probes/block.c does not implement (knows {sorted(BYTES_TP)})")
-        cflags = block_cflags(self.dev, BYTES_TP[self.attach["bytes"]], self.ring_pages, self.stream)
+        # MOE_BYTES_TP comes from the chosen candidate's ``sets`` in the declaration
+        cflags = block_cflags(self.dev, dict(cands["bytes"].sets)["MOE_BYTES_TP"], self.ring_pages, self.stream)
+        self.knobs = {f[2:].split("=")[0]: int(f.split("=")[1]) for f in cflags}
         cflags += list(self.extra_cflags)
         t0 = time.perf_counter()
         try:
@@ -213,8 +245,7 @@ class BlockRecorder:
         t1 = time.perf_counter()
         try:
             for group, target in self.attach.items():
-                fn = "tp_" + target.split(":", 1)[1]
-                self.bpf.attach_tracepoint(tp=target.encode(), fn_name=fn.encode())
+                self.bpf.attach_tracepoint(tp=target.encode(), fn_name=self._fns[group].encode())
             if self.stream:
                 self.bpf[b"bios"].open_ring_buffer(self._on_record)
         except Exception as e:
@@ -298,9 +329,8 @@ class BlockRecorder:
         hist = self._percpu_sums("lat_hist", HIST_SLOTS)
         inflight_left = len(self.bpf[b"inflight"].items())
         misses = {}
-        for group, target in self.attach.items():
-            fn = ("tp_" + target.split(":", 1)[1]).encode()
-            f = self.bpf.funcs.get(fn)
+        for group in self.attach:
+            f = self.bpf.funcs.get(self._fns[group].encode())
             if f is not None:
                 misses[group] = prog_fdinfo(f.fd).get("recursion_misses", 0)
         slots = np.arange(HIST_SLOTS)
@@ -321,4 +351,5 @@ class BlockRecorder:
                            lost_events=st["ring_lost"], latency=lat,
                            stats=st, recursion_misses=misses, inflight_left=inflight_left,
                            attach=dict(self.attach), dev=self.dev, start_s=self._t0,
-                           duration_s=time.time() - self._t0)
+                           duration_s=time.time() - self._t0, knobs=dict(self.knobs),
+                           compile_s=self.compile_s, attach_s=self.attach_s, index_used=self.index is not None)

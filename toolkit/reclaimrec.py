@@ -44,7 +44,11 @@ import pandas as pd
 
 from .bpf import ProbeLoadError
 
-SOURCE = Path(__file__).resolve().parent.parent / "probes" / "reclaim.c"
+from .probespec import PROBES
+
+#: the one declaration of probes/reclaim.c (attach groups, knobs, stats slots, schema)
+SPEC = PROBES["reclaim"]
+SOURCE = SPEC.source_path
 #: reclaimer kinds of probes/reclaim.c, in KIND_* order
 KINDS = ("memcg", "direct", "kswapd", "other")
 #: per-kind counter fields of probes/reclaim.c, in F_* order (a test checks the two agree)
@@ -54,23 +58,13 @@ FIELDS = ("invocations", "completed", "duration_ns", "end_reclaimed", "inactive_
           "active_kept", "active_referenced", "isolate_calls", "isolate_requested", "isolate_scanned",
           "isolate_skipped", "isolate_taken")
 #: stats slots of probes/reclaim.c, in STAT_* order
-STATS = ("nested_begins", "unmatched_ends", "kind_mismatch", "task_map_full", "timeline_overflow")
+STATS = SPEC.stats
 #: timeline fields per (bucket, kind), in T_* order
 TIMELINE_FIELDS = ("scanned", "reclaimed", "invocations", "duration_ns")
 HIST_SLOTS = 64
-#: attach group -> (C function, MOE_HAVE_* knob compiling it in; None: always compiled)
-GROUPS = {
-    "memcg_begin": ("tp_mm_vmscan_memcg_reclaim_begin", None),
-    "memcg_end": ("tp_mm_vmscan_memcg_reclaim_end", None),
-    "direct_begin": ("tp_mm_vmscan_direct_reclaim_begin", "MOE_HAVE_DIRECT"),
-    "direct_end": ("tp_mm_vmscan_direct_reclaim_end", "MOE_HAVE_DIRECT"),
-    "kswapd_wake": ("tp_mm_vmscan_kswapd_wake", "MOE_HAVE_KSWAPD"),
-    "kswapd_sleep": ("tp_mm_vmscan_kswapd_sleep", "MOE_HAVE_KSWAPD"),
-    "shrink_inactive": ("tp_mm_vmscan_lru_shrink_inactive", None),
-    "shrink_active": ("tp_mm_vmscan_lru_shrink_active", "MOE_HAVE_SHRINK_ACTIVE"),
-    "isolate": ("tp_mm_vmscan_lru_isolate", "MOE_HAVE_ISOLATE"),
-}
-HAVE_KNOBS = ("MOE_HAVE_DIRECT", "MOE_HAVE_KSWAPD", "MOE_HAVE_SHRINK_ACTIVE", "MOE_HAVE_ISOLATE")
+#: attach group -> (C function, MOE_HAVE_* knob compiling it in; None: always compiled), from the declaration
+GROUPS = {g.name: (g.candidates[0].fn_name, g.knob) for g in SPEC.attach}
+HAVE_KNOBS = tuple(dict.fromkeys(g.knob for g in SPEC.attach if g.knob is not None))
 #: /proc/vmstat counters the recorder snapshots around a recording
 VMSTAT_KEYS = ("pgscan_kswapd", "pgscan_direct", "pgscan_khugepaged", "pgscan_proactive", "pgscan_anon",
                "pgscan_file", "pgsteal_kswapd", "pgsteal_direct", "pgsteal_khugepaged", "pgsteal_proactive",
@@ -109,20 +103,19 @@ def reclaim_cflags(have: dict[str, int] | None = None, bucket_ns: int = 0, max_b
     unknown = set(have) - set(HAVE_KNOBS)
     if unknown:
         raise ValueError(f"unknown MOE_HAVE_* knobs {sorted(unknown)}")
-    out = [f"-D{k}={int(bool(have[k]))}" for k in HAVE_KNOBS]
-    out += [f"-DMOE_MAX_TASKS={int(max_tasks)}", f"-DMOE_BUCKET_NS={int(bucket_ns)}",
-            f"-DMOE_MAX_BUCKETS={int(max_buckets)}", f"-DMOE_T0_NS={int(t0_ns)}"]
-    return out
+    return SPEC.cflags(**{k: int(bool(v)) for k, v in have.items()}, MOE_MAX_TASKS=int(max_tasks),
+                       MOE_BUCKET_NS=int(bucket_ns), MOE_MAX_BUCKETS=int(max_buckets), MOE_T0_NS=int(t0_ns))
 
 
-def resolve_attach(features=None) -> tuple[dict[str, str], dict[str, str], dict[str, int]]:
+def resolve_attach(features=None, plan=None) -> tuple[dict[str, str], dict[str, str], dict[str, int]]:
     """(attached {group: "category:event"}, unavailable {group: reason}, MOE_HAVE_* knobs)
     from the ``reclaim`` declaration on this kernel. Raises :class:`ReclaimProbeError` when
     a required group is unavailable. An optional group sharing a knob with an unavailable
     one is compiled out with it (begin without end would only leave windows open)."""
-    from .probespec import PROBES, resolve
+    from . import probespec
 
-    plan = resolve(PROBES["reclaim"], features)
+    if plan is None:
+        plan = probespec.resolve(SPEC, features)
     attached: dict[str, str] = {}
     missing: dict[str, str] = {}
     for e in plan.entries:
@@ -257,12 +250,13 @@ class ReclaimRecorder:
     exceptions; :attr:`result` holds the :class:`ReclaimResult`."""
 
     def __init__(self, bucket_ns: int = 0, max_buckets: int = 4096, max_tasks: int = 16384, features=None,
-                 vmstat_root: str | os.PathLike = "/", extra_cflags: tuple[str, ...] = QUIET_CFLAGS):
+                 vmstat_root: str | os.PathLike = "/", extra_cflags: tuple[str, ...] = QUIET_CFLAGS, plan=None):
         reclaim_cflags(bucket_ns=bucket_ns, max_buckets=max_buckets, max_tasks=max_tasks)  # validate
         self.bucket_ns = int(bucket_ns)
         self.max_buckets = int(max_buckets)
         self.max_tasks = int(max_tasks)
         self.features = features
+        self._plan = plan
         self.vmstat_root = vmstat_root
         self.extra_cflags = tuple(extra_cflags)
         self.attach: dict[str, str] = {}
@@ -282,7 +276,7 @@ class ReclaimRecorder:
         from .bpf import import_bcc
 
         bcc = import_bcc()
-        self.attach, self.unavailable, have = resolve_attach(self.features)
+        self.attach, self.unavailable, have = resolve_attach(self.features, self._plan)
         self._t0_ns = time.monotonic_ns()  # bpf_ktime_get_ns() is CLOCK_MONOTONIC
         cflags = reclaim_cflags(have, self.bucket_ns, self.max_buckets, self._t0_ns, self.max_tasks)
         self.knobs = {f[2:].split("=")[0]: int(f.split("=")[1]) for f in cflags}
@@ -378,7 +372,7 @@ class ReclaimRecorder:
         cols["isolate_calls"] = t["isolate_calls"]
         for f in ("isolate_requested", "isolate_scanned", "isolate_skipped", "isolate_taken"):
             cols[f + "_pages"] = t[f]
-        per_kind = pd.DataFrame(cols)
+        per_kind = pd.DataFrame(cols)[[c.name for c in SPEC.schema]]  # the declared table, in order
 
         # bcc's bpf_log2l(d) is floor(log2(d)) + 1 (0 and 1 both give 1): slot s holds
         # [2**(s-1), 2**s) ns, slot 1 also 0 (the convention of bcc's print_log2_hist)

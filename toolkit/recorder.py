@@ -44,7 +44,7 @@ import pandas as pd
 
 from . import rundir as rd
 from .errors import MoetraceError, UsageError
-from .probespec import PROBES, AttachPlan, resolve
+from .probespec import DEFAULT_PROBES, PROBES, AttachPlan, resolve
 
 log = logging.getLogger("moetrace.record")
 
@@ -58,8 +58,12 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 
 #: Probes this version of the recorder can load (the rest are declared and resolved
 #: by doctor, and listed in the manifest's attach plan as not recorded).
-RECORDED = ("pagecache",)
+RECORDED = ("pagecache", "block", "reclaim")
+#: what `record` attaches without --probes: the declared default set, as far as it is recorded
+DEFAULT_RECORD: tuple[str, ...] = tuple(p for p in DEFAULT_PROBES if p in RECORDED)
 PAGECACHE = PROBES["pagecache"]
+BLOCK = PROBES["block"]
+RECLAIM = PROBES["reclaim"]
 #: struct page_event of probes/pagecache.c (from the declaration)
 PAGE_EVENT_DTYPE = PAGECACHE.struct("page_event").dtype()
 RING_DROPS_SLOT = PAGECACHE.stats.index("ring_drops")
@@ -219,11 +223,20 @@ def requested_from_replay(replay_dir: Path, pool) -> tuple[np.ndarray | None, np
     return reads * eb, reads * -(-eb // PAGE), how
 
 
-def experts_table(pmap: PoolMap | None, counts: list[tuple[int, int, int]],
-                  req_bytes: np.ndarray | None, req_pages: np.ndarray | None) -> pd.DataFrame:
-    """experts.parquet: one row per expert (in expert_id order) + the unattributed row."""
+def experts_table(pmap: PoolMap | None, counts: list[tuple[int, int, int]] | None,
+                  req_bytes: np.ndarray | None, req_pages: np.ndarray | None, block=None) -> pd.DataFrame:
+    """experts.parquet: one row per expert (in expert_id order) + the unattributed row.
+
+    Columns: the pagecache declaration's schema (NA when ``counts`` is None: the probe
+    was not recorded), then the block declaration's (``block``: a
+    :class:`moetrace.blockattr.BlockResult`, or None: NA). The unattributed row's
+    device_read_bytes is the bytes of no expert (every disk's when no pool was named),
+    its bios NA (not counted apart)."""
     n = pmap.n_total if pmap is not None else 0
-    c = np.asarray(counts, np.int64).reshape(-1, 3)
+    if counts is None:
+        c = np.full((n + 1, 3), -1, np.int64)
+    else:
+        c = np.asarray(counts, np.int64).reshape(-1, 3)
     E = pmap.pool.geometry.n_experts if pmap is not None else 1
     eid = np.arange(n, dtype=np.int64)
 
@@ -242,8 +255,19 @@ def experts_table(pmap: PoolMap | None, counts: list[tuple[int, int, int]],
         "requested_bytes": ia((req_bytes.tolist() if req_bytes is not None else na * n) + na),
         "requested_pages": ia((req_pages.tolist() if req_pages is not None else na * n) + na),
     })
+    if counts is None:
+        for col in ("added_pages", "evicted_pages", "re_added_pages"):
+            df[col] = pd.array([pd.NA] * (n + 1), dtype="Int64")
     df["hit_pages"] = df["requested_pages"] - df["added_pages"]
-    return df[[col.name for col in PAGECACHE.schema]]
+    if block is not None:
+        per = block.per_expert.set_index("expert_id").reindex(range(n))
+        unattr = block.unattributed_bytes if block.index_used else block.kernel_read_bytes
+        df["device_read_bytes"] = pd.array(per["device_read_bytes"].tolist() + [unattr], dtype="Int64")
+        df["bios"] = pd.array(per["bios"].tolist() + [pd.NA], dtype="Int64")
+    else:
+        df["device_read_bytes"] = pd.array([pd.NA] * (n + 1), dtype="Int64")
+        df["bios"] = pd.array([pd.NA] * (n + 1), dtype="Int64")
+    return df[[col.name for col in PAGECACHE.schema + BLOCK.schema]]
 
 
 # ---------------------------------------------------------------------------
@@ -254,7 +278,7 @@ def experts_table(pmap: PoolMap | None, counts: list[tuple[int, int, int]],
 class RecordOptions:
     command: list[str]
     out: str | None = None
-    probes: tuple[str, ...] = ("pagecache",)
+    probes: tuple[str, ...] = DEFAULT_RECORD
     pool: str | None = None
     missing_probes: str = "error"  # error | warn
     stream_events: bool = False
@@ -454,11 +478,18 @@ def record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) -
 
     probe = None
     stream = None
+    blk = None  # moetrace.blockattr.BlockRecorder
+    rcl = None  # moetrace.reclaimrec.ReclaimRecorder
+    disk = None  # the pool's disk as /proc/diskstats names it
     state = _State()
     old: dict[int, Any] = {}
     result_df = None
     exit_status = 1
     try:
+        t_attach0 = time.perf_counter()
+        from .snapshot import read_diskstats
+
+        pool_disk: dict[str, Any] | None = None  # /proc/diskstats of the pool's disk around the block probe
         if "pagecache" in plans and plans["pagecache"].status != "no":
             plan = plans["pagecache"]
             over: dict[str, int] = dict(plan.knobs)
@@ -493,10 +524,70 @@ def record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) -
             manifest["bpf_prog_ids"] = sorted(i["id"] for i in (prog_info(f.fd) for f in probe.bpf.funcs.values())
                                               if i is not None)
             say(f"attached {len(probe.tracepoints)} tracepoints in {probe.compile_attach_s:.2f} s")
+
+        def skip(p: str, why: str) -> None:
+            """A probe that could not be loaded: an error under --missing-probes error."""
+            if opts.missing_probes == "error":
+                raise MoetraceError(f"probe {p} cannot be recorded: {why}",
+                                    hint="--missing-probes warn records without it; `moetrace doctor` explains")
+            attach_plan[p]["skip_reason"] = why
+            notes.append(f"probe {p} skipped: {why}")
+
+        # block last: the pool disk's /proc/diskstats is read right after it attaches and right
+        # before it detaches, so the two windows match (clang reading headers is outside both)
+        if "reclaim" in plans and plans["reclaim"].status != "no":
+            from .reclaimrec import ReclaimRecorder
+
+            say("compiling and attaching reclaim ...")
+            rcl = ReclaimRecorder(features=feats, plan=plans["reclaim"]).open()
+            attach_plan["reclaim"]["recorded"] = True
+            manifest["timings"]["reclaim_compile_attach_s"] = round(rcl.compile_s + rcl.attach_s, 4)
+            manifest.setdefault("knobs", {})["reclaim"] = dict(rcl.knobs)
+            say(f"attached reclaim ({len(rcl.attach)} tracepoints) in {rcl.compile_s + rcl.attach_s:.2f} s")
+        if "block" in plans and plans["block"].status != "no":
+            from .blockattr import BlockRecorder
+            from .errors import InputError
+            from .extents import pool_extents
+
+            idx = None
+            try:
+                if pmap is not None:
+                    idx = pool_extents(pmap.pool)
+                    disk = idx.device.disk
+                    if idx.problems:
+                        notes.append(f"block: {len(idx.problems)} experts have extents whose device bytes are "
+                                     f"unknowable (first: {next(iter(idx.problems.items()))})")
+                else:
+                    notes.append("block: no pool, device reads of every disk are counted, none attributed")
+                say("compiling and attaching block ...")
+                blk = BlockRecorder(idx, dev=None if idx is not None else 0, stream=idx is not None,
+                                    features=feats, plan=plans["block"]).open()
+                if disk is not None:
+                    pool_disk = {"disk": disk, "pre": read_diskstats(device=disk)}
+            except InputError as e:
+                skip("block", f"the pool's extents cannot be mapped to a disk: {e.message}")
+            else:
+                attach_plan["block"]["recorded"] = True
+                manifest["timings"]["block_compile_attach_s"] = round(blk.compile_s + blk.attach_s, 4)
+                manifest.setdefault("knobs", {})["block"] = dict(blk.knobs)
+                if idx is not None:
+                    manifest["block_device"] = {"disk": disk, "tp_dev": idx.device.tp_dev,
+                                                "tp_dev_text": f"{idx.device.disk_major}:{idx.device.disk_minor}",
+                                                "partition": idx.device.fs_name if idx.device.partitioned else None,
+                                                "part_start_sector": idx.device.part_start, "extents": len(idx)}
+                say(f"attached block ({blk.attach['bytes']}) in {blk.compile_s + blk.attach_s:.2f} s")
+        ids = list(manifest.get("bpf_prog_ids") or [])
+        for r in (blk, rcl):
+            if r is not None:
+                ids += [i["id"] for i in (prog_info(f.fd) for f in r.bpf.funcs.values()) if i is not None]
+        manifest["bpf_prog_ids"] = sorted(ids)
+        manifest["timings"]["probes_attach_s"] = round(time.perf_counter() - t_attach0, 4)
         rd.write_manifest(run_dir, manifest)
         from .snapshot import take_snapshot
 
         snaps = {"pre": take_snapshot("pre")}
+        if pool_disk is not None:
+            snaps["pool_disk"] = pool_disk
 
         def on_signal(signum, frame):
             state.signals.append(signum)
@@ -536,6 +627,15 @@ def record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) -
         manifest["timings"].update(command_start_ns=t_start, command_end_ns=t_end,
                                    command_wall_s=round((t_end - t_start) / 1e9, 6))
         # -- collect, then detach
+        if pool_disk is not None:
+            pool_disk["post"] = read_diskstats(device=disk)
+        bres = rres = None
+        if blk is not None:
+            bres = blk.close()
+        if rcl is not None:
+            rres = rcl.close()
+        if bres is not None or rres is not None:
+            _write_block_reclaim(run_dir, manifest, bres, rres, snaps.get("pool_disk"), disk)
         counts = None
         if probe is not None:
             if stream is not None:
@@ -572,10 +672,10 @@ def record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) -
             else:
                 how = "no pool: nothing to attribute requests to"
             manifest["requested"] = {"source": how, "available": req_p is not None}
-            result_df = experts_table(pmap, counts, req_b, req_p)
+            result_df = experts_table(pmap, counts, req_b, req_p, bres)
             rd.write_table(run_dir, PAGECACHE.table, result_df)
             manifest["tables"][PAGECACHE.table] = {c.name: {"dtype": c.dtype, "unit": c.unit, "doc": c.doc}
-                                                   for c in PAGECACHE.schema}
+                                                   for c in PAGECACHE.schema + BLOCK.schema}
             e = result_df[result_df["kind"] == "expert"]
             u = result_df[result_df["kind"] == "unattributed"].iloc[0]
             manifest["totals"] = {
@@ -600,6 +700,17 @@ def record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) -
                                                                   "lost_user": "lost_user_records"}))
         else:
             snaps["post"] = take_snapshot("post")
+            if bres is not None:  # block without pagecache: the experts table still carries the device bytes
+                result_df = experts_table(pmap, None, None, None, bres)
+                rd.write_table(run_dir, BLOCK.table, result_df)
+                manifest["tables"][BLOCK.table] = {c.name: {"dtype": c.dtype, "unit": c.unit, "doc": c.doc}
+                                                   for c in PAGECACHE.schema + BLOCK.schema}
+        if bres is not None and result_df is not None:
+            e = result_df[result_df["kind"] == "expert"]
+            manifest.setdefault("totals", {}).update(
+                experts_device_read_bytes=int(e["device_read_bytes"].sum()),
+                unattributed_device_read_bytes=int(
+                    result_df.loc[result_df["kind"] == "unattributed", "device_read_bytes"].iloc[0]))
         _write_snapshots(run_dir, snaps)
         rsum = log_dir / "replay.json"
         if rsum.exists():
@@ -617,6 +728,12 @@ def record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) -
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        for r in (blk, rcl):  # idempotent; detaches on errors and signals too
+            if r is not None and r.bpf is not None:
+                try:
+                    r.close()
+                except MoetraceError as e:
+                    notes.append(f"closing a probe: {e.message}")
         if probe is not None and not probe.closed:
             probe.close()
             manifest["detached"] = True
@@ -630,3 +747,57 @@ def _write_snapshots(run_dir: Path, snaps: dict[str, Any]) -> None:
 
     text = json.dumps(snaps, default=json_default) + "\n"
     rd._atomic(run_dir / "snapshots.json", lambda t: Path(t).write_text(text))
+
+
+def _write_block_reclaim(run_dir: Path, manifest: dict[str, Any], bres, rres, pool_disk: dict | None,
+                         disk: str | None) -> None:
+    """block_latency / block_device / reclaim / reclaim_histogram (/ reclaim_timeline) tables,
+    the probes' summaries and lost counts into the manifest."""
+    def schema(spec, table):
+        manifest["tables"][table] = {c.name: {"dtype": c.dtype, "unit": c.unit, "doc": c.doc}
+                                     for c in spec.tables()[table]}
+
+    if bres is not None:
+        disk_delta = None
+        if pool_disk is not None and "post" in pool_disk:
+            disk_delta = (pool_disk["post"]["sectors_read"] - pool_disk["pre"]["sectors_read"]) * 512
+        name = disk if disk is not None else ("all" if bres.dev == 0 else None)
+        lat = bres.latency.copy()
+        lat.insert(0, "disk", pd.array([name] * len(lat), dtype="string"))
+        lat.insert(0, "dev", np.full(len(lat), bres.dev, dtype=np.int64))
+        lat["slot"] = lat["slot"].astype("int32")
+        rd.write_table(run_dir, "block_latency", lat[[c.name for c in BLOCK.tables()["block_latency"]]])
+        schema(BLOCK, "block_latency")
+        st = bres.stats
+        dev_row = pd.DataFrame({
+            "dev": [bres.dev], "disk": pd.array([name], dtype="string"), "read_bytes": [st["read_bytes"]],
+            "bios": [st["read_bios"]], "issues": [st["issues"]], "issue_bytes": [st["issue_bytes"]],
+            "requeues": [st["requeues"]], "requeue_bytes": [st["requeue_bytes"]], "completes": [st["completes"]],
+            "complete_matched": [st["complete_matched"]], "latency_ns_sum": [st["latency_ns"]],
+            "diskstats_read_bytes": pd.array([disk_delta], dtype="Int64")})
+        rd.write_table(run_dir, "block_device", dev_row)
+        schema(BLOCK, "block_device")
+        summ = bres.summary()
+        summ["diskstats_read_bytes"] = disk_delta
+        summ["device_vs_diskstats_rel"] = (None if not disk_delta else
+                                           (summ["attributed_bytes"] + summ["unattributed_bytes"] - disk_delta)
+                                           / disk_delta)
+        manifest.setdefault("summaries", {})["block"] = summ
+        manifest["stats"]["block"] = dict(st)
+        manifest["lost"]["block"] = {"ring_lost_bios": bres.lost_events, "recursion_misses": bres.recursion_misses,
+                                     "inflight_left": bres.inflight_left, "inflight_full": st["inflight_full"],
+                                     "note": "bytes are counted at the bytes tracepoint; recursion misses of "
+                                             "rq_complete (IRQ context) only lose latency samples"}
+    if rres is not None:
+        rd.write_table(run_dir, RECLAIM.table, rres.per_kind)
+        schema(RECLAIM, RECLAIM.table)
+        rd.write_table(run_dir, "reclaim_histogram", rres.histogram)
+        schema(RECLAIM, "reclaim_histogram")
+        if rres.bucket_ns > 0:
+            rd.write_table(run_dir, "reclaim_timeline", rres.timeline)
+            schema(RECLAIM, "reclaim_timeline")
+        manifest.setdefault("summaries", {})["reclaim"] = rres.summary()
+        manifest["stats"]["reclaim"] = dict(rres.stats)
+        manifest["lost"]["reclaim"] = {"lost_events": 0, "recursion_misses": rres.recursion_misses,
+                                       "open_windows": rres.open_windows,
+                                       "note": "aggregated in the kernel: no stream to lose"}

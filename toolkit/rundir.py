@@ -6,7 +6,16 @@ Layout (schema ``moetrace.run/1``)::
       manifest.json          schema, toolkit_version, command, complete, exit_status,
                              plan / pool identity, kernel release, headers, MGLRU state,
                              attach_plan, clock, lost, probe stats, timings, notes
-      experts.parquet        pagecache probe: one row per expert + one "unattributed" row
+      experts.parquet        one row per expert + one "unattributed" row: pagecache columns
+                             (added/evicted/re-added/requested/hit pages) and block columns
+                             (device_read_bytes, bios; NA when the probe was not recorded)
+      block_latency.parquet  block: read request latency log2 histogram of the pool's disk
+      block_device.parquet   block: per-device bytes, bios, issues, requeues, completions,
+                             the /proc/diskstats read delta over the probe's window
+      reclaim.parquet        reclaim: one row per reclaimer kind (memcg, direct, kswapd, other)
+      reclaim_histogram.parquet  reclaim: log2 ns durations of completed invocations per kind
+      snapshots.json         /proc snapshots pre/post; pool_disk: the pool disk's diskstats
+                             right after the block probe attached / right before it detached
       page_events.parquet    (only with the per-page stream) one row per (event, expert piece)
       stream_intervals.parquet  per-interval record and lost counts of the stream
       replay/                the replay's own iteration log (iterations.parquet, replay.json)

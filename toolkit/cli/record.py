@@ -8,8 +8,9 @@ from .common import emit_json
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "ignore_unknown_options": True})
-@click.option("--probes", default="pagecache", show_default=True, metavar="LIST",
-              help="Comma-separated probes to attach (this version: pagecache).")
+@click.option("--probes", default="pagecache,block,reclaim", show_default=True, metavar="LIST",
+              help="Comma-separated probes to attach (recorded by this version: pagecache, block, reclaim; "
+                   "lru, mlock, reads, stacks, mglru are declared, not recorded yet).")
 @click.option("--out", type=click.Path(file_okay=False), metavar="RUN_DIR",
               help="Run directory to create, owner-only (default: runs/<UTC time>-<pid>).")
 @click.option("--pool", "pool_dir", type=click.Path(file_okay=False),
@@ -35,7 +36,11 @@ def record(ctx, probes, out, pool_dir, missing_probes, stream_events, cgroup, as
     log lands beside the probe tables. The pagecache probe counts, per expert
     and in the kernel, pages added (misses), evicted and re-added (exact, per
     page); requested pages come from the replay's own accounting, hits =
-    requested - added. Ctrl-C is forwarded to COMMAND; the run is then marked
+    requested - added. The block probe adds each expert's device read bytes
+    and bios (bios mapped to experts through the pool's FIEMAP extents on its
+    disk; the rest is the unattributed row) and request latency
+    (block_latency.parquet); the reclaim probe says who reclaimed how much
+    (reclaim.parquet, reclaim_histogram.parquet). Ctrl-C is forwarded to COMMAND; the run is then marked
     "complete": false and still loads. Needs root (or CAP_BPF + CAP_PERFMON).
 
     \b
@@ -43,6 +48,7 @@ def record(ctx, probes, out, pool_dir, missing_probes, stream_events, cgroup, as
       moetrace record --out runs/cold -- replay plan.bin --pool /var/tmp/pool --warmup 0
       moetrace record --pool /var/tmp/pool -- dd if=/var/tmp/pool/pool.bin of=/dev/null bs=1M
       moetrace record --json --out runs/x -- replay plan.bin --pool /var/tmp/pool --passes 3
+      moetrace record --probes pagecache --out runs/pc -- replay plan.bin --pool /var/tmp/pool
       moetrace record --cgroup /sys/fs/cgroup/memory/moetrace-c1 -- replay plan.bin --pool /var/tmp/pool
     """
     from ..recorder import RecordOptions, record as do_record
@@ -61,11 +67,18 @@ def record(ctx, probes, out, pool_dir, missing_probes, stream_events, cgroup, as
         tail = "" if res.complete else " (incomplete)"
         click.echo(f"moetrace record: run directory {res.run_dir}{tail}; command exit status {res.exit_status}",
                    err=True)
-        if t:
+        if "experts_added_pages" in t:
             click.echo(f"moetrace record: experts added {t['experts_added_pages']} pages, evicted "
                        f"{t['experts_evicted_pages']}, re-added {t['experts_re_added_pages']}, requested "
                        f"{t['experts_requested_pages']}; unattributed added {t['unattributed_added_pages']}",
                        err=True)
+        if "experts_device_read_bytes" in t:
+            click.echo(f"moetrace record: device read bytes: experts {t['experts_device_read_bytes']}, "
+                       f"unattributed {t['unattributed_device_read_bytes']}", err=True)
+        rs = (res.manifest.get("summaries") or {}).get("reclaim")
+        if rs:
+            click.echo(f"moetrace record: reclaim scanned {rs['scanned_pages']} pages, reclaimed "
+                       f"{rs['reclaimed_pages']}", err=True)
     ctx.exit(res.exit_status)
 
 
