@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import re
 from pathlib import Path
@@ -95,7 +97,14 @@ def test_not_root_says_what_it_could_not_check(tmp_path):
 
 # -- live -------------------------------------------------------------------------------------
 
-def test_live_this_kernel(live):
+@pytest.fixture
+def unmount_after():
+    """Whatever a test mounted through Features(mount=True) is unmounted afterwards."""
+    yield
+    F.unmount_ours()
+
+
+def test_live_this_kernel(live, unmount_after):
     """On the project's machines: pagecache on tracepoints, MGLRU kprobes refused for "kprobes",
     headers mismatched. Each expectation is cross-checked against the kernel's own files."""
     F.clear_cache()

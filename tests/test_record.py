@@ -373,3 +373,33 @@ def test_page_event_stream_matches_counters(live, pools, tmp_path):
         adds = ev[(ev["kind"] == "add") & (ev["expert_id"] < N)].groupby("expert_id")["pages"].sum()
         assert adds.reindex(range(N), fill_value=0).tolist() == e[e["kind"] == "expert"]["added_pages"].tolist()
         assert adds.tolist() == [PAGES] * N
+
+
+def _trace_mounts() -> list[tuple[str, str]]:
+    """(fstype, target) of every tracefs and debugfs mount."""
+    out = []
+    for line in Path("/proc/mounts").read_text().splitlines():
+        f = line.split()
+        if f[2] in ("tracefs", "debugfs"):
+            out.append((f[2], f[1]))
+    return out
+
+
+def test_record_unmounts_the_tracefs_it_mounted(live, tmp_path):
+    """tracefs absent -> record mounts it, says so, and unmounts it at the end."""
+    before = _trace_mounts()
+    # deepest first: tracefs automounted under debugfs, then debugfs, then tracefs
+    for _fs, target in sorted(before, key=lambda m: -len(m[1])):
+        if subprocess.run(["umount", target], capture_output=True).returncode != 0:
+            pytest.skip(f"{target} is busy here: cannot test the mount-on-demand path")
+    try:
+        assert _trace_mounts() == []
+        r = _record(tmp_path / "run", ["true"])
+        assert r.returncode == 0, r.stderr
+        man = json.loads((tmp_path / "run" / "manifest.json").read_text())
+        assert any("mounted tracefs" in n for n in man["notes"])
+        assert _trace_mounts() == [], "record left the tracefs it mounted"
+    finally:
+        for fs, target in sorted(before, key=lambda m: len(m[1])):
+            if (fs, target) not in _trace_mounts() and not target.endswith("/debug/tracing"):
+                subprocess.run(["mount", "-t", fs, "nodev", target], check=True)

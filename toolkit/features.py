@@ -48,6 +48,7 @@ HeadersState = Literal["exact", "mismatched", "none"]
 
 # Notes about what this process mounted (the run manifest records them).
 _MOUNT_NOTES: list[str] = []
+_MOUNTED: list[str] = []  # mount points this process mounted (unmount_ours() removes them)
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,30 @@ def mount_notes() -> list[str]:
     return list(_MOUNT_NOTES)
 
 
+def _is_dir(p: Path) -> bool:
+    """is_dir() that says False where a non-root user may not look (debugfs is mode 700)."""
+    try:
+        return p.is_dir()
+    except PermissionError:
+        return False
+
+
+def unmount_ours() -> list[str]:
+    """Unmount what this process mounted (last first); returns one note per mount point.
+
+    A mount point still in use is left mounted, and the note says so."""
+    notes = []
+    while _MOUNTED:
+        target = _MOUNTED.pop()
+        r = subprocess.run(["umount", target], capture_output=True, text=True, timeout=30)
+        if r.returncode == 0:
+            notes.append(f"unmounted {target} (mounted by this run)")
+        else:
+            notes.append(f"left {target} mounted: {(r.stderr or r.stdout).strip()}")
+    clear_cache()
+    return notes
+
+
 def _is_live_root(root: str | os.PathLike) -> bool:
     return _rootkey(root) == "/"
 
@@ -144,7 +169,7 @@ def tracefs_path(root: str | os.PathLike = "/", mount: bool = False) -> Path | N
     root, mounts it at /sys/kernel/tracing when absent and records a note
     (:func:`mount_notes`); otherwise say :data:`TRACEFS_MOUNT_CMD`."""
     for _src, target, fstype, _opts in _mounts(root):
-        if fstype == "tracefs" and _p(root, target).is_dir():
+        if fstype == "tracefs" and _is_dir(_p(root, target)):
             return _p(root, target)
     for _src, target, fstype, _opts in _mounts(root):
         if fstype == "debugfs":
@@ -159,6 +184,7 @@ def tracefs_path(root: str | os.PathLike = "/", mount: bool = False) -> Path | N
         log.warning(note)
         if ok:
             _MOUNT_NOTES.append(note)
+            _MOUNTED.append(TRACEFS_MOUNT)
             clear_cache()
             return Path(TRACEFS_MOUNT)
     return None
@@ -174,6 +200,7 @@ def debugfs_path(root: str | os.PathLike = "/", mount: bool = False) -> Path | N
         log.warning(note)
         if ok:
             _MOUNT_NOTES.append(note)
+            _MOUNTED.append(DEBUGFS_MOUNT)
             clear_cache()
             return Path(DEBUGFS_MOUNT)
     return None

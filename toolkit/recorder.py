@@ -374,6 +374,20 @@ def check_can_record(features) -> None:
 def record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) -> RecordResult:
     """Run ``opts.command`` under the probes; write the run directory; return the result.
 
+    tracefs (or debugfs) mounted by this run because it was absent is unmounted
+    at the end, on success, error and Ctrl-C alike."""
+    from .features import unmount_ours
+
+    try:
+        return _record(opts, on_event)
+    finally:
+        for note in unmount_ours():
+            (on_event or log.info)(note)
+
+
+def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) -> RecordResult:
+    """Run ``opts.command`` under the probes; write the run directory; return the result.
+
     The child's exit status is returned (128 + signal when it was killed), never
     raised. ``on_event`` receives short progress lines ("attached ...")."""
     from .bpf import EventStream, array_values, load_probe

@@ -1,0 +1,223 @@
+"""Benchmark: the cost of `moetrace record` on a hit-dominated replay (issue 4, acceptance 6).
+
+    sudo .venv/bin/python tests/bench/bench_record.py [--repeats 5] [--pass-s 0.75]
+
+(root: the probes need it; the script takes /tmp/moetrace-io.lock itself for
+the whole run, so do not wrap it in `flock`).
+
+Creates a files-layout pool (default 4 layers x 64 experts x 1 MiB = 256 MiB
+under /var/tmp/moetrace-bench-record-*), warms it into the page cache, and
+compiles a plan whose every iteration reads every expert once (one 1 MiB
+preadv per expert), with as many iterations as make one pass last about
+--pass-s seconds (calibrated with an unrecorded replay). Every read is then a
+page-cache hit. Then --repeats times, interleaved and in alternating order:
+
+(a) replay vs `moetrace record -- replay` (default probes: counters only);
+(b) replay vs `moetrace record --stream-events -- replay` (per-page streams on).
+
+Each replay runs --warmup 1 --passes N (default 2). The time compared is the
+measured passes' wall time from the replay's own replay.json
+(measured_end_ns - measured_start_ns), so the recorder's start-up (compile +
+attach) is excluded; the median iteration time ratio is printed beside it.
+Record start-up is printed from the run manifest (timings.probes_attach_s and
+the per-probe compile+attach timings) and as the wall time from launching
+`record` to the child's start (timings.command_start_ns). Prints per-pair
+ratios and the median ratio; targets: (a) <= 1.03x, (b) <= 1.10x.
+The pool and every run directory are removed at the end (also on error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+LOCK = "/tmp/moetrace-io.lock"
+TARGETS = {"a": 1.03, "b": 1.10}
+LABELS = {"a": "(a) counters only (default probes)", "b": "(b) per-page streams (--stream-events)"}
+
+
+@contextlib.contextmanager
+def io_lock():
+    with open(LOCK, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def build_pool(d: Path, n_layers: int, n_experts: int, eb: int):
+    from moetrace.geometry import Geometry
+    from moetrace.pool import create_pool
+
+    geo = Geometry(n_layers, n_experts, n_experts, eb, "bench-record")
+    pool = create_pool(d / "pool", geo, layout="files", seed=13)
+    for p in pool.data_paths():  # clean pages: nothing for writeback to do during the runs
+        fd = os.open(p, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    return pool, geo
+
+
+def build_plan(path: Path, geo, n_iter: int) -> Path:
+    """n_iter iterations, each reading every expert of every layer once."""
+    from moetrace.plan import write_plan
+    from moetrace.trace import Accesses
+
+    L, E = geo.n_layers, geo.n_experts
+    per = L * E
+    acc = Accesses(np.repeat(np.arange(n_iter, dtype=np.int32), per), np.zeros(n_iter * per, np.int8),
+                   np.tile(np.repeat(np.arange(L, dtype=np.int16), E), n_iter),
+                   np.tile(np.arange(E, dtype=np.int32), L * n_iter), L, E, n_iter)
+    if path.exists():
+        path.unlink()
+    write_plan(path, acc, geo)
+    return path
+
+
+def replay_cmd(plan: Path, pool_root: Path, threads: int, warmup: int, passes: int) -> list[str]:
+    return [sys.executable, "-m", "moetrace.cli.replay", str(plan), "--pool", str(pool_root), "--mode", "pagecache",
+            "--threads", str(threads), "--warmup", str(warmup), "--passes", str(passes)]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("MOETRACE_RUN_DIR", None)
+    return env
+
+
+def measured(doc: dict) -> tuple[float, float, int]:
+    """(measured wall s, median iteration s, measured bytes) from a replay.json."""
+    assert doc.get("complete"), f"replay incomplete: {doc.get('error')}"
+    wall = (doc["measured_end_ns"] - doc["measured_start_ns"]) / 1e9
+    return wall, doc["measured"]["median_ns"] / 1e9, int(doc["phases"]["measured"]["bytes"])
+
+
+def run_plain(cmd: list[str], run_dir: Path) -> dict:
+    subprocess.run(cmd + ["--run-dir", str(run_dir)], check=True, env=_env(), stdout=subprocess.DEVNULL)
+    doc = json.loads((run_dir / "replay.json").read_text())
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return doc
+
+
+def run_recorded(cmd: list[str], run_dir: Path, stream: bool) -> tuple[dict, dict, float]:
+    """(replay.json, manifest.json, seconds from launching record to the child's start)."""
+    rec = [sys.executable, "-m", "moetrace.cli.record", "--out", str(run_dir)]
+    if stream:
+        rec.append("--stream-events")
+    t0 = time.monotonic_ns()
+    out = subprocess.run(rec + ["--"] + cmd, env=_env(), capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"record exited {out.returncode}: {out.stderr.strip()[-2000:]}")
+    man = json.loads((run_dir / "manifest.json").read_text())
+    doc = json.loads((run_dir / "replay" / "replay.json").read_text())
+    startup = (man["timings"]["command_start_ns"] - t0) / 1e9
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return doc, man, startup
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--experts", type=int, default=64, help="experts per layer")
+    ap.add_argument("--expert-bytes", type=int, default=1 << 20, help="bytes per expert = bytes per read call")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--repeats", type=int, default=5, help="pairs per case")
+    ap.add_argument("--passes", type=int, default=2, help="measured passes per replay")
+    ap.add_argument("--pass-s", type=float, default=0.75, help="target seconds per pass (calibrated)")
+    a = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench_record needs root (the probes); run it with sudo", file=sys.stderr)
+        return 2
+    d = Path(tempfile.mkdtemp(prefix="moetrace-bench-record-", dir="/var/tmp"))
+    try:
+        with io_lock():
+            return _bench(a, d)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _bench(a, d: Path) -> int:
+    eb, T = a.expert_bytes, a.threads
+    pool, geo = build_pool(d, a.layers, a.experts, eb)
+    total = pool.data_bytes
+    plan = d / "plan.bin"
+    # calibrate: warm the pool into the page cache, time one iteration, size the plan
+    build_plan(plan, geo, 4)
+    doc = run_plain(replay_cmd(plan, pool.root, T, 2, 1), d / "cal")
+    it_s = doc["measured"]["median_ns"] / 1e9
+    n_iter = max(1, math.ceil(a.pass_s / it_s))
+    build_plan(plan, geo, n_iter)
+    print(f"pool: {geo.n_layers} layers x {geo.n_experts} experts x {eb} B = {total / 2**20:.0f} MiB, files "
+          f"layout, warm in the page cache; plan: {n_iter} iterations x {geo.n_layers * geo.n_experts} reads of "
+          f"{eb} B (one pass {n_iter * total / 2**30:.2f} GiB, ~{n_iter * it_s:.2f} s at {it_s * 1e3:.1f} "
+          f"ms/iteration); replay --mode pagecache --threads {T} --warmup 1 --passes {a.passes}", flush=True)
+    cmd = replay_cmd(plan, pool.root, T, 1, a.passes)
+    want = a.passes * n_iter * total
+    ratios = {c: [] for c in "ab"}
+    med_ratios = {c: [] for c in "ab"}
+    startups: dict[str, list] = {c: [] for c in "ab"}
+    attach: dict[str, list] = {c: [] for c in "ab"}
+    per_probe: dict[str, dict[str, list]] = {c: {} for c in "ab"}
+    hits: dict[str, list] = {c: [] for c in "ab"}
+    n = 0
+    for r in range(a.repeats):
+        for case in "ab":
+            order = ["plain", "record"] if (r % 2 == 0) else ["record", "plain"]
+            res = {}
+            for who in order:
+                n += 1
+                if who == "plain":
+                    res[who] = measured(run_plain(cmd, d / f"plain-{n}"))
+                else:
+                    doc, man, st = run_recorded(cmd, d / f"run-{n}", stream=case == "b")
+                    res[who] = measured(doc)
+                    tm = man["timings"]
+                    startups[case].append(st)
+                    attach[case].append(tm["probes_attach_s"])
+                    for k, v in tm.items():
+                        if k.endswith("_compile_attach_s"):
+                            per_probe[case].setdefault(k[: -len("_compile_attach_s")], []).append(v)
+                    t = man.get("totals") or {}
+                    hits[case].append((t.get("experts_requested_pages"), t.get("experts_added_pages"),
+                                       (man.get("lost") or {}).get("pagecache")))
+                assert res[who][2] == want, f"{who} read {res[who][2]} bytes, expected {want}"
+            (pw, pm, _), (rw, rm, _) = res["plain"], res["record"]
+            ratios[case].append(rw / pw)
+            med_ratios[case].append(rm / pm)
+            print(f"  pair {r} {case} ({'->'.join(order)}): replay {pw:.4f} s, recorded {rw:.4f} s, ratio "
+                  f"{rw / pw:.4f}x (median iteration {pm * 1e3:.2f} vs {rm * 1e3:.2f} ms, {rm / pm:.4f}x); "
+                  f"record start-up {startups[case][-1]:.2f} s", flush=True)
+    print()
+    rc = 0
+    for case in "ab":
+        m = statistics.median(ratios[case])
+        mi = statistics.median(med_ratios[case])
+        ok = m <= TARGETS[case]
+        rc |= 0 if ok else 1
+        print(f"{LABELS[case]:<42} median ratio {m:.4f}x (target <= {TARGETS[case]:.2f}x: "
+              f"{'ok' if ok else 'ABOVE TARGET'}); per pair {', '.join(f'{x:.4f}' for x in ratios[case])}; "
+              f"median-iteration ratio {mi:.4f}x")
+        pp = ", ".join(f"{p} {statistics.median(v):.2f} s" for p, v in per_probe[case].items())
+        print(f"    record start-up (median): compile + attach {statistics.median(attach[case]):.2f} s ({pp}); "
+              f"launch -> child start {statistics.median(startups[case]):.2f} s")
+        req, add, lost = hits[case][-1]
+        print(f"    last recorded run: requested {req} pages, added {add} (misses); pagecache lost {lost}")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
