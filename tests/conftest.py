@@ -50,3 +50,12 @@ def data_dir() -> Path:
 def counts_file() -> Path:
     """The real OLMoE/Mixtral routing counts."""
     return COUNTS_FILE
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _unmount_what_tests_mounted():
+    """Probes mount debugfs/tracefs when absent (bcc needs them); take them down afterwards."""
+    yield
+    from moetrace.features import unmount_ours
+
+    unmount_ours()

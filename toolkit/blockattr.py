@@ -111,6 +111,9 @@ class BlockResult:
 def _import_bcc():
     try:
         import bcc  # noqa: F401
+        from .features import ensure_bcc_tracefs
+
+        ensure_bcc_tracefs()  # bcc 0.26 reads tracepoint formats only under /sys/kernel/debug/tracing
         return bcc
     except ImportError as e:
         raise BlockProbeError(f"bcc is not importable ({e})",
@@ -220,6 +223,10 @@ class BlockRecorder:
     def open(self) -> "BlockRecorder":
         """Compile, load, attach and start polling."""
         bcc = _import_bcc()
+        if self.features is not None and self.features.tracefs is None:
+            from .features import tracefs_path
+
+            self.features.tracefs = tracefs_path(self.features.root)
         if self._bytes_tp is None:
             cands, _decided = resolve_plan(self.features, self._plan)
         else:

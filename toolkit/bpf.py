@@ -91,8 +91,13 @@ def require_privileges(privs: dict[str, bool]) -> None:
 def require_tracefs(features) -> Path:
     """The tracefs path; mounts it when absent and privileged (the note lands in
     ``features.notes``), else raises naming the mount command."""
-    from .features import TRACEFS_MOUNT_CMD, tracefs_path
+    from .features import TRACEFS_MOUNT_CMD, ensure_bcc_tracefs, tracefs_path
 
+    note = ensure_bcc_tracefs()
+    if note and note not in features.notes:
+        features.notes.append(note)
+    if features.tracefs is None:
+        features.tracefs = tracefs_path(features.root)
     if features.tracefs is not None:
         return Path(features.tracefs)
     p = tracefs_path(features.root, mount=True)
@@ -125,6 +130,9 @@ def import_bcc():
         raise ProbeLoadError(f"bcc is not importable from this Python ({e})",
                              hint="apt-get install python3-bpfcc and use /usr/bin/python3 or a venv made "
                                   "with `/usr/bin/python3 -m venv --system-site-packages`") from None
+    from .features import ensure_bcc_tracefs
+
+    ensure_bcc_tracefs()  # bcc 0.26 reads tracepoint formats only under /sys/kernel/debug/tracing
     return bcc
 
 

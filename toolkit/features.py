@@ -113,6 +113,36 @@ def mount_notes() -> list[str]:
     return list(_MOUNT_NOTES)
 
 
+BCC_TRACEFS = "/sys/kernel/debug/tracing"  # where bcc 0.26 reads tracepoint formats, and only there
+
+
+def ensure_bcc_tracefs() -> str | None:
+    """Make tracepoint formats readable where bcc 0.26 looks (/sys/kernel/debug/tracing).
+
+    bcc hard-codes that path (environment.md: stock tools die with misleading
+    messages without it). When absent and we are root: mount debugfs at
+    /sys/kernel/debug (tracefs automounts under it), else tracefs there. What is
+    mounted is recorded, said in a note, and removed by :func:`unmount_ours`.
+    Returns the note, or None when nothing was mounted."""
+    if _is_dir(Path(BCC_TRACEFS) / "events") or os.geteuid() != 0:
+        return None
+    note = None
+    if not any(fs == "debugfs" for _s, _t, fs, _o in _mounts("/")):
+        ok, note = _mount("debugfs", DEBUGFS_MOUNT)
+        log.warning(note)
+        if ok:
+            _MOUNT_NOTES.append(note)
+            _MOUNTED.append(DEBUGFS_MOUNT)
+    if not _is_dir(Path(BCC_TRACEFS) / "events"):
+        ok, note = _mount("tracefs", BCC_TRACEFS)
+        log.warning(note)
+        if ok:
+            _MOUNT_NOTES.append(note)
+            _MOUNTED.append(BCC_TRACEFS)
+    clear_cache()
+    return note
+
+
 def _is_dir(p: Path) -> bool:
     """is_dir() that says False where a non-root user may not look (debugfs is mode 700)."""
     try:
@@ -128,6 +158,8 @@ def unmount_ours() -> list[str]:
     notes = []
     while _MOUNTED:
         target = _MOUNTED.pop()
+        if target == DEBUGFS_MOUNT:  # tracefs automounted under it goes first
+            subprocess.run(["umount", f"{target}/tracing"], capture_output=True, text=True, timeout=30)
         r = subprocess.run(["umount", target], capture_output=True, text=True, timeout=30)
         if r.returncode == 0:
             notes.append(f"unmounted {target} (mounted by this run)")

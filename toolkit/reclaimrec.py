@@ -276,6 +276,10 @@ class ReclaimRecorder:
         from .bpf import import_bcc
 
         bcc = import_bcc()
+        if self.features is not None and self.features.tracefs is None:
+            from .features import tracefs_path
+
+            self.features.tracefs = tracefs_path(self.features.root)
         self.attach, self.unavailable, have = resolve_attach(self.features, self._plan)
         self._t0_ns = time.monotonic_ns()  # bpf_ktime_get_ns() is CLOCK_MONOTONIC
         cflags = reclaim_cflags(have, self.bucket_ns, self.max_buckets, self._t0_ns, self.max_tasks)
