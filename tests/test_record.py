@@ -246,7 +246,8 @@ def test_acceptance_cold_pass_then_all_hits(live, pools, layout, tmp_path):
     assert {e["group"]: e["status"] for e in plan["entries"]}["add"] == "attached"
     from moetrace.cli.doctor import doctor_report
 
-    assert doctor_report()["plans"]["pagecache"]["entries"] == plan["entries"]
+    # record unmounted the debugfs it mounted: let doctor mount tracefs (the session fixture unmounts it)
+    assert doctor_report(mount=True)["plans"]["pagecache"]["entries"] == plan["entries"]
     # the replay's own log landed beside the probe tables
     assert (tmp_path / "cold" / "replay" / "iterations.parquet").exists()
     # owner-only, all the way down
