@@ -7,6 +7,8 @@ turns those skips into failures.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 from pathlib import Path
 
@@ -19,6 +21,21 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 _SHARED_COUNTS = SHARED / "data" / "olmoe_mixtral_expert_counts.json"
 COUNTS_FILE = _SHARED_COUNTS if _SHARED_COUNTS.exists() else (
     Path(__file__).resolve().parents[1] / "toolkit" / "data" / "olmoe_mixtral_expert_counts.json")
+
+
+IO_LOCK = "/tmp/moetrace-io.lock"
+
+
+@contextlib.contextmanager
+def io_lock():
+    """Hold the machine-wide I/O lock: measurements against device-wide oracles
+    (/proc/diskstats, /proc/vmstat) must not overlap another moetrace test's I/O."""
+    with open(IO_LOCK, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _live_reason() -> str | None:

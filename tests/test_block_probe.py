@@ -28,7 +28,7 @@ from moetrace.pool import create_pool
 from moetrace.probespec import PROBES
 
 SRC = blockattr.SOURCE.read_text()
-LOCK = "/tmp/moetrace-io.lock"
+from conftest import io_lock as shared_io_lock  # noqa: E402
 MiB = 1 << 20
 N = 23
 
@@ -142,13 +142,8 @@ def test_detaches_on_exception(live):
 
 @pytest.fixture
 def io_lock():
-    fh = open(LOCK, "a")
-    fcntl.flock(fh, fcntl.LOCK_EX)
-    try:
+    with shared_io_lock():
         yield
-    finally:
-        fcntl.flock(fh, fcntl.LOCK_UN)
-        fh.close()
 
 
 def _diskstats_read_bytes(disk: str) -> int:

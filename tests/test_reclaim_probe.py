@@ -27,7 +27,7 @@ from moetrace.reclaimrec import (FIELDS, GROUPS, HAVE_KNOBS, KINDS, STATS, TIMEL
                                  read_vmstat, reclaim_cflags, resolve_attach, vmstat_delta)
 
 SRC = reclaimrec.SOURCE.read_text()
-LOCK = "/tmp/moetrace-io.lock"
+from conftest import io_lock as shared_io_lock  # noqa: E402
 MiB = 1 << 20
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -211,13 +211,8 @@ def test_detaches_on_exception(live):
 
 @pytest.fixture
 def io_lock():
-    fh = open(LOCK, "a")
-    fcntl.flock(fh, fcntl.LOCK_EX)
-    try:
+    with shared_io_lock():
         yield
-    finally:
-        fcntl.flock(fh, fcntl.LOCK_UN)
-        fh.close()
 
 
 @pytest.fixture

@@ -8,9 +8,7 @@ hot), exact per-page re-adds, exit-status propagation, SIGINT/SIGTERM.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import fcntl
 import json
 import mmap
 import os
@@ -29,7 +27,7 @@ N, MIB = 23, 1 << 20
 PAGES = MIB // mmap.PAGESIZE
 RECORD = [sys.executable, "-c", "from moetrace.cli.record import record; record.main(prog_name='moetrace record')"]
 REPLAY = [sys.executable, "-m", "moetrace.cli.replay"]
-LOCK = "/tmp/moetrace-io.lock"
+from conftest import io_lock as _io_lock  # noqa: E402
 
 
 # ---------------------------------------------------------------------------
@@ -149,14 +147,6 @@ def _drop(pool_dir: Path) -> None:
     assert left == 0, f"{left} pool pages still resident after DONTNEED"
 
 
-@contextlib.contextmanager
-def _io_lock():
-    with open(LOCK, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _moetrace(*args, check=True):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import fcntl
 import json
 import os
 import re
@@ -469,17 +468,9 @@ def _alive(pid: int) -> bool:
 # ---------------------------------------------------------------------------
 # live tier: device bytes and VmLck against the kernel's own counters
 
-LOCK = "/tmp/moetrace-io.lock"
+from conftest import io_lock  # noqa: E402
 
 
-@contextlib.contextmanager
-def io_lock():
-    with open(LOCK, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def device_of(path: Path) -> str:
