@@ -29,6 +29,10 @@
 //   FOLLOW_FORKS    1: a tracked tgid's new processes are tracked too
 //   STREAM_EVENTS   1: one ring record per (event, expert piece) (per-page stream)
 //   RING_PAGES      ring buffer size in pages (power of two)
+//   EPOCHS          0: totals only; > 0: also per-epoch counters, EPOCHS x
+//                   (N_EXPERTS + 1) slots; the epoch is epoch_now[0], which user
+//                   space sets (moetrace record: one epoch per replay iteration,
+//                   announced by the replay before the iteration starts)
 //
 // Re-reads are counted per page exactly: a bitmap with one bit per pool page;
 // a deletion sets the bits of its pages, an addition clears them and counts
@@ -70,6 +74,9 @@
 #endif
 #ifndef RING_PAGES
 #define RING_PAGES 64
+#endif
+#ifndef EPOCHS
+#define EPOCHS 0
 #endif
 #ifndef MAX_TGIDS
 #define MAX_TGIDS 1024
@@ -125,6 +132,32 @@ BPF_HASH(tgids, u32, u8, MAX_TGIDS);
 #if STREAM_EVENTS
 BPF_RINGBUF_OUTPUT(events, RING_PAGES);
 #endif
+#if EPOCHS
+BPF_ARRAY(epoch_now, u32, 1);
+BPF_ARRAY(epoch_counts, struct expert_counts, EPOCHS * (N_EXPERTS + 1));
+#endif
+
+// The per-epoch copy of one count: slot (epoch, eid) of epoch_counts; what = 0 added,
+// 1 evicted, 2 re-added. An epoch beyond the array lands in the last one.
+static __always_inline void epoch_add(u32 eid, u32 what, u64 v) {
+#if EPOCHS
+    u32 z = 0;
+    u32 *ep = epoch_now.lookup(&z);
+    u32 e = ep ? *ep : 0;
+    if (e >= EPOCHS)
+        e = EPOCHS - 1;
+    u32 k = e * (N_EXPERTS + 1) + eid;
+    struct expert_counts *c = epoch_counts.lookup(&k);
+    if (!c)
+        return;
+    if (what == 0)
+        __sync_fetch_and_add(&c->added_pages, v);
+    else if (what == 1)
+        __sync_fetch_and_add(&c->evicted_pages, v);
+    else
+        __sync_fetch_and_add(&c->re_added_pages, v);
+#endif
+}
 
 static __always_inline void stat_add(u32 slot, u64 v) {
     u64 *p = stats.lookup(&slot);
@@ -166,6 +199,7 @@ static __always_inline void unattributed(u32 kind, u64 pages) {
         __sync_fetch_and_add(&c->added_pages, pages);
     else
         __sync_fetch_and_add(&c->evicted_pages, pages);
+    epoch_add(N_EXPERTS, kind, pages);
     emit(N_EXPERTS, kind, 0, pages, 0);
 }
 
@@ -231,6 +265,9 @@ static __always_inline int account(u64 ino, u64 index, u64 npages, u32 kind) {
                 __sync_fetch_and_add(&c->evicted_pages, len);
             }
         }
+        epoch_add(eid, kind, len);
+        if (re)
+            epoch_add(eid, 2, re);
         emit(eid, kind, pstart, len, re);
         idx = e0 + pend;
     }

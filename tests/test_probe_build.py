@@ -52,7 +52,15 @@ def _tracepoint_bodies(src: str) -> dict[str, tuple[str, str, list[str]]]:
     return out
 
 
-@pytest.mark.parametrize("name", ["pagecache", "block", "reclaim"])
+#: every declared probe that has its C file (a probe without one is declared only: doctor resolves it)
+WITH_SOURCE = [n for n, sp in PROBES.items() if sp.source_path.exists()]
+
+
+def test_core_probes_have_sources():
+    assert {"pagecache", "block", "reclaim"} <= set(WITH_SOURCE)
+
+
+@pytest.mark.parametrize("name", WITH_SOURCE)
 def test_declaration_matches_c_source(name):
     """The one declaration (moetrace.probespec) and probes/<name>.c agree: knobs, stats slots,
     shared structs, attach candidates (function, enclosing knob, format fields read)."""
@@ -62,7 +70,7 @@ def test_declaration_matches_c_source(name):
     declared = {k.name for k in spec.knobs}
     for knob in declared:
         assert f"#ifndef {knob}" in src, knob
-    assert set(re.findall(r"#ifndef (\w+)", src)) == declared | UNDECLARED_OK[name]
+    assert set(re.findall(r"#ifndef (\w+)", src)) == declared | UNDECLARED_OK.get(name, set())
     # stats slots: names in the declaration = STAT_* defines, same order
     slots = re.findall(r"#define STAT_(\w+) (\d+)", src)
     assert [int(i) for _, i in slots] == list(range(len(slots)))
@@ -76,8 +84,17 @@ def test_declaration_matches_c_source(name):
     # knob its `sets` choose), reading exactly the format fields the declaration names (what
     # resolve() checks against the kernel)
     tps = _tracepoint_bodies(src)
-    cands = {c.target: (g, c) for g in spec.attach for c in g.candidates}
+    cands = {c.target: (g, c) for g in spec.attach for c in g.candidates
+             if c.kind in ("tracepoint", "raw_tracepoint")}
     assert set(tps) == set(cands)
+    for g in spec.attach:  # kprobes / perf events: the named C function exists, behind the group's knob
+        for c in g.candidates:
+            if c.kind in ("kprobe", "kretprobe", "perf_event"):
+                m = re.search(r"^int %s\(" % re.escape(c.fn_name), src, re.M)
+                assert m, (c.describe(), c.fn_name)
+                if g.knob is not None:
+                    enclosing = [d.group(2) for d in re.finditer(r"^#(if)\b\s*(\w*)", src[:m.start()], re.M)]
+                    assert g.knob in enclosing, (c.fn_name, g.knob)
     for target, (fn, body, knobs) in tps.items():
         g, c = cands[target]
         assert c.kind == "tracepoint" and c.fn_name == fn, (target, c.fn_name, fn)

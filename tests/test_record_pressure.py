@@ -206,3 +206,17 @@ def test_cell_record_wraps_the_replay(live, pressure_pool, tmp_path):
     assert int(e["requested_pages"].sum()) == 2 * POOL_PAGES  # warm-up + measured pass
     assert int(e["re_added_pages"].sum()) >= POOL_PAGES * 0.9  # the measured pass re-read under pressure
     assert doc["lost"]["pagecache"]["counters_lost_events"] == 0
+    # per-iteration epochs: the measured pass alone, against the cell's own vmstat window
+    # (workingset_refault_file from loop entry to post: the measured pass + the replay's exit)
+    rec = cell["record"]
+    assert rec["epochs_mode"] == "iteration" and rec["complete"] is True
+    meta, ee = tables["epochs"], tables["expert_epochs"]
+    measured = set(meta.loc[meta["phase"] == "measured", "epoch"])
+    assert len(measured) == cell["measured_iterations"]
+    m = ee[(ee["kind"] == "expert") & ee["epoch"].isin(measured)]
+    assert int(m["re_added_pages"].sum()) == rec["measured_pages"]["re_added_pages"]
+    after = rec["measured_pages"]["re_added_pages"] + (doc["epochs"]["by_phase"].get("after") or {}).get(
+        "re_added_pages", 0)
+    oracle = cell["refault_file_pages"]
+    assert oracle > 0 and abs(after - oracle) <= 0.02 * oracle + 64, (after, oracle)
+    assert int(e["re_added_pages"].sum()) == sum(v["re_added_pages"] for v in doc["epochs"]["by_phase"].values())

@@ -527,10 +527,34 @@ def run_cell(spec: CellSpec, out_dir: str | os.PathLike, curve=None,
             reasons.append("OOM in the kernel log during the cell")
 
     _finish(result, spec, snaps, run_dir, pool, curve, balloon)
+    if spec.record:
+        _recorded(result, out / "run")
     _write_json(out / "cell.json", result)
     if interrupted is not None:
         raise interrupted
     return result
+
+
+def _recorded(result: dict, run: Path) -> None:
+    """The recording's per-phase page-cache counts (epochs): what the measured pass alone did."""
+    rec = result.setdefault("record", {"run_dir": str(run)})
+    try:
+        from .rundir import read_manifest
+
+        doc = read_manifest(run)
+    except Exception as e:  # noqa: BLE001 - a failed recording is reported, not fatal
+        rec["error"] = f"run directory unreadable: {e}"
+        return
+    ep = doc.get("epochs") or {}
+    by = ep.get("by_phase") or {}
+    rec.update(complete=doc.get("complete"), epochs_mode=ep.get("mode"),
+               measured_pages=by.get("measured"), warmup_pages=by.get("warmup"),
+               totals=doc.get("totals"), lost=doc.get("lost"))
+    m = by.get("measured")
+    if m is not None and result.get("measured_iterations"):
+        n = result["measured_iterations"]
+        rec["measured_re_added_pages_per_iteration"] = m["re_added_pages"] / n
+        rec["measured_added_pages_per_iteration"] = m["added_pages"] / n
 
 
 def _finish(result: dict, spec: CellSpec, snaps: dict, run_dir: Path, pool, curve, balloon) -> None:

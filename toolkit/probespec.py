@@ -460,6 +460,8 @@ PAGECACHE = ProbeSpec(
         Knob("FOLLOW_FORKS", 1, "1: a followed tgid's new processes are followed too (newtask group)"),
         Knob("STREAM_EVENTS", 0, "1: one ring record per (event, expert piece): the per-page stream"),
         Knob("RING_PAGES", 256, "ring buffer size in pages (power of two) when streaming"),
+        Knob("EPOCHS", 0, "0: totals only; > 0: per-epoch counters too (EPOCHS x (N_EXPERTS + 1) slots; "
+                          "`record` announces one epoch per replay iteration)"),
     ),
     table="experts",
     schema=(
@@ -474,6 +476,22 @@ PAGECACHE = ProbeSpec(
                "bytes the replay read (its plan accounting; NA without a replay log)"),
         Column("requested_pages", "Int64", "pages", "pages the replay's reads cover (NA without a replay log)"),
         Column("hit_pages", "Int64", "pages", "requested_pages - added_pages (negative: readahead charged here)"),
+    ),
+    more_tables=(
+        ("expert_epochs", (
+            Column("epoch", "int32", "", "epochs.parquet row: one per replay iteration (or per phase)"),
+            Column("kind", "string", "", "'expert' or 'unattributed'"),
+            Column("layer", "Int32"), Column("expert", "Int32"), Column("expert_id", "Int64"),
+            Column("added_pages", "Int64", "pages"), Column("evicted_pages", "Int64", "pages"),
+            Column("re_added_pages", "Int64", "pages"))),
+        ("epochs", (
+            Column("epoch", "int32"),
+            Column("phase", "string", "", "setup (before the first iteration), warmup, measured, after"),
+            Column("repeat", "Int32", "", "pass of the phase (NA for setup/after, and per-phase epochs)"),
+            Column("iteration", "Int32", "", "plan iteration (NA for setup/after and per-phase epochs)"),
+            Column("start_ns", "Int64", "ns", "CLOCK_MONOTONIC when the epoch began"),
+            Column("end_ns", "Int64", "ns", "when the next began (or the recording ended)"),
+            Column("folded", "boolean", "", "later epochs beyond the array were counted here too"))),
     ),
     stats=("add_events", "delete_events", "pool_dev_add_events", "pool_dev_delete_events", "unprocessed_pages",
            "read_bytes", "read_calls", "tgid_map_full", "ring_drops", "bitmap_misses", "dev_mismatch_events"),

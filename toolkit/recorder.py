@@ -58,7 +58,12 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 
 #: Probes this version of the recorder can load (the rest are declared and resolved
 #: by doctor, and listed in the manifest's attach plan as not recorded).
-RECORDED = ("pagecache", "block", "reclaim")
+BUILTIN = ("pagecache", "block", "reclaim")
+from .probe_recorder import RecordContext, available as _available_recorders, recorder_class  # noqa: E402
+
+#: the further probes, each a moetrace.probe_recorder.ProbeRecorder in its own module
+EXTRA_RECORDED: tuple[str, ...] = tuple(_available_recorders())
+RECORDED = BUILTIN + EXTRA_RECORDED
 #: what `record` attaches without --probes: the declared default set, as far as it is recorded
 DEFAULT_RECORD: tuple[str, ...] = tuple(p for p in DEFAULT_PROBES if p in RECORDED)
 PAGECACHE = PROBES["pagecache"]
@@ -268,6 +273,60 @@ def experts_table(pmap: PoolMap | None, counts: list[tuple[int, int, int]] | Non
         df["device_read_bytes"] = pd.array([pd.NA] * (n + 1), dtype="Int64")
         df["bios"] = pd.array([pd.NA] * (n + 1), dtype="Int64")
     return df[[col.name for col in PAGECACHE.schema + BLOCK.schema]]
+
+
+def epoch_tables(arr: np.ndarray, phase, pmap: PoolMap) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(expert_epochs, epochs) from the probe's epoch_counts array and the phase server.
+
+    expert_epochs keeps the rows with a nonzero count only (an absent (epoch, expert) is
+    zero: the array is read whole, nothing is missing)."""
+    n1 = pmap.n_total + 1
+    used = len(phase.epochs)
+    a = arr[: used * n1]
+    tot = a["added_pages"].astype(np.int64) + a["evicted_pages"] + a["re_added_pages"]
+    nz = np.flatnonzero(tot)
+    ep, eid = nz // n1, nz % n1
+    E = pmap.pool.geometry.n_experts
+    is_exp = eid < pmap.n_total
+    def ia(x, dt="Int64"):
+        return pd.array(x, dtype=dt)
+
+    df = pd.DataFrame({
+        "epoch": ep.astype(np.int32),
+        "kind": pd.array(np.where(is_exp, "expert", "unattributed"), dtype="string"),
+        "layer": ia(np.where(is_exp, eid // E, 0), "Int32"),
+        "expert": ia(np.where(is_exp, eid % E, 0), "Int32"),
+        "expert_id": ia(eid),
+        "added_pages": ia(a["added_pages"][nz].astype(np.int64)),
+        "evicted_pages": ia(a["evicted_pages"][nz].astype(np.int64)),
+        "re_added_pages": ia(a["re_added_pages"][nz].astype(np.int64)),
+    })
+    for c in ("layer", "expert", "expert_id"):
+        df.loc[~is_exp, c] = pd.NA
+    meta = pd.DataFrame({
+        "epoch": np.array([e.epoch for e in phase.epochs], np.int32),
+        "phase": pd.array([e.phase for e in phase.epochs], dtype="string"),
+        "repeat": pd.array([e.repeat for e in phase.epochs], dtype="Int32"),
+        "iteration": pd.array([e.iteration for e in phase.epochs], dtype="Int32"),
+        "start_ns": pd.array([e.start_ns for e in phase.epochs], dtype="Int64"),
+        "end_ns": pd.array([e.end_ns for e in phase.epochs], dtype="Int64"),
+        "folded": pd.array([e.folded for e in phase.epochs], dtype="boolean"),
+    })
+    return df, meta
+
+
+def epoch_phase_totals(df: pd.DataFrame | None, meta: pd.DataFrame | None) -> dict[str, dict[str, int]] | None:
+    """{phase: {added_pages, evicted_pages, re_added_pages}} of the experts (unattributed apart)."""
+    if df is None or meta is None:
+        return None
+    m = df.merge(meta[["epoch", "phase"]], on="epoch")
+    out: dict[str, dict[str, int]] = {}
+    for ph in meta["phase"].unique():
+        for kind in ("expert", "unattributed"):
+            sub = m[(m["phase"] == ph) & (m["kind"] == kind)]
+            key = str(ph) if kind == "expert" else f"{ph}_unattributed"
+            out[key] = {c: int(sub[c].sum()) for c in ("added_pages", "evicted_pages", "re_added_pages")}
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -494,6 +553,9 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
     stream = None
     blk = None  # moetrace.blockattr.BlockRecorder
     rcl = None  # moetrace.reclaimrec.ReclaimRecorder
+    extras: list = []  # moetrace.probe_recorder.ProbeRecorder of the further probes
+    phase = None  # moetrace.epochs.PhaseServer: per-iteration epochs of the pagecache probe
+    phase_fd: int | None = None  # its other end, inherited by the command
     disk = None  # the pool's disk as /proc/diskstats names it
     state = _State()
     old: dict[int, Any] = {}
@@ -508,8 +570,10 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
             plan = plans["pagecache"]
             over: dict[str, int] = dict(plan.knobs)
             if pmap is not None:
+                from .epochs import epochs_for
+
                 over.update(POOL_DEV=pmap.pool_dev, N_EXPERTS=pmap.n_total, PPE=pmap.pages_per_expert,
-                            WPE=pmap.words_per_expert)
+                            WPE=pmap.words_per_expert, EPOCHS=epochs_for(pmap.n_total + 1))
             over["STREAM_EVENTS"] = int(opts.stream_events)
             knobs = {k: int(v) for k, v in PAGECACHE.knob_values(**over).items()}
             if not knobs["HAVE_ORDER"]:
@@ -537,6 +601,16 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
                                      max_records=opts.stream_max_records)
             manifest["bpf_prog_ids"] = sorted(i["id"] for i in (prog_info(f.fd) for f in probe.bpf.funcs.values())
                                               if i is not None)
+            if knobs.get("EPOCHS"):
+                from .epochs import PhaseServer, channel
+
+                ep_t = probe.table("epoch_now")
+
+                def set_epoch(e: int, _t=ep_t) -> None:
+                    _t[ctypes.c_int(0)] = ctypes.c_uint32(e)
+
+                phase_sock, phase_fd = channel()
+                phase = PhaseServer(phase_sock, set_epoch, knobs["EPOCHS"]).start()
             say(f"attached {len(probe.tracepoints)} tracepoints in {probe.compile_attach_s:.2f} s")
 
         def skip(p: str, why: str) -> None:
@@ -547,6 +621,26 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
             attach_plan[p]["skip_reason"] = why
             notes.append(f"probe {p} skipped: {why}")
 
+        for name in wanted:  # the further probes (moetrace.probe_recorder), before block
+            if name not in EXTRA_RECORDED or plans[name].status == "no":
+                continue
+            ctx = RecordContext(features=feats, plan=plans[name], pmap=pmap, run_dir=run_dir, log_dir=log_dir,
+                                stream=opts.stream_events, t0_ns=time.monotonic_ns(), notes=notes, say=say,
+                                stream_max_records=opts.stream_max_records)
+            say(f"compiling and attaching {name} ...")
+            rec = recorder_class(name)(ctx)
+            try:
+                rec.open()
+            except MoetraceError as e:
+                rec.abort()
+                skip(name, e.message)
+                continue
+            extras.append(rec)
+            attach_plan[name]["recorded"] = True
+            if rec.compile_attach_s is not None:
+                manifest["timings"][f"{name}_compile_attach_s"] = round(rec.compile_attach_s, 4)
+            manifest.setdefault("knobs", {})[name] = dict(rec.knobs)
+            say(f"attached {name}" + (f" in {rec.compile_attach_s:.2f} s" if rec.compile_attach_s else ""))
         # block last: the pool disk's /proc/diskstats is read right after it attaches and right
         # before it detaches, so the two windows match (clang reading headers is outside both)
         if "reclaim" in plans and plans["reclaim"].status != "no":
@@ -594,6 +688,8 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
         for r in (blk, rcl):
             if r is not None:
                 ids += [i["id"] for i in (prog_info(f.fd) for f in r.bpf.funcs.values()) if i is not None]
+        for r in extras:
+            ids += r.prog_ids()
         manifest["bpf_prog_ids"] = sorted(ids)
         manifest["timings"]["probes_attach_s"] = round(time.perf_counter() - t_attach0, 4)
         rd.write_manifest(run_dir, manifest)
@@ -617,19 +713,32 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
             old[s] = signal.signal(s, on_signal)
         env = dict(os.environ)
         env["MOETRACE_RUN_DIR"] = str(replay_dir.resolve())
+        if phase_fd is not None:
+            from .epochs import PHASE_FD_ENV
+
+            env[PHASE_FD_ENV] = str(phase_fd)
         t_start = time.monotonic_ns()
         pid, gate = _spawn(list(opts.command), env, cgroup_procs)
+        if phase_fd is not None:
+            os.close(phase_fd)
+            phase_fd = None
         state.child = pid
         if probe is not None:
             tg = probe.table("tgids")
             tg[tg.Key(pid)] = tg.Leaf(1)
+        for r in extras:
+            r.follow(pid)
         os.write(gate, b"g")
         os.close(gate)
         manifest["child_pid"] = pid
         status = None
+        pollers = [r for r in extras if r.needs_poll]
         while status is None:
-            if stream is not None:
-                stream.poll(100)
+            if stream is not None or pollers:
+                if stream is not None:
+                    stream.poll(100 // (1 + len(pollers)))
+                for r in pollers:
+                    r.poll(100 // (len(pollers) + (stream is not None)))
                 p, st = os.waitpid(pid, os.WNOHANG)
             else:
                 p, st = os.waitpid(pid, 0)
@@ -643,6 +752,12 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
         # -- collect, then detach
         if pool_disk is not None:
             pool_disk["post"] = read_diskstats(device=disk)
+        for r in extras:
+            try:
+                r.close()
+            except MoetraceError as e:
+                notes.append(f"probe {r.name}: collecting failed: {e.message}")
+                r.abort()
         bres = rres = None
         if blk is not None:
             bres = blk.close()
@@ -654,8 +769,22 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
         if probe is not None:
             if stream is not None:
                 stream.finish()
-            cvals = array_values(probe.table("counts"))
-            counts = [(v.added_pages, v.evicted_pages, v.re_added_pages) for v in cvals]
+            from .epochs import read_array
+
+            ec_dtype = PAGECACHE.struct("expert_counts").dtype()
+            cv = read_array(probe.table("counts"), ec_dtype)
+            counts = list(zip(cv["added_pages"].tolist(), cv["evicted_pages"].tolist(),
+                              cv["re_added_pages"].tolist()))
+            epoch_df = epochs_meta = None
+            if phase is not None:
+                phase.stop()
+                if phase.messages:
+                    arr = read_array(probe.table("epoch_counts"), ec_dtype)
+                    epoch_df, epochs_meta = epoch_tables(arr, phase, pmap)
+                manifest["epochs"] = {"mode": phase.mode, "slots": knobs["EPOCHS"], "messages": phase.messages,
+                                      "epochs": len(phase.epochs) if phase.messages else 0,
+                                      "errors": phase.errors[:20],
+                                      "by_phase": epoch_phase_totals(epoch_df, epochs_meta)}
             svals = [int(v.value) for v in array_values(probe.table("stats"))]
             stats = dict(zip(PAGECACHE.stats, svals))
             misses = {}
@@ -703,6 +832,11 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
                 "unattributed_evicted_pages": int(u["evicted_pages"]),
                 "syscall_read_bytes_tracked_all_files": stats["read_bytes"] if knobs.get("TRACK_READS") else None,
             }
+            if epoch_df is not None:
+                for tname, tdf in (("expert_epochs", epoch_df), ("epochs", epochs_meta)):
+                    rd.write_table(run_dir, tname, tdf)
+                    manifest["tables"][tname] = {c.name: {"dtype": c.dtype, "unit": c.unit, "doc": c.doc}
+                                                 for c in PAGECACHE.tables()[tname]}
             if events_raw is not None:
                 ev = pd.DataFrame(np.frombuffer(events_raw, PAGE_EVENT_DTYPE))
                 ev["kind"] = ev["kind"].map({0: "add", 1: "delete"}).astype("string")
@@ -725,6 +859,9 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
                 experts_device_read_bytes=int(e["device_read_bytes"].sum()),
                 unattributed_device_read_bytes=int(
                     result_df.loc[result_df["kind"] == "unattributed", "device_read_bytes"].iloc[0]))
+        for r in extras:
+            if r.collected:
+                r.write(run_dir, manifest)
         _write_snapshots(run_dir, snaps)
         rsum = log_dir / "replay.json"
         if rsum.exists():
@@ -742,6 +879,12 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        if phase_fd is not None:
+            os.close(phase_fd)
+        if phase is not None:
+            phase.stop()
+        for r in extras:
+            r.abort()
         for r in (blk, rcl):  # idempotent; detaches on errors and signals too
             if r is not None and r.bpf is not None:
                 try:

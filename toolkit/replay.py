@@ -608,6 +608,8 @@ class Replayer:
         self.interrupted: int | None = None
         self.rows: dict[str, list] = {c: [] for c, _ in ITERATION_COLUMNS}
         self.phase_wall: dict[str, list[tuple[int, int]]] = {"warmup": [], "measured": []}
+        #: moetrace.epochs.PhaseClient when run under `moetrace record` (per-iteration epochs)
+        self.phase_channel = None
         self.loop_entry_ns: int | None = None
 
     # -- setup ---------------------------------------------------------------
@@ -896,6 +898,8 @@ class Replayer:
                 hflat = hint_ids[ha:int(hb[s_hi])].tolist()
                 hc = (hb[s_lo:s_hi + 1] - ha).tolist()
                 hints = [hflat[hc[j]:hc[j + 1]] for j in range(s_hi - s_lo)]
+            if self.phase_channel is not None:  # the recorder's epoch switch, outside the timed interval
+                self.phase_channel.iteration(phase, repeat, it)
             r0, b0, a0 = self._totals()
             h0 = self._hint_totals()
             t0 = now()
@@ -1086,6 +1090,8 @@ def summarize(rep: Replayer, complete: bool, exit_status: int, error: str | None
         "phases": phases,
         "measured": measured,
         "hints": hints,
+        "epochs": (None if rep.phase_channel is None else
+                   {"mode": rep.phase_channel.mode, "error": rep.phase_channel.error}),
         "interrupted_by": signal.Signals(rep.interrupted).name if rep.interrupted else None,
     }
 
@@ -1176,6 +1182,11 @@ def run_replay(plan_path: str | os.PathLike, pool_dir: str | os.PathLike, opts: 
     try:
         try:
             rep.prepare()
+            from .epochs import PhaseClient
+
+            rep.phase_channel = PhaseClient.from_env()
+            if rep.phase_channel is not None:
+                rep.phase_channel.hello(opts.warmup, opts.passes, plan.n_iterations)
             total = plan.n_iterations * (opts.warmup + opts.passes)
             bar_cm = progress(length=total, label=f"replay {opts.mode}") if progress else None
             bar = bar_cm.__enter__() if bar_cm else None
@@ -1193,6 +1204,8 @@ def run_replay(plan_path: str | os.PathLike, pool_dir: str | os.PathLike, opts: 
                     bar_cm.__exit__(None, None, None)
             if rep.advisor is not None:
                 rep.advisor.close()  # drain the slot: submitted = completed + overwritten
+            if rep.phase_channel is not None:
+                rep.phase_channel.done()
             if opts.sync_fd is not None:
                 rep.sync_done(opts.sync_fd)
             complete, status = True, 0
@@ -1214,6 +1227,8 @@ def run_replay(plan_path: str | os.PathLike, pool_dir: str | os.PathLike, opts: 
                 write_outputs(opts.run_dir, rep.rows, summary)
     finally:
         rep.close()
+        if rep.phase_channel is not None:
+            rep.phase_channel.close()
         for s, hnd in old_handlers.items():
             signal.signal(s, hnd)
     if not complete:

@@ -1,0 +1,157 @@
+"""The interface every further probe of ``moetrace record`` implements.
+
+pagecache, block and reclaim are wired into :mod:`moetrace.recorder` directly (they
+feed the experts table); every other probe is a :class:`ProbeRecorder` subclass in its
+own module, named in :data:`RECORDERS`. The recorder drives each one the same way::
+
+    rec = cls(ctx)            # ctx: RecordContext (features, attach plan, pool map, ...)
+    rec.open()                # compile, load, attach (sets compile_attach_s, knobs)
+    rec.follow(pid)           # the command's pid, before it execs (task-filtering probes)
+    while command runs:
+        rec.poll(timeout_ms)  # only when rec.needs_poll: drain rings, sample files
+    rec.close()               # collect the kernel's aggregates, then detach (idempotent)
+    rec.write(run_dir, manifest)  # tables + manifest sections of this probe
+    ...
+    rec.abort()               # in the recorder's finally: detach if still attached
+
+``close`` sets ``collected`` once it has read the kernel's data; it must be idempotent and safe after a failed or partial ``open``; ``abort`` must
+never raise. ``write`` fills ``manifest["stats"][name]``, ``manifest["lost"][name]`` (lost
+events, 0 or counted, never omitted), ``manifest["summaries"][name]`` and
+``manifest["tables"][table]`` (column -> dtype/unit/doc, use :func:`schema_doc`) for every
+table it writes with :func:`moetrace.rundir.write_table`. Nothing written may contain a
+raw kernel address (the KASLR offset): symbolize, or drop.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import MoetraceError
+from .probespec import PROBES, AttachPlan
+
+
+@dataclass
+class RecordContext:
+    """What a probe recorder may use.
+
+    features: :class:`moetrace.features.Features` of the live kernel. plan: this probe's
+    resolved :class:`AttachPlan` (attach what it says, compile out what it does not).
+    pmap: :class:`moetrace.recorder.PoolMap` (inode -> expert, pool device, pages per
+    expert) or None when no pool was named. run_dir: the run directory (0700).
+    log_dir: where the command's replay log lands (replay.json, iterations.parquet).
+    stream: ``record --stream`` (per-event streams on). t0_ns: CLOCK_MONOTONIC ns when
+    recording began (bpf_ktime_get_ns is the same clock). notes: append one-line
+    notes for the manifest. say: progress lines for the terminal."""
+
+    features: Any
+    plan: AttachPlan
+    pmap: Any = None
+    run_dir: Path | None = None
+    log_dir: Path | None = None
+    stream: bool = False
+    t0_ns: int = field(default_factory=time.monotonic_ns)
+    notes: list[str] = field(default_factory=list)
+    say: Callable[[str], None] = lambda s: None
+    stream_max_records: int = 5_000_000
+
+
+class ProbeRecorder:
+    """Base class: one instance per recording of one probe. Subclasses set ``name``."""
+
+    name: str = ""
+    #: True when poll() must be called while the command runs (rings, samplers)
+    needs_poll: bool = False
+
+    def __init__(self, ctx: RecordContext):
+        self.ctx = ctx
+        self.spec = PROBES[self.name]
+        self.probe = None  # moetrace.bpf.LoadedProbe, when BPF is used
+        self.knobs: dict[str, int] = {}
+        self.compile_attach_s: float | None = None
+        self.closed = False
+        #: set by close() once the kernel's data was read: write() runs only then
+        self.collected = False
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def open(self) -> "ProbeRecorder":
+        raise NotImplementedError
+
+    def follow(self, pid: int) -> None:
+        """Follow this process (and, in the kernel, its descendants)."""
+
+    def poll(self, timeout_ms: int = 0) -> None:
+        """Consume what is ready; never block longer than ``timeout_ms``."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def write(self, run_dir: Path, manifest: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        """Detach without collecting (errors, signals); never raises."""
+        try:
+            if self.probe is not None:
+                self.probe.close()
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass
+        self.closed = True
+
+    # -- helpers ----------------------------------------------------------------------------
+    def prog_ids(self) -> list[int]:
+        """Ids of the loaded BPF programs (the kill tests check they are gone)."""
+        from .recorder import prog_info
+
+        if self.probe is None or self.probe.closed:
+            return []
+        return [i["id"] for i in (prog_info(f.fd) for f in self.probe.bpf.funcs.values()) if i is not None]
+
+    def recursion_misses(self) -> dict[str, int | None]:
+        from .recorder import prog_info
+
+        if self.probe is None or self.probe.closed:
+            return {}
+        out = {}
+        for fname, fn in self.probe.bpf.funcs.items():
+            info = prog_info(fn.fd)
+            out[fname.decode() if isinstance(fname, bytes) else str(fname)] = \
+                info["recursion_misses"] if info else None
+        return out
+
+
+def schema_doc(spec, table: str) -> dict[str, dict[str, str]]:
+    """The manifest's ``tables[table]`` entry from a declaration's columns."""
+    return {c.name: {"dtype": c.dtype, "unit": c.unit, "doc": c.doc} for c in spec.tables()[table]}
+
+
+#: probe name -> "module:Class" of its recorder (imported only when the probe is recorded)
+RECORDERS: dict[str, str] = {
+    "lru": "moetrace.lrurec:LruRecorder",
+    "mlock": "moetrace.mlockrec:MlockRecorder",
+    "reads": "moetrace.readsrec:ReadsRecorder",
+    "stacks": "moetrace.stacksrec:StacksRecorder",
+    "mglru": "moetrace.mglrurec:MglruRecorder",
+}
+
+
+def available() -> dict[str, str]:
+    """{probe: "module:Class"} of the recorders whose module is installed."""
+    out = {}
+    for name, target in RECORDERS.items():
+        mod = target.split(":", 1)[0]
+        if importlib.util.find_spec(mod) is not None:
+            out[name] = target
+    return out
+
+
+def recorder_class(name: str) -> type[ProbeRecorder]:
+    target = RECORDERS.get(name)
+    if target is None:
+        raise MoetraceError(f"probe {name} has no recorder")
+    mod, cls = target.split(":", 1)
+    return getattr(importlib.import_module(mod), cls)
