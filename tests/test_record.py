@@ -394,3 +394,46 @@ def test_record_unmounts_the_tracefs_it_mounted(live, tmp_path):
         for fs, target in sorted(before, key=lambda m: len(m[1])):
             if (fs, target) not in _trace_mounts() and not target.endswith("/debug/tracing"):
                 subprocess.run(["mount", "-t", fs, "nodev", target], check=True)
+
+
+@pytest.mark.parametrize("layout", ["files", "pool"])
+def test_record_around_any_command_attributes_only_the_pool(live, pools, layout, tmp_path):
+    """`moetrace record --pool P -- dd ...`: what dd reads of one expert is attributed to it, a file
+    outside the pool is not, and requested pages are NA (no replay log) with the reason."""
+    pytest.importorskip("bcc")
+    from moetrace.pool import open_pool
+
+    pool = open_pool(pools[layout])
+    target = 7
+    if layout == "files":
+        src, skip = pool.data_paths()[target], 0
+    else:
+        src, skip = pool.data_paths()[0], target * (pool.extent_bytes // MIB)
+    other = tmp_path / "outside.bin"
+    other.write_bytes(os.urandom(2 * MIB))
+    cmd = ["sh", "-c", f"dd if={src} of=/dev/null bs=1M count=1 skip={skip} status=none && "
+                       f"dd if={other} of=/dev/null bs=1M status=none"]
+    with _io_lock():
+        _drop(pools[layout])
+        fd = os.open(other, os.O_RDONLY)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+        r = _record(tmp_path / "run", cmd, "--pool", str(pools[layout]), "--probes", "pagecache,block")
+    assert r.returncode == 0, r.stderr
+    doc, e, u = _experts(tmp_path / "run")
+    added = e["added_pages"].astype(int).tolist()
+    assert added[target] >= PAGES and sum(added) - added[target] <= 2 * PAGES // 4, added  # readahead may spill
+    if layout == "files":  # its own file: readahead cannot spill to another expert
+        assert added[target] == PAGES and sum(added) == PAGES, added
+    print(layout, "added", added[target], "others", sum(added) - added[target], "unattributed",
+          int(u["added_pages"]), "device", int(e.loc[target, "device_read_bytes"]))
+    assert int(e.loc[target, "device_read_bytes"]) >= MIB
+    assert e["requested_pages"].isna().all() and doc["requested"]["available"] is False
+    assert "no replay log" in doc["requested"]["source"]
+    # the file outside the pool: on the same filesystem its pages are "unattributed", never an expert's
+    same_fs = os.stat(other).st_dev == os.stat(pools[layout]).st_dev
+    if same_fs:
+        assert int(u["added_pages"]) >= 2 * PAGES
+    assert doc["complete"] is True and doc["exit_status"] == 0
+    assert "epochs" not in doc or not doc["epochs"]["messages"]  # dd announces no iterations
