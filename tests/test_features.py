@@ -135,6 +135,26 @@ KALLSYMS_612 = """\
 0000000000000000 t folio_inc_gen
 """
 
+def _fields_format(ev: str, fields: tuple[str, ...]) -> str:
+    return GENERIC_FORMAT.format(ev=ev) + "".join(
+        f"\tfield:unsigned long {f};\toffset:{16 + 8 * i};\tsize:8;\tsigned:0;\n" for i, f in enumerate(fields))
+
+
+# the argument fields the mlock probe reads (its declaration names them; resolve() checks them)
+MLOCK_FORMATS = {"sys_enter_mlock": ("start", "len"), "sys_enter_munlock": ("start", "len"),
+                 "sys_enter_mlock2": ("start", "len", "flags"), "sys_enter_mlockall": ("flags",),
+                 "sys_enter_munlockall": (), "sys_enter_munmap": ("addr", "len"),
+                 "sys_enter_mmap": ("addr", "len", "prot", "flags", "fd", "off"),
+                 "sys_enter_mremap": ("addr", "old_len", "new_len", "flags", "new_addr"),
+                 "sched_process_exit": ("comm", "pid", "prio", "group_dead"),
+                 "sched_process_exec": ("filename", "pid", "old_pid"),
+                 # the reads and lru probes' argument fields
+                 "sys_enter_preadv": ("fd", "vec", "vlen", "pos_l", "pos_h"),
+                 "sys_enter_preadv2": ("fd", "vec", "vlen", "pos_l", "pos_h", "flags"),
+                 "sys_enter_read": ("fd", "buf", "count"), "sys_enter_close": ("fd",),
+                 "sys_enter_close_range": ("fd", "max_fd", "flags"),
+                 "mm_lru_insertion": ("folio", "pfn", "lru", "flags"), "mm_lru_activate": ("folio", "pfn")}
+
 EVENTS_618 = {
     "filemap": ["mm_filemap_get_pages", "mm_filemap_add_to_page_cache", "mm_filemap_delete_from_page_cache",
                 "mm_filemap_fault", "mm_filemap_map_pages"],
@@ -146,9 +166,11 @@ EVENTS_618 = {
     "block": ["block_bio_queue", "block_io_start", "block_io_done", "block_rq_issue", "block_rq_complete",
               "block_rq_requeue"],
     "syscalls": [f"sys_{side}_{sc}" for sc in ("mlock", "mlock2", "munlock", "mlockall", "munlockall",
-                                               "pread64", "preadv", "preadv2", "read")
+                                               "munmap", "mmap", "mremap", "pread64", "preadv", "preadv2", "read",
+                                               "close", "close_range")
                  for side in ("enter", "exit")],
     "task": ["task_newtask"],
+    "sched": ["sched_process_exit", "sched_process_exec"],
 }
 # 6.1: no get_pages/fault/map_pages, no readahead events, no block_io_start
 EVENTS_61 = {c: [e for e in evs if e not in ("mm_filemap_get_pages", "mm_filemap_fault", "mm_filemap_map_pages",
@@ -192,7 +214,9 @@ def make_tree(root: Path, *, osrel: str = "6.18.44-fc-v973", headers: str | None
                         "block_rq_issue": BLOCK_RQ_ISSUE_FORMAT,
                         "task_newtask": TASK_NEWTASK_FORMAT,
                         "sys_enter_pread64": SYS_ENTER_PREAD64_FORMAT}.get(
-                    ev, (SYS_EXIT_FORMAT if ev.startswith("sys_exit_") else
+                    ev, (_fields_format(ev, MLOCK_FORMATS[ev]).replace("{", "{{").replace("}", "}}")
+                         if ev in MLOCK_FORMATS else
+                         SYS_EXIT_FORMAT if ev.startswith("sys_exit_") else
                          BLOCK_RQ_ISSUE_FORMAT.replace("block_rq_issue", ev) if cat == "block" else
                          VMSCAN_FORMAT if cat == "vmscan" else GENERIC_FORMAT).format(ev=ev))
                 text = (formats or {}).get(ev, text)

@@ -96,6 +96,11 @@ def require_tracefs(features) -> Path:
     note = ensure_bcc_tracefs()
     if note and note not in features.notes:
         features.notes.append(note)
+    if note and hasattr(features, "debugfs"):  # debugfs mounted just now: lru_gen is readable from here on
+        from .features import debugfs_path, mglru_state
+
+        features.debugfs = debugfs_path(features.root)
+        features.mglru = mglru_state(features.root)
     if features.tracefs is None:
         features.tracefs = tracefs_path(features.root)
     if features.tracefs is not None:

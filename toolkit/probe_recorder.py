@@ -58,6 +58,8 @@ class RecordContext:
     notes: list[str] = field(default_factory=list)
     say: Callable[[str], None] = lambda s: None
     stream_max_records: int = 5_000_000
+    #: ``record --knob PROBE.NAME=V`` for this probe: {NAME: V}
+    knobs: dict[str, int] = field(default_factory=dict)
 
 
 class ProbeRecorder:
@@ -103,6 +105,23 @@ class ProbeRecorder:
         self.closed = True
 
     # -- helpers ----------------------------------------------------------------------------
+    def with_user_knobs(self, knobs: dict[str, int]) -> dict[str, int]:
+        """``knobs`` with ``record --knob`` values on top. Only declared knobs; a knob the
+        attach plan turned off (an unavailable group) cannot be turned on."""
+        from .errors import UsageError
+
+        declared = {k.name for k in self.spec.knobs}
+        out = dict(knobs)
+        for k, v in self.ctx.knobs.items():
+            if k not in declared:
+                raise UsageError(f"--knob {self.name}.{k}: probe {self.name} has no knob {k}",
+                                 hint=f"its knobs: {', '.join(sorted(declared))} (moetrace doctor --json lists them)")
+            if self.ctx.plan.knobs.get(k) == 0 and int(v) != 0:
+                raise UsageError(f"--knob {self.name}.{k}={v}: this kernel compiles it out "
+                                 f"({self.ctx.plan.reason or 'its attach group is unavailable'})")
+            out[k] = int(v)
+        return out
+
     def prog_ids(self) -> list[int]:
         """Ids of the loaded BPF programs (the kill tests check they are gone)."""
         from .recorder import prog_info

@@ -503,19 +503,90 @@ PAGECACHE = ProbeSpec(
     ),
 )
 
+_LRU_FOLIO = ("pfn", "i_ino", "index", "s_dev")
+
+
+def _lru_pages(name: str, doc: str) -> Column:
+    return Column(name, "Int64", "pages", doc)
+
+
+#: probes/lru.c. Reads only tracepoint arguments; joins LRU events to expert pages on the pfn
+#: (the page-cache add gives pfn -> (inode, index, order)); aggregated per expert in the kernel.
 LRU = ProbeSpec(
     name="lru",
-    description="classic LRU: list placement, activations, dwell (joined on pfn)",
+    description="classic LRU per expert: list at LRU insertion, activations, dwell from insertion to "
+                "activation / eviction (LRU events joined to pool pages on the pfn), in the kernel",
     attach=(
-        _g("insertion", _tp("pagemap:mm_lru_insertion",
-                            note="takes a folio since the folio conversion (5.16); the C file includes "
-                                 "<linux/mmzone.h> for the LRU enum")),
-        _g("activate", _tp("pagemap:mm_lru_activate", note="folio-based since 5.16")),
+        _g("add", _bcc_tp("filemap:mm_filemap_add_to_page_cache", fields=_LRU_FOLIO, field_knobs=_ORDER,
+                          note="opens the join: pfn -> (expert, page, folio pages = 1 << order, add time)")),
+        _g("delete", _bcc_tp("filemap:mm_filemap_delete_from_page_cache", fields=_LRU_FOLIO, field_knobs=_ORDER,
+                             note="closes the join: an eviction; dwell = now - LRU insertion time")),
+        _g("insertion", _bcc_tp("pagemap:mm_lru_insertion", fields=("pfn", "lru", "flags"),
+                                note="lru_add() moving a batched new folio onto its list (once per folio, no "
+                                     "size: charged with the joined folio's pages); takes a folio since the folio "
+                                     "conversion (5.16); the C file includes <linux/mmzone.h> for enum lru_list")),
+        _g("activate", _bcc_tp("pagemap:mm_lru_activate", fields=("pfn",),
+                               note="lru_activate(): the inactive -> active move PGACTIVATE counts (reclaim's "
+                                    "activate_locked counts PGACTIVATE without it); folio-based since 5.16"),
+           required=False, knob="HAVE_ACTIVATE"),
     ),
-    knobs=_COMMON_KNOBS + (Knob("MOE_MAX_PFNS", 1 << 22, "pfn -> (expert, insert time) join entries"),),
-    schema=_EXPERT_COLS + (
-        Column("inserted_pages", "int64", "pages"), Column("activated_pages", "int64", "pages"),
-        Column("inactive_dwell_ns", "Int64", "ns"),
+    knobs=(
+        Knob("POOL_DEV", 0, "s_dev of the pool's filesystem, kernel encoding (major << 20) | minor; 0: every device"),
+        Knob("N_EXPERTS", 0, "experts in the pool (counters have N_EXPERTS + 1 slots: the last is unattributed)"),
+        Knob("PPE", 1, "pages per expert (the extent, in pages)"),
+        Knob("HAVE_ORDER", 1, "1: the add/delete formats carry the folio order (set from the format files)"),
+        Knob("HAVE_ACTIVATE", 1, "1: compile the mm_lru_activate program (activate group)"),
+        Knob("MAX_FOLIO_PAGES", 512, "largest folio split into expert pieces in full; the rest is unprocessed"),
+        Knob("MAX_INODES", 65536, "entries of the inode -> expert map"),
+        Knob("MAX_PFNS", 65536, "pfn -> expert-page join entries (LRU hash; the recorder sizes it to the pool)"),
+        Knob("MAX_UNATTR_PFNS", 16384, "pfn -> join entries of pool-device pages of no expert (LRU hash)"),
+        Knob("ANON_FLAG", 2, "the anonymous bit of mm_lru_insertion's flags (PAGEMAP_ANONYMOUS, from the format)"),
+    ),
+    table="lru",
+    schema=(
+        Column("kind", "string", "", "'expert' or 'unattributed' (pool-filesystem pages of no expert)"),
+        Column("layer", "Int32", "", "layer of the expert (NA for unattributed)"),
+        Column("expert", "Int32", "", "expert index within the layer"),
+        Column("expert_id", "Int64", "", "layer * n_experts + expert"),
+        _lru_pages("added_pages", "pages added to the page cache during the recording (the join's entries)"),
+        _lru_pages("inserted_pages", "LRU insertions of those pages (mm_lru_insertion, any list)"),
+        _lru_pages("inserted_inactive_pages", "... onto the inactive file list"),
+        _lru_pages("inserted_active_pages", "... onto the active file list (activated before reaching the list: a "
+                                            "workingset refault, or a second access while batched)"),
+        _lru_pages("inserted_unevictable_pages", "... onto the unevictable list (mlocked)"),
+        _lru_pages("inserted_other_pages", "... onto another list (anon lists: swap-backed file pages)"),
+        _lru_pages("activated_pages", "inactive -> active moves (mm_lru_activate; NA when not compiled)"),
+        Column("activation_dwell_ns_sum", "Int64", "ns",
+               "LRU insertion -> activation, summed over activated pages whose insertion was seen"),
+        Column("activation_dwell_count", "Int64", "", "pages activation_dwell_ns_sum is over"),
+        Column("activation_dwell_ns_mean", "Float64", "ns", "activation_dwell_ns_sum / activation_dwell_count"),
+        _lru_pages("evicted_pages", "pages deleted from the page cache (by inode and index: every deletion)"),
+        _lru_pages("evicted_joined_pages", "... of them added during the recording (their pfn was joined)"),
+        _lru_pages("evicted_activated_pages", "... of those activated (or inserted active) while cached"),
+        Column("dwell_ns_sum", "Int64", "ns", "LRU insertion -> eviction, summed over evicted pages whose "
+                                              "insertion was seen (page-weighted)"),
+        Column("dwell_count", "Int64", "", "pages dwell_ns_sum is over (evicted with a known insertion time)"),
+        Column("dwell_ns_mean", "Float64", "ns", "dwell_ns_sum / dwell_count"),
+    ),
+    more_tables=(
+        ("lru_dwell_histogram", (
+            Column("kind", "string", "", "insertion_to_eviction, insertion_to_activation, add_to_insertion "
+                                         "(page-cache add -> LRU insertion: time in the per-CPU batch)"),
+            Column("slot", "int32"), Column("lo_ns", "uint64", "ns"), Column("hi_ns", "uint64", "ns"),
+            _lru_pages("pages", "expert pages (pool-wide) whose interval is in [lo_ns, hi_ns)"))),
+    ),
+    stats=("add_events", "pool_dev_add_events", "insert_events", "insert_joined", "insert_repeated",
+           "insert_anon_stale", "activate_events", "activate_joined", "activate_uninserted", "delete_events",
+           "pool_dev_delete_events", "delete_joined", "delete_unjoined", "delete_stale", "add_stale",
+           "unprocessed_pages", "join_update_failed"),
+    structs=(
+        Struct("ino_val", (("base", "u32"), ("n", "u32"))),
+        Struct("lru_counts", tuple((f, "u64") for f in (
+            "added", "inserted", "inserted_inactive", "inserted_active", "inserted_unevictable", "inserted_other",
+            "activated", "activation_dwell_ns", "activation_dwell_count", "evicted", "evicted_joined",
+            "evicted_activated", "dwell_ns", "dwell_count"))),
+        Struct("pfn_val", (("add_ns", "u64"), ("insert_ns", "u64"), ("eid", "u32"), ("pstart", "u32"),
+                           ("elast", "u32"), ("pages", "u32"), ("lru", "u32"), ("activations", "u32"))),
     ),
     enrichment=True,
 )
@@ -599,26 +670,109 @@ RECLAIM = ProbeSpec(
     stats=("nested_begins", "unmatched_ends", "kind_mismatch", "task_map_full", "timeline_overflow"),
 )
 
-_MLOCK_SYSCALLS = ("mlock", "mlock2", "munlock", "mlockall", "munlockall")
+#: (syscall, enter fields read, group knob or None: required); probes/mlock.c
+_MLOCK_CALLS = (
+    ("mlock", ("start", "len"), None),
+    ("munlock", ("start", "len"), None),
+    ("mlock2", ("start", "len", "flags"), "MOE_HAVE_MLOCK2"),
+    ("mlockall", ("flags",), "MOE_HAVE_MLOCKALL"),
+    ("munlockall", (), "MOE_HAVE_MLOCKALL"),
+    ("munmap", ("addr", "len"), "MOE_TRACK_MUNMAP"),
+    ("mmap", ("len", "flags"), "MOE_TRACK_MMAP"),
+    ("mremap", ("addr", "old_len", "new_len", "flags"), "MOE_TRACK_MREMAP"),
+)
+_MLOCK_NOTES = {
+    "mlock2": "since 4.4 (MLOCK_ONFAULT); locks like mlock",
+    "mlockall": "MCL_CURRENT locks every mapping: the locked bytes are unknowable from arguments (NA until "
+                "munlockall)",
+    "munmap": "unmapping a locked range unlocks it; recorded only for a tgid that has locked something",
+    "mmap": "MAP_LOCKED maps locked; MAP_FIXED may replace a locked range (recorded only for a tgid that "
+            "locked)",
+    "mremap": "moving / growing a locked mapping moves / grows its locked pages (tgids that locked only)",
+}
+_MLOCK_INT = "int64"
+
+#: probes/mlock.c. Reads only syscall arguments; one ring record per call of the followed tgids
+#: (calls are rare), locked ranges rebuilt exactly in user space (moetrace.mlockrec).
 MLOCK = ProbeSpec(
     name="mlock",
-    description="locked bytes over time, locked fraction",
+    description="every mlock-family call of the command (ring, bounded, lost counted); locked bytes over "
+                "time per process, exact (an interval set per tgid, page-rounded like the kernel)",
     attach=tuple(
-        _g(f"{sc}_{side}", _tp(f"syscalls:sys_{side}_{sc}"), required=sc in ("mlock", "munlock"))
-        for sc in _MLOCK_SYSCALLS for side in ("enter", "exit")
+        _g(f"{sc}_{side}",
+           _bcc_tp(f"syscalls:sys_{side}_{sc}", fields=fields if side == "enter" else ("ret",),
+                   note=_MLOCK_NOTES.get(sc, "")),
+           required=knob is None, knob=knob)
+        for sc, fields, knob in _MLOCK_CALLS for side in ("enter", "exit")
     ) + (
+        _g("newtask", _bcc_tp("task:task_newtask", fields=("pid", "clone_flags"),
+                              note="follow the command's child processes (VM_LOCKED is not inherited)"),
+           required=False, knob="MOE_FOLLOW_FORKS"),
+        _g("exit", _bcc_tp("sched:sched_process_exit", field_knobs=(("group_dead", "MOE_EXIT_GROUP_DEAD"),),
+                           note="a process's end releases its locks; group_dead is newer than 6.12 (without "
+                                "it the leader's exit stands for the group's)"),
+           required=False, knob="MOE_TRACK_EXIT"),
+        _g("exec", _bcc_tp("sched:sched_process_exec", note="execve gives the process a new mm: nothing locked"),
+           required=False, knob="MOE_TRACK_EXEC"),
         _g("kp_mlock_folio", _kp("mlock_folio", needs="exact-headers",
-                              note="folio_nr_pages(folio) is a struct read; mlock_page before the "
-                                   "mlock folio conversion (6.1 already has mlock_folio)"),
-           required=False),
+                                 note="a folio mlocked (reads folio->flags for PG_head); mlock_page before the "
+                                      "mlock folio conversion (6.1 already has mlock_folio)"),
+           required=False, knob="MOE_KP_MLOCK_FOLIO"),
         _g("kp_mlock_new", _kp("mlock_new_folio", needs="exact-headers",
-                            note="renamed from mlock_new_page by the mlock folio conversion (6.3)"),
-           _kp("mlock_new_page", needs="exact-headers", note="6.1 name"), required=False),
+                               note="renamed from mlock_new_page by the mlock folio conversion (6.3)"),
+           _kp("mlock_new_page", needs="exact-headers", note="6.1 name"), required=False, knob="MOE_KP_MLOCK_NEW"),
         _g("kp_munlock", _kp("munlock_folio", needs="exact-headers", note="6.3+ name"),
-           _kp("munlock_page", needs="exact-headers", note="6.1 name"), required=False),
+           _kp("munlock_page", needs="exact-headers", note="6.1 name"), required=False, knob="MOE_KP_MUNLOCK"),
     ),
-    schema=(Column("time_ns", "int64", "ns"), Column("call", "string"), Column("start", "uint64"),
-            Column("len_bytes", "int64", "bytes"), Column("ret", "int64"), Column("locked_pages", "Int64", "pages")),
+    knobs=(
+        Knob("MOE_HAVE_MLOCK2", 1, "1: compile mlock2 enter/exit (set from the attach plan)"),
+        Knob("MOE_HAVE_MLOCKALL", 1, "1: compile mlockall/munlockall enter/exit (set from the attach plan)"),
+        Knob("MOE_TRACK_MUNMAP", 1, "1: compile munmap enter/exit (a locked range unmapped)"),
+        Knob("MOE_TRACK_MMAP", 1, "1: compile mmap enter/exit (MAP_LOCKED, MAP_FIXED over a locked range)"),
+        Knob("MOE_TRACK_MREMAP", 1, "1: compile mremap enter/exit (a locked mapping moved or resized)"),
+        Knob("MOE_FOLLOW_FORKS", 1, "1: a followed tgid's new processes are followed too (newtask group)"),
+        Knob("MOE_TRACK_EXIT", 1, "1: compile sched_process_exit (a process's end releases its locks)"),
+        Knob("MOE_EXIT_GROUP_DEAD", 1, "1: sched_process_exit carries group_dead (set from the format file)"),
+        Knob("MOE_TRACK_EXEC", 1, "1: compile sched_process_exec (execve: a new mm, nothing locked)"),
+        Knob("MOE_KP_MLOCK_FOLIO", 0, "1: compile the mlock_folio kprobe (exact headers; set from the plan)"),
+        Knob("MOE_KP_MLOCK_NEW", 0, "1: compile the mlock_new_folio / mlock_new_page kprobe"),
+        Knob("MOE_KP_MUNLOCK", 0, "1: compile the munlock_folio / munlock_page kprobe"),
+        Knob("MOE_MAX_TASKS", 4096, "tid -> call in flight entries"),
+        Knob("MOE_MAX_TGIDS", 1024, "followed processes"),
+        Knob("MOE_RINGBUF_PAGES", 16, "ring buffer size in pages (power of two)"),
+    ),
+    table="mlock",
+    schema=(
+        Column("time_ns", _MLOCK_INT, "ns", "CLOCK_MONOTONIC at the call's exit (the replay's clock)"),
+        Column("tgid", "int32"), Column("tid", "int32"),
+        Column("call", "string", "", "mlock, mlock2, munlock, mlockall, munlockall, munmap, mmap, mremap; "
+                                     "exit / exec: the process ended / exec'd (not calls: its locks went)"),
+        Column("start", "uint64", "", "the call's start / addr argument (a user-space address)"),
+        Column("len_bytes", _MLOCK_INT, "bytes", "the len argument (mremap: old_len)"),
+        Column("new_len_bytes", "Int64", "bytes", "mremap's new_len (NA for the other calls)"),
+        Column("flags", "int64", "", "mlock2 / mlockall / mmap / mremap flags (0 for the others)"),
+        Column("ret", "int64", "", "the return value (negative errno; mmap / mremap: the mapping's address)"),
+        Column("latency_ns", _MLOCK_INT, "ns", "enter -> exit"),
+        Column("delta_bytes", "Int64", "bytes",
+               "change of the process's locked bytes by this call (NA while unknowable, after mlockall)"),
+        Column("locked_bytes", "Int64", "bytes",
+               "the process's locked bytes after the call (== VmLck; NA while unknowable)"),
+    ),
+    more_tables=(
+        ("mlock_timeline", (
+            Column("time_ns", _MLOCK_INT, "ns", "CLOCK_MONOTONIC of a change"),
+            Column("tgid", "int32"),
+            Column("call", "string"),
+            Column("locked_bytes", "Int64", "bytes", "this process's locked bytes from time_ns on (NA: unknowable)"),
+            Column("total_locked_bytes", "Int64", "bytes",
+                   "all followed processes' locked bytes from time_ns on (NA when one is unknowable)"),
+        )),
+    ),
+    stats=("calls", "ring_lost", "pending_full", "unmatched_exits", "tgid_map_full", "kp_mlock_folio",
+           "kp_mlock_new", "kp_munlock", "kp_large"),
+    structs=(Struct("mlock_event", (("ts_ns", "u64"), ("tgid", "u32"), ("tid", "u32"), ("call", "u32"),
+                                    ("flags", "u32"), ("start", "u64"), ("len", "u64"), ("len2", "u64"),
+                                    ("ret", "s64"), ("latency_ns", "u64"))),),
     enrichment=True,
 )
 
@@ -702,7 +856,9 @@ READS = ProbeSpec(
                                            + (" (bytes summed from the user iovec array; pos_h is ignored by "
                                               "64-bit kernels)" if "vec" in _READ_ENTER[sc][0] else "")
                                            + (" (no position: pool-file reads stay unattributed)"
-                                              if sc == "read" else "")),
+                                              if sc == "read" else "")
+                                           + (" (since 4.6; Python's os.preadv, the replay's read call, "
+                                              "issues preadv2)" if sc == "preadv2" else "")),
                required=sc == "pread64", knob=_READ_ENTER[sc][1]),
             _g(f"{sc}_exit", _bcc_tp(f"syscalls:sys_exit_{sc}", fields=("ret",),
                                      note="ret: bytes read or -errno; the call's latency ends here"),
@@ -745,6 +901,8 @@ READS = ProbeSpec(
         Knob("MOE_MAX_FDGEN", 65536, "(tgid, fd) -> close count entries"),
         Knob("MOE_STREAM", 0, "1: one ring record per call (read_calls table)"),
         Knob("MOE_RINGBUF_PAGES", 256, "ring buffer size in pages (power of two) when streaming"),
+        Knob("MOE_IDENT_RING_PAGES", 16, "size of the always-on ring of new fd identities (user space stats "
+                                         "/proc/<tgid>/fd/<fd> while it is open)"),
     ),
     table="reads",
     schema=(
@@ -752,7 +910,7 @@ READS = ProbeSpec(
         Column("source", "string", "", "'expert', or why unattributed: other_files (fd of a non-pool file), "
                                        "unresolved_fd (fd never seen open and no page added), no_position "
                                        "(read() of a pool file), pool_tail (past the pool's extents), "
-                                       "fd_map_full"),
+                                       "bad_fd (failed with EBADF: no open file), fd_map_full"),
         Column("layer", "Int32"), Column("expert", "Int32"), Column("expert_id", "Int64"),
         _calls("calls", "read calls (exited)"),
         Column("bytes", "Int64", "bytes", "sum of ret > 0"),
@@ -804,7 +962,7 @@ READS = ProbeSpec(
     stats=("calls_pread64", "calls_preadv", "calls_preadv2", "calls_read", "nested_enters", "inflight_full",
            "exit_without_enter", "add_events_in_calls", "pages_added_outside_calls", "fd_map_full",
            "hist_map_full", "ring_drops", "tgid_full", "iov_truncated", "iov_read_errors", "closes",
-           "epoch_bumps", "fdgen_full"),
+           "epoch_bumps", "fdgen_full", "ident_drops"),
     structs=(
         Struct("class_counts", tuple((f, "u64") for f in ("calls", "bytes", "requested_bytes", "added_pages",
                                                            "beyond_pages", "other_pages", "latency_ns"))),
@@ -814,6 +972,7 @@ READS = ProbeSpec(
             "miss_bytes", "miss_latency_ns", "error_calls", "error_latency_ns", "added_pages", "beyond_pages",
             "other_pages", "ino", "dev"))),
         Struct("hist_key", tuple((f, "u32") for f in ("tgid", "fd", "gen", "epoch", "cls", "slot"))),
+        Struct("ident", tuple((f, "u32") for f in ("tgid", "fd", "gen", "epoch"))),
         Struct("read_call", (("ts_ns", "u64"), ("pos", "u64"), ("count", "u64"), ("ret", "s64"),
                              ("latency_ns", "u64"), ("ino", "u64"), ("tid", "u32"), ("tgid", "u32"), ("fd", "u32"),
                              ("gen", "u32"), ("epoch", "u32"), ("syscall", "u32"), ("added_pages", "u32"),
@@ -821,44 +980,134 @@ READS = ProbeSpec(
     ),
 )
 
+#: probes/stacks.c. Reads only the sample's registers (stack ids) and task_newtask's arguments;
+#: counted in the kernel per (tgid, user stack, kernel stack, comm), symbolized in user space
+#: (moetrace.stacksrec, moetrace.symbolize).
 STACKS = ProbeSpec(
     name="stacks",
-    description="perf cpu-clock samples of the replay threads and kswapd, folded in the kernel",
-    attach=(_g("cpu_clock", AttachCandidate("perf_event", "software:cpu-clock", "on_cpu_clock",
-                                            "PERF_COUNT_SW_CPU_CLOCK: no hardware PMU needed in a VM")),),
-    knobs=(Knob("MOE_STACK_ENTRIES", 16384, "stack-trace map entries"),
-           Knob("MOE_MAX_TASKS", 4096, "followed tasks")),
-    schema=(Column("stack", "string"), Column("samples", "int64")),
+    description="perf cpu-clock samples of the command's processes and kswapd, kernel + user stacks counted in "
+                "the kernel, symbolized in user space (stacks.folded, stacks.parquet)",
+    attach=(
+        _g("cpu_clock", AttachCandidate("perf_event", "software:cpu-clock", "on_cpu_clock",
+                                        "PERF_COUNT_SW_CPU_CLOCK, an hrtimer per CPU: no hardware PMU needed "
+                                        "in a VM; sample_freq becomes a fixed period of 1e9 / MOE_SAMPLE_HZ ns")),
+        _g("newtask", _bcc_tp("task:task_newtask", fields=("pid", "clone_flags"),
+                              note="follow the command's child processes (threads share the tgid)"),
+           required=False, knob="MOE_FOLLOW_FORKS"),
+    ),
+    knobs=(
+        Knob("MOE_SAMPLE_HZ", 99, "samples per second per CPU (perf sample_freq); 99 Hz costs well under "
+                                  "1 % of a CPU and stays out of lockstep with 100 Hz timers"),
+        Knob("MOE_STACK_ENTRIES", 16384, "stack-trace map entries (distinct user + kernel stacks; ~1 KiB each)"),
+        Knob("MOE_MAX_KEYS", 16384, "(tgid, user stack, kernel stack, comm) counters"),
+        Knob("MOE_MAX_TASKS", 4096, "followed tgids + kswapd threads"),
+        Knob("MOE_FOLLOW_FORKS", 1, "1: a followed tgid's new processes are followed too (newtask group)"),
+    ),
+    table="stacks",
+    schema=(
+        Column("stack", "string", "", "folded frames: comm;user frames (root first);kernel frames_[k]"),
+        Column("samples", "int64", "", "cpu-clock samples of this stack (one per 1e9 / sample_hz ns on CPU)"),
+        Column("comm", "string", "", "the sampled thread's comm"),
+        Column("tgid", "int64", "", "process id (kswapd: the thread's pid)"),
+        Column("who", "string", "", "command (the followed processes) or kswapd"),
+        Column("user_frames", "int32", "", "user frames in the stack (0: none, lost or a kernel thread)"),
+        Column("kernel_frames", "int32", "", "kernel frames in the stack (0: sampled in user mode, or lost)"),
+        Column("user_stack", "string", "", "ok | none (no user frames: a kernel thread) | lost (stack-map "
+                                           "collision) | error"),
+        Column("kernel_stack", "string", "", "ok | none (sampled in user mode) | lost | error"),
+    ),
+    stats=("ticks", "idle_ticks", "samples", "kswapd_samples", "user_stack_eexist", "user_stack_efault",
+           "user_stack_other_err", "kernel_stack_eexist", "kernel_stack_efault", "kernel_stack_other_err",
+           "keys_full", "tasks_full"),
     enrichment=True,
 )
 
+def _mglru_kp(group: str, knob: str, *cands: AttachCandidate) -> AttachGroup:
+    return _g(group, *cands, required=False, knob=knob)
+
+
+_GEN_COLS = (Column("time_ns", "int64", "ns", "CLOCK_MONOTONIC when the sample was read"),
+             Column("sample", "int32", "", "sample index (0: at open, the last: at close)"),
+             Column("memcg_id", "int64"), Column("node", "int32"))
+
+#: probes/mglru.c (kprobes, lab only) + the lru_gen sampler (moetrace.mglrurec, moetrace.lru_gen).
 MGLRU = ProbeSpec(
     name="mglru",
-    description="aging cadence, generation birth times and sizes (kprobes), lru_gen samples (debugfs)",
+    description="MGLRU generations over time from <debugfs>/lru_gen (a sampler, no BPF: birth times, ages, "
+                "sizes per memcg / node / generation); where kprobes exist, aging attempts (a ring record "
+                "each), eviction / isolation / look-around / workingset counts and the generation a "
+                "promoted folio leaves",
     attach=(
         _g("lru_gen", AttachCandidate("debugfs", "lru_gen", "",
-                                      "Python sampler of <debugfs>/lru_gen: wherever MGLRU is built, no BPF")),
-        _g("evict_folios", _kp("evict_folios", note="6.1: (lruvec, sc, swappiness, bool *need_swapping); "
-                                                     "6.12 drops need_swapping"), required=False),
-        _g("isolate_folios", _kp("isolate_folios"), required=False),
-        _g("should_run_aging", _kp("should_run_aging", note="6.1 only: gone from kallsyms by 6.12 (inlined)"),
-           required=False),
-        _g("inc_max_seq",
-           _kp("try_to_inc_max_seq", note="6.1: (lruvec, max_seq, sc, can_swap, force_scan); 6.12: "
-                                          "(lruvec, seq, can_swap, force_scan)"),
-           _kp("inc_max_seq", note="the aging step itself; 6.8+ returns bool and takes seq"),
-           _kp("inc_max_seq.constprop.0", note="6.12 exports only a compiler clone: arguments not trustworthy"),
-           required=False),
-        _g("folio_inc_gen", _kp("folio_inc_gen", needs="exact-headers",
-                                note="per-page generation: reads folio->flags (LRU_GEN_PGOFF from the build)"),
-           required=False),
-        _g("look_around", _kp("lru_gen_look_around", note="6.12 returns bool"), required=False),
-        _g("workingset_eviction", _kp("workingset_eviction"), required=False),
-        _g("workingset_refault", _kp("workingset_refault"), required=False),
+                                      "Python sampler of <debugfs>/lru_gen (MOE_LRU_GEN_FULL=1: lru_gen_full): "
+                                      "wherever MGLRU is built, no BPF")),
+        _mglru_kp("evict_folios", "MOE_HAVE_EVICT_FOLIOS",
+                  _kp("evict_folios", note="6.1: (lruvec, sc, swappiness, bool *need_swapping); 6.12 drops "
+                                           "need_swapping; only counted")),
+        _mglru_kp("isolate_folios", "MOE_HAVE_ISOLATE_FOLIOS", _kp("isolate_folios", note="only counted")),
+        _mglru_kp("should_run_aging", "MOE_HAVE_SHOULD_RUN_AGING",
+                  _kp("should_run_aging", note="6.1 only: gone from kallsyms by 6.12 (inlined)")),
+        _mglru_kp("inc_max_seq", "MOE_HAVE_INC_MAX_SEQ",
+                  _kp("try_to_inc_max_seq", note="6.1: (lruvec, max_seq, sc, can_swap, force_scan); 6.12: "
+                                                 "(lruvec, seq, can_swap, force_scan): PARM2 is the seq either way"),
+                  _kp("inc_max_seq", note="the aging step itself; 6.8+ returns bool and takes seq (not read)"),
+                  _kp("inc_max_seq.constprop.0", note="6.12 exports only a compiler clone: arguments not read")),
+        _mglru_kp("folio_inc_gen", "MOE_HAVE_FOLIO_INC_GEN",
+                  _kp("folio_inc_gen", needs="exact-headers",
+                      note="per-folio generation: reads folio->flags (LRU_GEN_MASK / LRU_GEN_PGOFF from the "
+                           "build's <linux/mmzone.h>)")),
+        _mglru_kp("look_around", "MOE_HAVE_LOOK_AROUND", _kp("lru_gen_look_around", note="6.12 returns bool")),
+        _mglru_kp("workingset_eviction", "MOE_HAVE_WS_EVICTION", _kp("workingset_eviction")),
+        _mglru_kp("workingset_refault", "MOE_HAVE_WS_REFAULT", _kp("workingset_refault")),
     ),
-    schema=(Column("time_ns", "int64", "ns"), Column("memcg_id", "int32"), Column("node", "int32"),
-            Column("seq", "int64"), Column("age_ms", "int64", "ms"), Column("nr_anon_pages", "int64", "pages"),
-            Column("nr_file_pages", "int64", "pages")),
+    knobs=(
+        Knob("MOE_HAVE_EVICT_FOLIOS", 0, "1: compile the evict_folios kprobe (set from the attach plan)"),
+        Knob("MOE_HAVE_ISOLATE_FOLIOS", 0, "1: compile the isolate_folios kprobe"),
+        Knob("MOE_HAVE_SHOULD_RUN_AGING", 0, "1: compile the should_run_aging kprobe"),
+        Knob("MOE_HAVE_INC_MAX_SEQ", 0, "1: compile the aging kprobes (+ the aging ring)"),
+        Knob("MOE_HAVE_FOLIO_INC_GEN", 0, "1: compile the folio_inc_gen kprobe (exact headers)"),
+        Knob("MOE_HAVE_LOOK_AROUND", 0, "1: compile the lru_gen_look_around kprobe"),
+        Knob("MOE_HAVE_WS_EVICTION", 0, "1: compile the workingset_eviction kprobe"),
+        Knob("MOE_HAVE_WS_REFAULT", 0, "1: compile the workingset_refault kprobe"),
+        Knob("MOE_RINGBUF_PAGES", 16, "aging ring size in pages (power of two)"),
+        Knob("MOE_LRU_GEN_PERIOD_MS", 1000, "lru_gen sampling period (the Python sampler; also one sample at "
+                                            "open and one at close)"),
+        Knob("MOE_LRU_GEN_FULL", 0, "1: sample lru_gen_full (adds the tier and walk tables)"),
+    ),
+    table="lru_gen",
+    schema=_GEN_COLS[:3] + (
+        Column("memcg_path", "string", "", "the memcg's cgroup path ('' without memcg)"),
+        Column("node", "int32"),
+        Column("seq", "int64", "", "generation number (min_seq .. max_seq); a new one is born by aging"),
+        Column("gen", "int32", "", "seq % MAX_NR_GENS (the folio flags' generation slot)"),
+        Column("age_ms", "int64", "ms", "ms since the generation's birth (jiffies resolution)"),
+        Column("birth_ns", "int64", "ns", "time_ns - age_ms: CLOCK_MONOTONIC of the generation's birth"),
+        Column("nr_anon_pages", "int64", "pages"), Column("nr_file_pages", "int64", "pages"),
+        Column("anon_evicted", "bool", "", "lru_gen_full's 'x': seq < min_seq[anon] (False in lru_gen)"),
+        Column("file_evicted", "bool", "", "lru_gen_full's 'x': seq < min_seq[file]"),
+    ),
+    more_tables=(
+        ("lru_gen_tiers", _GEN_COLS + (
+            Column("seq", "int64"), Column("tier", "int32"), Column("type", "string", "", "anon or file"),
+            Column("avg_refaulted_pages", "Int64", "pages", "max_seq only ('R')"),
+            Column("avg_total_pages", "Int64", "pages", "max_seq only ('T')"),
+            Column("refaulted_pages", "Int64", "pages", "history generations ('r')"),
+            Column("evicted_pages", "Int64", "pages", "('e')"),
+            Column("protected_pages", "Int64", "pages", "('p')"))),
+        ("lru_gen_walk", _GEN_COLS + (
+            Column("seq", "int64"), Column("leaf_total", "Int64"), Column("leaf_old", "Int64", "", "6.1 only"),
+            Column("leaf_young", "Int64"), Column("nonleaf_total", "Int64", "", "6.1 only"),
+            Column("nonleaf_found", "Int64"), Column("nonleaf_added", "Int64"))),
+        ("mglru_aging", (Column("time_ns", "int64", "ns", "CLOCK_MONOTONIC of the aging attempt"),
+                         Column("tgid", "int32", "", "who aged: kswapd, a reclaimer, a writer of lru_gen"),
+                         Column("kind", "string", "", "try_to_inc_max_seq, inc_max_seq, inc_max_seq.constprop.0"),
+                         Column("seq", "Int64", "", "the max_seq it was asked to grow (NA: not read)"))),
+        ("mglru_inc_gen", (Column("from_gen", "Int32", "", "generation slot a promoted folio left (NA: off MGLRU)"),
+                           Column("folios", "int64"))),
+    ),
+    stats=("evict_folios", "isolate_folios", "should_run_aging", "inc_max_seq", "folio_inc_gen", "look_around",
+           "workingset_eviction", "workingset_refault", "ring_lost"),
+    structs=(Struct("aging_event", (("ts_ns", "u64"), ("seq", "u64"), ("tgid", "u32"), ("kind", "u32"))),),
     enrichment=True,
 )
 

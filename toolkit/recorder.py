@@ -342,6 +342,8 @@ class RecordOptions:
     missing_probes: str = "error"  # error | warn
     stream_events: bool = False
     stream_max_records: int = 5_000_000
+    #: ``--knob PROBE.NAME=V``: {probe: {NAME: V}} for the further probes (probe_recorder)
+    knobs: dict[str, dict[str, int]] = field(default_factory=dict)
     #: a cgroup directory (v1 or v2) the command joins after the fork, before it execs:
     #: only the command is limited, never the recorder (bcc + clang would be charged too)
     cgroup: str | None = None
@@ -467,6 +469,12 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
             raise UsageError(f"probe {p}: not recorded by this version of moetrace (declared, see "
                              f"`moetrace doctor`)",
                              hint=f"recorded: {', '.join(RECORDED)}; or pass --missing-probes warn")
+    for p in opts.knobs:
+        if p not in wanted:
+            raise UsageError(f"--knob {p}.*: probe {p} is not recorded", hint=f"add it to --probes ({', '.join(wanted)})")
+        if p not in EXTRA_RECORDED:
+            raise UsageError(f"--knob {p}.*: the {p} probe's knobs are derived from the pool and the kernel",
+                             hint=f"--knob applies to {', '.join(EXTRA_RECORDED)}")
     feats = _features()
     check_can_record(feats)
     notes.extend(feats.notes)
@@ -626,7 +634,7 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
                 continue
             ctx = RecordContext(features=feats, plan=plans[name], pmap=pmap, run_dir=run_dir, log_dir=log_dir,
                                 stream=opts.stream_events, t0_ns=time.monotonic_ns(), notes=notes, say=say,
-                                stream_max_records=opts.stream_max_records)
+                                stream_max_records=opts.stream_max_records, knobs=dict(opts.knobs.get(name, {})))
             say(f"compiling and attaching {name} ...")
             rec = recorder_class(name)(ctx)
             try:

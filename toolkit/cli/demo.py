@@ -158,6 +158,12 @@ def _recorded_summary(sweep: Path) -> str:
              f"evicted {int(e['evicted_pages'].sum())}, re-added {int(e['re_added_pages'].sum())}",
              "      most re-read experts: " + ", ".join(
                  f"L{int(r.layer)}/E{int(r.expert)} ({int(r.re_added_pages)} pages)" for r in top.itertuples())]
+    cj = json.loads((runs[0].parent.parent / "cell.json").read_text())
+    m = (cj.get("record") or {}).get("measured_pages")
+    if m is not None:
+        lines.append(f"      measured pass alone (per-iteration epochs): added {m['added_pages']}, "
+                     f"re-added {m['re_added_pages']} pages; /proc/vmstat workingset_refault_file over the "
+                     f"measured window {cj.get('refault_file_pages')}")
     return "\n".join(lines)
 
 

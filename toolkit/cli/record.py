@@ -8,9 +8,14 @@ from .common import emit_json
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "ignore_unknown_options": True})
-@click.option("--probes", default="pagecache,block,reclaim", show_default=True, metavar="LIST",
-              help="Comma-separated probes to attach (recorded by this version: pagecache, block, reclaim; "
-                   "lru, mlock, reads, stacks, mglru are declared, not recorded yet).")
+@click.option("--probes", default=None, metavar="LIST",
+              help="Comma-separated probes to attach (default: every probe: pagecache, lru, reclaim, mlock, "
+                   "block, reads, stacks, mglru; one this kernel cannot attach is skipped with the reason "
+                   "`moetrace doctor` gives, or is an error for pagecache, reclaim, block under "
+                   "--missing-probes error).")
+@click.option("--knob", "knob_items", multiple=True, metavar="PROBE.NAME=V",
+              help="Set a -D knob of lru, mlock, reads, stacks or mglru, e.g. stacks.MOE_SAMPLE_HZ=999 "
+                   "(repeatable; `moetrace doctor --json` lists each probe's knobs).")
 @click.option("--out", type=click.Path(file_okay=False), metavar="RUN_DIR",
               help="Run directory to create, owner-only (default: runs/<UTC time>-<pid>).")
 @click.option("--pool", "pool_dir", type=click.Path(file_okay=False),
@@ -27,7 +32,7 @@ from .common import emit_json
 @click.option("--json", "as_json", is_flag=True, help="Print the final manifest on stdout.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
-def record(ctx, probes, out, pool_dir, missing_probes, stream_events, cgroup, as_json, command):
+def record(ctx, probes, knob_items, out, pool_dir, missing_probes, stream_events, cgroup, as_json, command):
     """Run COMMAND with probes attached; write a run directory; exit with COMMAND's status.
 
     \b
@@ -40,7 +45,14 @@ def record(ctx, probes, out, pool_dir, missing_probes, stream_events, cgroup, as
     and bios (bios mapped to experts through the pool's FIEMAP extents on its
     disk; the rest is the unattributed row) and request latency
     (block_latency.parquet); the reclaim probe says who reclaimed how much
-    (reclaim.parquet, reclaim_histogram.parquet). Ctrl-C is forwarded to COMMAND; the run is then marked
+    (reclaim.parquet, reclaim_histogram.parquet). lru: LRU insertions,
+    activations and dwell per expert (lru.parquet); reads: every read call's
+    latency and hit-only / miss class (reads.parquet); mlock: locked bytes over
+    time (mlock.parquet); stacks: cpu-clock samples folded and symbolized
+    (stacks.folded); mglru: lru_gen generations (lru_gen.parquet) where MGLRU
+    exists. A replay announces its iterations, so page-cache counts are kept
+    per iteration too (epochs.parquet, expert_epochs.parquet).
+    Ctrl-C is forwarded to COMMAND; the run is then marked
     "complete": false and still loads. Needs root (or CAP_BPF + CAP_PERFMON).
 
     \b
@@ -49,6 +61,7 @@ def record(ctx, probes, out, pool_dir, missing_probes, stream_events, cgroup, as
       moetrace record --pool /var/tmp/pool -- dd if=/var/tmp/pool/pool.bin of=/dev/null bs=1M
       moetrace record --json --out runs/x -- replay plan.bin --pool /var/tmp/pool --passes 3
       moetrace record --probes pagecache --out runs/pc -- replay plan.bin --pool /var/tmp/pool
+      moetrace record --probes pagecache,stacks --knob stacks.MOE_SAMPLE_HZ=999 -- replay plan.bin --pool P
       moetrace record --cgroup /sys/fs/cgroup/memory/moetrace-c1 -- replay plan.bin --pool /var/tmp/pool
     """
     from ..recorder import RecordOptions, record as do_record
@@ -56,9 +69,22 @@ def record(ctx, probes, out, pool_dir, missing_probes, stream_events, cgroup, as
     cmd = list(command)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
-    plist = tuple(p.strip() for p in probes.split(",") if p.strip())
+    from ..recorder import DEFAULT_RECORD
+
+    plist = DEFAULT_RECORD if probes is None else tuple(p.strip() for p in probes.split(",") if p.strip())
+    knobs: dict[str, dict[str, int]] = {}
+    for item in knob_items:
+        name, eq, val = item.partition("=")
+        probe, dot, knob = name.partition(".")
+        try:
+            if not (eq and dot and probe and knob):
+                raise ValueError
+            knobs.setdefault(probe.strip(), {})[knob.strip()] = int(val, 0)
+        except ValueError:
+            raise click.BadParameter(f"{item!r}: expected PROBE.NAME=INTEGER, e.g. stacks.MOE_SAMPLE_HZ=999",
+                                     param_hint="--knob") from None
     opts = RecordOptions(command=cmd, out=out, probes=plist, pool=pool_dir, missing_probes=missing_probes,
-                         stream_events=stream_events, cgroup=cgroup)
+                         stream_events=stream_events, cgroup=cgroup, knobs=knobs)
     res = do_record(opts, on_event=lambda s: click.echo(f"moetrace record: {s}", err=True))
     if as_json:
         emit_json(res.manifest)

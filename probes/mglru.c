@@ -1,0 +1,194 @@
+// SPDX-License-Identifier: Apache-2.0
+// mglru: multi-gen LRU activity from kprobes — how often reclaim evicts and
+// isolates, how often aging runs (one ring record per aging attempt), which
+// generation a folio leaves when it is promoted, look-around and workingset
+// eviction / refault counts.
+//
+// The main output of the mglru probe is NOT here: it is the Python sampler of
+// <debugfs>/lru_gen (toolkit/mglrurec.py, toolkit/lru_gen.py), which needs no BPF.
+// Every program of this file is a kprobe: it is compiled only where kprobes exist
+// (the kernel lab), each behind its MOE_HAVE_* knob, which the recorder sets from
+// the attach plan. With every knob 0 (the defaults, and every kernel without
+// kprobes) the file compiles to the stats map alone and loads no program.
+//
+// Arguments read (x86-64 / arm64 calling convention, scalar registers only):
+//   try_to_inc_max_seq(lruvec, max_seq, ...)   PARM2 = the max_seq it was asked to
+//       grow (6.1: (lruvec, max_seq, sc, can_swap, force_scan); 6.12: (lruvec, seq,
+//       can_swap, force_scan)) — an aging ATTEMPT: it returns false without aging
+//       when another walker got there first
+//   inc_max_seq / inc_max_seq.constprop.0      no arguments read (the signature changed
+//       in 6.8 and the clone's arguments are not trustworthy)
+//   folio_inc_gen(lruvec, folio, reclaiming)   PARM2 = folio; reads folio->flags (the
+//       first word of struct folio) and needs LRU_GEN_MASK / LRU_GEN_PGOFF from the
+//       kernel's own <linux/mmzone.h> (exact headers only): the generation it leaves
+// The other kprobes only count calls.
+//
+// Configured only with -D knobs (toolkit/probespec.py MGLRU declares them):
+//   MOE_HAVE_EVICT_FOLIOS, MOE_HAVE_ISOLATE_FOLIOS, MOE_HAVE_SHOULD_RUN_AGING,
+//   MOE_HAVE_INC_MAX_SEQ, MOE_HAVE_FOLIO_INC_GEN, MOE_HAVE_LOOK_AROUND,
+//   MOE_HAVE_WS_EVICTION, MOE_HAVE_WS_REFAULT   1: compile that kprobe group
+//   MOE_RINGBUF_PAGES      ring buffer size in pages for aging records (power of two)
+//   MOE_LRU_GEN_PERIOD_MS  the lru_gen sampler's period (Python side; unused here)
+//   MOE_LRU_GEN_FULL       1: the sampler reads lru_gen_full (Python side; unused here)
+
+#ifndef MOE_HAVE_EVICT_FOLIOS
+#define MOE_HAVE_EVICT_FOLIOS 0
+#endif
+#ifndef MOE_HAVE_ISOLATE_FOLIOS
+#define MOE_HAVE_ISOLATE_FOLIOS 0
+#endif
+#ifndef MOE_HAVE_SHOULD_RUN_AGING
+#define MOE_HAVE_SHOULD_RUN_AGING 0
+#endif
+#ifndef MOE_HAVE_INC_MAX_SEQ
+#define MOE_HAVE_INC_MAX_SEQ 0
+#endif
+#ifndef MOE_HAVE_FOLIO_INC_GEN
+#define MOE_HAVE_FOLIO_INC_GEN 0
+#endif
+#ifndef MOE_HAVE_LOOK_AROUND
+#define MOE_HAVE_LOOK_AROUND 0
+#endif
+#ifndef MOE_HAVE_WS_EVICTION
+#define MOE_HAVE_WS_EVICTION 0
+#endif
+#ifndef MOE_HAVE_WS_REFAULT
+#define MOE_HAVE_WS_REFAULT 0
+#endif
+#ifndef MOE_RINGBUF_PAGES
+#define MOE_RINGBUF_PAGES 16
+#endif
+#ifndef MOE_LRU_GEN_PERIOD_MS
+#define MOE_LRU_GEN_PERIOD_MS 1000
+#endif
+#ifndef MOE_LRU_GEN_FULL
+#define MOE_LRU_GEN_FULL 0
+#endif
+
+// aging record kinds (toolkit/mglrurec.py AGING_KINDS names them in this order)
+#define AGING_TRY_TO_INC_MAX_SEQ 0
+#define AGING_INC_MAX_SEQ 1
+#define AGING_INC_MAX_SEQ_CLONE 2
+#define SEQ_UNKNOWN 0xffffffffffffffffULL
+
+// stats slots (toolkit/probespec.py MGLRU.stats names them, in order)
+#define STAT_EVICT_FOLIOS 0
+#define STAT_ISOLATE_FOLIOS 1
+#define STAT_SHOULD_RUN_AGING 2
+#define STAT_INC_MAX_SEQ 3       // aging attempts (whichever inc_max_seq candidate is attached)
+#define STAT_FOLIO_INC_GEN 4
+#define STAT_LOOK_AROUND 5
+#define STAT_WORKINGSET_EVICTION 6
+#define STAT_WORKINGSET_REFAULT 7
+#define STAT_RING_LOST 8         // aging records the ring had no room for
+#define N_STATS 9
+
+#if MOE_HAVE_EVICT_FOLIOS || MOE_HAVE_ISOLATE_FOLIOS || MOE_HAVE_SHOULD_RUN_AGING || MOE_HAVE_INC_MAX_SEQ || \
+    MOE_HAVE_FOLIO_INC_GEN || MOE_HAVE_LOOK_AROUND || MOE_HAVE_WS_EVICTION || MOE_HAVE_WS_REFAULT
+#include <uapi/linux/ptrace.h>  // struct pt_regs for PT_REGS_PARM*
+#endif
+
+// MAX_NR_GENS is 4 on every MGLRU kernel so far; slot 0 counts folios not on an MGLRU list
+#define GEN_SLOTS 5
+
+struct aging_event {
+    u64 ts_ns;   // bpf_ktime_get_ns (CLOCK_MONOTONIC)
+    u64 seq;     // try_to_inc_max_seq's max_seq argument; SEQ_UNKNOWN for the other kinds
+    u32 tgid;    // who aged (kswapd, a direct reclaimer, a writer of lru_gen)
+    u32 kind;    // AGING_*
+};
+
+// always compiled: the one map every build has (a probe-build test checks it)
+BPF_ARRAY(stats, u64, N_STATS);
+
+static __always_inline void stat_add(u32 slot, u64 v) {
+    u64 *p = stats.lookup(&slot);
+    if (p)
+        __sync_fetch_and_add(p, v);
+}
+
+#if MOE_HAVE_INC_MAX_SEQ
+BPF_RINGBUF_OUTPUT(aging, MOE_RINGBUF_PAGES);
+
+static __always_inline int aging_event(u32 kind, u64 seq) {
+    stat_add(STAT_INC_MAX_SEQ, 1);
+    struct aging_event *e = aging.ringbuf_reserve(sizeof(struct aging_event));
+    if (!e) {
+        stat_add(STAT_RING_LOST, 1);
+        return 0;
+    }
+    e->ts_ns = bpf_ktime_get_ns();
+    e->seq = seq;
+    e->tgid = bpf_get_current_pid_tgid() >> 32;
+    e->kind = kind;
+    aging.ringbuf_submit(e, 0);
+    return 0;
+}
+
+int kp_try_to_inc_max_seq(struct pt_regs *ctx) {
+    return aging_event(AGING_TRY_TO_INC_MAX_SEQ, PT_REGS_PARM2(ctx));
+}
+int kp_inc_max_seq(struct pt_regs *ctx) { return aging_event(AGING_INC_MAX_SEQ, SEQ_UNKNOWN); }
+int kp_inc_max_seq_constprop_0(struct pt_regs *ctx) { return aging_event(AGING_INC_MAX_SEQ_CLONE, SEQ_UNKNOWN); }
+#endif
+
+#if MOE_HAVE_EVICT_FOLIOS
+int kp_evict_folios(struct pt_regs *ctx) {
+    stat_add(STAT_EVICT_FOLIOS, 1);
+    return 0;
+}
+#endif
+
+#if MOE_HAVE_ISOLATE_FOLIOS
+int kp_isolate_folios(struct pt_regs *ctx) {
+    stat_add(STAT_ISOLATE_FOLIOS, 1);
+    return 0;
+}
+#endif
+
+#if MOE_HAVE_SHOULD_RUN_AGING
+int kp_should_run_aging(struct pt_regs *ctx) {
+    stat_add(STAT_SHOULD_RUN_AGING, 1);
+    return 0;
+}
+#endif
+
+#if MOE_HAVE_FOLIO_INC_GEN
+#include <linux/mmzone.h>  // LRU_GEN_MASK, LRU_GEN_PGOFF (exact headers: the build's page-flags layout)
+BPF_ARRAY(inc_gen_from, u64, GEN_SLOTS);
+
+int kp_folio_inc_gen(struct pt_regs *ctx) {
+    stat_add(STAT_FOLIO_INC_GEN, 1);
+    unsigned long flags = 0;
+    bpf_probe_read_kernel(&flags, sizeof(flags), (void *)PT_REGS_PARM2(ctx));
+    // ((flags & LRU_GEN_MASK) >> LRU_GEN_PGOFF) - 1 is the generation; 0 here: not on MGLRU
+    u32 slot = (u32)((flags & LRU_GEN_MASK) >> LRU_GEN_PGOFF);
+    if (slot >= GEN_SLOTS)
+        slot = 0;
+    u64 *c = inc_gen_from.lookup(&slot);
+    if (c)
+        __sync_fetch_and_add(c, 1);
+    return 0;
+}
+#endif
+
+#if MOE_HAVE_LOOK_AROUND
+int kp_lru_gen_look_around(struct pt_regs *ctx) {
+    stat_add(STAT_LOOK_AROUND, 1);
+    return 0;
+}
+#endif
+
+#if MOE_HAVE_WS_EVICTION
+int kp_workingset_eviction(struct pt_regs *ctx) {
+    stat_add(STAT_WORKINGSET_EVICTION, 1);
+    return 0;
+}
+#endif
+
+#if MOE_HAVE_WS_REFAULT
+int kp_workingset_refault(struct pt_regs *ctx) {
+    stat_add(STAT_WORKINGSET_REFAULT, 1);
+    return 0;
+}
+#endif
