@@ -9,12 +9,13 @@ set as a whole, the way `moetrace record` and `moetrace doctor` see it.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-from moetrace import bpf, probespec, recorder
+from moetrace import bpf, probespec, recorder, rundir
 from moetrace.probespec import DEFAULT_PROBES, PROBES
 
 RECORD = [sys.executable, "-c", "from moetrace.cli.record import record; record.main(prog_name='moetrace record')"]
@@ -75,10 +76,17 @@ def test_probe_compiles_loads_and_detaches_with_its_plan_knobs(plans, name):
 
 
 def test_default_set_attaches_or_doctor_says_why(live, tmp_path):
-    """`moetrace record` with the default set around `true`: each default probe is recorded,
-    or skipped with the same reason `moetrace doctor --json` gives."""
+    """`moetrace record` with the default set around a command that reads a file: each default
+    probe is recorded, or skipped with the same reason `moetrace doctor --json` gives; the run
+    directory holds no raw kernel address (acceptance 5: stacks are symbolized)."""
     pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
-    r = subprocess.run([*RECORD, "--out", str(tmp_path / "run"), "--missing-probes", "warn", "--", "true"],
+    from moetrace.symbolize import find_kernel_addresses
+
+    data = tmp_path / "data.bin"
+    data.write_bytes(os.urandom(8 << 20))
+    cmd = ["sh", "-c", f"for i in 1 2 3 4 5 6 7 8; do dd if={data} of=/dev/null bs=64k status=none; done; "
+                       f"{sys.executable} -c 'sum(range(3_000_000))'"]
+    r = subprocess.run([*RECORD, "--out", str(tmp_path / "run"), "--missing-probes", "warn", "--", *cmd],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     doc = json.loads((tmp_path / "run" / "manifest.json").read_text())
@@ -94,3 +102,33 @@ def test_default_set_attaches_or_doctor_says_why(live, tmp_path):
         else:
             assert ap["recorded"] is True, (name, ap["skip_reason"])
     assert doc["complete"] is True
+    _doc, tables = rundir.load_run(tmp_path / "run")
+    if doc["attach_plan"]["stacks"]["recorded"]:
+        st = tables["stacks"]
+        assert int(st["samples"].sum()) > 0
+        assert (tmp_path / "run" / "stacks.folded").stat().st_size > 0
+    assert find_kernel_addresses(tmp_path / "run") == []
+
+
+def test_bpf_stats_count_each_probe_and_switch_off_again(live, tmp_path):
+    """--bpf-stats: per-program run counts equal the probe's own event counters (the add
+    program runs once per add event), run time is nonzero, and the statistics are off again."""
+    pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
+    before = open("/proc/sys/kernel/bpf_stats_enabled").read().strip()
+    data = tmp_path / "data.bin"
+    data.write_bytes(os.urandom(4 << 20))
+    fd = os.open(data, os.O_RDONLY)
+    os.fsync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    r = subprocess.run([*RECORD, "--out", str(tmp_path / "run"), "--probes", "pagecache,reads", "--bpf-stats",
+                        "--", "dd", f"if={data}", "of=/dev/null", "bs=64k", "status=none"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    rt = doc["bpf_runtime"]
+    assert rt["stats_enabled"] is True and rt["total_run_time_ns"] > 0
+    add = rt["programs"]["pagecache"]["tracepoint__filemap__mm_filemap_add_to_page_cache"]
+    assert add["run_cnt"] == doc["stats"]["pagecache"]["add_events"] > 0
+    assert rt["per_probe_runs"]["reads"] > 0 and 0 < rt["cpu_fraction_of_wall"] < 1
+    assert open("/proc/sys/kernel/bpf_stats_enabled").read().strip() == before

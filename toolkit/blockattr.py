@@ -121,20 +121,7 @@ def _import_bcc():
                                    "`/usr/bin/python3 -m venv --system-site-packages`") from None
 
 
-def prog_fdinfo(fd: int) -> dict[str, int]:
-    """Integer fields of /proc/self/fdinfo/<fd> of a BPF program (prog_id, run_cnt,
-    recursion_misses, ...)."""
-    out: dict[str, int] = {}
-    try:
-        text = Path(f"/proc/self/fdinfo/{fd}").read_text()
-    except OSError:
-        return out
-    for line in text.splitlines():
-        k, _, v = line.partition(":")
-        v = v.strip()
-        if v.lstrip("-").isdigit():
-            out[k.strip()] = int(v)
-    return out
+from .bpf import prog_fdinfo  # noqa: E402  (re-exported: one copy, in moetrace.bpf)
 
 
 def block_cflags(dev: int, bytes_tp: int, ring_pages: int = 64, stream: bool = True,

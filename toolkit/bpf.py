@@ -191,6 +191,57 @@ def load_probe(name: str, knobs: dict[str, int | bool], extra_cflags: tuple[str,
     return LoadedProbe(name, b, cflags, dt, tps)
 
 
+def prog_fdinfo(fd: int) -> dict[str, int]:
+    """Integer fields of /proc/self/fdinfo/<fd> of a BPF program (prog_id, run_cnt,
+    run_time_ns, recursion_misses, ...)."""
+    out: dict[str, int] = {}
+    try:
+        text = Path(f"/proc/self/fdinfo/{fd}").read_text()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        k, _, v = line.partition(":")
+        v = v.strip()
+        if v.lstrip("-").isdigit():
+            out[k.strip()] = int(v)
+    return out
+
+
+def prog_runtime(bpf) -> dict[str, dict[str, int | None]]:
+    """{program: {"run_cnt", "run_time_ns"}} of a bcc BPF object's loaded programs. The
+    kernel counts them only while run-time statistics are on (:func:`enable_stats`)."""
+    out: dict[str, dict[str, int | None]] = {}
+    if bpf is None:
+        return out
+    for name, fn in bpf.funcs.items():
+        info = prog_fdinfo(fn.fd)
+        out[name.decode() if isinstance(name, bytes) else str(name)] = {
+            "run_cnt": info.get("run_cnt"), "run_time_ns": info.get("run_time_ns")}
+    return out
+
+
+_SYS_BPF = {"x86_64": 321, "aarch64": 280}
+_BPF_ENABLE_STATS = 32
+_BPF_STATS_RUN_TIME = 0
+
+
+def enable_stats() -> int:
+    """Turn BPF run-time statistics on (BPF_ENABLE_STATS, 5.8+): returns an fd; the
+    statistics stay on while it is open and go off by themselves when it is closed (also
+    when this process dies), so nothing is left changed. Raises OSError when refused."""
+    nr = _SYS_BPF.get(os.uname().machine)
+    if nr is None:
+        raise OSError(0, f"BPF_ENABLE_STATS: unknown syscall number on {os.uname().machine}")
+    attr = (ctypes.c_uint32 * 4)(_BPF_STATS_RUN_TIME, 0, 0, 0)
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.syscall(ctypes.c_long(nr), ctypes.c_int(_BPF_ENABLE_STATS), ctypes.byref(attr),
+                      ctypes.c_uint(ctypes.sizeof(attr)))
+    if fd < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"BPF_ENABLE_STATS: {os.strerror(e)}")
+    return fd
+
+
 def array_values(table) -> list:
     """Every value of a BPF_ARRAY in index order (one syscall per entry batch)."""
     n = len(table)

@@ -226,18 +226,7 @@ class ReclaimResult:
                 "start_s": self.start_s, "duration_s": self.duration_s}
 
 
-def _prog_fdinfo(fd: int) -> dict[str, int]:
-    out: dict[str, int] = {}
-    try:
-        text = Path(f"/proc/self/fdinfo/{fd}").read_text()
-    except OSError:
-        return out
-    for line in text.splitlines():
-        k, _, v = line.partition(":")
-        v = v.strip()
-        if v.lstrip("-").isdigit():
-            out[k.strip()] = int(v)
-    return out
+from .bpf import prog_fdinfo as _prog_fdinfo  # noqa: E402
 
 
 class ReclaimRecorder:

@@ -342,6 +342,9 @@ class RecordOptions:
     missing_probes: str = "error"  # error | warn
     stream_events: bool = False
     stream_max_records: int = 5_000_000
+    #: turn BPF run-time statistics on while recording (BPF_ENABLE_STATS; off again at the end):
+    #: the manifest's bpf_runtime then says how much CPU time each probe's programs took
+    bpf_stats: bool = False
     #: ``--knob PROBE.NAME=V``: {probe: {NAME: V}} for the further probes (probe_recorder)
     knobs: dict[str, dict[str, int]] = field(default_factory=dict)
     #: a cgroup directory (v1 or v2) the command joins after the fork, before it execs:
@@ -564,12 +567,20 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
     extras: list = []  # moetrace.probe_recorder.ProbeRecorder of the further probes
     phase = None  # moetrace.epochs.PhaseServer: per-iteration epochs of the pagecache probe
     phase_fd: int | None = None  # its other end, inherited by the command
+    stats_fd: int | None = None  # BPF_ENABLE_STATS: run-time statistics on while it is open
     disk = None  # the pool's disk as /proc/diskstats names it
     state = _State()
     old: dict[int, Any] = {}
     result_df = None
     exit_status = 1
     try:
+        if opts.bpf_stats:
+            from .bpf import enable_stats
+
+            try:
+                stats_fd = enable_stats()
+            except OSError as e:
+                notes.append(f"--bpf-stats: run-time statistics unavailable ({e.strerror or e})")
         t_attach0 = time.perf_counter()
         from .snapshot import read_diskstats
 
@@ -583,12 +594,15 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
                 over.update(POOL_DEV=pmap.pool_dev, N_EXPERTS=pmap.n_total, PPE=pmap.pages_per_expert,
                             WPE=pmap.words_per_expert, EPOCHS=epochs_for(pmap.n_total + 1))
             over["STREAM_EVENTS"] = int(opts.stream_events)
+            if "reads" in plans and plans["reads"].status != "no" and "reads" in EXTRA_RECORDED:
+                over["TRACK_READS"] = 0  # the reads probe counts every read call: not twice
             knobs = {k: int(v) for k, v in PAGECACHE.knob_values(**over).items()}
             if not knobs["HAVE_ORDER"]:
                 notes.append("add/delete tracepoints carry no folio order: every event counts one page")
             say("compiling and attaching pagecache ...")
             probe = load_probe("pagecache", knobs)
-            planned = sorted(e.candidate.target for e in plan.attached)
+            off = {g.name for g in PAGECACHE.attach if g.knob is not None and not knobs.get(g.knob, 1)}
+            planned = sorted(e.candidate.target for e in plan.attached if e.group not in off)
             if sorted(probe.tracepoints) != planned:
                 probe.close()
                 raise MoetraceError(f"probe pagecache attached {sorted(probe.tracepoints)}, its attach plan "
@@ -596,6 +610,9 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
                                     hint="probes/pagecache.c and its declaration in moetrace/probespec.py "
                                          "disagree (tests/test_probe_build.py checks them)")
             attach_plan["pagecache"]["recorded"] = True
+            if off:
+                attach_plan["pagecache"]["compiled_out"] = {
+                    g: "TRACK_READS=0: the reads probe times every read call" for g in sorted(off)}
             manifest["timings"]["pagecache_compile_attach_s"] = round(probe.compile_attach_s, 4)
             manifest["knobs"] = {"pagecache": knobs}
             if pmap is not None:
@@ -726,6 +743,9 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
 
             env[PHASE_FD_ENV] = str(phase_fd)
         t_start = time.monotonic_ns()
+        import resource
+
+        ru0 = resource.getrusage(resource.RUSAGE_SELF)
         pid, gate = _spawn(list(opts.command), env, cgroup_procs)
         if phase_fd is not None:
             os.close(phase_fd)
@@ -755,11 +775,16 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
         t_end = time.monotonic_ns()
         exit_status = _exit_status(status)
         manifest["exit_status"] = exit_status
+        ru1 = resource.getrusage(resource.RUSAGE_SELF)
         manifest["timings"].update(command_start_ns=t_start, command_end_ns=t_end,
-                                   command_wall_s=round((t_end - t_start) / 1e9, 6))
+                                   command_wall_s=round((t_end - t_start) / 1e9, 6),
+                                   # the recorder's own CPU while the command ran (polling rings, samplers)
+                                   recorder_user_s=round(ru1.ru_utime - ru0.ru_utime, 4),
+                                   recorder_system_s=round(ru1.ru_stime - ru0.ru_stime, 4))
         # -- collect, then detach
         if pool_disk is not None:
             pool_disk["post"] = read_diskstats(device=disk)
+        manifest["bpf_runtime"] = _runtime(probe, blk, rcl, extras, stats_fd is not None, t_end - t_start)
         for r in extras:
             try:
                 r.close()
@@ -891,6 +916,8 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
             os.close(phase_fd)
         if phase is not None:
             phase.stop()
+        if stats_fd is not None:
+            os.close(stats_fd)  # run-time statistics off again
         for r in extras:
             r.abort()
         for r in (blk, rcl):  # idempotent; detaches on errors and signals too
@@ -905,6 +932,32 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
         if state.signals and manifest.get("interrupted_by") is None:
             manifest["interrupted_by"] = signal.Signals(state.signals[0]).name
         rd.write_manifest(run_dir, manifest)
+
+
+def _runtime(probe, blk, rcl, extras, enabled: bool, wall_ns: int) -> dict[str, Any]:
+    """Per probe: its BPF programs' run counts and run time over the recording (the kernel
+    counts run time only while statistics are on: ``record --bpf-stats``)."""
+    from .bpf import prog_runtime
+
+    progs: dict[str, Any] = {}
+    if probe is not None and not probe.closed:
+        progs["pagecache"] = prog_runtime(probe.bpf)
+    for name, r in (("block", blk), ("reclaim", rcl)):
+        if r is not None and r.bpf is not None:
+            progs[name] = prog_runtime(r.bpf)
+    for r in extras:
+        if r.probe is not None and not r.probe.closed:
+            progs[r.name] = prog_runtime(r.probe.bpf)
+    per = {p: sum(v["run_time_ns"] or 0 for v in fns.values()) for p, fns in progs.items()}
+    runs = {p: sum(v["run_cnt"] or 0 for v in fns.values()) for p, fns in progs.items()}
+    total = sum(per.values())
+    return {"stats_enabled": enabled, "command_wall_ns": wall_ns,
+            "per_probe_run_time_ns": per if enabled else None, "per_probe_runs": runs if enabled else None,
+            "total_run_time_ns": total if enabled else None,
+            "cpu_fraction_of_wall": (total / wall_ns) if enabled and wall_ns else None,
+            "programs": progs if enabled else None,
+            "note": "run time of the probes' BPF programs in the kernel (all CPUs), not the recorder's user-space "
+                    "time; counted only with --bpf-stats"}
 
 
 def _write_snapshots(run_dir: Path, snaps: dict[str, Any]) -> None:

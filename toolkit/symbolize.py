@@ -227,37 +227,63 @@ class ElfSymbols:
         return tab
 
     def _load(self, path: str) -> _ElfTable | None:
+        """PT_LOAD segments (pyelftools reads the headers) and the function symbols of
+        .symtab and .dynsym, parsed as numpy arrays straight from the section bytes (tens of
+        thousands of symbols per library: pyelftools' per-symbol parsing took seconds)."""
         try:
             from elftools.common.exceptions import ELFError
             from elftools.elf.elffile import ELFFile
         except ImportError:  # pragma: no cover - a declared dependency
             self.errors[path] = "pyelftools not installed"
             return None
+        import numpy as np
+
         try:
             with open(path, "rb") as fh:
                 elf = ELFFile(fh)
                 loads = [(s["p_offset"], s["p_filesz"], s["p_vaddr"]) for s in elf.iter_segments()
                          if s["p_type"] == "PT_LOAD"]
-                syms: dict[int, tuple[int, str]] = {}
+                e = "<" if elf.little_endian else ">"
+                if elf.elfclass == 64:
+                    dt = np.dtype([("name", e + "u4"), ("info", "u1"), ("other", "u1"), ("shndx", e + "u2"),
+                                   ("value", e + "u8"), ("size", e + "u8")])
+                else:
+                    dt = np.dtype([("name", e + "u4"), ("value", e + "u4"), ("size", e + "u4"), ("info", "u1"),
+                                   ("other", "u1"), ("shndx", e + "u2")])
+                vals, sizes, names = [], [], []
                 for sec_name in (".symtab", ".dynsym"):
                     sec = elf.get_section_by_name(sec_name)
-                    if sec is None or not hasattr(sec, "iter_symbols"):
+                    if sec is None or sec["sh_type"] not in ("SHT_SYMTAB", "SHT_DYNSYM"):
                         continue
-                    for s in sec.iter_symbols():
-                        if s["st_info"]["type"] not in ("STT_FUNC", "STT_GNU_IFUNC"):
-                            continue
-                        if s["st_shndx"] == "SHN_UNDEF" or not s["st_value"] or not s.name:
-                            continue
-                        v, size = int(s["st_value"]), int(s["st_size"])
-                        old = syms.get(v)
-                        if old is None or (old[0] == 0 and size) or (size and len(s.name) < len(old[1])):
-                            syms[v] = (size, s.name)
+                    strsec = elf.get_section(sec["sh_link"])
+                    fh.seek(sec["sh_offset"])
+                    raw = fh.read(sec["sh_size"])
+                    fh.seek(strsec["sh_offset"])
+                    strtab = fh.read(strsec["sh_size"])
+                    n = len(raw) // dt.itemsize
+                    sym = np.frombuffer(raw[: n * dt.itemsize], dt)
+                    typ = sym["info"] & 0xF
+                    keep = ((typ == 2) | (typ == 10)) & (sym["shndx"] != 0) & (sym["value"] != 0) & (sym["name"] != 0)
+                    sym = sym[keep]
+                    zeros = np.flatnonzero(np.frombuffer(strtab, np.uint8) == 0)
+                    offs = sym["name"].astype(np.int64)
+                    ends = zeros[np.minimum(np.searchsorted(zeros, offs), len(zeros) - 1)] if len(zeros) else offs
+                    for o, q, v, z in zip(offs.tolist(), ends.tolist(), sym["value"].tolist(), sym["size"].tolist()):
+                        if q > o:
+                            vals.append(v)
+                            sizes.append(z)
+                            names.append(strtab[o:q].decode("utf-8", "replace"))
         except (OSError, ELFError, ValueError) as e:
             self.errors[path] = str(e)
             return None
-        except Exception as e:  # noqa: BLE001 - pyelftools raises assorted errors on odd files
+        except Exception as e:  # noqa: BLE001 - odd files raise assorted errors
             self.errors[path] = f"{type(e).__name__}: {e}"
             return None
+        syms: dict[int, tuple[int, str]] = {}
+        for v, size, name in zip(vals, sizes, names):
+            old = syms.get(v)
+            if old is None or (old[0] == 0 and size) or (size and len(name) < len(old[1])):
+                syms[v] = (size, name)
         tab = _ElfTable(loads)
         for v in sorted(syms):
             size, name = syms[v]

@@ -113,9 +113,16 @@ def run_plain(cmd: list[str], run_dir: Path) -> dict:
     return doc
 
 
-def run_recorded(cmd: list[str], run_dir: Path, stream: bool) -> tuple[dict, dict, float]:
+PROBES: str | None = None  # --probes for record (None: record's default set)
+
+
+def run_recorded(cmd: list[str], run_dir: Path, stream: bool, bpf_stats: bool = False) -> tuple[dict, dict, float]:
     """(replay.json, manifest.json, seconds from launching record to the child's start)."""
     rec = [sys.executable, "-m", "moetrace.cli.record", "--out", str(run_dir)]
+    if bpf_stats:
+        rec.append("--bpf-stats")
+    if PROBES:
+        rec += ["--probes", PROBES]
     if stream:
         rec.append("--stream-events")
     t0 = time.monotonic_ns()
@@ -138,7 +145,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5, help="pairs per case")
     ap.add_argument("--passes", type=int, default=2, help="measured passes per replay")
     ap.add_argument("--pass-s", type=float, default=0.75, help="target seconds per pass (calibrated)")
+    ap.add_argument("--probes", default=None, help="record --probes LIST (default: record's default set)")
+    ap.add_argument("--cases", default="ab", help="which cases to run: a (counters), b (streams) or ab")
+    ap.add_argument("--bpf-stats-runs", type=int, default=3,
+                    help="recorded runs with --bpf-stats after the pairs: the probes' own kernel CPU time "
+                         "(0: skip)")
     a = ap.parse_args(argv)
+    global PROBES
+    PROBES = a.probes
     if os.geteuid() != 0:
         print("bench_record needs root (the probes); run it with sudo", file=sys.stderr)
         return 2
@@ -175,7 +189,7 @@ def _bench(a, d: Path) -> int:
     hits: dict[str, list] = {c: [] for c in "ab"}
     n = 0
     for r in range(a.repeats):
-        for case in "ab":
+        for case in a.cases:
             order = ["plain", "record"] if (r % 2 == 0) else ["record", "plain"]
             res = {}
             for who in order:
@@ -203,7 +217,7 @@ def _bench(a, d: Path) -> int:
                   f"record start-up {startups[case][-1]:.2f} s", flush=True)
     print()
     rc = 0
-    for case in "ab":
+    for case in a.cases:
         m = statistics.median(ratios[case])
         mi = statistics.median(med_ratios[case])
         ok = m <= TARGETS[case]
@@ -216,6 +230,24 @@ def _bench(a, d: Path) -> int:
               f"launch -> child start {statistics.median(startups[case]):.2f} s")
         req, add, lost = hits[case][-1]
         print(f"    last recorded run: requested {req} pages, added {add} (misses); pagecache lost {lost}")
+    if a.bpf_stats_runs:
+        # the deterministic part of the cost: what the probes' BPF programs ran in the kernel
+        fr, per = [], {}
+        for i in range(a.bpf_stats_runs):
+            doc, man, _st = run_recorded(cmd, d / f"stats-{i}", stream=False, bpf_stats=True)
+            rt = man["bpf_runtime"]
+            wall = rt["command_wall_ns"]
+            fr.append(rt["total_run_time_ns"] / wall)
+            tm = man["timings"]
+            per.setdefault("recorder user space", []).append(
+                (tm["recorder_user_s"] + tm["recorder_system_s"]) * 1e9 / wall)
+            for p, ns in rt["per_probe_run_time_ns"].items():
+                per.setdefault(p, []).append(ns / wall)
+        print(f"(c) BPF run time of the default probes (--bpf-stats, {a.bpf_stats_runs} runs): median "
+              f"{100 * statistics.median(fr):.3f} % of one CPU over the recorded command's wall time; per probe "
+              "(and the recorder's own CPU while the command ran) "
+              + ", ".join(f"{p} {100 * statistics.median(v):.3f} %" for p, v in sorted(per.items(),
+                                                                                   key=lambda kv: -max(kv[1]))))
     return rc
 
 

@@ -29,10 +29,14 @@ from .common import emit_json
 @click.option("--cgroup", "cgroup", type=click.Path(file_okay=False, exists=True), metavar="DIR",
               help="A cgroup (v1 or v2 directory) COMMAND joins before it execs, e.g. a memory scope; "
                    "the recorder itself stays outside it.")
+@click.option("--bpf-stats", is_flag=True,
+              help="Count the probes' own cost: BPF run-time statistics on while recording (off again at the "
+                   "end); manifest bpf_runtime gives each probe's run count and kernel CPU time.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final manifest on stdout.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
-def record(ctx, probes, knob_items, out, pool_dir, missing_probes, stream_events, cgroup, as_json, command):
+def record(ctx, probes, knob_items, out, pool_dir, missing_probes, stream_events, cgroup, bpf_stats, as_json,
+           command):
     """Run COMMAND with probes attached; write a run directory; exit with COMMAND's status.
 
     \b
@@ -84,7 +88,7 @@ def record(ctx, probes, knob_items, out, pool_dir, missing_probes, stream_events
             raise click.BadParameter(f"{item!r}: expected PROBE.NAME=INTEGER, e.g. stacks.MOE_SAMPLE_HZ=999",
                                      param_hint="--knob") from None
     opts = RecordOptions(command=cmd, out=out, probes=plist, pool=pool_dir, missing_probes=missing_probes,
-                         stream_events=stream_events, cgroup=cgroup, knobs=knobs)
+                         stream_events=stream_events, cgroup=cgroup, knobs=knobs, bpf_stats=bpf_stats)
     res = do_record(opts, on_event=lambda s: click.echo(f"moetrace record: {s}", err=True))
     if as_json:
         emit_json(res.manifest)
