@@ -88,7 +88,7 @@ READ_CALL_DTYPE = SPEC.struct("read_call").dtype()
 IDENT_DTYPE = SPEC.struct("ident").dtype()
 STAT = {name: i for i, name in enumerate(SPEC.stats)}
 #: seconds between two full scans of the followed processes' fd tables
-SCAN_INTERVAL_S = 0.5
+SCAN_INTERVAL_S = 2.0  # a fallback: new fds are announced by the kernel (idents ring) and stat-ed at once
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 Ident = tuple[int, int, int, int]  # (tgid, fd, gen, epoch)

@@ -16,8 +16,16 @@ Layout (schema ``moetrace.run/1``)::
       reclaim_histogram.parquet  reclaim: log2 ns durations of completed invocations per kind
       snapshots.json         /proc snapshots pre/post; pool_disk: the pool disk's diskstats
                              right after the block probe attached / right before it detached
+      epochs.parquet         pagecache: one row per epoch (setup, each replay iteration, after)
+      expert_epochs.parquet  pagecache: nonzero (epoch, expert) added/evicted/re-added pages
       page_events.parquet    (only with the per-page stream) one row per (event, expert piece)
       stream_intervals.parquet  per-interval record and lost counts of the stream
+      lru.parquet, lru_dwell_histogram.parquet      lru: insertions, activations, dwell per expert
+      reads.parquet, reads_latency.parquet, reads_files.parquet (read_calls.parquet with the stream)
+                             reads: per read call classes (hit-only / miss / error), per expert
+      mlock.parquet, mlock_timeline.parquet         mlock: calls and locked bytes over time
+      stacks.parquet, stacks.folded                 stacks: symbolized cpu-clock samples
+      lru_gen.parquet        mglru: <debugfs>/lru_gen samples (MGLRU kernels only)
       replay/                the replay's own iteration log (iterations.parquet, replay.json)
 
 The manifest is written first with ``"complete": false`` and rewritten at the

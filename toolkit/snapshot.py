@@ -171,29 +171,21 @@ def find_mount(fstype: str, root: str | os.PathLike = "/") -> str | None:
 
 
 def parse_lru_gen(text: str) -> list[dict[str, Any]]:
-    """Parse /sys/kernel/debug/lru_gen: one row per (memcg, node, generation).
+    """Parse <debugfs>/lru_gen (or lru_gen_full): one row per (memcg, node, generation).
 
-    Columns: memcg_id, memcg_path, node, seq, age_ms, nr_anon, nr_file (pages).
-    Lines of ``lru_gen_full`` (per-tier rows, walk stats) that do not have exactly
-    four integer fields are skipped."""
-    rows: list[dict[str, Any]] = []
-    memcg_id: int | None = None
-    memcg_path: str | None = None
-    node: int | None = None
-    for line in text.splitlines():
-        f = line.split()
-        if not f:
-            continue
-        if f[0] == "memcg" and len(f) >= 2:
-            memcg_id = int(f[1])
-            memcg_path = f[2] if len(f) > 2 else ""
-            node = None
-        elif f[0] == "node" and len(f) >= 2:
-            node = int(f[1])
-        elif len(f) == 4 and all(re.fullmatch(r"-?\d+", x) for x in f) and node is not None:
-            rows.append({"memcg_id": memcg_id, "memcg_path": memcg_path, "node": node, "seq": int(f[0]),
-                         "age_ms": int(f[1]), "nr_anon": int(f[2]), "nr_file": int(f[3])})
-    return rows
+    Columns: memcg_id, memcg_path, node, seq, age_ms, nr_anon, nr_file (pages). The one
+    parser is :func:`moetrace.lru_gen.parse`; a snapshot is best effort, so text it
+    refuses gives no rows here (the mglru probe reports the line)."""
+    from .errors import InputError
+    from .lru_gen import parse
+
+    try:
+        sample = parse(text)
+    except InputError:
+        return []
+    return [{"memcg_id": g["memcg_id"], "memcg_path": g["memcg_path"], "node": g["node"], "seq": g["seq"],
+             "age_ms": g["age_ms"], "nr_anon": g["nr_anon_pages"], "nr_file": g["nr_file_pages"]}
+            for g in sample.generations]
 
 
 def read_lru_gen(root: str | os.PathLike = "/") -> list[dict[str, Any]] | None:
