@@ -19,7 +19,9 @@ from moetrace import bpf, probespec, recorder, rundir
 from moetrace.probespec import DEFAULT_PROBES, PROBES
 
 RECORD = [sys.executable, "-c", "from moetrace.cli.record import record; record.main(prog_name='moetrace record')"]
-DOCTOR = [sys.executable, "-c", "from moetrace.cli import main; main()", "doctor", "--json"]
+# --mount: record unmounts the debugfs it mounted; doctor must see the same tracefs (the session fixture
+# unmounts what it mounts)
+DOCTOR = [sys.executable, "-c", "from moetrace.cli import main; main()", "doctor", "--json", "--mount"]
 WITH_SOURCE = [n for n, sp in PROBES.items() if sp.source_path.exists()]
 
 
