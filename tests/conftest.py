@@ -76,3 +76,33 @@ def _unmount_what_tests_mounted():
     from moetrace.features import unmount_ours
 
     unmount_ours()
+
+
+def moetrace_cli(*args: str, check: bool = True):
+    """Run the moetrace CLI in a subprocess (the installed package, this Python)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", "from moetrace.cli import main; main()", *map(str, args)],
+                       capture_output=True, text=True)
+    if check and r.returncode:
+        raise AssertionError(r.stderr)
+    return r
+
+
+def make_expert_pools(base: Path, n: int = 23, steps: int = 1) -> dict[str, Path]:
+    """One layer of ``n`` experts x 1 MiB in both layouts (base/files, base/pool) and a plan
+    (base/plan.bin) whose ``steps`` iterations read every expert once each."""
+    from moetrace.trace import write_jsonl
+
+    out: dict[str, Path] = {}
+    for layout in ("files", "pool"):
+        moetrace_cli("pool", "create", base / layout, "--layers", "1", "--experts", n, "--k", n,
+                     "--expert-bytes", "1MiB", "--layout", layout)
+        out[layout] = base / layout
+    write_jsonl([(s, 0, list(range(n))) for s in range(steps)], base / "t.jsonl")
+    moetrace_cli("plan", "compile", base / "t.jsonl", "--layers", "1", "--experts", n, "--k", n,
+                 "--expert-bytes", "1MiB", "-o", base / "plan.bin")
+    out["plan"] = base / "plan.bin"
+    out["base"] = base
+    return out

@@ -320,19 +320,9 @@ def _moetrace(*args: str) -> None:
 
 @pytest.fixture(scope="module")
 def pools(tmp_path_factory):
-    base = tmp_path_factory.mktemp("reads")
-    out = {}
-    for layout in ("files", "pool"):
-        _moetrace("pool", "create", str(base / layout), "--layers", "1", "--experts", str(N), "--k", str(N),
-                  "--expert-bytes", "1MiB", "--layout", layout)
-        out[layout] = base / layout
-    from moetrace.trace import write_jsonl
+    from conftest import make_expert_pools
 
-    write_jsonl([(0, 0, list(range(N)))], base / "t.jsonl")
-    _moetrace("plan", "compile", str(base / "t.jsonl"), "--layers", "1", "--experts", str(N), "--k", str(N),
-              "--expert-bytes", "1MiB", "-o", str(base / "plan.bin"))
-    out["plan"] = base / "plan.bin"
-    return out
+    return make_expert_pools(tmp_path_factory.mktemp("reads"), N)
 
 
 def _record(out: Path, cmd: list[str], *opts: str, timeout: float = 180) -> subprocess.CompletedProcess:

@@ -168,20 +168,9 @@ def _moetrace(*args, check=True):
 
 @pytest.fixture(scope="module")
 def pools(tmp_path_factory):
-    base = tmp_path_factory.mktemp("rec")
-    out = {}
-    for layout in ("files", "pool"):
-        _moetrace("pool", "create", str(base / layout), "--layers", "1", "--experts", str(N), "--k", str(N),
-                  "--expert-bytes", "1MiB", "--layout", layout)
-        out[layout] = base / layout
-    from moetrace.trace import write_jsonl
+    from conftest import make_expert_pools
 
-    write_jsonl([(0, 0, list(range(N)))], base / "t.jsonl")
-    _moetrace("plan", "compile", str(base / "t.jsonl"), "--layers", "1", "--experts", str(N), "--k", str(N),
-              "--expert-bytes", "1MiB", "-o", str(base / "plan.bin"))
-    out["plan"] = base / "plan.bin"
-    out["base"] = base
-    return out
+    return make_expert_pools(tmp_path_factory.mktemp("rec"), N)
 
 
 def _record(out: Path, cmd: list[str], *opts: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -335,6 +324,10 @@ def test_killed_record_detaches_and_stays_loadable(live, pools, tmp_path, sig):
     assert doc["complete"] is False
     assert doc["interrupted_by"] == signal.Signals(sig).name
     assert doc["detached"] is True
+    # the default set was attached: every BPF probe's programs were among the ids checked above
+    recorded = {p for p, a in doc["attach_plan"].items() if a["recorded"]}
+    assert {"pagecache", "block", "reclaim", "lru", "reads", "mlock", "stacks"} <= recorded, recorded
+    assert len(ids) >= 20, ids
     assert len(tables["experts"]) == N + 1
     assert rundir.is_private(run)
     # and a new recording works right after

@@ -168,18 +168,14 @@ def read_vmstat(root: str | os.PathLike = "/", keys: tuple[str, ...] = VMSTAT_KE
     """The counters ``keys`` of <root>/proc/vmstat (per-CPU node-stat deltas folded first via
     /proc/sys/vm/stat_refresh when writable: workingset_* are node stats; pgactivate is an
     event counter, summed over CPUs at every read)."""
+    from .reclaimrec import read_vmstat as _read
+
     if Path(root) == Path("/"):
         try:
             Path("/proc/sys/vm/stat_refresh").write_text("1\n")
         except OSError:
             pass
-    out: dict[str, int] = {}
-    want = set(keys)
-    for line in (Path(root) / "proc/vmstat").read_text().splitlines():
-        k, _, v = line.partition(" ")
-        if k in want:
-            out[k] = int(v)
-    return out
+    return _read(root, keys)
 
 
 # -- tables -----------------------------------------------------------------------------------
@@ -297,6 +293,7 @@ class LruRecorder(ProbeRecorder):
     reads of the pool count (``follow`` is a no-op), as in the pagecache probe."""
 
     name = "lru"
+    error = LruProbeError
     needs_poll = False
 
     def __init__(self, ctx, drain: bool = True):
@@ -323,8 +320,6 @@ class LruRecorder(ProbeRecorder):
 
     def open(self) -> "LruRecorder":
         """Compile with the plan's and the pool's knobs, load, attach, fill the inode map."""
-        from .bpf import load_probe
-
         plan = self.ctx.plan
         if plan.status == "no":
             raise LruProbeError(f"probe lru cannot attach: {plan.reason}",
@@ -344,18 +339,7 @@ class LruRecorder(ProbeRecorder):
         if isinstance(mg, dict) and mg.get("on"):
             self.ctx.notes.append("lru: MGLRU is on: folios are not activated by access and the list at "
                                   "insertion does not describe generations (see the mglru probe)")
-        try:
-            self.probe = load_probe("lru", self.knobs)
-        except MoetraceError as e:
-            raise LruProbeError(e.message) from None
-        self.compile_attach_s = self.probe.compile_attach_s
-        planned = sorted(e.candidate.target for e in plan.attached)
-        if sorted(self.probe.tracepoints) != planned:
-            got = sorted(self.probe.tracepoints)
-            self.probe.close()
-            raise LruProbeError(f"probe lru attached {got}, its attach plan says {planned}",
-                                hint="probes/lru.c and its declaration in moetrace/probespec.py disagree "
-                                     "(tests/test_probe_build.py checks them)")
+        self.load_planned(self.knobs)
         if pmap is not None:
             t = self.probe.table("inodes")
             for ino, (base, n) in pmap.inodes.items():

@@ -57,6 +57,7 @@ class MglruRecorder(ProbeRecorder):
     their own)."""
 
     name = "mglru"
+    error = MglruProbeError
     needs_poll = True
 
     def __init__(self, ctx, period_ms: int | None = None, full: bool | None = None,
@@ -112,23 +113,13 @@ class MglruRecorder(ProbeRecorder):
     def _open_bpf(self) -> None:
         import ctypes
 
-        from .bpf import EventStream, ProbeLoadError, load_probe
+        from .bpf import EventStream
 
         try:
-            self.probe = load_probe("mglru", self.knobs, self.extra_cflags)
-        except ProbeLoadError as e:
-            raise MglruProbeError(e.message) from None
-        self.compile_attach_s = self.probe.compile_attach_s
-        try:
-            for e in self.ctx.plan.attached:
-                if e.candidate.kind == "kprobe":
-                    self.probe.bpf.attach_kprobe(event=e.candidate.target.encode(),
-                                                 fn_name=e.candidate.fn_name.encode())
-                    self.kprobes[e.group] = e.candidate.target
-        except Exception as ex:  # bcc raises bare Exception
-            self.probe.close()
+            self.load_planned(self.knobs, self.extra_cflags)
+        except MglruProbeError:
             self.probe = None
-            raise MglruProbeError(f"cannot attach the mglru kprobes: {ex}") from None
+            raise
         if self.knobs["MOE_HAVE_INC_MAX_SEQ"]:
             stats_t = self.probe.table("stats")
             slot = STATS.index("ring_lost")

@@ -335,6 +335,7 @@ class MlockRecorder(ProbeRecorder):
     rebuilds the locked ranges (:func:`apply_calls`)."""
 
     name = "mlock"
+    error = MlockProbeError
     needs_poll = True
 
     def __init__(self, ctx, extra_cflags: tuple[str, ...] = QUIET_CFLAGS):
@@ -350,33 +351,11 @@ class MlockRecorder(ProbeRecorder):
         self.pending_left = 0
 
     def open(self) -> "MlockRecorder":
-        from .bpf import EventStream, ProbeLoadError, load_probe
+        from .bpf import EventStream
 
-        plan = self.ctx.plan
-        if plan.status == "no":
-            raise MlockProbeError(f"mlock probe cannot attach: {plan.reason}",
-                                  hint="`moetrace doctor` lists every attach point")
+        plan = self.require_plan()
         self.knobs = self.with_user_knobs({k: int(v) for k, v in SPEC.knob_values(**plan.knobs).items()})
-        try:
-            self.probe = load_probe("mlock", self.knobs, self.extra_cflags)
-        except ProbeLoadError as e:
-            raise MlockProbeError(e.message) from None
-        self.compile_attach_s = self.probe.compile_attach_s
-        planned = sorted(e.candidate.target for e in plan.attached if e.candidate.kind == "tracepoint")
-        if sorted(self.probe.tracepoints) != planned:
-            self.probe.close()
-            raise MlockProbeError(f"probe mlock attached {sorted(self.probe.tracepoints)}, its attach plan says "
-                                  f"{planned}", hint="probes/mlock.c and its declaration disagree "
-                                                     "(tests/test_probe_build.py checks them)")
-        try:
-            for e in plan.attached:
-                if e.candidate.kind == "kprobe":
-                    self.probe.bpf.attach_kprobe(event=e.candidate.target.encode(),
-                                                 fn_name=e.candidate.fn_name.encode())
-                    self.kprobes[e.group] = e.candidate.target
-        except Exception as ex:  # bcc raises bare Exception
-            self.probe.close()
-            raise MlockProbeError(f"cannot attach the mlock kprobes: {ex}") from None
+        self.load_planned(self.knobs, self.extra_cflags)
         stats_t = self.probe.table("stats")
         slot = STATS.index("ring_lost")
         import ctypes

@@ -105,6 +105,50 @@ class ProbeRecorder:
         self.closed = True
 
     # -- helpers ----------------------------------------------------------------------------
+    #: the MoetraceError subclass this probe raises (set by subclasses)
+    error: type = MoetraceError
+
+    def require_plan(self) -> AttachPlan:
+        """The attach plan, or this probe's error when the kernel cannot run it."""
+        plan = self.ctx.plan
+        if plan.status == "no":
+            raise self.error(f"probe {self.name} cannot attach: {plan.reason}",
+                             hint="`moetrace doctor` lists what this kernel offers")
+        return plan
+
+    def load_planned(self, knobs: dict[str, int], extra_cflags: tuple[str, ...] | None = None):
+        """Compile + load probes/<name>.c with ``knobs``; check that the tracepoints bcc
+        attached are exactly the plan's (groups whose knob is on), attach the plan's kprobes;
+        sets ``probe`` and ``compile_attach_s``. Detaches everything on failure."""
+        from .bpf import QUIET_CFLAGS, ProbeLoadError, load_probe
+
+        try:
+            self.probe = load_probe(self.name, knobs, QUIET_CFLAGS if extra_cflags is None else extra_cflags)
+        except ProbeLoadError as e:
+            raise self.error(e.message, hint=e.hint) from None
+        self.compile_attach_s = self.probe.compile_attach_s
+        off = {g.name for g in self.spec.attach if g.knob is not None and not knobs.get(g.knob, 1)}
+        plan = self.ctx.plan
+        planned = sorted(e.candidate.target for e in plan.attached
+                         if e.candidate.kind == "tracepoint" and e.group not in off)
+        got = sorted(self.probe.tracepoints)
+        if got != planned:
+            self.probe.close()
+            raise self.error(f"probe {self.name} attached {got}, its attach plan says {planned}",
+                             hint=f"probes/{self.name}.c and its declaration in moetrace/probespec.py disagree "
+                                  "(tests/test_probe_build.py checks them)")
+        self.kprobes: dict[str, str] = {}
+        try:
+            for e in plan.attached:
+                if e.candidate.kind == "kprobe" and e.group not in off:
+                    self.probe.bpf.attach_kprobe(event=e.candidate.target.encode(),
+                                                 fn_name=e.candidate.fn_name.encode())
+                    self.kprobes[e.group] = e.candidate.target
+        except Exception as ex:  # noqa: BLE001 - bcc raises bare Exception
+            self.probe.close()
+            raise self.error(f"cannot attach the {self.name} kprobes: {ex}") from None
+        return self.probe
+
     def with_user_knobs(self, knobs: dict[str, int]) -> dict[str, int]:
         """``knobs`` with ``record --knob`` values on top. Only declared knobs; a knob the
         attach plan turned off (an unavailable group) cannot be turned on."""

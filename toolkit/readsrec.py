@@ -532,6 +532,7 @@ class ReadsRecorder(ProbeRecorder):
     """``moetrace record --probes reads``: see the module docstring."""
 
     name = "reads"
+    error = ReadsProbeError
     needs_poll = True
 
     def __init__(self, ctx: RecordContext):
@@ -548,22 +549,9 @@ class ReadsRecorder(ProbeRecorder):
 
     # -- lifecycle --------------------------------------------------------------------------
     def open(self) -> "ReadsRecorder":
-        from .bpf import load_probe
-
-        plan = self.ctx.plan
-        if plan.status == "no":
-            raise ReadsProbeError(f"probe reads cannot attach: {plan.reason}",
-                                  hint="`moetrace doctor` lists what this kernel offers")
+        plan = self.require_plan()
         self.knobs = self.with_user_knobs(reads_knobs(plan, self.pool, self.ctx.stream))
-        self.probe = load_probe("reads", self.knobs)
-        planned = sorted(e.candidate.target for e in plan.attached)
-        if sorted(self.probe.tracepoints) != planned:
-            got = sorted(self.probe.tracepoints)
-            self.probe.close()
-            raise ReadsProbeError(f"probe reads attached {got}, its attach plan says {planned}",
-                                  hint="probes/reads.c and its declaration in moetrace/probespec.py disagree "
-                                       "(tests/test_probe_build.py checks them)")
-        self.compile_attach_s = self.probe.compile_attach_s
+        self.load_planned(self.knobs)
         if not self.knobs["MOE_HAVE_PREADV2"]:
             self.ctx.notes.append("reads: preadv2 is not attached: Python's os.preadv (the replay's read call) "
                                   "issues preadv2, so the replay's reads are not seen")
