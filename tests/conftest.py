@@ -106,3 +106,16 @@ def make_expert_pools(base: Path, n: int = 23, steps: int = 1) -> dict[str, Path
     out["plan"] = base / "plan.bin"
     out["base"] = base
     return out
+
+
+def make_layered_pool(base: Path, layers: int, experts: int) -> Path:
+    """base/pool: ``layers`` x ``experts`` x 1 MiB (files layout) and base/plan.bin, one
+    iteration reading every expert of every layer once. Returns base."""
+    from moetrace.trace import write_jsonl
+
+    moetrace_cli("pool", "create", base / "pool", "--layers", layers, "--experts", experts, "--k", experts,
+                 "--expert-bytes", "1MiB", "--layout", "files")
+    write_jsonl([(0, layer, list(range(experts))) for layer in range(layers)], base / "t.jsonl")
+    moetrace_cli("plan", "compile", base / "t.jsonl", "--layers", layers, "--experts", experts, "--k", experts,
+                 "--expert-bytes", "1MiB", "-o", base / "plan.bin")
+    return base

@@ -304,15 +304,9 @@ HEADROOM_BYTES = 72 * MIB
 
 @pytest.fixture(scope="module")
 def pressure_pool(tmp_path_factory):
-    base = tmp_path_factory.mktemp("lrupressure")
-    _moetrace("pool", "create", str(base / "pool"), "--layers", str(PL), "--experts", str(PE), "--k", str(PE),
-              "--expert-bytes", "1MiB", "--layout", "files")
-    from moetrace.trace import write_jsonl
+    from conftest import make_layered_pool
 
-    write_jsonl([(0, layer, list(range(PE))) for layer in range(PL)], base / "t.jsonl")
-    _moetrace("plan", "compile", str(base / "t.jsonl"), "--layers", str(PL), "--experts", str(PE), "--k", str(PE),
-              "--expert-bytes", "1MiB", "-o", str(base / "plan.bin"))
-    return base
+    return make_layered_pool(tmp_path_factory.mktemp("lrupressure"), PL, PE)
 
 
 @pytest.mark.live

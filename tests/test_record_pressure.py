@@ -70,15 +70,9 @@ def _vmstat() -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def pressure_pool(tmp_path_factory):
-    base = tmp_path_factory.mktemp("pressure")
-    _moetrace("pool", "create", str(base / "pool"), "--layers", str(L), "--experts", str(E), "--k", str(E),
-              "--expert-bytes", "1MiB", "--layout", "files")
-    from moetrace.trace import write_jsonl
+    from conftest import make_layered_pool
 
-    write_jsonl([(0, layer, list(range(E))) for layer in range(L)], base / "t.jsonl")
-    _moetrace("plan", "compile", str(base / "t.jsonl"), "--layers", str(L), "--experts", str(E), "--k", str(E),
-              "--expert-bytes", "1MiB", "-o", str(base / "plan.bin"))
-    return base
+    return make_layered_pool(tmp_path_factory.mktemp("pressure"), L, E)
 
 
 def _rel(a: int, b: int) -> float:
