@@ -1,8 +1,8 @@
-"""Per-iteration counters: the replay announces each iteration over MOETRACE_PHASE_FD and the
-pagecache probe counts into that iteration's epoch (moetrace.epochs).
+"""Per-iteration counters: the replay writes each iteration's epoch into the pagecache probe's
+epoch_now map (MOETRACE_EPOCH_MAP_FD) and the probe counts into it (moetrace.epochs).
 
-No-kernel tier: the phase server's negotiation and epoch bookkeeping over a real socket
-pair. Live tier: a cold warm-up pass then two measured passes of a 23 x 1 MiB pool: every
+No-kernel tier: the mode rule and the epoch bookkeeping (map writes recorded, or refused by
+an fd that is no map). Live tier: a cold warm-up pass then two measured passes of a 23 x 1 MiB pool: every
 added page lands in the first warm-up iteration, none in the measured ones, and the epochs
 sum to the totals exactly.
 """
@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from moetrace import rundir
-from moetrace.epochs import PhaseClient, PhaseServer, channel, epochs_for
+from moetrace.epochs import EpochWriter, epoch_mode, epochs_for, epochs_from_replay
 
 N, MIB = 23, 1 << 20
 PAGES = MIB // mmap.PAGESIZE
@@ -27,49 +27,51 @@ REPLAY = [sys.executable, "-m", "moetrace.cli.replay"]
 from conftest import io_lock as _io_lock  # noqa: E402
 
 
-def _serve(n_epochs, script):
-    sets: list[int] = []
-    sock, fd = channel()
-    srv = PhaseServer(sock, sets.append, n_epochs).start()
-    cli = PhaseClient(fd)
-    script(cli)
-    cli.close()
-    srv._thread.join(timeout=5)
-    srv.stop()
-    return srv, cli, sets
+class _Recorded(EpochWriter):
+    """An EpochWriter whose map writes are recorded instead of made (no kernel)."""
+
+    def __init__(self, n_epochs):
+        super().__init__(-1, n_epochs)
+        self.writes: list[int] = []
+
+    def _write(self, e):
+        self.writes.append(e)
+        return True
 
 
-def _replay_like(w, p, n):
-    def run(cli):
-        cli.hello(w, p, n)
-        for ph, reps in (("warmup", w), ("measured", p)):
-            for r in range(reps):
-                for i in range(n):
-                    cli.iteration(ph, r, i)
-        cli.done()
-    return run
+def _replay_like(w, p, n, slots):
+    wr = _Recorded(slots)
+    wr.start(w, p, n)
+    for ph, reps in (("warmup", w), ("measured", p)):
+        for r in range(reps):
+            for i in range(n):
+                wr.iteration(ph, r, i)
+    wr.done()
+    return wr
 
 
-def test_phase_server_one_epoch_per_iteration():
-    srv, cli, sets = _serve(64, _replay_like(1, 2, 3))
-    assert cli.mode == "iteration" and srv.mode == "iteration" and not srv.errors
-    assert sets == list(range(1, 11))  # 9 iterations + after, epoch 0 is setup
-    ph = [(e.phase, e.repeat, e.iteration) for e in srv.epochs]
+def test_one_epoch_per_iteration_when_they_fit():
+    wr = _replay_like(1, 2, 3, 64)
+    assert wr.mode == "iteration" and wr.error is None
+    assert wr.writes == list(range(1, 11))  # 9 iterations + after; epoch 0 (setup) is the map's initial 0
+    ph = [(e[1], e[2], e[3]) for e in wr.assigned]
     assert ph[0] == ("setup", None, None) and ph[-1] == ("after", None, None)
     assert ph[1:4] == [("warmup", 0, 0), ("warmup", 0, 1), ("warmup", 0, 2)]
     assert ph[4] == ("measured", 0, 0) and ph[9] == ("measured", 1, 2)
-    assert all(e.end_ns is not None and e.end_ns >= e.start_ns for e in srv.epochs)
+    eps = epochs_from_replay({"epochs": wr.summary()}, 5, 10 ** 18)
+    assert eps[0].start_ns == 5 and all(a.end_ns == b.start_ns for a, b in zip(eps, eps[1:]))
+    assert eps[-1].end_ns == 10 ** 18 and [e.epoch for e in eps] == list(range(11))
 
 
-def test_phase_server_falls_back_to_passes_then_phases():
-    srv, cli, sets = _serve(8, _replay_like(1, 3, 100))  # 400 iterations do not fit, 4 passes do
-    assert cli.mode == "pass"
-    assert [(e.phase, e.repeat) for e in srv.epochs] == [("setup", None), ("warmup", 0), ("measured", 0),
-                                                         ("measured", 1), ("measured", 2), ("after", None)]
-    assert srv.messages == 1 + 4 + 1  # hello, one line per pass, done: not one per iteration
-    srv, cli, _ = _serve(4, _replay_like(2, 5, 10))
-    assert cli.mode == "phase"
-    assert [e.phase for e in srv.epochs] == ["setup", "warmup", "measured", "after"]
+def test_falls_back_to_passes_then_phases():
+    wr = _replay_like(1, 3, 100, 8)  # 400 iterations do not fit, 4 passes do
+    assert wr.mode == "pass"
+    assert [(e[1], e[2]) for e in wr.assigned] == [("setup", None), ("warmup", 0), ("measured", 0),
+                                                   ("measured", 1), ("measured", 2), ("after", None)]
+    assert len(wr.writes) == 5  # one write per pass and one at the end, not one per iteration
+    wr = _replay_like(2, 5, 10, 4)
+    assert wr.mode == "phase" and [e[1] for e in wr.assigned] == ["setup", "warmup", "measured", "after"]
+    assert epoch_mode(4, 2, 5, 10) == "phase" and epoch_mode(9, 2, 5, 10) == "pass"
 
 
 def test_epochs_are_bounded_by_the_slot_budget():
@@ -78,23 +80,25 @@ def test_epochs_are_bounded_by_the_slot_budget():
     assert epochs_for(10_000_000) == 4
 
 
-def test_silent_recorder_turns_the_channel_off_not_the_replay(monkeypatch):
-    a, fd = channel()
-    monkeypatch.setattr(PhaseClient, "TIMEOUT_S", 0.2)
-    cli = PhaseClient(fd)
-    cli.hello(1, 1, 1)  # nobody answers
-    assert cli.mode is None and cli.error
-    cli.iteration("warmup", 0, 0)  # no-ops from now on
-    cli.done()
-    cli.close()
-    a.close()
+def test_a_failing_map_write_turns_the_writer_off_not_the_replay():
+    r, w = os.pipe()  # an fd that is not a BPF map
+    wr = EpochWriter(r, 16)
+    wr.start(1, 1, 2)
+    wr.iteration("warmup", 0, 0)
+    assert wr.error and "BPF_MAP_UPDATE_ELEM" in wr.error
+    wr.iteration("warmup", 0, 1)  # no-ops from now on
+    wr.done()
+    assert [e[1] for e in wr.assigned] == ["setup"]
+    os.close(r)
+    os.close(w)
 
 
-def test_replay_without_the_env_has_no_channel(monkeypatch):
-    monkeypatch.delenv("MOETRACE_PHASE_FD", raising=False)
-    assert PhaseClient.from_env() is None
-    monkeypatch.setenv("MOETRACE_PHASE_FD", "not-a-number")
-    assert PhaseClient.from_env() is None
+def test_replay_without_the_env_has_no_writer(monkeypatch):
+    monkeypatch.delenv("MOETRACE_EPOCH_MAP_FD", raising=False)
+    assert EpochWriter.from_env() is None
+    monkeypatch.setenv("MOETRACE_EPOCH_MAP_FD", "not-a-number")
+    monkeypatch.setenv("MOETRACE_EPOCHS", "8")
+    assert EpochWriter.from_env() is None
 
 
 # ---------------------------------------------------------------------------
@@ -147,7 +151,7 @@ def test_cold_warmup_then_measured_hits_per_iteration(live, tmp_path):
         assert s[c].reindex(tot.index, fill_value=0).tolist() == tot[c].astype(int).tolist(), c
     # the replay timed each iteration after its epoch began
     rs = json.loads((tmp_path / "run" / "replay" / "replay.json").read_text())
-    assert rs["epochs"] == {"mode": "iteration", "error": None}
+    assert rs["epochs"]["mode"] == "iteration" and rs["epochs"]["error"] is None
     import pandas as pd
 
     log = pd.read_parquet(tmp_path / "run" / "replay" / "iterations.parquet")

@@ -1,23 +1,19 @@
-"""Per-iteration counters: the replay announces each iteration, the recorder moves the
-pagecache probe's epoch, so every count lands in the iteration that caused it.
+"""Per-iteration counters: the replay moves the pagecache probe's epoch itself, so every
+count lands in the iteration that caused it.
 
-The channel is a Unix socket pair: ``moetrace record`` keeps one end, the command
-inherits the other as ``MOETRACE_PHASE_FD``. The replay (moetrace.replay) speaks a
-line protocol, each line answered before it goes on, so an epoch switch is exact:
+``moetrace record`` hands the command an inherited file descriptor of the probe's
+one-entry ``epoch_now`` BPF map (``MOETRACE_EPOCH_MAP_FD``) and the number of epoch
+slots the probe was compiled with (``MOETRACE_EPOCHS``). The replay
+(:class:`EpochWriter`) writes the epoch number into the map with one
+``bpf(BPF_MAP_UPDATE_ELEM)`` before each iteration's timed interval begins — a
+synchronous syscall of a few microseconds, so the switch is exact and costs no round
+trip — and logs which epoch was which in its replay.json (``epochs.assigned``).
 
-    hello <warmup passes> <measured passes> <iterations per pass>   -> "k iteration|pass|phase"
-    i <phase> <repeat> <iteration>                                  -> "k"
-    done                                                            -> "k"
-
-The answer to ``hello`` says how finely the recorder can keep epochs (the probe's
-``EPOCHS`` slots are fixed when it compiles): ``iteration`` (one epoch per replayed
-iteration), ``pass`` (one per warm-up / measured pass) or ``phase`` (setup, warmup,
-measured, after). In ``pass`` / ``phase`` mode the replay announces only the first
-iteration of each pass. The announcement is made before the iteration's timed
-interval begins, so it never counts in iteration durations.
-
-Epoch 0 is ``setup`` (pool open, arena preload: everything before the first iteration);
-the epoch after ``done`` is ``after``.
+How finely epochs are kept depends on the slots (fixed when the probe compiles):
+``iteration`` (one epoch per replayed iteration), else ``pass`` (one per warm-up /
+measured pass), else ``phase`` (setup, warmup, measured, after). Epoch 0 is
+``setup`` (pool open, arena preload: everything before the first iteration); the
+epoch after the last iteration is ``after``.
 """
 
 from __future__ import annotations
@@ -25,15 +21,13 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import socket
-import threading
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
-PHASE_FD_ENV = "MOETRACE_PHASE_FD"
+EPOCH_MAP_FD_ENV = "MOETRACE_EPOCH_MAP_FD"
+EPOCHS_ENV = "MOETRACE_EPOCHS"
 #: per-epoch counter slots the recorder allows in total (x 24 bytes of kernel memory)
 EPOCH_SLOTS = 1 << 20
 MAX_EPOCHS = 4096
@@ -43,6 +37,15 @@ MIN_EPOCHS = 4  # setup, warmup, measured, after
 def epochs_for(n_slots_per_epoch: int) -> int:
     """EPOCHS for a pool of ``n_slots_per_epoch`` counters (experts + unattributed)."""
     return int(max(MIN_EPOCHS, min(MAX_EPOCHS, EPOCH_SLOTS // max(1, n_slots_per_epoch))))
+
+
+def epoch_mode(n_epochs: int, warmup: int, passes: int, iterations: int) -> str:
+    """How finely ``n_epochs`` slots can keep a replay of (warmup + passes) x iterations."""
+    if (warmup + passes) * iterations + 2 <= n_epochs:
+        return "iteration"
+    if warmup + passes + 2 <= n_epochs:
+        return "pass"
+    return "phase"
 
 
 @dataclass
@@ -56,185 +59,114 @@ class Epoch:
     folded: bool = False
 
 
-@dataclass
-class PhaseServer:
-    """The recorder's end of the channel, served by a thread (the main thread polls rings).
-
-    ``set_epoch(e)`` writes the probe's ``epoch_now[0]``; it is called before the answer
-    is sent, so the replay starts the iteration only once its epoch is in place."""
-
-    sock: socket.socket
-    set_epoch: Callable[[int], None]
-    n_epochs: int
-    epochs: list[Epoch] = field(default_factory=list)
-    mode: str | None = None
-    errors: list[str] = field(default_factory=list)
-    messages: int = 0
-
-    def __post_init__(self) -> None:
-        self.epochs.append(Epoch(0, "setup", None, None, time.monotonic_ns()))
-        self._thread = threading.Thread(target=self._run, name="moetrace-phase", daemon=True)
-
-    def start(self) -> "PhaseServer":
-        self._thread.start()
-        return self
-
-    def _new(self, phase: str, repeat: int | None, iteration: int | None) -> None:
-        now = time.monotonic_ns()
-        last = self.epochs[-1]
-        if last.end_ns is None:
-            last.end_ns = now
-        e = len(self.epochs)
-        if e >= self.n_epochs:  # cannot happen with the hello negotiation; kept exact anyway
-            last.folded = True
-            last.end_ns = None
-            return
-        self.epochs.append(Epoch(e, phase, repeat, iteration, now))
-        self.set_epoch(e)
-
-    def _answer(self, hello: tuple[int, int, int]) -> str:
-        w, p, n = hello
-        if (w + p) * n + 2 <= self.n_epochs:
-            return "iteration"
-        if w + p + 2 <= self.n_epochs:
-            return "pass"
-        return "phase"
-
-    def _handle(self, line: bytes) -> bytes:
-        parts = line.decode("ascii", "replace").split()
-        if not parts:
-            return b"k\n"
-        self.messages += 1
-        if parts[0] == "hello" and len(parts) == 4:
-            try:
-                self.mode = self._answer((int(parts[1]), int(parts[2]), int(parts[3])))
-            except ValueError:
-                self.errors.append(f"bad hello {line[:60]!r}")
-                self.mode = "phase"
-            return f"k {self.mode}\n".encode()
-        if parts[0] == "i" and len(parts) == 4:
-            phase = parts[1]
-            try:
-                rep, it = int(parts[2]), int(parts[3])
-            except ValueError:
-                self.errors.append(f"bad iteration line {line[:60]!r}")
-                return b"k\n"
-            last = self.epochs[-1]
-            if self.mode == "iteration":
-                self._new(phase, rep, it)
-            elif self.mode == "pass":
-                if (last.phase, last.repeat) != (phase, rep):
-                    self._new(phase, rep, None)
-            elif last.phase != phase:
-                self._new(phase, None, None)
-            return b"k\n"
-        if parts[0] == "done":
-            self._new("after", None, None)
-            return b"k\n"
-        self.errors.append(f"unknown message {line[:60]!r}")
-        return b"k\n"
-
-    def _run(self) -> None:
-        buf = b""
-        try:
-            while True:
-                chunk = self.sock.recv(4096)
-                if not chunk:
-                    return
-                buf += chunk
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    try:
-                        reply = self._handle(line)
-                    except Exception as e:  # noqa: BLE001 - never leave the replay waiting
-                        self.errors.append(f"{type(e).__name__}: {e}")
-                        reply = b"k\n"
-                    self.sock.sendall(reply)
-        except OSError as e:
-            if e.errno not in (errno.EBADF, errno.ECONNRESET, errno.EPIPE):
-                self.errors.append(f"phase channel: {e}")
-
-    def stop(self) -> None:
-        """Close our end (the replay is gone by now) and finish the last epoch."""
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
-        self._thread.join(timeout=2)
-        if self.epochs and self.epochs[-1].end_ns is None:
-            self.epochs[-1].end_ns = time.monotonic_ns()
+_SYS_BPF = {"x86_64": 321, "aarch64": 280}
+_BPF_MAP_UPDATE_ELEM = 2
 
 
-def channel() -> tuple[socket.socket, int]:
-    """(the recorder's socket, the fd the command inherits)."""
-    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    fd = b.detach()
-    os.set_inheritable(fd, True)
-    return a, fd
+class _UpdateAttr(ctypes.Structure):  # union bpf_attr, BPF_MAP_*_ELEM commands (UAPI, stable)
+    _fields_ = [("map_fd", ctypes.c_uint32), ("pad", ctypes.c_uint32), ("key", ctypes.c_uint64),
+                ("value", ctypes.c_uint64), ("flags", ctypes.c_uint64)]
 
 
-class PhaseClient:
-    """The replay's end: announce iterations and wait for the answer (at most 10 s;
-    a recorder that stops answering turns the channel off, never the replay)."""
+class EpochWriter:
+    """The replay's side: set the recorder's epoch before each iteration.
 
-    TIMEOUT_S = 10.0
+    A write that fails turns the writer off (``error`` says why), never the replay."""
 
-    def __init__(self, fd: int):
-        self.sock = socket.socket(fileno=fd)
-        self.sock.settimeout(self.TIMEOUT_S)
+    def __init__(self, fd: int, n_epochs: int):
+        self.fd, self.n_epochs = fd, n_epochs
         self.mode: str | None = None
         self.error: str | None = None
+        self.assigned: list[list] = []  # [epoch, phase, repeat, iteration, start_ns]
+        self._last: tuple | None = None
+        self._key = ctypes.c_uint32(0)
+        self._val = ctypes.c_uint32(0)
+        self._attr = _UpdateAttr(fd, 0, ctypes.addressof(self._key), ctypes.addressof(self._val), 0)
+        self._nr = _SYS_BPF.get(os.uname().machine)
+        self._libc = ctypes.CDLL(None, use_errno=True)
 
     @classmethod
-    def from_env(cls) -> "PhaseClient | None":
-        v = os.environ.get(PHASE_FD_ENV)
-        if not v:
+    def from_env(cls) -> "EpochWriter | None":
+        fd, n = os.environ.pop(EPOCH_MAP_FD_ENV, None), os.environ.pop(EPOCHS_ENV, None)
+        if not fd or not n:
             return None
         try:
-            fd = int(v)
-            os.fstat(fd)
+            w = cls(int(fd), int(n))
+            os.fstat(w.fd)
         except (ValueError, OSError):
             return None
-        os.environ.pop(PHASE_FD_ENV, None)  # not for the replay's own children
-        try:
-            return cls(fd)
-        except OSError:
-            return None
+        return w
 
-    def _ask(self, msg: str) -> str | None:
+    def _write(self, e: int) -> bool:
         if self.error is not None:
-            return None
-        try:
-            self.sock.sendall(msg.encode())
-            buf = b""
-            while b"\n" not in buf:
-                chunk = self.sock.recv(256)
-                if not chunk:
-                    raise OSError("the recorder closed the phase channel")
-                buf += chunk
-            return buf.split(b"\n", 1)[0].decode("ascii", "replace")
-        except (OSError, socket.timeout) as e:
-            self.error = str(e)
-            return None
+            return False
+        if self._nr is None:
+            self.error = f"no bpf(2) syscall number for {os.uname().machine}"
+            return False
+        self._val.value = e
+        r = self._libc.syscall(ctypes.c_long(self._nr), ctypes.c_int(_BPF_MAP_UPDATE_ELEM), ctypes.byref(self._attr),
+                               ctypes.c_uint(ctypes.sizeof(self._attr)))
+        if r != 0:
+            err = ctypes.get_errno()
+            self.error = f"BPF_MAP_UPDATE_ELEM on fd {self.fd}: {os.strerror(err)}"
+            return False
+        return True
 
-    def hello(self, warmup: int, passes: int, iterations: int) -> None:
-        r = self._ask(f"hello {warmup} {passes} {iterations}\n")
-        self.mode = r.split()[1] if r and len(r.split()) == 2 else None
+    def _new(self, phase: str, repeat: int | None, iteration: int | None) -> None:
+        e = len(self.assigned)
+        if e >= self.n_epochs:  # cannot happen with epoch_mode(); kept exact anyway
+            self.assigned[-1][5] = True
+            return
+        if self._write(e):
+            self.assigned.append([e, phase, repeat, iteration, time.monotonic_ns(), False])
+
+    def start(self, warmup: int, passes: int, iterations: int) -> None:
+        """Before the first iteration: choose the mode, log epoch 0 (setup)."""
+        self.mode = epoch_mode(self.n_epochs, warmup, passes, iterations)
+        self.assigned.append([0, "setup", None, None, 0, False])  # the recorder starts at 0 before the exec
 
     def iteration(self, phase: str, repeat: int, it: int) -> None:
-        if self.mode == "iteration" or (self.mode in ("pass", "phase") and it == 0):
-            self._ask(f"i {phase} {repeat} {it}\n")
+        if self.mode is None:
+            return
+        key = (phase, repeat, it) if self.mode == "iteration" else (phase, repeat) if self.mode == "pass" else phase
+        if key == self._last:
+            return
+        self._last = key
+        if self.mode == "iteration":
+            self._new(phase, repeat, it)
+        elif self.mode == "pass":
+            self._new(phase, repeat, None)
+        else:
+            self._new(phase, None, None)
 
     def done(self) -> None:
         if self.mode is not None:
-            self._ask("done\n")
+            self._new("after", None, None)
+
+    def summary(self) -> dict:
+        return {"mode": self.mode, "slots": self.n_epochs, "error": self.error, "assigned": self.assigned}
 
     def close(self) -> None:
         try:
-            self.sock.close()
+            os.close(self.fd)
         except OSError:
             pass
+
+
+def epochs_from_replay(doc: dict | None, start_ns: int, end_ns: int) -> list[Epoch] | None:
+    """The epochs a replay assigned (its replay.json ``epochs``), ends filled in; epoch 0
+    (setup) starts at ``start_ns`` (the command's start) and the last ends at ``end_ns``."""
+    ep = (doc or {}).get("epochs") or {}
+    rows = ep.get("assigned")
+    if not rows:
+        return None
+    out = [Epoch(int(r[0]), str(r[1]), r[2], r[3], int(r[4]), None, bool(r[5]) if len(r) > 5 else False)
+           for r in rows]
+    out[0].start_ns = start_ns
+    for a, b in zip(out, out[1:]):
+        a.end_ns = b.start_ns
+    out[-1].end_ns = end_ns
+    return out
 
 
 # ---------------------------------------------------------------------------

@@ -275,13 +275,14 @@ def experts_table(pmap: PoolMap | None, counts: list[tuple[int, int, int]] | Non
     return df[[col.name for col in PAGECACHE.schema + BLOCK.schema]]
 
 
-def epoch_tables(arr: np.ndarray, phase, pmap: PoolMap) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(expert_epochs, epochs) from the probe's epoch_counts array and the phase server.
+def epoch_tables(arr: np.ndarray, epochs: list, pmap: PoolMap) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(expert_epochs, epochs) from the probe's epoch_counts array and the epochs the replay
+    assigned (:func:`moetrace.epochs.epochs_from_replay`).
 
     expert_epochs keeps the rows with a nonzero count only (an absent (epoch, expert) is
     zero: the array is read whole, nothing is missing)."""
     n1 = pmap.n_total + 1
-    used = len(phase.epochs)
+    used = len(epochs)
     a = arr[: used * n1]
     tot = a["added_pages"].astype(np.int64) + a["evicted_pages"] + a["re_added_pages"]
     nz = np.flatnonzero(tot)
@@ -304,13 +305,13 @@ def epoch_tables(arr: np.ndarray, phase, pmap: PoolMap) -> tuple[pd.DataFrame, p
     for c in ("layer", "expert", "expert_id"):
         df.loc[~is_exp, c] = pd.NA
     meta = pd.DataFrame({
-        "epoch": np.array([e.epoch for e in phase.epochs], np.int32),
-        "phase": pd.array([e.phase for e in phase.epochs], dtype="string"),
-        "repeat": pd.array([e.repeat for e in phase.epochs], dtype="Int32"),
-        "iteration": pd.array([e.iteration for e in phase.epochs], dtype="Int32"),
-        "start_ns": pd.array([e.start_ns for e in phase.epochs], dtype="Int64"),
-        "end_ns": pd.array([e.end_ns for e in phase.epochs], dtype="Int64"),
-        "folded": pd.array([e.folded for e in phase.epochs], dtype="boolean"),
+        "epoch": np.array([e.epoch for e in epochs], np.int32),
+        "phase": pd.array([e.phase for e in epochs], dtype="string"),
+        "repeat": pd.array([e.repeat for e in epochs], dtype="Int32"),
+        "iteration": pd.array([e.iteration for e in epochs], dtype="Int32"),
+        "start_ns": pd.array([e.start_ns for e in epochs], dtype="Int64"),
+        "end_ns": pd.array([e.end_ns for e in epochs], dtype="Int64"),
+        "folded": pd.array([e.folded for e in epochs], dtype="boolean"),
     })
     return df, meta
 
@@ -565,8 +566,7 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
     blk = None  # moetrace.blockattr.BlockRecorder
     rcl = None  # moetrace.reclaimrec.ReclaimRecorder
     extras: list = []  # moetrace.probe_recorder.ProbeRecorder of the further probes
-    phase = None  # moetrace.epochs.PhaseServer: per-iteration epochs of the pagecache probe
-    phase_fd: int | None = None  # its other end, inherited by the command
+    phase_fd: int | None = None  # a dup of the epoch_now map fd, inherited by the command
     stats_fd: int | None = None  # BPF_ENABLE_STATS: run-time statistics on while it is open
     disk = None  # the pool's disk as /proc/diskstats names it
     state = _State()
@@ -627,15 +627,10 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
             manifest["bpf_prog_ids"] = sorted(i["id"] for i in (prog_info(f.fd) for f in probe.bpf.funcs.values())
                                               if i is not None)
             if knobs.get("EPOCHS"):
-                from .epochs import PhaseServer, channel
-
-                ep_t = probe.table("epoch_now")
-
-                def set_epoch(e: int, _t=ep_t) -> None:
-                    _t[ctypes.c_int(0)] = ctypes.c_uint32(e)
-
-                phase_sock, phase_fd = channel()
-                phase = PhaseServer(phase_sock, set_epoch, knobs["EPOCHS"]).start()
+                # the replay writes the epoch itself (moetrace.epochs.EpochWriter): an inherited
+                # fd of the one-entry epoch_now map, not a round trip per iteration
+                phase_fd = os.dup(probe.table("epoch_now").map_fd)
+                os.set_inheritable(phase_fd, True)
             say(f"attached {len(probe.tracepoints)} tracepoints in {probe.compile_attach_s:.2f} s")
 
         def skip(p: str, why: str) -> None:
@@ -739,9 +734,10 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
         env = dict(os.environ)
         env["MOETRACE_RUN_DIR"] = str(replay_dir.resolve())
         if phase_fd is not None:
-            from .epochs import PHASE_FD_ENV
+            from .epochs import EPOCH_MAP_FD_ENV, EPOCHS_ENV
 
-            env[PHASE_FD_ENV] = str(phase_fd)
+            env[EPOCH_MAP_FD_ENV] = str(phase_fd)
+            env[EPOCHS_ENV] = str(knobs["EPOCHS"])
         t_start = time.monotonic_ns()
         import resource
 
@@ -809,14 +805,24 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
             counts = list(zip(cv["added_pages"].tolist(), cv["evicted_pages"].tolist(),
                               cv["re_added_pages"].tolist()))
             epoch_df = epochs_meta = None
-            if phase is not None:
-                phase.stop()
-                if phase.messages:
+            if knobs.get("EPOCHS"):
+                from .epochs import epochs_from_replay
+
+                rdoc = None
+                try:
+                    rdoc = json.loads((log_dir / "replay.json").read_text())
+                except (OSError, json.JSONDecodeError):
+                    pass
+                eps = epochs_from_replay(rdoc, t_start, t_end)
+                if eps:
                     arr = read_array(probe.table("epoch_counts"), ec_dtype)
-                    epoch_df, epochs_meta = epoch_tables(arr, phase, pmap)
-                manifest["epochs"] = {"mode": phase.mode, "slots": knobs["EPOCHS"], "messages": phase.messages,
-                                      "epochs": len(phase.epochs) if phase.messages else 0,
-                                      "errors": phase.errors[:20],
+                    epoch_df, epochs_meta = epoch_tables(arr, eps, pmap)
+                ep_doc = (rdoc or {}).get("epochs") or {}
+                manifest["epochs"] = {"mode": ep_doc.get("mode"), "slots": knobs["EPOCHS"],
+                                      "epochs": len(eps) if eps else 0,
+                                      "errors": [ep_doc["error"]] if ep_doc.get("error") else [],
+                                      "source": "the replay's epoch writes (replay.json epochs.assigned)" if eps
+                                      else "no replay announced iterations: totals only",
                                       "by_phase": epoch_phase_totals(epoch_df, epochs_meta)}
             svals = [int(v.value) for v in array_values(probe.table("stats"))]
             stats = dict(zip(PAGECACHE.stats, svals))
@@ -914,8 +920,6 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
             signal.signal(s, h)
         if phase_fd is not None:
             os.close(phase_fd)
-        if phase is not None:
-            phase.stop()
         if stats_fd is not None:
             os.close(stats_fd)  # run-time statistics off again
         for r in extras:

@@ -608,7 +608,7 @@ class Replayer:
         self.interrupted: int | None = None
         self.rows: dict[str, list] = {c: [] for c, _ in ITERATION_COLUMNS}
         self.phase_wall: dict[str, list[tuple[int, int]]] = {"warmup": [], "measured": []}
-        #: moetrace.epochs.PhaseClient when run under `moetrace record` (per-iteration epochs)
+        #: moetrace.epochs.EpochWriter when run under `moetrace record` (per-iteration epochs)
         self.phase_channel = None
         self.loop_entry_ns: int | None = None
 
@@ -1090,8 +1090,7 @@ def summarize(rep: Replayer, complete: bool, exit_status: int, error: str | None
         "phases": phases,
         "measured": measured,
         "hints": hints,
-        "epochs": (None if rep.phase_channel is None else
-                   {"mode": rep.phase_channel.mode, "error": rep.phase_channel.error}),
+        "epochs": None if rep.phase_channel is None else rep.phase_channel.summary(),
         "interrupted_by": signal.Signals(rep.interrupted).name if rep.interrupted else None,
     }
 
@@ -1182,11 +1181,11 @@ def run_replay(plan_path: str | os.PathLike, pool_dir: str | os.PathLike, opts: 
     try:
         try:
             rep.prepare()
-            from .epochs import PhaseClient
+            from .epochs import EpochWriter
 
-            rep.phase_channel = PhaseClient.from_env()
+            rep.phase_channel = EpochWriter.from_env()
             if rep.phase_channel is not None:
-                rep.phase_channel.hello(opts.warmup, opts.passes, plan.n_iterations)
+                rep.phase_channel.start(opts.warmup, opts.passes, plan.n_iterations)
             total = plan.n_iterations * (opts.warmup + opts.passes)
             bar_cm = progress(length=total, label=f"replay {opts.mode}") if progress else None
             bar = bar_cm.__enter__() if bar_cm else None
