@@ -461,7 +461,7 @@ PAGECACHE = ProbeSpec(
         Knob("STREAM_EVENTS", 0, "1: one ring record per (event, expert piece): the per-page stream"),
         Knob("RING_PAGES", 256, "ring buffer size in pages (power of two) when streaming"),
         Knob("EPOCHS", 0, "0: totals only; > 0: per-epoch counters too (EPOCHS x (N_EXPERTS + 1) slots; "
-                          "`record` announces one epoch per replay iteration)"),
+                          "the replay writes one epoch per iteration into epoch_now)"),
     ),
     table="experts",
     schema=(

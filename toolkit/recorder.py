@@ -822,7 +822,7 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
                                       "epochs": len(eps) if eps else 0,
                                       "errors": [ep_doc["error"]] if ep_doc.get("error") else [],
                                       "source": "the replay's epoch writes (replay.json epochs.assigned)" if eps
-                                      else "no replay announced iterations: totals only",
+                                      else "no replay wrote epochs: totals only",
                                       "by_phase": epoch_phase_totals(epoch_df, epochs_meta)}
             svals = [int(v.value) for v in array_values(probe.table("stats"))]
             stats = dict(zip(PAGECACHE.stats, svals))

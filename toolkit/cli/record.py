@@ -54,7 +54,7 @@ def record(ctx, probes, knob_items, out, pool_dir, missing_probes, stream_events
     latency and hit-only / miss class (reads.parquet); mlock: locked bytes over
     time (mlock.parquet); stacks: cpu-clock samples folded and symbolized
     (stacks.folded); mglru: lru_gen generations (lru_gen.parquet) where MGLRU
-    exists. A replay announces its iterations, so page-cache counts are kept
+    exists. A replay writes its iteration into the probe, so page-cache counts are kept
     per iteration too (epochs.parquet, expert_epochs.parquet).
     Ctrl-C is forwarded to COMMAND; the run is then marked
     "complete": false and still loads. Needs root (or CAP_BPF + CAP_PERFMON).
