@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from moetrace import reclaimrec
+from moetrace import bpf, reclaimrec
 from moetrace.probespec import PROBES
 from moetrace.reclaimrec import (FIELDS, GROUPS, HAVE_KNOBS, KINDS, STATS, TIMELINE_FIELDS, ReclaimRecorder,
                                  read_vmstat, reclaim_cflags, resolve_attach, vmstat_delta)
@@ -131,7 +131,7 @@ def _prog_exists(prog_id: int) -> bool:
 
 
 def _prog_ids(rec: ReclaimRecorder) -> list[int]:
-    return [reclaimrec._prog_fdinfo(f.fd)["prog_id"] for f in rec.bpf.funcs.values()]
+    return [bpf.prog_fdinfo(f.fd)["prog_id"] for f in rec.bpf.funcs.values()]
 
 
 @pytest.mark.probe_build

@@ -121,7 +121,7 @@ def _import_bcc():
                                    "`/usr/bin/python3 -m venv --system-site-packages`") from None
 
 
-from .bpf import prog_fdinfo  # noqa: E402  (re-exported: one copy, in moetrace.bpf)
+from .bpf import percpu_sums, prog_fdinfo, recursion_misses  # noqa: E402,F401  (prog_fdinfo re-exported)
 
 
 def block_cflags(dev: int, bytes_tp: int, ring_pages: int = 64, stream: bool = True,
@@ -314,19 +314,12 @@ class BlockRecorder:
         return self.result
 
     # -- reading the kernel's side ------------------------------------------------------------
-    def _percpu_sums(self, name: str, n: int) -> list[int]:
-        t = self.bpf[name.encode()]
-        return [int(t.sum(t.Key(i)).value) for i in range(n)]
-
     def _collect(self) -> BlockResult:
-        st = dict(zip(STATS, self._percpu_sums("stats", len(STATS))))
-        hist = self._percpu_sums("lat_hist", HIST_SLOTS)
+        st = dict(zip(STATS, percpu_sums(self.bpf[b"stats"]).tolist()))
+        hist = percpu_sums(self.bpf[b"lat_hist"]).tolist()[:HIST_SLOTS]
         inflight_left = len(self.bpf[b"inflight"].items())
-        misses = {}
-        for group in self.attach:
-            f = self.bpf.funcs.get(self._fns[group].encode())
-            if f is not None:
-                misses[group] = prog_fdinfo(f.fd).get("recursion_misses", 0)
+        by_fn = recursion_misses(self.bpf, 0)
+        misses = {g: by_fn[self._fns[g]] for g in self.attach if self._fns[g] in by_fn}
         slots = np.arange(HIST_SLOTS)
         lat = pd.DataFrame({"slot": slots,
                             "lo_ns": np.where(slots == 0, 0, 2.0 ** (slots - 1)).astype("uint64"),

@@ -207,6 +207,26 @@ def prog_fdinfo(fd: int) -> dict[str, int]:
     return out
 
 
+def recursion_misses(bpf, default: int | None = None) -> dict[str, int | None]:
+    """{program: runs the kernel skipped to BPF recursion protection} of a bcc BPF object's
+    loaded programs (fdinfo ``recursion_misses``, 5.12+; ``default`` where it is absent):
+    the only loss of in-kernel counters."""
+    if bpf is None:
+        return {}
+    return {(n.decode() if isinstance(n, bytes) else str(n)): prog_fdinfo(f.fd).get("recursion_misses", default)
+            for n, f in bpf.funcs.items()}
+
+
+def percpu_sums(table):
+    """Per-index sums over CPUs of a BPF_PERCPU_ARRAY of u64, as an int64 numpy array."""
+    import numpy as np
+
+    out = np.zeros(len(table), dtype=np.int64)
+    for k, v in table.items():
+        out[k.value] = sum(int(x) for x in v)
+    return out
+
+
 def prog_runtime(bpf) -> dict[str, dict[str, int | None]]:
     """{program: {"run_cnt", "run_time_ns"}} of a bcc BPF object's loaded programs. The
     kernel counts them only while run-time statistics are on (:func:`enable_stats`)."""

@@ -175,16 +175,11 @@ class ProbeRecorder:
         return [i["id"] for i in (prog_info(f.fd) for f in self.probe.bpf.funcs.values()) if i is not None]
 
     def recursion_misses(self) -> dict[str, int | None]:
-        from .recorder import prog_info
+        from .bpf import recursion_misses
 
         if self.probe is None or self.probe.closed:
             return {}
-        out = {}
-        for fname, fn in self.probe.bpf.funcs.items():
-            info = prog_info(fn.fd)
-            out[fname.decode() if isinstance(fname, bytes) else str(fname)] = \
-                info["recursion_misses"] if info else None
-        return out
+        return recursion_misses(self.probe.bpf)
 
 
 def schema_doc(spec, table: str) -> dict[str, dict[str, str]]:

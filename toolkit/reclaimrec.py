@@ -226,7 +226,7 @@ class ReclaimResult:
                 "start_s": self.start_s, "duration_s": self.duration_s}
 
 
-from .bpf import prog_fdinfo as _prog_fdinfo  # noqa: E402
+from .bpf import percpu_sums, recursion_misses  # noqa: E402
 
 
 class ReclaimRecorder:
@@ -324,13 +324,7 @@ class ReclaimRecorder:
 
     # -- reading the kernel's side ------------------------------------------------------------
     def _percpu_array(self, name: str) -> np.ndarray:
-        """Per-index sums over CPUs of a BPF_PERCPU_ARRAY of u64."""
-        t = self.bpf[name.encode()]
-        n = len(t)
-        out = np.zeros(n, dtype=np.int64)
-        for k, v in t.items():
-            out[k.value] = sum(int(x) for x in v)
-        return out
+        return percpu_sums(self.bpf[name.encode()])
 
     def _collect(self, vm: dict[str, int]) -> ReclaimResult:
         nk, nf = len(KINDS), len(FIELDS)
@@ -338,11 +332,8 @@ class ReclaimRecorder:
         st = dict(zip(STATS, (int(x) for x in self._percpu_array("stats"))))
         hist = self._percpu_array("dur_hist").reshape(nk, HIST_SLOTS)
         open_windows = len(self.bpf[b"active"].items())
-        misses = {}
-        for group in self.attach:
-            f = self.bpf.funcs.get(GROUPS[group][0].encode())
-            if f is not None:
-                misses[group] = _prog_fdinfo(f.fd).get("recursion_misses", 0)
+        by_fn = recursion_misses(self.bpf, 0)
+        misses = {g: by_fn[GROUPS[g][0]] for g in self.attach if GROUPS[g][0] in by_fn}
         t = {f: tot[:, i] for i, f in enumerate(FIELDS)}
         with np.errstate(divide="ignore", invalid="ignore"):
             s2s = np.where(t["reclaimed"] > 0, t["scanned"] / np.maximum(t["reclaimed"], 1), np.nan)

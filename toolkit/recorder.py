@@ -826,11 +826,9 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
                                       "by_phase": epoch_phase_totals(epoch_df, epochs_meta)}
             svals = [int(v.value) for v in array_values(probe.table("stats"))]
             stats = dict(zip(PAGECACHE.stats, svals))
-            misses = {}
-            for fname, fn in probe.bpf.funcs.items():
-                info = prog_info(fn.fd)
-                misses[fname.decode() if isinstance(fname, bytes) else str(fname)] = \
-                    info["recursion_misses"] if info else None
+            from .bpf import recursion_misses
+
+            misses = recursion_misses(probe.bpf)
             manifest["stats"]["pagecache"] = stats
             manifest["lost"]["pagecache"] = {
                 "counters_recursion_misses": misses,
