@@ -6,6 +6,13 @@
 // (tgid, fd, fd generation, extent) so that user space can attribute calls to
 // experts; optionally one ring record per call.
 //
+// Cost: a hit-only 1 MiB read evicts the maps from the caches, so each map an
+// exit touches costs a few hundred ns; a call does four hash lookups (enter:
+// tgids, inflight; exit: inflight, fdgen), plus `fds` when MOE_EXTENT > 0. The
+// per-tid `inflight` entry is rewritten in place (no allocation per call) and
+// the files layout's positioned calls are counted in the fd's `fdgen` entry,
+// which close() retires into `fds` under the identity it ends.
+//
 // Reads ONLY tracepoint arguments, syscall arguments and user memory (the iovec
 // array of preadv/preadv2, a UAPI layout) - layout-safe with mismatched headers:
 //   syscalls:sys_enter_{pread64,read}       fd, count (, pos)
@@ -23,7 +30,7 @@
 // the close() calls of that fd number in that process and epoch the process's
 // close_range() / exec events, so a reused fd number is a new identity. User
 // space resolves identities to inodes by scanning /proc/<tgid>/fd while the
-// command runs (and reading gen/epoch back from `fdgen` / `epochs`); the first
+// command runs (and reading gen/epoch back from `fdgen` / `tgids`, whose value is the epoch); the first
 // page added during a call also records the call's inode here (`ino`, `dev`).
 //
 // Configured only with -D knobs (declared in toolkit/probespec.py READS, with the
@@ -40,8 +47,9 @@
 //                          extent: per-expert split by position); 0 = no split
 //   MOE_PAGE_SHIFT         log2 of the page size (call ranges in pages)
 //   MOE_MAX_IOV            iovec entries of a preadv summed for `count`
-//   MOE_MAX_TASKS / MOE_MAX_TGIDS / MOE_MAX_FDS / MOE_MAX_HIST_KEYS /
-//   MOE_MAX_FDGEN          map sizes (full maps are counted, never silent)
+//   MOE_MAX_TASKS / MOE_MAX_TGIDS / MOE_MAX_FDS /
+//   MOE_MAX_FDGEN          map sizes (full maps are counted, never silent); an
+//                          fds / fdgen entry is ~0.6 KiB (counters + histogram)
 //   MOE_STREAM             1: one ring record per call (struct read_call)
 //   MOE_RINGBUF_PAGES      ring buffer size in pages (power of two)
 //   MOE_IDENT_RING_PAGES   size of the `idents` ring (always on): one record per
@@ -88,13 +96,10 @@
 #define MOE_MAX_TGIDS 1024
 #endif
 #ifndef MOE_MAX_FDS
-#define MOE_MAX_FDS 65536
-#endif
-#ifndef MOE_MAX_HIST_KEYS
-#define MOE_MAX_HIST_KEYS 65536
+#define MOE_MAX_FDS 16384
 #endif
 #ifndef MOE_MAX_FDGEN
-#define MOE_MAX_FDGEN 65536
+#define MOE_MAX_FDGEN 8192
 #endif
 #ifndef MOE_STREAM
 #define MOE_STREAM 0
@@ -125,7 +130,9 @@
 #define CLASS_MISS 1      // >= 1 page added
 #define CLASS_ERROR 2     // ret < 0
 #define N_CLASSES 3
-#define HIST_SLOTS 64
+// log2 latency slots (bcc's bpf_log2l: slot s holds [2^(s-1), 2^s) ns); the last slot also
+// holds every longer call (2^38 ns is over 4 minutes)
+#define HIST_SLOTS 40
 
 // stats slots (toolkit/probespec.py READS.stats names them, in order)
 #define STAT_CALLS_PREAD64 0
@@ -138,15 +145,16 @@
 #define STAT_ADD_EVENTS_IN_CALLS 7
 #define STAT_PAGES_ADDED_OUTSIDE_CALLS 8  // by followed tasks, not in a read call (faults, fadvise)
 #define STAT_FD_MAP_FULL 9              // calls counted in fd_overflow instead of per fd
-#define STAT_HIST_MAP_FULL 10           // calls missing from the per-fd histograms
-#define STAT_RING_DROPS 11
-#define STAT_TGID_FULL 12
-#define STAT_IOV_TRUNCATED 13           // preadv with more than MOE_MAX_IOV entries: count partial
-#define STAT_IOV_READ_ERRORS 14
-#define STAT_CLOSES 15
-#define STAT_EPOCH_BUMPS 16
-#define STAT_FDGEN_FULL 17              // a close not recorded: later reuse of that fd is ambiguous
-#define STAT_IDENT_DROPS 18             // idents ring full: the periodic /proc scan must find the fd
+#define STAT_RING_DROPS 10
+#define STAT_TGID_FULL 11
+#define STAT_IOV_TRUNCATED 12           // preadv with more than MOE_MAX_IOV entries: count partial
+#define STAT_IOV_READ_ERRORS 13
+#define STAT_CLOSES 14
+#define STAT_EPOCH_BUMPS 15
+#define STAT_FDGEN_FULL 16              // (tgid, fd) not tracked: a reuse of that fd number is ambiguous
+#define STAT_IDENT_DROPS 17             // idents ring full: the periodic /proc scan must find the fd
+#define STAT_RETIRE_FAILED 18           // a closed identity's counters could not move to `fds` (full):
+                                        // its counters land in the fd_map_full row, its histogram is lost
 #define N_STATS 19
 
 struct class_counts {
@@ -186,13 +194,20 @@ struct fd_counts {
     u64 dev;  // its s_dev, kernel encoding
 };
 
-struct hist_key {
-    u32 tgid;
-    u32 fd;
-    u32 gen;
-    u32 epoch;
-    u32 cls;
-    u32 slot;
+// one fd identity (and extent): its counters and its calls per (class, log2 latency slot)
+struct fd_agg {
+    struct fd_counts c;
+    u32 hist[N_CLASSES * HIST_SLOTS];
+};
+
+// (tgid, fd) -> the fd number's current identity. With MOE_EXTENT 0 (files layout) the
+// positioned calls of the current identity are counted right here (`a`: one lookup per
+// call); close() moves them to `fds` under their identity (it "retires" them), and so does
+// the first call after the process's epoch changed.
+struct live {
+    u32 gen;    // close() calls of this fd number in the process so far
+    u32 epoch;  // the tgid's epoch `a` belongs to
+    struct fd_agg a;
 };
 
 struct inflight {
@@ -242,15 +257,19 @@ struct user_iov {
     u64 len;
 };
 
-BPF_HASH(tgids, u32, u8, MOE_MAX_TGIDS);
-BPF_HASH(inflight, u32, struct inflight, MOE_MAX_TASKS);
-BPF_HASH(fdgen, u64, u32, MOE_MAX_FDGEN);     // (tgid << 32) | fd -> closes of that fd
-BPF_HASH(epochs, u32, u32, MOE_MAX_TGIDS);    // tgid -> close_range / exec events
-BPF_HASH(fds, struct fd_key, struct fd_counts, MOE_MAX_FDS);
-BPF_HASH(fd_hist, struct hist_key, u64, MOE_MAX_HIST_KEYS);
-// slot 0: calls that found `fds` full; slot 1: calls that failed with EBADF (the fd was not
-// open: no identity - counting them per fd would merge them with the fd's next open file)
-BPF_ARRAY(fd_overflow, struct fd_counts, 2);
+// followed tgid -> its epoch (close_range / exec events): one lookup answers both
+BPF_HASH(tgids, u32, u32, MOE_MAX_TGIDS);
+// tid -> its call; an entry stays for the tid's next call (start_ns == 0: none in flight),
+// rewritten in place: no allocation or bucket lock per call. LRU: exited threads age out.
+BPF_TABLE("lru_hash", u32, struct inflight, inflight, MOE_MAX_TASKS);
+BPF_HASH(fdgen, u64, struct live, MOE_MAX_FDGEN);  // (tgid << 32) | fd -> its current identity
+// retired identities, and every identity's calls when MOE_EXTENT > 0 (per extent) or
+// without a position (read())
+BPF_HASH(fds, struct fd_key, struct fd_agg, MOE_MAX_FDS);
+// slot 0: calls that found `fds` (or fdgen) full; slot 1: calls that failed with EBADF (the fd
+// was not open: no identity - counting them per fd would merge them with the fd's next open file)
+BPF_ARRAY(fd_overflow, struct fd_agg, 2);
+BPF_ARRAY(zeros, struct live, 1);  // never written: the source of new entries (too big for the stack)
 BPF_PERCPU_ARRAY(classes, struct class_counts, N_CLASSES);
 BPF_PERCPU_ARRAY(hist, u64, N_CLASSES * HIST_SLOTS);
 BPF_PERCPU_ARRAY(stats, u64, N_STATS);
@@ -265,36 +284,51 @@ static __always_inline void stat_add(u32 slot, u64 v) {
         *p += v;
 }
 
-static __always_inline int followed(u32 tgid) {
-    return tgids.lookup(&tgid) != 0;
+static __always_inline u32 *followed(u32 tgid) {
+    return tgids.lookup(&tgid);
 }
 
-// One call entered: remember (fd, pos, count, start) of the tid.
-static __always_inline int enter(u32 sc, u64 fd, u64 pos, u64 count) {
-    u64 id = bpf_get_current_pid_tgid();
-    u32 tgid = id >> 32;
-    u32 tid = (u32)id;
-    if (!followed(tgid))
-        return 0;
+// One call entered: remember (fd, pos, count, start) of the tid. `ep` is the tgid's
+// tgids entry (the caller checked that the tgid is followed).
+static __always_inline int enter(u32 sc, u32 *ep, u32 tgid, u32 tid, u64 fd, u64 pos, u64 count) {
     stat_add(sc, 1);  // STAT_CALLS_* == SC_*
-    struct inflight f = {};
-    f.start_ns = bpf_ktime_get_ns();
-    f.pos = pos;
-    f.count = count;
-    f.fd = (u32)fd;
-    f.sc = sc;
-    u64 gk = ((u64)tgid << 32) | (u32)fd;
-    u32 *g = fdgen.lookup(&gk);
-    if (g)
-        f.gen = *g;
-    u32 *e = epochs.lookup(&tgid);
-    if (e)
-        f.epoch = *e;
-    if (inflight.lookup(&tid))
-        stat_add(STAT_NESTED_ENTERS, 1);
-    if (inflight.update(&tid, &f))
+    u32 epoch = *ep;  // the fd's generation is taken at exit, with its counters (one lookup)
+    struct inflight *f = inflight.lookup(&tid);
+    if (f) {  // the tid's entry from its last call: rewrite it in place
+        if (f->start_ns)
+            stat_add(STAT_NESTED_ENTERS, 1);
+        f->pos = pos;
+        f->count = count;
+        f->ino = 0;
+        f->added = 0;
+        f->beyond = 0;
+        f->other = 0;
+        f->fd = (u32)fd;
+        f->gen = 0;
+        f->epoch = epoch;
+        f->sc = sc;
+        f->dev = 0;
+        f->start_ns = bpf_ktime_get_ns();  // last: a nonzero start marks the call in flight
+        return 0;
+    }
+    struct inflight n = {};
+    n.pos = pos;
+    n.count = count;
+    n.fd = (u32)fd;
+    n.epoch = epoch;
+    n.sc = sc;
+    n.start_ns = bpf_ktime_get_ns();
+    if (inflight.update(&tid, &n))
         stat_add(STAT_INFLIGHT_FULL, 1);
     return 0;
+}
+
+static __always_inline int enter_pos(u32 sc, u64 fd, u64 pos, u64 count) {
+    u64 id = bpf_get_current_pid_tgid();
+    u32 *ep = followed(id >> 32);
+    if (!ep)
+        return 0;
+    return enter(sc, ep, id >> 32, (u32)id, fd, pos, count);
 }
 
 // Sum of iov_len over the first MOE_MAX_IOV entries of a user iovec array.
@@ -316,54 +350,107 @@ static __always_inline u64 iov_bytes(u64 vec, u64 vlen) {
     return n;
 }
 
-static __always_inline void fd_account(struct inflight *f, u32 tgid, u32 cls, u64 bytes, u64 lat, u32 slot,
-                                       long ret) {
+static __always_inline void announce(u32 tgid, u32 fd, u32 gen, u32 epoch) {
+    // a new identity (or extent) was counted: tell user space now, while the fd is open
+    struct ident *r = idents.ringbuf_reserve(sizeof(struct ident));
+    if (r) {
+        r->tgid = tgid;
+        r->fd = fd;
+        r->gen = gen;
+        r->epoch = epoch;
+        idents.ringbuf_submit(r, 0);
+    } else {
+        stat_add(STAT_IDENT_DROPS, 1);
+    }
+}
+
+// Move the live identity's counters to `fds` under its key and zero them (close(), or the
+// process's epoch changed). A read racing with close() on the same fd number may be lost.
+static __always_inline void retire(u32 tgid, u32 fd, struct live *l) {
+    if (!l->a.c.calls)
+        return;
     struct fd_key k = {};
     k.tgid = tgid;
-    k.fd = f->fd;
-    k.gen = f->gen;
-    k.epoch = f->epoch;
-#if MOE_EXTENT > 0
-    k.chunk = f->pos == NOPOS ? NOPOS : f->pos / MOE_EXTENT;
-#else
-    k.chunk = f->pos == NOPOS ? NOPOS : 0;
-#endif
-    struct fd_counts *c = 0;
-    if (ret == EBADF_RET) {
-        u32 one = 1;
-        c = fd_overflow.lookup(&one);
-        if (!c)
-            return;
-        __sync_fetch_and_add(&c->calls, 1);
-        __sync_fetch_and_add(&c->requested_bytes, f->count);
-        __sync_fetch_and_add(&c->error_calls, 1);
-        __sync_fetch_and_add(&c->error_latency_ns, lat);
-        return;
-    }
-    c = fds.lookup(&k);
-    if (!c) {
-        struct fd_counts zero = {};
-        if (fds.insert(&k, &zero) == 0) {  // a new identity (or extent): tell user space now
-            struct ident *r = idents.ringbuf_reserve(sizeof(struct ident));
-            if (r) {
-                r->tgid = tgid;
-                r->fd = f->fd;
-                r->gen = f->gen;
-                r->epoch = f->epoch;
-                idents.ringbuf_submit(r, 0);
-            } else {
-                stat_add(STAT_IDENT_DROPS, 1);
-            }
-        }
-        c = fds.lookup(&k);
-    }
-    if (!c) {
+    k.fd = fd;
+    k.gen = l->gen;
+    k.epoch = l->epoch;
+    if (fds.update(&k, &l->a)) {
+        stat_add(STAT_RETIRE_FAILED, 1);
         u32 z = 0;
-        c = fd_overflow.lookup(&z);
-        stat_add(STAT_FD_MAP_FULL, 1);
-        if (!c)
-            return;
+        struct fd_agg *o = fd_overflow.lookup(&z);
+        if (o) {
+            __sync_fetch_and_add(&o->c.calls, l->a.c.calls);
+            __sync_fetch_and_add(&o->c.bytes, l->a.c.bytes);
+            __sync_fetch_and_add(&o->c.requested_bytes, l->a.c.requested_bytes);
+            __sync_fetch_and_add(&o->c.hit_calls, l->a.c.hit_calls);
+            __sync_fetch_and_add(&o->c.hit_bytes, l->a.c.hit_bytes);
+            __sync_fetch_and_add(&o->c.hit_latency_ns, l->a.c.hit_latency_ns);
+            __sync_fetch_and_add(&o->c.miss_calls, l->a.c.miss_calls);
+            __sync_fetch_and_add(&o->c.miss_bytes, l->a.c.miss_bytes);
+            __sync_fetch_and_add(&o->c.miss_latency_ns, l->a.c.miss_latency_ns);
+            __sync_fetch_and_add(&o->c.error_calls, l->a.c.error_calls);
+            __sync_fetch_and_add(&o->c.error_latency_ns, l->a.c.error_latency_ns);
+            __sync_fetch_and_add(&o->c.added_pages, l->a.c.added_pages);
+            __sync_fetch_and_add(&o->c.beyond_pages, l->a.c.beyond_pages);
+            __sync_fetch_and_add(&o->c.other_pages, l->a.c.other_pages);
+        }
     }
+    __builtin_memset(&l->a, 0, sizeof(l->a));
+}
+
+// Count one exited call on its identity; returns the fd's generation.
+static __always_inline u32 fd_account(struct inflight *f, u32 tgid, u32 cls, u64 bytes, u64 lat, u32 slot) {
+    u64 gk = ((u64)tgid << 32) | f->fd;
+    struct live *l = fdgen.lookup(&gk);
+    if (!l) {  // the first call on this fd number in this process
+        u32 z = 0;
+        struct live *zero = zeros.lookup(&z);
+        if (zero)
+            fdgen.insert(&gk, zero);
+        l = fdgen.lookup(&gk);
+        if (!l)
+            stat_add(STAT_FDGEN_FULL, 1);
+    }
+    u32 gen = l ? l->gen : 0;
+    struct fd_agg *a = 0;
+    int first = 0;
+    if (l && MOE_EXTENT == 0 && f->pos != NOPOS && f->epoch >= l->epoch) {
+        if (f->epoch != l->epoch) {  // the process's epoch changed since these counters began
+            retire(tgid, f->fd, l);
+            l->epoch = f->epoch;
+        }
+        a = &l->a;
+        first = a->c.calls == 0;
+    } else {
+        struct fd_key k = {};
+        k.tgid = tgid;
+        k.fd = f->fd;
+        k.gen = gen;
+        k.epoch = f->epoch;
+#if MOE_EXTENT > 0
+        k.chunk = f->pos == NOPOS ? NOPOS : f->pos / MOE_EXTENT;
+#else
+        k.chunk = f->pos == NOPOS ? NOPOS : 0;
+#endif
+        a = fds.lookup(&k);
+        if (!a) {
+            u32 z = 0;
+            struct live *zero = zeros.lookup(&z);
+            if (zero && fds.insert(&k, &zero->a) == 0)
+                first = 1;
+            a = fds.lookup(&k);
+        }
+        if (!a) {
+            u32 z = 0;
+            a = fd_overflow.lookup(&z);
+            stat_add(STAT_FD_MAP_FULL, 1);
+            if (!a)
+                return gen;
+        }
+    }
+    if (first)
+        announce(tgid, f->fd, gen, f->epoch);
+    struct fd_counts *c = &a->c;
     __sync_fetch_and_add(&c->calls, 1);
     __sync_fetch_and_add(&c->bytes, bytes);
     __sync_fetch_and_add(&c->requested_bytes, f->count);
@@ -389,23 +476,21 @@ static __always_inline void fd_account(struct inflight *f, u32 tgid, u32 cls, u6
         c->ino = f->ino;
         c->dev = f->dev;
     }
-    struct hist_key hk = {};
-    hk.tgid = tgid;
-    hk.fd = f->fd;
-    hk.gen = f->gen;
-    hk.epoch = f->epoch;
-    hk.cls = cls;
-    hk.slot = slot;
-    u64 *h = fd_hist.lookup(&hk);
-    if (!h) {
-        u64 zero = 0;
-        fd_hist.insert(&hk, &zero);
-        h = fd_hist.lookup(&hk);
-    }
-    if (h)
-        __sync_fetch_and_add(h, 1);
-    else
-        stat_add(STAT_HIST_MAP_FULL, 1);
+    u32 hi = cls * HIST_SLOTS + slot;
+    if (hi < N_CLASSES * HIST_SLOTS)
+        __sync_fetch_and_add(&a->hist[hi], 1);
+    return gen;
+}
+
+static __always_inline void bad_fd_account(struct inflight *f, u64 lat) {
+    u32 one = 1;
+    struct fd_agg *a = fd_overflow.lookup(&one);
+    if (!a)
+        return;
+    __sync_fetch_and_add(&a->c.calls, 1);
+    __sync_fetch_and_add(&a->c.requested_bytes, f->count);
+    __sync_fetch_and_add(&a->c.error_calls, 1);
+    __sync_fetch_and_add(&a->c.error_latency_ns, lat);
 }
 
 // One call exited: classify, aggregate, stream.
@@ -414,14 +499,14 @@ static __always_inline int leave(u32 sc, long ret) {
     u32 tgid = id >> 32;
     u32 tid = (u32)id;
     struct inflight *f = inflight.lookup(&tid);
-    if (!f) {
+    if (!f || !f->start_ns) {
         if (followed(tgid))
             stat_add(STAT_EXIT_WITHOUT_ENTER, 1);
         return 0;
     }
     if (f->sc != sc) {  // an enter of another syscall was lost: drop it
         stat_add(STAT_EXIT_WITHOUT_ENTER, 1);
-        inflight.delete(&tid);
+        f->start_ns = 0;
         return 0;
     }
     u64 now = bpf_ktime_get_ns();
@@ -445,7 +530,10 @@ static __always_inline int leave(u32 sc, long ret) {
     u64 *hv = hist.lookup(&hi);
     if (hv)
         *hv += 1;
-    fd_account(f, tgid, cls, bytes, lat, slot, ret);
+    if (ret == EBADF_RET)
+        bad_fd_account(f, lat);
+    else
+        f->gen = fd_account(f, tgid, cls, bytes, lat, slot);
 #if MOE_STREAM
     struct read_call *r = calls.ringbuf_reserve(sizeof(struct read_call));
     if (r) {
@@ -470,7 +558,7 @@ static __always_inline int leave(u32 sc, long ret) {
         stat_add(STAT_RING_DROPS, 1);
     }
 #endif
-    inflight.delete(&tid);
+    f->start_ns = 0;  // no call in flight; the entry stays for the tid's next call
     return 0;
 }
 
@@ -479,7 +567,7 @@ static __always_inline int added(u64 ino, u64 index, u32 dev, u64 npages) {
     u64 id = bpf_get_current_pid_tgid();
     u32 tid = (u32)id;
     struct inflight *f = inflight.lookup(&tid);
-    if (!f) {
+    if (!f || !f->start_ns) {
         u32 tgid = id >> 32;
         if (followed(tgid))
             stat_add(STAT_PAGES_ADDED_OUTSIDE_CALLS, npages);
@@ -507,24 +595,18 @@ static __always_inline int added(u64 ino, u64 index, u32 dev, u64 npages) {
 }
 
 static __always_inline void bump_epoch(void) {
-    u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    if (!followed(tgid))
+    u32 *e = followed(bpf_get_current_pid_tgid() >> 32);
+    if (!e)
         return;
     stat_add(STAT_EPOCH_BUMPS, 1);
-    u32 *e = epochs.lookup(&tgid);
-    if (e) {
-        __sync_fetch_and_add(e, 1);
-        return;
-    }
-    u32 one = 1;
-    epochs.update(&tgid, &one);
+    __sync_fetch_and_add(e, 1);
 }
 
 // ---------------------------------------------------------------------------
 // programs (each reads only its own args->fields; helpers above take values)
 
 TRACEPOINT_PROBE(syscalls, sys_enter_pread64) {
-    return enter(SC_PREAD64, args->fd, (u64)args->pos, args->count);
+    return enter_pos(SC_PREAD64, args->fd, (u64)args->pos, args->count);
 }
 
 TRACEPOINT_PROBE(syscalls, sys_exit_pread64) {
@@ -536,10 +618,11 @@ TRACEPOINT_PROBE(syscalls, sys_enter_preadv) {
     u64 vec = (u64)args->vec;
     u64 vlen = args->vlen;
     u64 pos = args->pos_l;
-    u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    if (!followed(tgid))
+    u64 id = bpf_get_current_pid_tgid();
+    u32 *ep = followed(id >> 32);
+    if (!ep)
         return 0;
-    return enter(SC_PREADV, args->fd, pos, iov_bytes(vec, vlen));
+    return enter(SC_PREADV, ep, id >> 32, (u32)id, args->fd, pos, iov_bytes(vec, vlen));
 }
 
 TRACEPOINT_PROBE(syscalls, sys_exit_preadv) {
@@ -552,10 +635,11 @@ TRACEPOINT_PROBE(syscalls, sys_enter_preadv2) {
     u64 vec = (u64)args->vec;
     u64 vlen = args->vlen;
     u64 pos = args->pos_l;  // (u64)-1: the file position, like read()
-    u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    if (!followed(tgid))
+    u64 id = bpf_get_current_pid_tgid();
+    u32 *ep = followed(id >> 32);
+    if (!ep)
         return 0;
-    return enter(SC_PREADV2, args->fd, pos, iov_bytes(vec, vlen));
+    return enter(SC_PREADV2, ep, id >> 32, (u32)id, args->fd, pos, iov_bytes(vec, vlen));
 }
 
 TRACEPOINT_PROBE(syscalls, sys_exit_preadv2) {
@@ -565,7 +649,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_preadv2) {
 
 #if MOE_HAVE_READ
 TRACEPOINT_PROBE(syscalls, sys_enter_read) {
-    return enter(SC_READ, args->fd, NOPOS, args->count);
+    return enter_pos(SC_READ, args->fd, NOPOS, args->count);
 }
 
 TRACEPOINT_PROBE(syscalls, sys_exit_read) {
@@ -590,14 +674,20 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close) {
         return 0;
     stat_add(STAT_CLOSES, 1);
     u64 gk = ((u64)tgid << 32) | fd;
-    u32 *g = fdgen.lookup(&gk);
-    if (g) {
-        __sync_fetch_and_add(g, 1);
-        return 0;
+    struct live *l = fdgen.lookup(&gk);
+    if (!l) {
+        u32 z = 0;
+        struct live *zero = zeros.lookup(&z);
+        if (zero)
+            fdgen.insert(&gk, zero);
+        l = fdgen.lookup(&gk);
+        if (!l) {
+            stat_add(STAT_FDGEN_FULL, 1);
+            return 0;
+        }
     }
-    u32 one = 1;
-    if (fdgen.update(&gk, &one))
-        stat_add(STAT_FDGEN_FULL, 1);
+    retire(tgid, fd, l);
+    __sync_fetch_and_add(&l->gen, 1);
     return 0;
 }
 #endif
@@ -624,8 +714,8 @@ TRACEPOINT_PROBE(task, task_newtask) {
     if (!followed(parent))
         return 0;
     u32 child = args->pid;
-    u8 one = 1;
-    if (tgids.update(&child, &one))
+    u32 zero = 0;  // epoch 0 of the new process
+    if (tgids.update(&child, &zero))
         stat_add(STAT_TGID_FULL, 1);
     return 0;
 }

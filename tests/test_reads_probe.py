@@ -26,7 +26,7 @@ import pytest
 
 from moetrace import rundir
 from moetrace.probespec import PROBES, resolve
-from moetrace.readsrec import (CLASSES, FD_FIELDS, NOPOS, READ_CALL_DTYPE, UNATTRIBUTED, Collected, FdResolver,
+from moetrace.readsrec import (CLASSES, FD_FIELDS, HIST_SLOTS, NOPOS, READ_CALL_DTYPE, UNATTRIBUTED, Collected, FdResolver,
                                PoolIndex, Resolution, build, calls_table, kernel_dev, reads_knobs,
                                replay_oracle)
 
@@ -87,7 +87,7 @@ def _collected(rows, hist_rows=(), stream=None):
     fds = pd.DataFrame(rows, columns=["tgid", "fd", "gen", "epoch", "chunk", *FD_FIELDS])
     fds["chunk"] = fds["chunk"].astype("uint64")
     fh = pd.DataFrame(list(hist_rows), columns=["tgid", "fd", "gen", "epoch", "cls", "slot", "calls"])
-    hist = np.zeros((3, 64), np.int64)
+    hist = np.zeros((3, HIST_SLOTS), np.int64)
     for r in hist_rows:
         hist[r[4], r[5]] += r[6]
     hist[0, 3] += 5  # calls only the all-calls histogram saw (e.g. a full per-fd histogram map)
@@ -487,3 +487,50 @@ def test_fd_reuse_errors_read_and_forks(live, pools, tmp_path):
     s = doc["summaries"]["reads"]
     assert s["classes"]["error"]["calls"] >= 1
     assert doc["stats"]["reads"]["closes"] >= 3 and doc["stats"]["reads"]["calls_read"] >= 1
+
+
+def test_files_layout_fd_reuse_and_close_range(live, pools, tmp_path):
+    """Files layout: the current identity of an fd is counted in its `fdgen` entry and
+    retired to `fds` by close() (a new generation) and by the first call after the
+    process's epoch changed (close_range closes without close()): one fd number reused for
+    three experts attributes each call to its own expert."""
+    pytest.importorskip("bcc")
+    from moetrace.pool import open_pool
+
+    fp = open_pool(pools["files"])
+    a, b, c = (str(fp.path_of(e)) for e in (1, 2, 4))
+    script = textwrap.dedent(f"""
+        import ctypes, os, time
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = os.open({a!r}, os.O_RDONLY)
+        for off in (0, 4096):
+            assert len(os.pread(fd, 4096, off)) == 4096
+        time.sleep(0.3)
+        os.close(fd)
+        fd2 = os.open({b!r}, os.O_RDONLY)
+        assert fd2 == fd
+        assert len(os.pread(fd2, 8192, 0)) == 8192
+        time.sleep(0.3)
+        assert libc.syscall(436, fd2, fd2, 0) == 0, ctypes.get_errno()  # close_range(fd, fd, 0)
+        fd3 = os.open({c!r}, os.O_RDONLY)
+        assert fd3 == fd
+        for off in (0, 65536, 131072):
+            assert len(os.pread(fd3, 4096, off)) == 4096
+        time.sleep(0.3)
+    """)
+    r = _record(tmp_path / "s", [sys.executable, "-c", script], "--probes", "reads", "--pool", str(pools["files"]))
+    assert r.returncode == 0, r.stderr
+    doc, tables = rundir.load_run(tmp_path / "s")
+    rd = tables["reads"]
+    ex = rd[rd["kind"] == "expert"].set_index("expert_id")
+    assert ex.loc[1, "calls"] == 2 and ex.loc[1, "bytes"] == 8192
+    assert ex.loc[2, "calls"] == 1 and ex.loc[2, "bytes"] == 8192
+    assert ex.loc[4, "calls"] == 3 and ex.loc[4, "bytes"] == 3 * 4096
+    assert int(ex["calls"].sum()) == 6
+    files_t = tables["reads_files"]
+    rows = files_t[files_t["path"].isin([a, b, c])].set_index("path")
+    assert len(rows) == 3 and rows["fd"].nunique() == 1
+    assert rows.loc[b, "gen"] > rows.loc[a, "gen"] and rows.loc[c, "gen"] == rows.loc[b, "gen"]
+    assert rows.loc[c, "epoch"] > rows.loc[b, "epoch"]
+    st = doc["stats"]["reads"]
+    assert st["epoch_bumps"] >= 1 and st["retire_failed"] == 0 and st["fdgen_full"] == 0

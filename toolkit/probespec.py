@@ -896,9 +896,10 @@ READS = ProbeSpec(
         Knob("MOE_MAX_IOV", 16, "iovec entries of a preadv summed into its requested bytes"),
         Knob("MOE_MAX_TASKS", 4096, "tid -> call in flight entries"),
         Knob("MOE_MAX_TGIDS", 1024, "followed processes"),
-        Knob("MOE_MAX_FDS", 65536, "(fd identity, extent) aggregate entries; overflow lands in one slot"),
-        Knob("MOE_MAX_HIST_KEYS", 65536, "(fd identity, class, slot) latency histogram entries"),
-        Knob("MOE_MAX_FDGEN", 65536, "(tgid, fd) -> close count entries"),
+        Knob("MOE_MAX_FDS", 16384, "retired (fd identity, extent) aggregates (counters + latency histogram, "
+                                   "~0.6 KiB each); raised for a pool file's extents; overflow lands in one slot"),
+        Knob("MOE_MAX_FDGEN", 8192, "(tgid, fd) -> current identity entries (its generation, and its counters "
+                                    "in the files layout; ~0.6 KiB each)"),
         Knob("MOE_STREAM", 0, "1: one ring record per call (read_calls table)"),
         Knob("MOE_RINGBUF_PAGES", 256, "ring buffer size in pages (power of two) when streaming"),
         Knob("MOE_IDENT_RING_PAGES", 16, "size of the always-on ring of new fd identities (user space stats "
@@ -961,8 +962,8 @@ READS = ProbeSpec(
     ),
     stats=("calls_pread64", "calls_preadv", "calls_preadv2", "calls_read", "nested_enters", "inflight_full",
            "exit_without_enter", "add_events_in_calls", "pages_added_outside_calls", "fd_map_full",
-           "hist_map_full", "ring_drops", "tgid_full", "iov_truncated", "iov_read_errors", "closes",
-           "epoch_bumps", "fdgen_full", "ident_drops"),
+           "ring_drops", "tgid_full", "iov_truncated", "iov_read_errors", "closes",
+           "epoch_bumps", "fdgen_full", "ident_drops", "retire_failed"),
     structs=(
         Struct("class_counts", tuple((f, "u64") for f in ("calls", "bytes", "requested_bytes", "added_pages",
                                                            "beyond_pages", "other_pages", "latency_ns"))),
@@ -971,7 +972,6 @@ READS = ProbeSpec(
             "calls", "bytes", "requested_bytes", "hit_calls", "hit_bytes", "hit_latency_ns", "miss_calls",
             "miss_bytes", "miss_latency_ns", "error_calls", "error_latency_ns", "added_pages", "beyond_pages",
             "other_pages", "ino", "dev"))),
-        Struct("hist_key", tuple((f, "u32") for f in ("tgid", "fd", "gen", "epoch", "cls", "slot"))),
         Struct("ident", tuple((f, "u32") for f in ("tgid", "fd", "gen", "epoch"))),
         Struct("read_call", (("ts_ns", "u64"), ("pos", "u64"), ("count", "u64"), ("ret", "s64"),
                              ("latency_ns", "u64"), ("ino", "u64"), ("tid", "u32"), ("tgid", "u32"), ("fd", "u32"),

@@ -30,7 +30,7 @@ Attribution (user space: fd -> inode would need ``struct file`` reads, unsafe wi
 mismatched headers): the kernel pushes every new identity into a small ring; the
 recorder's :meth:`ReadsRecorder.poll` stats ``/proc/<tgid>/fd/<fd>`` at once (the fd is
 still open: its process just read it), re-reads gen/epoch to make sure it saw the same
-open file, and also scans every followed process's fd table twice a second. An identity
+open file, and also scans every followed process's fd table every SCAN_INTERVAL_S. An identity
 the scan missed is still resolved when one of its calls added a page (the first added
 page's inode). The inode maps to experts through the pool map (``ctx.pmap.inodes``: one
 expert per file, or for the pool file ``base + pos // extent_bytes``).
@@ -78,7 +78,8 @@ SPEC = PROBES["reads"]
 SYSCALLS = ("pread64", "preadv", "preadv2", "read")
 #: call classes, in CLASS_* order
 CLASSES = ("hit_only", "miss", "error")
-HIST_SLOTS = 64
+#: log2 latency slots of probes/reads.c (HIST_SLOTS): the last one also holds longer calls
+HIST_SLOTS = 40
 NOPOS = (1 << 64) - 1
 #: unattributed sources, in the order of their rows in reads.parquet
 UNATTRIBUTED = ("other_files", "unresolved_fd", "no_position", "pool_tail", "bad_fd", "fd_map_full")
@@ -88,7 +89,7 @@ READ_CALL_DTYPE = SPEC.struct("read_call").dtype()
 IDENT_DTYPE = SPEC.struct("ident").dtype()
 STAT = {name: i for i, name in enumerate(SPEC.stats)}
 #: seconds between two full scans of the followed processes' fd tables
-SCAN_INTERVAL_S = 2.0  # a fallback: new fds are announced by the kernel (idents ring) and stat-ed at once
+SCAN_INTERVAL_S = 5.0  # a fallback (each scan costs two map reads per open fd): new fds are announced by the kernel (idents ring) and stat-ed at once
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 Ident = tuple[int, int, int, int]  # (tgid, fd, gen, epoch)
@@ -151,6 +152,9 @@ def reads_knobs(plan: AttachPlan, pool: PoolIndex | None, stream: bool, **over: 
     extent split, the page size and the stream switch; ``over`` wins."""
     k: dict[str, int] = dict(plan.knobs)
     k["MOE_EXTENT"] = pool.extent_bytes if pool is not None and pool.split else 0
+    if k["MOE_EXTENT"]:  # one `fds` entry per (fd identity, extent): room for each thread's fd
+        need = 4 * pool.n_total + 4096
+        k["MOE_MAX_FDS"] = max(int(SPEC.knob_values()["MOE_MAX_FDS"]), 1 << (need - 1).bit_length())
     k["MOE_PAGE_SHIFT"] = PAGE.bit_length() - 1
     k["MOE_STREAM"] = int(bool(stream))
     k.update(over)
@@ -233,6 +237,23 @@ class FdResolver:
 
 # ---------------------------------------------------------------------------
 # what the kernel collected -> tables (pure: no kernel needed)
+
+
+def fd_frames(idents) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(fds, fd_hist) of :class:`Collected` from ``[((tgid, fd, gen, epoch, chunk), agg)]``,
+    ``agg`` a ``struct fd_agg`` of probes/reads.c (``.c`` counters, ``.hist`` per class x slot)."""
+    rows, hrows = [], []
+    for (tgid, fd, gen, epoch, chunk), a in idents:
+        rows.append({"tgid": tgid, "fd": fd, "gen": gen, "epoch": epoch, "chunk": chunk,
+                     **{f: int(getattr(a.c, f)) for f in FD_FIELDS}})
+        h = np.ctypeslib.as_array(a.hist).astype(np.int64)
+        for i in np.flatnonzero(h):
+            hrows.append({"tgid": tgid, "fd": fd, "gen": gen, "epoch": epoch, "cls": int(i) // HIST_SLOTS,
+                          "slot": int(i) % HIST_SLOTS, "calls": int(h[i])})
+    fds = pd.DataFrame(rows, columns=["tgid", "fd", "gen", "epoch", "chunk", *FD_FIELDS])
+    fds["chunk"] = fds["chunk"].astype("uint64")
+    fd_hist = pd.DataFrame(hrows, columns=["tgid", "fd", "gen", "epoch", "cls", "slot", "calls"])
+    return fds, fd_hist
 
 
 @dataclass
@@ -555,15 +576,15 @@ class ReadsRecorder(ProbeRecorder):
         if not self.knobs["MOE_HAVE_PREADV2"]:
             self.ctx.notes.append("reads: preadv2 is not attached: Python's os.preadv (the replay's read call) "
                                   "issues preadv2, so the replay's reads are not seen")
-        fdgen, epochs = self.probe.table("fdgen"), self.probe.table("epochs")
+        fdgen, epochs = self.probe.table("fdgen"), self.probe.table("tgids")  # tgid -> epoch
 
         def generation(tgid: int, fd: int) -> tuple[int, int] | None:
             try:
-                g = fdgen.get(fdgen.Key((tgid << 32) | fd))
+                g = fdgen.get(fdgen.Key((tgid << 32) | fd))  # struct live: .gen
                 e = epochs.get(epochs.Key(tgid))
             except OSError:
                 return None
-            return (int(g.value) if g is not None else 0, int(e.value) if e is not None else 0)
+            return (int(g.gen) if g is not None else 0, int(e.value) if e is not None else 0)
 
         self.resolver = FdResolver(generation)
         self.probe.table("idents").open_ring_buffer(self._on_ident)
@@ -590,7 +611,7 @@ class ReadsRecorder(ProbeRecorder):
 
     def follow(self, pid: int) -> None:
         t = self.probe.table("tgids")
-        t[t.Key(pid)] = t.Leaf(1)
+        t[t.Key(pid)] = t.Leaf(0)  # followed, epoch 0
         self._root_pids.append(pid)
 
     def _tgids(self) -> list[int]:
@@ -645,19 +666,16 @@ class ReadsRecorder(ProbeRecorder):
         hist = np.array([int(h.sum(ctypes.c_int(i)).value) for i in range(len(CLASSES) * HIST_SLOTS)], np.int64)
         st = t("stats")
         stats = {name: int(st.sum(ctypes.c_int(i)).value) for i, name in enumerate(SPEC.stats)}
-        rows = []
-        for k, v in t("fds").items():
-            rows.append({"tgid": k.tgid, "fd": k.fd, "gen": k.gen, "epoch": k.epoch, "chunk": int(k.chunk),
-                         **{f: int(getattr(v, f)) for f in FD_FIELDS}})
-        fds = pd.DataFrame(rows, columns=["tgid", "fd", "gen", "epoch", "chunk", *FD_FIELDS])
-        fds["chunk"] = fds["chunk"].astype("uint64")
-        hrows = [{"tgid": k.tgid, "fd": k.fd, "gen": k.gen, "epoch": k.epoch, "cls": k.cls, "slot": k.slot,
-                  "calls": int(v.value)} for k, v in t("fd_hist").items()]
-        fd_hist = pd.DataFrame(hrows, columns=["tgid", "fd", "gen", "epoch", "cls", "slot", "calls"])
+        # identities: the retired ones and the per-extent / read() ones (`fds`), and each fd
+        # number's current one with its counters (`fdgen`, files layout: chunk 0)
+        idents = [((k.tgid, k.fd, k.gen, k.epoch, int(k.chunk)), v) for k, v in t("fds").items()]
+        idents += [((int(k.value) >> 32, int(k.value) & 0xFFFFFFFF, v.gen, v.epoch, 0), v.a)
+                   for k, v in t("fdgen").items() if v.a.c.calls]
+        fds, fd_hist = fd_frames(idents)
         ov = t("fd_overflow")
-        overflow = {f: int(getattr(ov[ctypes.c_int(0)], f)) for f in FD_FIELDS}
-        bad_fd = {f: int(getattr(ov[ctypes.c_int(1)], f)) for f in FD_FIELDS}
-        inflight_left = len(t("inflight").items())
+        overflow = {f: int(getattr(ov[ctypes.c_int(0)].c, f)) for f in FD_FIELDS}
+        bad_fd = {f: int(getattr(ov[ctypes.c_int(1)].c, f)) for f in FD_FIELDS}
+        inflight_left = sum(1 for _k, v in t("inflight").items() if v.start_ns)  # entries stay, idle at 0
         raw = self.stream.records() if self.stream is not None else None
         intervals = list(self.stream.intervals) if self.stream is not None else []
         return Collected(classes, hist.reshape(len(CLASSES), HIST_SLOTS), fds, fd_hist, overflow, stats,
@@ -694,14 +712,14 @@ class ReadsRecorder(ProbeRecorder):
             "counters_recursion_misses": misses,
             "counters_lost_events": sum(v for v in misses.values() if v) if misses else None,
             "inflight_full_calls": st["inflight_full"], "exit_without_enter": st["exit_without_enter"],
-            "fd_map_full_calls": st["fd_map_full"], "hist_map_full_calls": st["hist_map_full"],
+            "fd_map_full_calls": st["fd_map_full"], "retire_failed": st["retire_failed"],
             "ident_drops": st["ident_drops"], "calls_in_flight_at_close": self.col.inflight_left,
             "stream": None if self.stream is None else {
                 "records": self.stream.kept, "lost_kernel": self.stream.lost_kernel,
                 "lost_user": self.stream.lost_user, "intervals": len(self.stream.intervals)},
             "note": "per-class and per-fd counters are aggregated in the kernel; calls missing from them are "
-                    "counted here (inflight_full, fd_map_full lands in the fd_map_full row, hist_map_full only "
-                    "in the per-fd histograms)",
+                    "counted here (inflight_full; fd_map_full lands in the fd_map_full row; retire_failed: a "
+                    "closed identity whose counters landed in the fd_map_full row, its histogram in not_pool)",
         }
 
 
