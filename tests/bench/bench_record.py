@@ -15,6 +15,9 @@ page-cache hit. Then --repeats times, interleaved and in alternating order:
 (a) replay vs `moetrace record -- replay` (default probes: counters only);
 (b) replay vs `moetrace record --stream-events -- replay` (per-page streams on).
 
+(aa) with --aa: replay vs replay, the same interleaving: the noise floor of this
+machine (what a ratio of two unrecorded runs looks like).
+
 Each replay runs --warmup 1 --passes N (default 2). The time compared is the
 measured passes' wall time from the replay's own replay.json
 (measured_end_ns - measured_start_ns), so the recorder's start-up (compile +
@@ -22,7 +25,8 @@ attach) is excluded; the median iteration time ratio is printed beside it.
 Record start-up is printed from the run manifest (timings.probes_attach_s and
 the per-probe compile+attach timings) and as the wall time from launching
 `record` to the child's start (timings.command_start_ns). Prints per-pair
-ratios and the median ratio; targets: (a) <= 1.03x, (b) <= 1.10x.
+ratios, the median ratio with a 95 % bootstrap interval over the pairs, and the
+verdict against the targets: (a) <= 1.03x, (b) <= 1.10x.
 The pool and every run directory are removed at the end (also on error).
 """
 
@@ -46,7 +50,18 @@ import numpy as np
 
 LOCK = "/tmp/moetrace-io.lock"
 TARGETS = {"a": 1.03, "b": 1.10}
-LABELS = {"a": "(a) counters only (default probes)", "b": "(b) per-page streams (--stream-events)"}
+LABELS = {"a": "(a) counters only (default probes)", "b": "(b) per-page streams (--stream-events)",
+          "aa": "(aa) replay vs replay (noise floor)"}
+
+
+def median_ci(x: list[float], n_boot: int = 10000, seed: int = 7) -> tuple[float, float]:
+    """95 % bootstrap interval of the median of ``x`` (resampling the pairs)."""
+    a = np.asarray(x, float)
+    if len(a) < 2:
+        return float(a[0]), float(a[0])
+    idx = np.random.default_rng(seed).integers(0, len(a), (n_boot, len(a)))
+    med = np.median(a[idx], axis=1)
+    return float(np.percentile(med, 2.5)), float(np.percentile(med, 97.5))
 
 
 @contextlib.contextmanager
@@ -147,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pass-s", type=float, default=0.75, help="target seconds per pass (calibrated)")
     ap.add_argument("--probes", default=None, help="record --probes LIST (default: record's default set)")
     ap.add_argument("--cases", default="ab", help="which cases to run: a (counters), b (streams) or ab")
+    ap.add_argument("--aa", action="store_true", help="also run replay-vs-replay pairs: the noise floor")
     ap.add_argument("--bpf-stats-runs", type=int, default=3,
                     help="recorded runs with --bpf-stats after the pairs: the probes' own kernel CPU time "
                          "(0: skip)")
@@ -181,20 +197,21 @@ def _bench(a, d: Path) -> int:
           f"ms/iteration); replay --mode pagecache --threads {T} --warmup 1 --passes {a.passes}", flush=True)
     cmd = replay_cmd(plan, pool.root, T, 1, a.passes)
     want = a.passes * n_iter * total
-    ratios = {c: [] for c in "ab"}
-    med_ratios = {c: [] for c in "ab"}
-    startups: dict[str, list] = {c: [] for c in "ab"}
-    attach: dict[str, list] = {c: [] for c in "ab"}
-    per_probe: dict[str, dict[str, list]] = {c: {} for c in "ab"}
-    hits: dict[str, list] = {c: [] for c in "ab"}
+    cases = list(a.cases) + (["aa"] if a.aa else [])
+    ratios: dict[str, list] = {c: [] for c in cases}
+    med_ratios: dict[str, list] = {c: [] for c in cases}
+    startups: dict[str, list] = {c: [] for c in cases}
+    attach: dict[str, list] = {c: [] for c in cases}
+    per_probe: dict[str, dict[str, list]] = {c: {} for c in cases}
+    hits: dict[str, list] = {c: [] for c in cases}
     n = 0
     for r in range(a.repeats):
-        for case in a.cases:
+        for case in cases:
             order = ["plain", "record"] if (r % 2 == 0) else ["record", "plain"]
             res = {}
             for who in order:
                 n += 1
-                if who == "plain":
+                if who == "plain" or case == "aa":
                     res[who] = measured(run_plain(cmd, d / f"plain-{n}"))
                 else:
                     doc, man, st = run_recorded(cmd, d / f"run-{n}", stream=case == "b")
@@ -214,17 +231,23 @@ def _bench(a, d: Path) -> int:
             med_ratios[case].append(rm / pm)
             print(f"  pair {r} {case} ({'->'.join(order)}): replay {pw:.4f} s, recorded {rw:.4f} s, ratio "
                   f"{rw / pw:.4f}x (median iteration {pm * 1e3:.2f} vs {rm * 1e3:.2f} ms, {rm / pm:.4f}x); "
-                  f"record start-up {startups[case][-1]:.2f} s", flush=True)
+                  + (f"record start-up {startups[case][-1]:.2f} s" if startups[case] else "second replay"),
+                  flush=True)
     print()
     rc = 0
-    for case in a.cases:
+    for case in cases:
         m = statistics.median(ratios[case])
         mi = statistics.median(med_ratios[case])
-        ok = m <= TARGETS[case]
-        rc |= 0 if ok else 1
-        print(f"{LABELS[case]:<42} median ratio {m:.4f}x (target <= {TARGETS[case]:.2f}x: "
-              f"{'ok' if ok else 'ABOVE TARGET'}); per pair {', '.join(f'{x:.4f}' for x in ratios[case])}; "
-              f"median-iteration ratio {mi:.4f}x")
+        lo, hi = median_ci(ratios[case])
+        verdict = ""
+        if case in TARGETS:
+            ok = m <= TARGETS[case]
+            rc |= 0 if ok else 1
+            verdict = f" (target <= {TARGETS[case]:.2f}x: {'ok' if ok else 'ABOVE TARGET'})"
+        print(f"{LABELS[case]:<42} median ratio {m:.4f}x, 95 % interval {lo:.4f}-{hi:.4f}x{verdict}; per pair "
+              f"{', '.join(f'{x:.4f}' for x in ratios[case])}; median-iteration ratio {mi:.4f}x")
+        if case == "aa":
+            continue
         pp = ", ".join(f"{p} {statistics.median(v):.2f} s" for p, v in per_probe[case].items())
         print(f"    record start-up (median): compile + attach {statistics.median(attach[case]):.2f} s ({pp}); "
               f"launch -> child start {statistics.median(startups[case]):.2f} s")
