@@ -229,9 +229,10 @@ def _bench(a, d: Path) -> int:
             (pw, pm, _), (rw, rm, _) = res["plain"], res["record"]
             ratios[case].append(rw / pw)
             med_ratios[case].append(rm / pm)
-            print(f"  pair {r} {case} ({'->'.join(order)}): replay {pw:.4f} s, recorded {rw:.4f} s, ratio "
+            second = "second replay" if case == "aa" else "recorded"
+            print(f"  pair {r} {case} ({'->'.join(order)}): replay {pw:.4f} s, {second} {rw:.4f} s, ratio "
                   f"{rw / pw:.4f}x (median iteration {pm * 1e3:.2f} vs {rm * 1e3:.2f} ms, {rm / pm:.4f}x); "
-                  + (f"record start-up {startups[case][-1]:.2f} s" if startups[case] else "second replay"),
+                  + (f"record start-up {startups[case][-1]:.2f} s" if startups[case] else "no probes in either"),
                   flush=True)
     print()
     rc = 0
