@@ -26,8 +26,8 @@ import pytest
 
 from moetrace import rundir
 from moetrace.probespec import PROBES, resolve
-from moetrace.readsrec import (CLASSES, FD_FIELDS, HIST_SLOTS, NOPOS, READ_CALL_DTYPE, UNATTRIBUTED, Collected, FdResolver,
-                               PoolIndex, Resolution, build, calls_table, kernel_dev, reads_knobs,
+from moetrace.readsrec import (CLASSES, FD_FIELDS, HIST_SLOTS, NOPOS, READ_CALL_DTYPE, UNATTRIBUTED, Collected,
+                               FdResolver, PoolIndex, Resolution, build, calls_table, kernel_dev, reads_knobs,
                                replay_oracle)
 
 SPEC = PROBES["reads"]
@@ -72,6 +72,10 @@ def test_knobs_from_plan_and_pool():
     assert set(k) == {kn.name for kn in SPEC.knobs}
     assert reads_knobs(plan, FILES_POOL, stream=False)["MOE_EXTENT"] == 0  # one expert per file: no split
     assert reads_knobs(plan, None, stream=False)["MOE_EXTENT"] == 0
+    # a pool file's identities are per extent: `fds` holds 4 per expert + 4096 others, a power of two
+    big = PoolIndex({5: (0, 8000)}, 1, MIB, 8000, 8000)
+    assert reads_knobs(plan, big, stream=False)["MOE_MAX_FDS"] == 65536
+    assert reads_knobs(plan, ONE_FILE_POOL, stream=False)["MOE_MAX_FDS"] == 16384  # the default suffices
 
 
 def _fd_row(tgid, fd, gen, epoch, chunk, calls, hit, miss, err, added, ino=0, dev=0, nbytes=None):

@@ -89,7 +89,9 @@ READ_CALL_DTYPE = SPEC.struct("read_call").dtype()
 IDENT_DTYPE = SPEC.struct("ident").dtype()
 STAT = {name: i for i, name in enumerate(SPEC.stats)}
 #: seconds between two full scans of the followed processes' fd tables
-SCAN_INTERVAL_S = 5.0  # a fallback (each scan costs two map reads per open fd): new fds are announced by the kernel (idents ring) and stat-ed at once
+#: (a fallback: new fds are announced by the kernel through the idents ring and stat-ed at
+#: once; each scan costs two map reads per open fd)
+SCAN_INTERVAL_S = 5.0
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 Ident = tuple[int, int, int, int]  # (tgid, fd, gen, epoch)
