@@ -398,19 +398,26 @@ static __always_inline void retire(u32 tgid, u32 fd, struct live *l) {
     __builtin_memset(&l->a, 0, sizeof(l->a));
 }
 
+// The fdgen entry of (tgid, fd), created (gen 0, nothing counted) at the fd number's first
+// call or close; 0 (counted in fdgen_full) when the map is full.
+static __always_inline struct live *live_of(u32 tgid, u32 fd) {
+    u64 gk = ((u64)tgid << 32) | fd;
+    struct live *l = fdgen.lookup(&gk);
+    if (l)
+        return l;
+    u32 z = 0;
+    struct live *zero = zeros.lookup(&z);
+    if (zero)
+        fdgen.insert(&gk, zero);
+    l = fdgen.lookup(&gk);
+    if (!l)
+        stat_add(STAT_FDGEN_FULL, 1);
+    return l;
+}
+
 // Count one exited call on its identity; returns the fd's generation.
 static __always_inline u32 fd_account(struct inflight *f, u32 tgid, u32 cls, u64 bytes, u64 lat, u32 slot) {
-    u64 gk = ((u64)tgid << 32) | f->fd;
-    struct live *l = fdgen.lookup(&gk);
-    if (!l) {  // the first call on this fd number in this process
-        u32 z = 0;
-        struct live *zero = zeros.lookup(&z);
-        if (zero)
-            fdgen.insert(&gk, zero);
-        l = fdgen.lookup(&gk);
-        if (!l)
-            stat_add(STAT_FDGEN_FULL, 1);
-    }
+    struct live *l = live_of(tgid, f->fd);
     u32 gen = l ? l->gen : 0;
     struct fd_agg *a = 0;
     int first = 0;
@@ -673,19 +680,9 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close) {
     if (!followed(tgid))
         return 0;
     stat_add(STAT_CLOSES, 1);
-    u64 gk = ((u64)tgid << 32) | fd;
-    struct live *l = fdgen.lookup(&gk);
-    if (!l) {
-        u32 z = 0;
-        struct live *zero = zeros.lookup(&z);
-        if (zero)
-            fdgen.insert(&gk, zero);
-        l = fdgen.lookup(&gk);
-        if (!l) {
-            stat_add(STAT_FDGEN_FULL, 1);
-            return 0;
-        }
-    }
+    struct live *l = live_of(tgid, fd);
+    if (!l)
+        return 0;
     retire(tgid, fd, l);
     __sync_fetch_and_add(&l->gen, 1);
     return 0;
