@@ -265,7 +265,7 @@ def compute_counts_locality(counts: Mapping[str, Mapping[int, np.ndarray]], top_
                             ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Slope fits and cross-domain top-N Jaccard from per-domain expert counts (no token order).
 
-    counts: {"<model>_counts_<domain>": {layer: counts array}} (moetrace.synth.load_counts).
+    counts: {"<model>_counts_<domain>": {layer: counts array}} (moetrace.inputs.synth.load_counts).
     Returns (slopes, jaccard): slopes has columns model, domain, layer (NA for
     the layer-averaged fit), zipf_slope, top8_share, selections; jaccard has
     columns model, a, b, top_n, jaccard, jaccard_min, jaccard_max, computed

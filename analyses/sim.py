@@ -1,6 +1,6 @@
 """Expert-cache policy simulations under fair windows (paper §3, Fig. 1).
 
-Input: the access stream :class:`moetrace.trace.Accesses` (per iteration, pass
+Input: the access stream :class:`moetrace.inputs.trace.Accesses` (per iteration, pass
 and layer the deduplicated expert set, in canonical sorted order). Each access
 is one expert read; a cache holds whole experts.
 
@@ -49,12 +49,12 @@ import numpy as np
 import pandas as pd
 from numba import njit
 
-from ..errors import InputError, UsageError
-from ..trace import Accesses
-from .stackdist import SCOPES, Window, lru_stack_curve, normalize_scope, stream, window
+from moetrace.errors import InputError, UsageError
+from moetrace.inputs.trace import Accesses
+from moetrace.analyses.stackdist import SCOPES, Window, lru_stack_curve, normalize_scope, stream, window
 
 POLICIES = ("lru", "lfu", "static", "belady")
-# toolkit/plan.py writes b"MOETPLAN"; b"MOEPLAN" is the spelling in the issue.
+# toolkit/inputs/plan.py writes b"MOETPLAN"; b"MOEPLAN" is the spelling in the issue.
 PLAN_MAGICS = (b"MOETPLAN", b"MOEPLAN")
 
 # ---------------------------------------------------------------------------
@@ -555,7 +555,7 @@ def plan_expert_bytes(path: str | os.PathLike) -> int | None:
     if not is_plan(path):
         return None
     try:
-        from ..plan import read_header
+        from moetrace.inputs.plan import read_header
     except ImportError:
         return None
     eb = int(getattr(read_header(path), "expert_bytes", 0) or 0)
@@ -565,7 +565,7 @@ def plan_expert_bytes(path: str | os.PathLike) -> int | None:
 def load_accesses(path: str | os.PathLike, k: int | None = None, n_layers: int | None = None,
                   n_experts: int | None = None) -> Accesses:
     """The access stream of a trace (typed .parquet or engine .jsonl) or of a plan
-    (a file starting with a plan magic, read by moetrace.plan.read_accesses,
+    (a file starting with a plan magic, read by moetrace.inputs.plan.read_accesses,
     imported only then)."""
     spath = str(path)
     if not os.path.exists(spath):
@@ -574,11 +574,11 @@ def load_accesses(path: str | os.PathLike, k: int | None = None, n_layers: int |
         raise InputError("is a directory, not a trace or plan", path=spath)
     if is_plan(spath):
         try:
-            from ..plan import read_accesses
+            from moetrace.inputs.plan import read_accesses
         except ImportError as e:
             raise InputError(f"this is a plan but the plan reader is unavailable ({e})", path=spath) from None
         return read_accesses(spath)
-    from ..trace import load_trace
+    from moetrace.inputs.trace import load_trace
 
     return load_trace(spath, k=k, n_layers=n_layers, n_experts=n_experts).accesses()
 

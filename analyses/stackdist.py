@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from ..errors import UsageError
-from ..trace import Accesses
+from moetrace.errors import UsageError
+from moetrace.inputs.trace import Accesses
 
 SCOPES = ("per_layer", "global")
 

@@ -7,10 +7,10 @@ import tempfile
 from pathlib import Path
 
 from moetrace.analyses.sim import compute_sim
-from moetrace.geometry import preset
-from moetrace.plan import compile_plan, iter_passes
-from moetrace.synth import SynthConfig, write_synth
-from moetrace.trace import parse_jsonl
+from moetrace.inputs.geometry import preset
+from moetrace.inputs.plan import compile_plan, iter_passes
+from moetrace.inputs.synth import SynthConfig, write_synth
+from moetrace.inputs.trace import parse_jsonl
 
 with tempfile.TemporaryDirectory() as d:
     d = Path(d)

@@ -4,7 +4,7 @@
 
 Builds a 2-layer x 32-expert x 1 MiB pool (64 MiB) and a 3-iteration plan, drops the
 pool from the page cache, runs ``moetrace record -- replay`` (every default probe this
-kernel offers), then loads the run directory with :func:`moetrace.rundir.load_run` (no
+kernel offers), then loads the run directory with :func:`moetrace.run.directory.load_run` (no
 root needed for that part) and prints: what each iteration added to the page cache
 (epochs), the read calls by class (reads), the hottest kernel frames (stacks) and each
 probe's kernel CPU time (--bpf-stats). The pool is removed at the end.
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from moetrace import rundir
-from moetrace.trace import write_jsonl
+from moetrace.run import directory as rundir
+from moetrace.inputs.trace import write_jsonl
 
 L, E = 2, 32
 

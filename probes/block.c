@@ -12,7 +12,7 @@
 // Sectors and dev are the whole disk's: dev is the kernel encoding
 // (major << 20) | minor.
 //
-// Configured only with -D knobs (toolkit/probespec.py declares the probe; the
+// Configured only with -D knobs (toolkit/record/spec.py declares the probe; the
 // knobs below all have defaults, so the file compiles as is):
 //   MOE_DEV            tracepoint dev of the pool's disk; 0 = every device
 //   MOE_BYTES_TP       1: the bytes group attaches block:block_io_start,
@@ -56,7 +56,7 @@
 #define MOE_MAX_EXTENTS 1048576
 #endif
 
-// stats slots (toolkit/blockattr.py STATS names them in this order)
+// stats slots (toolkit/record/probes/block.py STATS names them in this order)
 #define STAT_READ_BYTES 0        // bytes group: read bytes on MOE_DEV
 #define STAT_READ_BIOS 1         // bytes group: read events on MOE_DEV
 #define STAT_RING_LOST 2         // ring reserve failed: bio records lost

@@ -5,7 +5,7 @@
 // eviction / refault counts.
 //
 // The main output of the mglru probe is NOT here: it is the Python sampler of
-// <debugfs>/lru_gen (toolkit/mglrurec.py, toolkit/lru_gen.py), which needs no BPF.
+// <debugfs>/lru_gen (toolkit/record/probes/mglru.py, toolkit/kernel/lru_gen.py), which needs no BPF.
 // Every program of this file is a kprobe: it is compiled only where kprobes exist
 // (the kernel lab), each behind its MOE_HAVE_* knob, which the recorder sets from
 // the attach plan. With every knob 0 (the defaults, and every kernel without
@@ -23,7 +23,7 @@
 //       kernel's own <linux/mmzone.h> (exact headers only): the generation it leaves
 // The other kprobes only count calls.
 //
-// Configured only with -D knobs (toolkit/probespec.py MGLRU declares them):
+// Configured only with -D knobs (toolkit/record/spec.py MGLRU declares them):
 //   MOE_HAVE_EVICT_FOLIOS, MOE_HAVE_ISOLATE_FOLIOS, MOE_HAVE_SHOULD_RUN_AGING,
 //   MOE_HAVE_INC_MAX_SEQ, MOE_HAVE_FOLIO_INC_GEN, MOE_HAVE_LOOK_AROUND,
 //   MOE_HAVE_WS_EVICTION, MOE_HAVE_WS_REFAULT   1: compile that kprobe group
@@ -65,13 +65,13 @@
 #define MOE_LRU_GEN_FULL 0
 #endif
 
-// aging record kinds (toolkit/mglrurec.py AGING_KINDS names them in this order)
+// aging record kinds (toolkit/record/probes/mglru.py AGING_KINDS names them in this order)
 #define AGING_TRY_TO_INC_MAX_SEQ 0
 #define AGING_INC_MAX_SEQ 1
 #define AGING_INC_MAX_SEQ_CLONE 2
 #define SEQ_UNKNOWN 0xffffffffffffffffULL
 
-// stats slots (toolkit/probespec.py MGLRU.stats names them, in order)
+// stats slots (toolkit/record/spec.py MGLRU.stats names them, in order)
 #define STAT_EVICT_FOLIOS 0
 #define STAT_ISOLATE_FOLIOS 1
 #define STAT_SHOULD_RUN_AGING 2

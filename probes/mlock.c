@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // mlock: every mlock-family call of the followed processes, one ring record per
 // call (enter -> exit on the same thread), so user space can rebuild each
-// process's locked ranges exactly (toolkit/mlockrec.py: an interval set per tgid,
+// process's locked ranges exactly (toolkit/record/probes/mlock.py: an interval set per tgid,
 // page-rounded as the kernel rounds, overlaps not counted twice).
 //
 // Reads ONLY syscall tracepoint arguments (layout-safe with mismatched headers):
@@ -29,7 +29,7 @@
 // munlock_folio | munlock_page — per-folio events of the followed tgids, counted in
 // stats slots (a large folio, PG_head set in folio->flags, counted apart).
 //
-// Configured only with -D knobs (toolkit/probespec.py MLOCK declares them with the
+// Configured only with -D knobs (toolkit/record/spec.py MLOCK declares them with the
 // attach groups, stats slots and the ring struct; tests/test_probe_build.py checks
 // that both sides agree):
 //   MOE_HAVE_MLOCK2       1: compile mlock2 enter/exit
@@ -99,7 +99,7 @@
 #define MOE_MAP_FIXED 0x10UL
 #define MOE_MAP_LOCKED 0x2000UL
 
-// call codes (toolkit/mlockrec.py CALLS names them in this order)
+// call codes (toolkit/record/probes/mlock.py CALLS names them in this order)
 #define CALL_MLOCK 0
 #define CALL_MLOCK2 1
 #define CALL_MUNLOCK 2
@@ -116,7 +116,7 @@
 #define TG_FOLLOWED 1
 #define TG_LOCKED 2
 
-// stats slots (toolkit/probespec.py MLOCK.stats names them, in order)
+// stats slots (toolkit/record/spec.py MLOCK.stats names them, in order)
 #define STAT_CALLS 0            // ring records submitted
 #define STAT_RING_LOST 1        // records the ring had no room for (lost calls)
 #define STAT_PENDING_FULL 2     // enter not stored (tid map full): the call is lost

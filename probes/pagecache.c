@@ -8,7 +8,7 @@
 //   syscalls:sys_exit_{pread64,preadv,preadv2,read}  ret   (tracked tgids only)
 //   task:task_newtask                          pid, clone_flags (follow forks)
 //
-// Configured only with -D knobs (declared in toolkit/probespec.py PAGECACHE,
+// Configured only with -D knobs (declared in toolkit/record/spec.py PAGECACHE,
 // with the attach groups, stats slots and shared structs; tests/test_probe_build.py
 // checks that both sides agree):
 //   POOL_DEV        s_dev of the pool's filesystem, kernel encoding
@@ -87,7 +87,7 @@
 
 #define CLONE_THREAD_FLAG 0x00010000UL
 
-// stats slots (toolkit/probespec.py PAGECACHE.stats names them, in order)
+// stats slots (toolkit/record/spec.py PAGECACHE.stats names them, in order)
 #define STAT_ADD_EVENTS 0
 #define STAT_DELETE_EVENTS 1
 #define STAT_POOL_DEV_ADD_EVENTS 2

@@ -33,7 +33,7 @@
 // command runs (and reading gen/epoch back from `fdgen` / `tgids`, whose value is the epoch); the first
 // page added during a call also records the call's inode here (`ino`, `dev`).
 //
-// Configured only with -D knobs (declared in toolkit/probespec.py READS, with the
+// Configured only with -D knobs (declared in toolkit/record/spec.py READS, with the
 // attach groups, stats slots and shared structs; tests/test_probe_build.py checks
 // that both sides agree):
 //   MOE_HAVE_PREADV / MOE_HAVE_PREADV2 / MOE_HAVE_READ   compile that syscall's
@@ -119,13 +119,13 @@
 #define NOPOS 0xffffffffffffffffULL  // read(): the file position is not an argument
 #define EBADF_RET (-9)               // -EBADF (asm-generic/errno-base.h)
 
-// syscalls (toolkit/readsrec.py SYSCALLS names them in this order)
+// syscalls (toolkit/record/probes/reads.py SYSCALLS names them in this order)
 #define SC_PREAD64 0
 #define SC_PREADV 1
 #define SC_PREADV2 2
 #define SC_READ 3
 
-// call classes (toolkit/readsrec.py CLASSES names them in this order)
+// call classes (toolkit/record/probes/reads.py CLASSES names them in this order)
 #define CLASS_HIT_ONLY 0  // no page added while the call was in flight
 #define CLASS_MISS 1      // >= 1 page added
 #define CLASS_ERROR 2     // ret < 0
@@ -134,7 +134,7 @@
 // holds every longer call (2^38 ns is over 4 minutes)
 #define HIST_SLOTS 40
 
-// stats slots (toolkit/probespec.py READS.stats names them, in order)
+// stats slots (toolkit/record/spec.py READS.stats names them, in order)
 #define STAT_CALLS_PREAD64 0
 #define STAT_CALLS_PREADV 1
 #define STAT_CALLS_PREADV2 2

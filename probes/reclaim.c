@@ -29,7 +29,7 @@
 // per-reclaimer pgscan_kswapd/direct only for global reclaim: memcg limit
 // reclaim is counted there only in the memcg's own v2 memory.stat).
 //
-// Configured only with -D knobs (toolkit/probespec.py declares the probe; every
+// Configured only with -D knobs (toolkit/record/spec.py declares the probe; every
 // knob has a default, so the file compiles as is on a kernel with all events):
 //   MOE_HAVE_DIRECT          1: compile direct_reclaim_begin/end
 //   MOE_HAVE_KSWAPD          1: compile kswapd_wake/sleep
@@ -72,14 +72,14 @@
 #define MOE_MAX_EXPERTS 65536
 #endif
 
-// reclaimer kinds (toolkit/reclaimrec.py KINDS names them in this order)
+// reclaimer kinds (toolkit/record/probes/reclaim.py KINDS names them in this order)
 #define KIND_MEMCG 0
 #define KIND_DIRECT 1
 #define KIND_KSWAPD 2
 #define KIND_OTHER 3
 #define N_KINDS 4
 
-// per-kind counter fields (toolkit/reclaimrec.py FIELDS names them in this order)
+// per-kind counter fields (toolkit/record/probes/reclaim.py FIELDS names them in this order)
 #define F_INVOCATIONS 0          // begin / kswapd_wake events
 #define F_COMPLETED 1            // end / sleep events that closed an open window
 #define F_DURATION_NS 2          // sum of begin -> end ns of completed invocations
@@ -109,7 +109,7 @@
 #define F_ISOLATE_TAKEN 26
 #define N_FIELDS 27
 
-// stats slots (toolkit/reclaimrec.py STATS names them in this order)
+// stats slots (toolkit/record/probes/reclaim.py STATS names them in this order)
 #define STAT_NESTED_BEGINS 0     // a begin while the task had an open window
 #define STAT_UNMATCHED_ENDS 1    // an end with no open window (attached mid-way)
 #define STAT_KIND_MISMATCH 2     // an end of another kind than the open window

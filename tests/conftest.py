@@ -73,7 +73,7 @@ def counts_file() -> Path:
 def _unmount_what_tests_mounted():
     """Probes mount debugfs/tracefs when absent (bcc needs them); take them down afterwards."""
     yield
-    from moetrace.features import unmount_ours
+    from moetrace.kernel.features import unmount_ours
 
     unmount_ours()
 
@@ -93,7 +93,7 @@ def moetrace_cli(*args: str, check: bool = True):
 def make_expert_pools(base: Path, n: int = 23, steps: int = 1) -> dict[str, Path]:
     """One layer of ``n`` experts x 1 MiB in both layouts (base/files, base/pool) and a plan
     (base/plan.bin) whose ``steps`` iterations read every expert once each."""
-    from moetrace.trace import write_jsonl
+    from moetrace.inputs.trace import write_jsonl
 
     out: dict[str, Path] = {}
     for layout in ("files", "pool"):
@@ -111,7 +111,7 @@ def make_expert_pools(base: Path, n: int = 23, steps: int = 1) -> dict[str, Path
 def make_layered_pool(base: Path, layers: int, experts: int) -> Path:
     """base/pool: ``layers`` x ``experts`` x 1 MiB (files layout) and base/plan.bin, one
     iteration reading every expert of every layer once. Returns base."""
-    from moetrace.trace import write_jsonl
+    from moetrace.inputs.trace import write_jsonl
 
     moetrace_cli("pool", "create", base / "pool", "--layers", layers, "--experts", experts, "--k", experts,
                  "--expert-bytes", "1MiB", "--layout", "files")

@@ -1,4 +1,4 @@
-"""The block probe (probes/block.c + toolkit/blockattr.py).
+"""The block probe (probes/block.c + toolkit/record/probes/block.py).
 
 Tiers: the C file and its Python side agree (no kernel); it compiles, loads and detaches
 (probe_build, needs root); live: a known workload of 23 experts x 1 MiB read once after
@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from moetrace import blockattr
-from moetrace.blockattr import BIO_EVENT_DTYPE, BYTES_TP, STATS, BlockRecorder, block_cflags, resolve_attach
-from moetrace.extents import SECTOR, block_device_of, pool_extents
-from moetrace.geometry import Geometry
-from moetrace.pool import create_pool
-from moetrace.probespec import PROBES
+from moetrace.record.probes import block as blockattr
+from moetrace.record.probes.block import BIO_EVENT_DTYPE, BYTES_TP, STATS, BlockRecorder, block_cflags, resolve_attach
+from moetrace.kernel.extents import SECTOR, block_device_of, pool_extents
+from moetrace.inputs.geometry import Geometry
+from moetrace.inputs.pool import create_pool
+from moetrace.record.spec import PROBES
 
 SRC = blockattr.SOURCE.read_text()
 from conftest import io_lock as shared_io_lock  # noqa: E402
@@ -81,7 +81,7 @@ def _prog_exists(prog_id: int) -> bool:
 
 
 def _bytes_tps() -> list[str]:
-    from moetrace.features import has_tracepoint
+    from moetrace.kernel.features import has_tracepoint
     return [t for t in BYTES_TP if has_tracepoint(*t.split(":"))] or list(BYTES_TP)
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from moetrace.capacity import find_memory_controller
-from moetrace.snapshot import device_of, read_diskstats, read_meminfo
+from moetrace.capacity.scope import find_memory_controller
+from moetrace.kernel.procfs import device_of, read_diskstats, read_meminfo
 
 MIB = 1 << 20
 LAYERS, EXPERTS, K, STEPS = 4, 32, 4, 20
@@ -58,7 +58,7 @@ def small_pool(io_lock, tmp_path_factory):
 
 
 def _spec(d: Path, capacity: int, **kw):
-    from moetrace.cell import CellSpec
+    from moetrace.capacity.cell import CellSpec
 
     return CellSpec(plan=str(d / "plan.bin"), pool=str(d / "pool"), capacity_bytes=capacity,
                     name=kw.pop("name", "test-cell"), python=sys.executable, **kw)
@@ -70,7 +70,7 @@ def _scope_gone(name: str) -> bool:
 
 @pytest.fixture(scope="module")
 def fits_and_quarter(small_pool):
-    from moetrace.cell import run_cell
+    from moetrace.capacity.cell import run_cell
 
     d = small_pool
     dev = device_of(d / "pool" / "pool.json").name
@@ -88,7 +88,7 @@ def test_cell_pool_fits_reads_nothing_measured(fits_and_quarter, small_pool):
     assert res["retained"], res["reasons"]
     assert res["scope_removed"] and _scope_gone("test-cell")
     # the warm-up read the pool once from the device; the measured pass (almost) nothing
-    from moetrace.plan import read_accesses
+    from moetrace.inputs.plan import read_accesses
 
     touched = len(set(read_accesses(small_pool / "plan.bin").expert_id.tolist())) * MIB
     assert whole_cell_bytes >= 0.95 * touched  # the warm-up read every touched expert once
@@ -126,7 +126,7 @@ def test_cell_quarter_reads_more_and_matches_oracles(fits_and_quarter):
 
 
 def test_cell_balloon_verifies_vmlck_and_unlocks(small_pool):
-    from moetrace.cell import run_cell
+    from moetrace.capacity.cell import run_cell
 
     base = read_meminfo()["Mlocked_bytes"]
     avail = read_meminfo()["MemAvailable_bytes"]
@@ -142,7 +142,7 @@ def test_cell_balloon_verifies_vmlck_and_unlocks(small_pool):
 
 
 def test_cell_pinned_arena_vmlck(small_pool):
-    from moetrace.cell import run_cell
+    from moetrace.capacity.cell import run_cell
 
     cap = POOL_BYTES // 4
     res = run_cell(_spec(small_pool, cap, mode="pinned", headroom_bytes=96 * MIB, name="test-pinned"),
@@ -154,7 +154,7 @@ def test_cell_pinned_arena_vmlck(small_pool):
 
 
 def test_cell_refuses_unsafe_balloon_and_bad_geometry(small_pool, tmp_path):
-    from moetrace.cell import run_cell
+    from moetrace.capacity.cell import run_cell
     from moetrace.errors import InputError
 
     res = run_cell(_spec(small_pool, 64 * MIB, mechanism="balloon", name="test-unsafe"), tmp_path / "c")
@@ -162,7 +162,7 @@ def test_cell_refuses_unsafe_balloon_and_bad_geometry(small_pool, tmp_path):
     assert _scope_gone("test-unsafe") and _scope_gone("test-unsafe.balloon")
     moetrace("plan", "compile", str(small_pool / "t.jsonl"), "--layers", str(LAYERS), "--experts", "40",
              "--k", str(K), "-o", str(tmp_path / "other.bin"))
-    from moetrace.cell import CellSpec
+    from moetrace.capacity.cell import CellSpec
 
     bad = CellSpec(plan=str(tmp_path / "other.bin"), pool=str(small_pool / "pool"), capacity_bytes=64 * MIB,
                    name="test-geo")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from moetrace.capacity import find_memory_controller
-from moetrace.snapshot import read_meminfo
+from moetrace.capacity.scope import find_memory_controller
+from moetrace.kernel.procfs import read_meminfo
 
 MIB = 1 << 20
 GEO = ["--layers", "4", "--experts", "32", "--k", "4"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from moetrace.cell import CellSpec
+from moetrace.capacity.cell import CellSpec
 from moetrace.errors import UsageError
 
 MIB = 1 << 20

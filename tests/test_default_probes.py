@@ -15,8 +15,11 @@ import sys
 
 import pytest
 
-from moetrace import bpf, probespec, recorder, rundir
-from moetrace.probespec import DEFAULT_PROBES, PROBES
+from moetrace.kernel import bpf
+from moetrace.record import spec as probespec
+from moetrace.record import recorder
+from moetrace.run import directory as rundir
+from moetrace.record.spec import DEFAULT_PROBES, PROBES
 
 RECORD = [sys.executable, "-c", "from moetrace.cli.record import record; record.main(prog_name='moetrace record')"]
 # --mount: record unmounts the debugfs it mounted; doctor must see the same tracefs (the session fixture
@@ -40,7 +43,7 @@ def test_every_bpf_probe_has_its_c_file():
 @pytest.fixture(scope="module")
 def plans(live):
     pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
-    from moetrace.features import Features
+    from moetrace.kernel.features import Features
 
     return probespec.resolve_all(Features("/", mount=True))
 
@@ -50,7 +53,7 @@ def plans(live):
 def test_probe_compiles_loads_and_detaches_with_its_plan_knobs(plans, name):
     """Compile + load + attach with the knobs the kernel decides (unavailable groups compiled
     out); a probe the kernel cannot run at all still compiles with every group compiled out."""
-    from moetrace.recorder import prog_id_exists, prog_info
+    from moetrace.kernel.bpf import prog_id_exists, prog_info
 
     spec, plan = PROBES[name], plans[name]
     knobs = spec.knob_values(**{k: v for k, v in plan.knobs.items() if k in {kn.name for kn in spec.knobs}})
@@ -82,7 +85,7 @@ def test_default_set_attaches_or_doctor_says_why(live, tmp_path):
     probe is recorded, or skipped with the same reason `moetrace doctor --json` gives; the run
     directory holds no raw kernel address (acceptance 5: stacks are symbolized)."""
     pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
-    from moetrace.symbolize import find_kernel_addresses
+    from moetrace.kernel.symbolize import find_kernel_addresses
 
     data = tmp_path / "data.bin"
     data.write_bytes(os.urandom(8 << 20))

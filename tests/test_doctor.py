@@ -10,9 +10,9 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from moetrace import features as F
+from moetrace.kernel import features as F
 from moetrace.cli.doctor import doctor, doctor_report
-from moetrace.probespec import PROBES, resolve_all
+from moetrace.record.spec import PROBES, resolve_all
 
 from test_features import make_tree  # noqa: E402  (tests/ is on sys.path under pytest)
 

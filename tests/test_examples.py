@@ -35,7 +35,7 @@ def test_record_run_example(live, tmp_path):
     pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
     from conftest import io_lock
 
-    from moetrace import rundir
+    from moetrace.run import directory as rundir
 
     with io_lock():
         r = subprocess.run([sys.executable, str(ROOT / "examples" / "record_run.py"), str(tmp_path)],

@@ -1,4 +1,4 @@
-"""FIEMAP extents -> disk sectors -> expert (toolkit/extents.py).
+"""FIEMAP extents -> disk sectors -> expert (toolkit/kernel/extents.py).
 
 No kernel probes: FIEMAP on files we create needs only read access; the sector index
 is checked on inline tables; partitions and stacked devices on fake /sys trees."""
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from moetrace.errors import InputError
-from moetrace.extents import (FIEMAP_EXTENT_LAST, SECTOR, BlockDevice, ExpertExtents, block_device_for,
+from moetrace.kernel.extents import (FIEMAP_EXTENT_LAST, SECTOR, BlockDevice, ExpertExtents, block_device_for,
                               block_device_of, fiemap, flag_names, pool_extents, tp_dev, tp_dev_split)
-from moetrace.geometry import Geometry
-from moetrace.pool import create_pool
+from moetrace.inputs.geometry import Geometry
+from moetrace.inputs.pool import create_pool
 
 
 def _fiemap_or_skip(path: Path):

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from moetrace import features as F
-from moetrace.features import FieldSpec, Features
-from moetrace.probespec import (PROBES, AttachCandidate, AttachGroup, Column, Knob, ProbeSpec, resolve,
+from moetrace.kernel import features as F
+from moetrace.kernel.features import FieldSpec, Features
+from moetrace.record.spec import (PROBES, AttachCandidate, AttachGroup, Column, Knob, ProbeSpec, resolve,
                                 resolve_all)
 
 # Real format files, read from this project's 6.18 kernel (tracefs mounted).

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 
 from moetrace.cli import cli
 from moetrace.errors import InputError, UsageError
-from moetrace.importers import detect_format, drop_warmup, find_warmup, import_trace
-from moetrace.trace import Record, parse_jsonl, type_records
+from moetrace.inputs.importers import detect_format, drop_warmup, find_warmup, import_trace
+from moetrace.inputs.trace import Record, parse_jsonl, type_records
 
 DATA = Path(__file__).parent / "data"
 _spec = importlib.util.spec_from_file_location("imp_make", DATA / "imp_make.py")

@@ -1,4 +1,4 @@
-"""The lru probe (probes/lru.c + toolkit/lrurec.py): classic LRU placement per expert.
+"""The lru probe (probes/lru.c + toolkit/record/probes/lru.py): classic LRU placement per expert.
 
 Tiers: the C file and its Python side agree, the tables are built as declared (no kernel);
 it compiles, loads and detaches with the knob sets the recorder uses (probe_build); live,
@@ -30,8 +30,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from moetrace import bpf, lrurec, rundir
-from moetrace.lrurec import FIELDS, HISTOGRAMS, HIST_SLOTS, SPEC, anon_flag_from_format, lru_knobs, lru_tables
+from moetrace.kernel import bpf
+from moetrace.record.probes import lru as lrurec
+from moetrace.run import directory as rundir
+from moetrace.record.probes.lru import FIELDS, HISTOGRAMS, HIST_SLOTS, SPEC, anon_flag_from_format, lru_knobs, lru_tables
 
 from conftest import io_lock  # noqa: E402
 from test_record import REPLAY, _drop, _moetrace, _resident_pages  # noqa: E402
@@ -80,7 +82,7 @@ def test_declaration():
     assert all(groups[g].required for g in ("add", "delete", "insertion"))
     assert groups["insertion"].candidates[0].fields == ("pfn", "lru", "flags")
     assert SPEC.enrichment and set(SPEC.tables()) == {"lru", "lru_dwell_histogram"}
-    from moetrace.probe_recorder import recorder_class
+    from moetrace.record.probe import recorder_class
 
     assert recorder_class("lru") is lrurec.LruRecorder
 
@@ -183,7 +185,7 @@ KNOB_SETS = [
 @pytest.mark.parametrize("knobs", KNOB_SETS, ids=["files-1MiB", "pool-4KiB", "no-activate", "no-pool"])
 def test_lru_compiles_loads_and_detaches(live, knobs):
     pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
-    from moetrace.recorder import prog_id_exists, prog_info
+    from moetrace.kernel.bpf import prog_id_exists, prog_info
 
     full = {k: int(v) for k, v in SPEC.knob_values(**knobs).items()}
     probe = bpf.load_probe("lru", full)
@@ -314,7 +316,7 @@ def test_dwell_under_a_memory_limit(live, pressure_pool, tmp_path):
     """3 passes of a pool 3x the cache: every eviction of a page added in the recording has
     its insertion time; evictions equal the pagecache probe's per expert."""
     pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
-    from moetrace.capacity import Scope, ScopeError, find_memory_controller, remove_stale_scopes
+    from moetrace.capacity.scope import Scope, ScopeError, find_memory_controller, remove_stale_scopes
 
     try:
         ctrl = find_memory_controller()

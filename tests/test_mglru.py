@@ -1,4 +1,4 @@
-"""The mglru probe: the lru_gen parser (moetrace.lru_gen), the sampler (moetrace.mglrurec),
+"""The mglru probe: the lru_gen parser (moetrace.kernel.lru_gen), the sampler (moetrace.record.probes.mglru),
 probes/mglru.c.
 
 No-kernel tier: the parser on fixtures of both formats and both kernels (tests/data/lru_gen/,
@@ -23,9 +23,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from moetrace import lru_gen
+from moetrace.kernel import lru_gen
 from moetrace.errors import InputError
-from moetrace.probespec import PROBES, resolve
+from moetrace.record.spec import PROBES, resolve
 
 SPEC = PROBES["mglru"]
 FIX = Path(__file__).parent / "data" / "lru_gen"
@@ -185,16 +185,16 @@ def _tree(root: Path, mglru: bool = True, debugfs: bool = True, text: str | None
 
 
 def _ctx(root: Path):
-    from moetrace.features import Features
-    from moetrace.probe_recorder import RecordContext
+    from moetrace.kernel.features import Features
+    from moetrace.record.probe import RecordContext
 
     feats = Features(root)
     return RecordContext(features=feats, plan=resolve(SPEC, feats), log_dir=root / "replay"), feats
 
 
 def test_sampler_reads_at_open_while_polling_and_at_close(tmp_path):
-    from moetrace import rundir
-    from moetrace.mglrurec import MglruRecorder
+    from moetrace.run import directory as rundir
+    from moetrace.record.probes.mglru import MglruRecorder
 
     root = tmp_path / "root"
     dbg = _tree(root)
@@ -247,8 +247,8 @@ def test_sampler_reads_at_open_while_polling_and_at_close(tmp_path):
 
 
 def test_sampler_full_format_writes_tiers_and_walk(tmp_path):
-    from moetrace import rundir
-    from moetrace.mglrurec import MglruRecorder
+    from moetrace.run import directory as rundir
+    from moetrace.record.probes.mglru import MglruRecorder
 
     root = tmp_path / "root"
     dbg = _tree(root)
@@ -269,43 +269,43 @@ def test_sampler_full_format_writes_tiers_and_walk(tmp_path):
 
 
 def test_no_mglru_or_no_debugfs_is_no_with_the_reason(tmp_path):
-    from moetrace.mglrurec import MglruProbeError, MglruRecorder
+    from moetrace.record.probes.mglru import ProbeError, MglruRecorder
 
     _tree(tmp_path / "a", mglru=False)
     ctx, feats = _ctx(tmp_path / "a")
     assert feats.mglru is None and feats.headers == "exact"
     assert ctx.plan.status == "no"
     assert ctx.plan.reason == "required lru_gen unavailable: MGLRU not built (no /sys/kernel/mm/lru_gen)"
-    with pytest.raises(MglruProbeError, match="MGLRU not built"):
+    with pytest.raises(ProbeError, match="MGLRU not built"):
         MglruRecorder(ctx).open()
     _tree(tmp_path / "b", debugfs=False)
     ctx, feats = _ctx(tmp_path / "b")
     assert ctx.plan.status == "no" and "debugfs not mounted" in ctx.plan.reason
     rec = MglruRecorder(ctx)
-    with pytest.raises(MglruProbeError, match="debugfs not mounted"):
+    with pytest.raises(ProbeError, match="debugfs not mounted"):
         rec.open()
     rec.close()
     assert not rec.collected  # nothing to write
     # MGLRU, debugfs, but the file unreadable garbage at open: refused with the parser's line
     _tree(tmp_path / "c", text="memcg 1 /\n node 0\n 1 2 3\n")
     ctx, _ = _ctx(tmp_path / "c")
-    with pytest.raises(MglruProbeError, match="line 3"):
+    with pytest.raises(ProbeError, match="line 3"):
         MglruRecorder(ctx).open()
 
 
 def test_knobs_and_declaration():
-    from moetrace.mglrurec import KPROBE_KNOBS, MglruProbeError, MglruRecorder
+    from moetrace.record.probes.mglru import KPROBE_KNOBS, ProbeError, MglruRecorder
 
     assert SPEC.default is True and SPEC.enrichment is True  # in the default set; missing only warns
     assert [g.name for g in SPEC.attach if g.required] == ["lru_gen"]
     assert len(KPROBE_KNOBS) == 8 and all(SPEC.knob_values()[k] == 0 for k in KPROBE_KNOBS)
     assert SPEC.knob_values()["MOE_LRU_GEN_PERIOD_MS"] == 1000
-    from moetrace.probe_recorder import RecordContext
+    from moetrace.record.probe import RecordContext
 
     class _Plan:  # just what the constructor reads
         knobs: dict = {}
 
-    with pytest.raises(MglruProbeError, match="> 0"):
+    with pytest.raises(ProbeError, match="> 0"):
         MglruRecorder(RecordContext(features=None, plan=_Plan()), period_ms=0)
 
 
@@ -318,8 +318,8 @@ def test_mglru_c_compiles_with_kprobes_off_and_its_kprobes_verify(live):
     pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
     from bcc import BPF
 
-    from moetrace import bpf
-    from moetrace.recorder import prog_id_exists, prog_info
+    from moetrace.kernel import bpf
+    from moetrace.kernel.bpf import prog_id_exists, prog_info
 
     # every knob off (every kernel without kprobes): the stats map, no program at all
     p = bpf.load_probe("mglru", SPEC.knob_values())
@@ -352,8 +352,8 @@ def test_mglru_c_compiles_with_kprobes_off_and_its_kprobes_verify(live):
 
 def test_record_mglru_on_this_host(live, tmp_path):
     pytest.importorskip("bcc")
-    from moetrace import rundir
-    from moetrace.features import mglru_state
+    from moetrace.run import directory as rundir
+    from moetrace.kernel.features import mglru_state
 
     here = mglru_state("/")
     cmd = [sys.executable, "-c", "import time; time.sleep(1.5)"]

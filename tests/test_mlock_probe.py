@@ -1,4 +1,4 @@
-"""The mlock probe (probes/mlock.c + moetrace.mlockrec).
+"""The mlock probe (probes/mlock.c + moetrace.record.probes.mlock).
 
 No-kernel tier: the locked-range model (an interval set per process, page-rounded like
 do_mlock) against a brute-force page set, and against hand-computed call sequences; the
@@ -27,8 +27,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from moetrace import mlockrec as ml
-from moetrace.probespec import PROBES
+from moetrace.record.probes import mlock as ml
+from moetrace.record.spec import PROBES
 
 SPEC = PROBES["mlock"]
 PAGE = mmap.PAGESIZE
@@ -166,7 +166,7 @@ def test_records_round_trip():
     out, tl, _ = ml.apply_calls(df)
     assert list(out["time_ns"]) == [10, 20, 30] and list(out["locked_bytes"]) == [2 * PAGE, 2 * PAGE, PAGE]
     ev["call"][0] = 99
-    with pytest.raises(ml.MlockProbeError, match="unknown call code"):
+    with pytest.raises(ml.ProbeError, match="unknown call code"):
         ml.records_to_calls(ev.tobytes())
 
 
@@ -185,7 +185,7 @@ def test_mlock_is_a_default_enrichment_probe_with_units_in_names():
 
 
 def _features():
-    from moetrace.features import Features
+    from moetrace.kernel.features import Features
 
     return Features(mount=True)
 
@@ -195,9 +195,9 @@ def test_mlock_compiles_loads_and_detaches(live):
     pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
     from bcc import BPF
 
-    from moetrace import bpf
-    from moetrace.probespec import resolve
-    from moetrace.recorder import prog_id_exists, prog_info
+    from moetrace.kernel import bpf
+    from moetrace.record.spec import resolve
+    from moetrace.kernel.bpf import prog_id_exists, prog_info
 
     plan = resolve(SPEC, _features())
     assert plan.status != "no", plan.reason
@@ -293,9 +293,9 @@ do("mlock", base, P, key=[base, P])
 
 def test_probe_locked_bytes_equal_vmlck_after_each_call(live):
     pytest.importorskip("bcc")
-    from moetrace.features import Features
-    from moetrace.probe_recorder import RecordContext
-    from moetrace.probespec import resolve
+    from moetrace.kernel.features import Features
+    from moetrace.record.probe import RecordContext
+    from moetrace.record.spec import resolve
 
     feats = Features(mount=True)
     rec = ml.MlockRecorder(RecordContext(features=feats, plan=resolve(SPEC, feats)))
@@ -373,7 +373,7 @@ def pinned_pool():
         n = 12
         mt("pool", "create", str(d / "pool"), "--layers", "1", "--experts", str(n), "--k", "4",
            "--expert-bytes", "1MiB", "--layout", "files")
-        from moetrace.trace import write_jsonl
+        from moetrace.inputs.trace import write_jsonl
 
         write_jsonl([(i, 0, [(i + j) % n for j in range(4)]) for i in range(6)], d / "t.jsonl")
         mt("plan", "compile", str(d / "t.jsonl"), "--layers", "1", "--experts", str(n), "--k", "4",
@@ -385,7 +385,7 @@ def pinned_pool():
 
 def test_record_pinned_replay_locked_bytes_at_loop_entry_equal_vmlck(live, pinned_pool, tmp_path):
     pytest.importorskip("bcc")
-    from moetrace import rundir
+    from moetrace.run import directory as rundir
 
     d = pinned_pool
     arena = 5 * (1 << 20) + 12345  # whole experts are locked: 5 MiB

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from moetrace import plan as P
+from moetrace.inputs import plan as P
 from moetrace.cli import cli
 from moetrace.errors import InputError, PlanFormatError, UsageError
-from moetrace.geometry import Geometry
-from moetrace.trace import Accesses, merge_accesses, parse_jsonl, write_jsonl
+from moetrace.inputs.geometry import Geometry
+from moetrace.inputs.trace import Accesses, merge_accesses, parse_jsonl, write_jsonl
 
 DATA = Path(__file__).parent / "data"
 GOLDEN = DATA / "plan_v1_small.bin"

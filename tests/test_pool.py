@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 from moetrace.cli import cli
 from moetrace.errors import InputError, UsageError
-from moetrace.geometry import Geometry
-from moetrace.pool import MANIFEST, _checksum, create_pool, open_pool, verify_pool
+from moetrace.inputs.geometry import Geometry
+from moetrace.inputs.pool import MANIFEST, _checksum, create_pool, open_pool, verify_pool
 
 GEO = Geometry(2, 3, 2, 10_000, "tiny")  # 10,000 bytes: not page-aligned on purpose
 

@@ -7,9 +7,10 @@ import re
 
 import pytest
 
-from moetrace import bpf
-from moetrace.probespec import PROBES
-from moetrace.recorder import PAGE_EVENT_DTYPE, prog_id_exists, prog_info
+from moetrace.kernel import bpf
+from moetrace.record.spec import PROBES
+from moetrace.kernel.bpf import prog_id_exists, prog_info
+from moetrace.record.recorder import PAGE_EVENT_DTYPE
 
 PAGECACHE = PROBES["pagecache"]
 SRC = bpf.probe_source("pagecache").read_text()
@@ -62,7 +63,7 @@ def test_core_probes_have_sources():
 
 @pytest.mark.parametrize("name", WITH_SOURCE)
 def test_declaration_matches_c_source(name):
-    """The one declaration (moetrace.probespec) and probes/<name>.c agree: knobs, stats slots,
+    """The one declaration (moetrace.record.spec) and probes/<name>.c agree: knobs, stats slots,
     shared structs, attach candidates (function, enclosing knob, format fields read)."""
     spec = PROBES[name]
     src = bpf.probe_source(name).read_text()
@@ -130,9 +131,9 @@ def test_pagecache_specifics():
 
 def test_knob_cflags_are_integers_only():
     assert bpf.knob_cflags({"PPE": 256, "HAVE_ORDER": True}) == ["-DPPE=256", "-DHAVE_ORDER=1"]
-    with pytest.raises(bpf.ProbeLoadError):
+    with pytest.raises(bpf.ProbeError):
         bpf.knob_cflags({"PPE": "256; evil"})
-    with pytest.raises(bpf.ProbeLoadError):
+    with pytest.raises(bpf.ProbeError):
         bpf.knob_cflags({"bad name": 1})
 
 

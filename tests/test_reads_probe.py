@@ -1,4 +1,4 @@
-"""The reads probe (probes/reads.c + moetrace.readsrec).
+"""The reads probe (probes/reads.c + moetrace.record.probes.reads).
 
 No kernel: attribution of fd identities to experts (files and pool layouts, unattributed
 sources), tables against the declaration, the /proc fd resolver on a fake tree, the
@@ -24,9 +24,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from moetrace import rundir
-from moetrace.probespec import PROBES, resolve
-from moetrace.readsrec import (CLASSES, FD_FIELDS, HIST_SLOTS, NOPOS, READ_CALL_DTYPE, UNATTRIBUTED, Collected,
+from moetrace.run import directory as rundir
+from moetrace.record.spec import PROBES, resolve
+from moetrace.record.probes.reads import (CLASSES, FD_FIELDS, HIST_SLOTS, NOPOS, READ_CALL_DTYPE, UNATTRIBUTED, Collected,
                                FdResolver, PoolIndex, Resolution, build, calls_table, kernel_dev, reads_knobs,
                                replay_oracle)
 
@@ -64,7 +64,7 @@ def test_pool_index_locates_calls():
 
 
 def test_knobs_from_plan_and_pool():
-    from moetrace.features import Features
+    from moetrace.kernel.features import Features
 
     plan = resolve(SPEC, Features("/"))
     k = reads_knobs(plan, ONE_FILE_POOL, stream=True)
@@ -224,8 +224,8 @@ def test_replay_oracle(tmp_path):
 
 
 def test_recorder_is_registered():
-    from moetrace.probe_recorder import recorder_class
-    from moetrace.readsrec import ReadsRecorder
+    from moetrace.record.probe import recorder_class
+    from moetrace.record.probes.reads import ReadsRecorder
 
     assert recorder_class("reads") is ReadsRecorder and ReadsRecorder.needs_poll
 
@@ -245,8 +245,8 @@ KNOB_SETS = {
 @pytest.mark.parametrize("name", list(KNOB_SETS))
 def test_reads_compiles_loads_and_detaches(live, name):
     pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
-    from moetrace import bpf
-    from moetrace.recorder import prog_id_exists, prog_info
+    from moetrace.kernel import bpf
+    from moetrace.kernel.bpf import prog_id_exists, prog_info
 
     full = SPEC.knob_values(**KNOB_SETS[name])
     probe = bpf.load_probe("reads", full)
@@ -274,10 +274,10 @@ def test_recorder_open_close_abort_are_idempotent(live, tmp_path):
     """The recorder's own path (knobs from the live attach plan), a pid of our own followed:
     our preads are counted and classed; close() and abort() leave no program behind."""
     pytest.importorskip("bcc")
-    from moetrace.features import Features
-    from moetrace.probe_recorder import RecordContext
-    from moetrace.readsrec import ReadsRecorder
-    from moetrace.recorder import prog_id_exists
+    from moetrace.kernel.features import Features
+    from moetrace.record.probe import RecordContext
+    from moetrace.record.probes.reads import ReadsRecorder
+    from moetrace.kernel.bpf import prog_id_exists
 
     feats = Features("/")
     rec = ReadsRecorder(RecordContext(features=feats, plan=resolve(SPEC, feats), log_dir=tmp_path))
@@ -435,7 +435,7 @@ def test_fd_reuse_errors_read_and_forks(live, pools, tmp_path):
     between: a new identity), a pread on the closed fd (EBADF), a pread past the last extent,
     read() of the pool file (no position), and a forked child reading expert 7."""
     pytest.importorskip("bcc")
-    from moetrace.pool import open_pool
+    from moetrace.inputs.pool import open_pool
 
     pf = str(pools["pool"] / "pool.bin")
     other = str(open_pool(pools["files"]).path_of(5))
@@ -499,7 +499,7 @@ def test_files_layout_fd_reuse_and_close_range(live, pools, tmp_path):
     process's epoch changed (close_range closes without close()): one fd number reused for
     three experts attributes each call to its own expert."""
     pytest.importorskip("bcc")
-    from moetrace.pool import open_pool
+    from moetrace.inputs.pool import open_pool
 
     fp = open_pool(pools["files"])
     a, b, c = (str(fp.path_of(e)) for e in (1, 2, 4))

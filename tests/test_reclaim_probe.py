@@ -1,4 +1,4 @@
-"""The reclaim probe (probes/reclaim.c + toolkit/reclaimrec.py).
+"""The reclaim probe (probes/reclaim.c + toolkit/record/probes/reclaim.py).
 
 Tiers: the C file and its Python side agree (no kernel); it compiles, loads and detaches
 (probe_build, needs root); live: a reader in a cgroup v1/v2 memory scope of 64 MiB reads
@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from moetrace import bpf, reclaimrec
-from moetrace.probespec import PROBES
-from moetrace.reclaimrec import (FIELDS, GROUPS, HAVE_KNOBS, KINDS, STATS, TIMELINE_FIELDS, ReclaimRecorder,
+from moetrace.kernel import bpf
+from moetrace.record.probes import reclaim as reclaimrec
+from moetrace.record.spec import PROBES
+from moetrace.record.probes.reclaim import (FIELDS, GROUPS, HAVE_KNOBS, KINDS, STATS, TIMELINE_FIELDS, ReclaimRecorder,
                                  read_vmstat, reclaim_cflags, resolve_attach, vmstat_delta)
 
 SRC = reclaimrec.SOURCE.read_text()
@@ -82,7 +83,7 @@ def test_cflags_are_checked():
 def test_unavailable_optional_groups_are_compiled_out(monkeypatch):
     """kswapd_sleep missing: both kswapd groups go (a wake without sleep only leaves
     windows open); a missing required group is an error naming it."""
-    from moetrace import probespec
+    from moetrace.record import spec as probespec
 
     spec = PROBES["reclaim"]
 
@@ -104,7 +105,7 @@ def test_unavailable_optional_groups_are_compiled_out(monkeypatch):
     assert missing["kswapd_sleep"] == "no format file"
     assert attached["shrink_inactive"] == spec.group("shrink_inactive").candidates[0].target
     monkeypatch.setattr(probespec, "resolve", fake_resolve({"memcg_end"}))
-    with pytest.raises(reclaimrec.ReclaimProbeError, match="memcg_end"):
+    with pytest.raises(reclaimrec.ProbeError, match="memcg_end"):
         resolve_attach()
 
 
@@ -268,7 +269,7 @@ def test_memcg_reclaim_matches_vmstat(live, io_lock, file_set):
     """64 MiB scope, 256 MiB read 3 times: memcg limit reclaim scans and steals; the probe's
     totals equal /proc/vmstat's pgscan/pgsteal (anon + file) deltas within 2 %."""
     pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
-    from moetrace.capacity import Scope
+    from moetrace.capacity.scope import Scope
 
     limit, passes = 64 * MiB, 3
     scope = Scope(f"reclaim-test-{os.getpid()}")

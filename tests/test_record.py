@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from moetrace import bpf, rundir
-from moetrace.recorder import kernel_dev, pool_from_command
+from moetrace.kernel import bpf
+from moetrace.run import directory as rundir
+from moetrace.record.recorder import kernel_dev, pool_from_command
 
 N, MIB = 23, 1 << 20
 PAGES = MIB // mmap.PAGESIZE
@@ -77,7 +78,8 @@ def test_tracefs_refusal_says_the_mount_command(tmp_path):
 
 def test_recorder_uses_the_one_declaration():
     """No second declaration: the recorder's probe is probespec's, its ring dtype is the declared struct."""
-    from moetrace import probespec, recorder
+    from moetrace.record import spec as probespec
+    from moetrace.record import recorder
 
     assert recorder.PAGECACHE is probespec.PROBES["pagecache"]
     assert not hasattr(recorder, "ProbeDecl") and not hasattr(recorder, "resolve_attach")
@@ -87,7 +89,7 @@ def test_recorder_uses_the_one_declaration():
 
 def test_unknown_probes_are_refused():
     from moetrace.errors import UsageError
-    from moetrace.recorder import RecordOptions, record
+    from moetrace.record.recorder import RecordOptions, record
 
     with pytest.raises(UsageError, match="no such probe: nope"):
         record(RecordOptions(["true"], probes=("pagecache", "nope")))
@@ -95,9 +97,9 @@ def test_unknown_probes_are_refused():
 def test_a_declared_probe_without_recorder_is_refused(monkeypatch):
     """A probe declared (doctor resolves it) but without a recorder module: an error, or a note
     under --missing-probes warn."""
-    from moetrace import recorder
+    from moetrace.record import recorder
     from moetrace.errors import UsageError
-    from moetrace.recorder import RecordOptions, record
+    from moetrace.record.recorder import RecordOptions, record
 
     monkeypatch.setattr(recorder, "RECORDED", tuple(p for p in recorder.RECORDED if p != "lru"))
     with pytest.raises(UsageError, match="probe lru: not recorded"):
@@ -292,7 +294,7 @@ def test_exit_status_is_propagated(live, tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_killed_record_detaches_and_stays_loadable(live, pools, tmp_path, sig):
     pytest.importorskip("bcc")
-    from moetrace.recorder import prog_id_exists
+    from moetrace.kernel.bpf import prog_id_exists
 
     run = tmp_path / "k"
     replay = [*REPLAY, str(pools["plan"]), "--pool", str(pools["files"]), "--warmup", "0", "--passes", "1000000"]
@@ -407,7 +409,7 @@ def test_record_around_any_command_attributes_only_the_pool(live, pools, layout,
     """`moetrace record --pool P -- dd ...`: what dd reads of one expert is attributed to it, a file
     outside the pool is not, and requested pages are NA (no replay log) with the reason."""
     pytest.importorskip("bcc")
-    from moetrace.pool import open_pool
+    from moetrace.inputs.pool import open_pool
 
     pool = open_pool(pools[layout])
     target = 7

@@ -1,5 +1,5 @@
 """Per-iteration counters: the replay writes each iteration's epoch into the pagecache probe's
-epoch_now map (MOETRACE_EPOCH_MAP_FD) and the probe counts into it (moetrace.epochs).
+epoch_now map (MOETRACE_EPOCH_MAP_FD) and the probe counts into it (moetrace.run.epochs).
 
 No-kernel tier: the mode rule and the epoch bookkeeping (map writes recorded, or refused by
 an fd that is no map). Live tier: a cold warm-up pass then two measured passes of a 23 x 1 MiB pool: every
@@ -17,8 +17,8 @@ import sys
 
 import pytest
 
-from moetrace import rundir
-from moetrace.epochs import EpochWriter, epoch_mode, epochs_for, epochs_from_replay
+from moetrace.run import directory as rundir
+from moetrace.run.epochs import EpochWriter, epoch_mode, epochs_for, epochs_from_replay
 
 N, MIB = 23, 1 << 20
 PAGES = MIB // mmap.PAGESIZE
@@ -116,7 +116,7 @@ def test_cold_warmup_then_measured_hits_per_iteration(live, tmp_path):
     pool, plan = tmp_path / "pool", tmp_path / "plan.bin"
     _moetrace("pool", "create", str(pool), "--layers", "1", "--experts", str(N), "--k", str(N),
               "--expert-bytes", "1MiB", "--layout", "files")
-    from moetrace.trace import write_jsonl
+    from moetrace.inputs.trace import write_jsonl
 
     write_jsonl([(s, 0, list(range(N))) for s in range(3)], tmp_path / "t.jsonl")
     _moetrace("plan", "compile", str(tmp_path / "t.jsonl"), "--layers", "1", "--experts", str(N), "--k", str(N),

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import pytest
 
-from moetrace import rundir
+from moetrace.run import directory as rundir
 
 from test_record import RECORD, REPLAY, _drop, _io_lock, _moetrace, _resident_pages
 
@@ -81,7 +81,7 @@ def _rel(a: int, b: int) -> float:
 
 def test_eviction_under_a_memory_limit(live, pressure_pool, tmp_path):
     pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
-    from moetrace.capacity import Scope, ScopeError, find_memory_controller, remove_stale_scopes
+    from moetrace.capacity.scope import Scope, ScopeError, find_memory_controller, remove_stale_scopes
 
     try:
         ctrl = find_memory_controller()
@@ -178,7 +178,7 @@ def test_cell_record_wraps_the_replay(live, pressure_pool, tmp_path):
     """`moetrace cell --record`: the cell's replay (warm-up + measured) is recorded into
     <cell dir>/run; the recorder stays outside the scope, the replay is the scope's task."""
     pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
-    from moetrace.capacity import find_memory_controller
+    from moetrace.capacity.scope import find_memory_controller
 
     out = tmp_path / "cell"
     with _io_lock():  # the cell drops the caches

@@ -28,11 +28,11 @@ import pytest
 from click.testing import CliRunner
 
 from moetrace.errors import MoetraceError, UsageError
-from moetrace.geometry import Geometry
-from moetrace.plan import write_plan
-from moetrace.pool import create_pool
-from moetrace.trace import Accesses
-from moetrace import replay as rp
+from moetrace.inputs.geometry import Geometry
+from moetrace.inputs.plan import write_plan
+from moetrace.inputs.pool import create_pool
+from moetrace.inputs.trace import Accesses
+from moetrace.replay import harness as rp
 from moetrace.cli.replay import replay as replay_cmd
 
 KIB = 1024

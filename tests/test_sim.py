@@ -15,7 +15,7 @@ from moetrace.analyses import sim
 from moetrace.analyses.stackdist import lru_curve, lru_stack_curve, stack_distances, window
 from moetrace.cli import cli
 from moetrace.errors import InputError, UsageError
-from moetrace.trace import Accesses, accesses_from_table, write_jsonl
+from moetrace.inputs.trace import Accesses, accesses_from_table, write_jsonl
 
 
 def mk(sets: list[list[list[int]]], n_experts: int) -> Accesses:
@@ -349,10 +349,10 @@ def test_load_accesses_routes_plans(tmp_path, monkeypatch):
     import types
     import sys
 
-    fake = types.ModuleType("moetrace.plan")
+    fake = types.ModuleType("moetrace.inputs.plan")
     want = single(A, 4)
     fake.read_accesses = lambda path: want
-    monkeypatch.setitem(sys.modules, "moetrace.plan", fake)
+    monkeypatch.setitem(sys.modules, "moetrace.inputs.plan", fake)
     p = tmp_path / "x.bin"
     p.write_bytes(b"MOEPLAN\x01rest")
     assert sim.load_accesses(p) is want
@@ -369,9 +369,9 @@ def test_help_lists_options():
 
 
 def test_plan_input_matches_trace(tiny_trace, tmp_path):
-    plan = pytest.importorskip("moetrace.plan")
+    plan = pytest.importorskip("moetrace.inputs.plan")
     if not hasattr(plan, "compile_plan"):
-        pytest.skip("moetrace.plan has no compile_plan")
+        pytest.skip("moetrace.inputs.plan has no compile_plan")
     out = tmp_path / "p.bin"
     plan.compile_plan([tiny_trace], out, expert_bytes=4096)
     assert sim.is_plan(out) and not sim.is_plan(tiny_trace)

@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from moetrace.analyses.capacity import compute_capacity_table, plot_capacity, reference_curve
-from moetrace.capacity import MemoryController, Scope, balloon_size, find_memory_controller, remove_stale_scopes
+from moetrace.analyses.capacity_response import compute_capacity_table, plot_capacity, reference_curve
+from moetrace.capacity.scope import MemoryController, Scope, balloon_size, find_memory_controller, remove_stale_scopes
 from moetrace.errors import InputError, UsageError
-from moetrace.snapshot import (KernelLog, block_device, device_of, parse_kmsg, parse_lru_gen, read_diskstats,
+from moetrace.kernel.procfs import (KernelLog, block_device, device_of, parse_kmsg, parse_lru_gen, read_diskstats,
                                read_lru_gen, read_meminfo, read_psi, read_vmlck, read_vmstat, take_snapshot)
 
 DISKSTATS = """\

@@ -1,4 +1,4 @@
-"""The stacks probe (probes/stacks.c + toolkit/stacksrec.py + toolkit/symbolize.py).
+"""The stacks probe (probes/stacks.c + toolkit/record/probes/stacks.py + toolkit/kernel/symbolize.py).
 
 Tiers:
 - no kernel: maps parsing and lookup over a fake /proc, kallsyms lookup (and the zeros
@@ -33,9 +33,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from moetrace import rundir, stacksrec, symbolize
-from moetrace.probespec import PROBES
-from moetrace.symbolize import Kallsyms, Mapping, ProcMaps, Symbolizer, find_kernel_addresses, parse_maps
+from moetrace.run import directory as rundir
+from moetrace.record.probes import stacks as stacksrec
+from moetrace.kernel import symbolize
+from moetrace.record.spec import PROBES
+from moetrace.kernel.symbolize import Kallsyms, Mapping, ProcMaps, Symbolizer, find_kernel_addresses, parse_maps
 
 from conftest import io_lock  # noqa: E402
 
@@ -185,7 +187,7 @@ def test_poll_waits_out_its_timeout_and_wakes_on_exit(tmp_path):
     as the command exits; maps are snapshotted while the process lives."""
     import time
 
-    from moetrace.probe_recorder import RecordContext
+    from moetrace.record.probe import RecordContext
 
     rec = stacksrec.StacksRecorder(RecordContext(features=None, plan=None))
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.6)"])
@@ -270,9 +272,9 @@ def _perf_fds() -> int:
 
 
 def _ctx():
-    from moetrace.features import Features
-    from moetrace.probe_recorder import RecordContext
-    from moetrace.probespec import resolve
+    from moetrace.kernel.features import Features
+    from moetrace.record.probe import RecordContext
+    from moetrace.record.spec import resolve
 
     feats = Features("/", mount=True)
     return RecordContext(features=feats, plan=resolve(SPEC, feats))
@@ -283,7 +285,7 @@ def _ctx():
                          ids=["recorder-defaults", "no-forks-small"])
 def test_stacks_compiles_loads_and_detaches(live, knobs):
     pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
-    from moetrace.recorder import prog_id_exists
+    from moetrace.kernel.bpf import prog_id_exists
 
     before = _perf_fds()
     rec = stacksrec.StacksRecorder(_ctx(), knobs=knobs)
@@ -335,7 +337,7 @@ def pool(tmp_path_factory):
     n = 32
     _moetrace("pool", "create", str(base / "pool"), "--layers", "1", "--experts", str(n), "--k", str(n),
               "--expert-bytes", "2MiB", "--layout", "files")
-    from moetrace.trace import write_jsonl
+    from moetrace.inputs.trace import write_jsonl
 
     write_jsonl([(0, 0, list(range(n)))], base / "t.jsonl")
     _moetrace("plan", "compile", str(base / "t.jsonl"), "--layers", "1", "--experts", str(n), "--k", str(n),

@@ -1,4 +1,4 @@
-"""Synthetic generator (moetrace.synth, `trace synth`) and locality statistics
+"""Synthetic generator (moetrace.inputs.synth, `trace synth`) and locality statistics
 (moetrace.analyses.locality, `trace stats`)."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from click.testing import CliRunner
 from moetrace.analyses import locality as loc
 from moetrace.cli import cli
 from moetrace.errors import InputError
-from moetrace.geometry import Geometry, preset
-from moetrace.synth import SynthConfig, generate, load_counts, popularity_from_counts
-from moetrace.trace import parse_jsonl
+from moetrace.inputs.geometry import Geometry, preset
+from moetrace.inputs.synth import SynthConfig, generate, load_counts, popularity_from_counts
+from moetrace.inputs.trace import parse_jsonl
 
 from conftest import COUNTS_FILE
 
@@ -139,7 +139,7 @@ def test_reuse_knob_is_what_stats_measures(tmp_path):
     for w1 in (0.1, 0.5):
         cfg = SynthConfig(geo, steps=400, w1=w1, w8=0.7, w64=0.9, seed=3)
         recs = list(generate(cfg))
-        from moetrace.trace import Record, type_records
+        from moetrace.inputs.trace import Record, type_records
         tt = type_records([Record(s, l, list(map(int, e))) for s, l, e in recs], k=8, n_experts=256)
         r = loc.compute_reuse(tt.tokens(), 256, n_layers=0).set_index("window")["reuse"]
         assert abs(r[1] - w1) < 0.02 and abs(r[8] - 0.7) < 0.02 and abs(r[64] - 0.9) < 0.02

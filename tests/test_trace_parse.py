@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from moetrace.cli import cli
 from moetrace.errors import InputError
-from moetrace.trace import load_trace, merge_accesses, parse_jsonl, write_jsonl
+from moetrace.inputs.trace import load_trace, merge_accesses, parse_jsonl, write_jsonl
 
 
 def write(tmp_path, lines, name="t.jsonl"):

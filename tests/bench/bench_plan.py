@@ -38,7 +38,7 @@ L, E, K = 92, 896, 16
 
 def build_accesses(n_target: int, seed: int = 3):
     """~n_target reads: per (iteration, pass, layer) 16 distinct experts, every 20th iteration 2 passes."""
-    from moetrace.trace import Accesses
+    from moetrace.inputs.trace import Accesses
 
     per_pass = L * K
     n_pass = -(-n_target // per_pass)
@@ -81,10 +81,10 @@ def timed(fn, repeat: int = 1):
 
 RSS_CHILD = r"""
 import resource, sys
-from moetrace import plan as P
+from moetrace.inputs import plan as P
 mode, path = sys.argv[1], sys.argv[2]
 if mode == "load":
-    import moetrace.trace  # read_accesses builds a moetrace.trace.Accesses (imports pandas)
+    import moetrace.inputs.trace  # read_accesses builds a moetrace.inputs.trace.Accesses (imports pandas)
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 n = 0
 if mode == "stream":
@@ -139,8 +139,8 @@ def main() -> int:
     args = ap.parse_args()
     child_rss = RssProbe()
 
-    from moetrace import plan as P
-    from moetrace.geometry import PRESETS
+    from moetrace.inputs import plan as P
+    from moetrace.inputs.geometry import PRESETS
 
     geo = PRESETS["kimi-k3"]
     (acc, n), t_build = timed(lambda: build_accesses(args.reads))
@@ -194,7 +194,7 @@ def main() -> int:
         mib = lambda x: x * unit / 2**20  # noqa: E731
         print(f"peak RSS: import only {mib(b0):.1f} MiB; streaming the hinted plan {mib(p1):.1f} MiB "
               f"(+{mib(p1 - b1):.1f} MiB over its import baseline, file {os.path.getsize(hinted) / 2**20:.1f} MiB); "
-              f"read_accesses {mib(p2):.1f} MiB (+{mib(p2 - b2):.1f} MiB over import of moetrace.trace)")
+              f"read_accesses {mib(p2):.1f} MiB (+{mib(p2 - b2):.1f} MiB over import of moetrace.inputs.trace)")
         print(f"this process: peak RSS {mib(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss):.1f} MiB")
     finally:
         child_rss.close()

@@ -75,8 +75,8 @@ def io_lock():
 
 
 def build_pool(d: Path, n_layers: int, n_experts: int, eb: int):
-    from moetrace.geometry import Geometry
-    from moetrace.pool import create_pool
+    from moetrace.inputs.geometry import Geometry
+    from moetrace.inputs.pool import create_pool
 
     geo = Geometry(n_layers, n_experts, n_experts, eb, "bench-record")
     pool = create_pool(d / "pool", geo, layout="files", seed=13)
@@ -89,8 +89,8 @@ def build_pool(d: Path, n_layers: int, n_experts: int, eb: int):
 
 def build_plan(path: Path, geo, n_iter: int) -> Path:
     """n_iter iterations, each reading every expert of every layer once."""
-    from moetrace.plan import write_plan
-    from moetrace.trace import Accesses
+    from moetrace.inputs.plan import write_plan
+    from moetrace.inputs.trace import Accesses
 
     L, E = geo.n_layers, geo.n_experts
     per = L * E

@@ -52,10 +52,10 @@ def io_lock():
 
 
 def build(d: Path, gib: float, eb: int, n_experts: int):
-    from moetrace.geometry import Geometry
-    from moetrace.plan import write_plan
-    from moetrace.pool import create_pool
-    from moetrace.trace import Accesses
+    from moetrace.inputs.geometry import Geometry
+    from moetrace.inputs.plan import write_plan
+    from moetrace.inputs.pool import create_pool
+    from moetrace.inputs.trace import Accesses
 
     n_layers = max(1, int(gib * (1 << 30)) // (eb * n_experts))
     geo = Geometry(n_layers, n_experts, n_experts, eb, "bench")

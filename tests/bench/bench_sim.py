@@ -39,7 +39,7 @@ import numpy as np
 
 def build_accesses(n_target: int = 10_000_000, seed: int = 1):
     """~n_target accesses (kimi-k3 geometry, k=16 distinct experts per layer set)."""
-    from moetrace.trace import Accesses
+    from moetrace.inputs.trace import Accesses
 
     L, E, K = 92, 896, 16
     n_it = -(-n_target // (L * K))
@@ -72,7 +72,7 @@ def build_accesses(n_target: int = 10_000_000, seed: int = 1):
 
 
 def tiny_accesses():
-    from moetrace.trace import Accesses
+    from moetrace.inputs.trace import Accesses
 
     it = np.array([0, 0, 1, 1, 2, 2], np.int32)
     lay = np.array([0, 1, 0, 1, 0, 1], np.int16)

@@ -1,4 +1,4 @@
-"""`moetrace cell`: one capacity cell under Algorithm 1 (see moetrace.cell)."""
+"""`moetrace cell`: one capacity cell under Algorithm 1 (see moetrace.capacity.cell)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import sys
 
 import click
 
-from .common import BYTES, emit_json
+from moetrace.cli.common import BYTES, emit_json
+from moetrace.errors import CellInterrupted
 
 
 def cell_options(f):
@@ -47,7 +48,7 @@ def cell_options(f):
 def make_spec(plan_path, pool_dir, capacity, mechanism, mode, headroom, threads, warmup, passes,
               arena_fraction, prefetch, fadvise_random, freq_table, timeout_s, name="cell", record=False):
     """A validated CellSpec from CLI values."""
-    from ..cell import CellSpec
+    from moetrace.capacity.cell import CellSpec
 
     spec = CellSpec(plan=plan_path, pool=pool_dir, capacity_bytes=capacity, mechanism=mechanism, mode=mode,
                     headroom_bytes=headroom, threads=threads, warmup=warmup, passes=passes,
@@ -89,7 +90,7 @@ def cell(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passes
           --mechanism cgroup --out cells/512MiB --json
       moetrace cell --plan plan.bin --pool /var/tmp/pool --capacity 512MiB --record --out cells/r
     """
-    from ..cell import CellInterrupted, interrupt_handlers, run_cell
+    from moetrace.capacity.cell import interrupt_handlers, run_cell
 
     spec = make_spec(plan_path, pool_dir, capacity, mechanism, mode, headroom, threads, warmup, passes,
                      arena_fraction, prefetch, fadvise_random, freq_table, timeout_s, name, record)
@@ -108,7 +109,7 @@ def cell(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passes
 
 
 def _print_summary(res: dict, out_dir: str) -> None:
-    from ..geometry import format_bytes
+    from moetrace.inputs.geometry import format_bytes
 
     def b(x):
         return "NA" if x is None else format_bytes(x)

@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
-from ..geometry import parse_bytes
-from ..jsonutil import json_default
+from moetrace.inputs.geometry import parse_bytes
+from moetrace.jsonutil import json_default
 
 
 def emit_json(obj: Any) -> None:

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import click
 
-from ..errors import MoetraceError
+from moetrace.errors import MoetraceError
 
 
 def _run(args: list[str], json_out: Path | None = None) -> dict | None:
     """Run one moetrace command in-process; with json_out, keep its --json output."""
-    from . import cli
+    from moetrace.cli import cli
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from .common import emit_json
+from moetrace.cli.common import emit_json
 
 Row = dict[str, Any]
 
@@ -18,8 +18,8 @@ def _row(section: str, name: str, status: str, detail: str, fix: str | None = No
 
 
 def capability_rows(feats) -> list[Row]:
-    """One row per capability of ``feats`` (a moetrace.features.Features)."""
-    from .. import features as F
+    """One row per capability of ``feats`` (a moetrace.kernel.features.Features)."""
+    from moetrace.kernel import features as F
 
     rows: list[Row] = []
     priv = feats.privileges
@@ -110,8 +110,8 @@ def probe_rows(plans) -> list[Row]:
 
 def doctor_report(root: str = "/", mount: bool = False) -> dict[str, Any]:
     """Everything `doctor --json` prints: kernel, mount notes, rows, plans, not_checked."""
-    from ..features import Features
-    from ..probespec import resolve_all
+    from moetrace.kernel.features import Features
+    from moetrace.record.spec import resolve_all
 
     feats = Features(root, mount=mount)
     plans = resolve_all(feats)

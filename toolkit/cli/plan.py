@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .common import BYTES, emit_json
+from moetrace.cli.common import BYTES, emit_json
 
 _GEOMETRY_HELP = "pool geometry preset (kimi-k3, deepseek-v3, qwen3-30b-a3b, olmoe)"
 
@@ -40,9 +40,9 @@ def compile_(traces, output, geometry, layers, experts, k, expert_bytes, hints, 
     truncated to the shortest. Geometry: explicit options win, then
     --geometry, then the trace.
     """
-    from ..errors import UsageError
-    from ..geometry import format_bytes
-    from ..plan import compile_plan
+    from moetrace.errors import UsageError
+    from moetrace.inputs.geometry import format_bytes
+    from moetrace.inputs.plan import compile_plan
 
     if hints == "oracle" and hints_from:
         raise UsageError("--hints oracle and --hints-from are exclusive")
@@ -95,8 +95,8 @@ def inspect(plan_path, as_json) -> None:
     accepted tokens, and with hints their count, recall and precision against
     the reads that follow them.
     """
-    from ..geometry import format_bytes
-    from ..plan import inspect_plan
+    from moetrace.inputs.geometry import format_bytes
+    from moetrace.inputs.plan import inspect_plan
 
     s = inspect_plan(plan_path)
     if as_json:

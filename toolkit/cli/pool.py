@@ -6,8 +6,8 @@ import dataclasses
 
 import click
 
-from . import LazyGroup
-from .common import BYTES, emit_json
+from moetrace.cli import LazyGroup
+from moetrace.cli.common import BYTES, emit_json
 
 
 @click.group(cls=LazyGroup)
@@ -37,9 +37,9 @@ def create(directory, geometry_name, layers, experts, k, expert_bytes, layout, s
     Example (a ~2 GiB scaled Kimi-K3 pool):
       moetrace pool create /var/tmp/pool --geometry kimi-k3 --experts 88 --expert-bytes 256KiB
     """
-    from ..geometry import Geometry, format_bytes, preset
-    from ..pool import create_pool
-    from .common import progress
+    from moetrace.inputs.geometry import Geometry, format_bytes, preset
+    from moetrace.inputs.pool import create_pool
+    from moetrace.cli.common import progress
 
     base = preset(geometry_name)
     changes = {key: val for key, val in (("n_layers", layers), ("n_experts", experts), ("k", k),
@@ -72,8 +72,8 @@ def create(directory, geometry_name, layers, experts, k, expert_bytes, layout, s
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def verify(directory, as_json):
     """Check the manifest (schema, checksum, paths inside the pool) and every file's size."""
-    from ..errors import MoetraceError
-    from ..pool import open_pool, verify_pool
+    from moetrace.errors import MoetraceError
+    from moetrace.inputs.pool import open_pool, verify_pool
 
     p = open_pool(directory)
     problems = verify_pool(p)

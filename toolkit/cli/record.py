@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .common import emit_json
+from moetrace.cli.common import emit_json
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "ignore_unknown_options": True})
@@ -68,12 +68,12 @@ def record(ctx, probes, knob_items, out, pool_dir, missing_probes, stream_events
       moetrace record --probes pagecache,stacks --knob stacks.MOE_SAMPLE_HZ=999 -- replay plan.bin --pool P
       moetrace record --cgroup /sys/fs/cgroup/memory/moetrace-c1 -- replay plan.bin --pool /var/tmp/pool
     """
-    from ..recorder import RecordOptions, record as do_record
+    from moetrace.record.recorder import RecordOptions, record as do_record
 
     cmd = list(command)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
-    from ..recorder import DEFAULT_RECORD
+    from moetrace.record.recorder import DEFAULT_RECORD
 
     plist = DEFAULT_RECORD if probes is None else tuple(p.strip() for p in probes.split(",") if p.strip())
     knobs: dict[str, dict[str, int]] = {}

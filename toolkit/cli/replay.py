@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from .common import BYTES, emit_json
+from moetrace.cli.common import BYTES, emit_json
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -62,9 +62,9 @@ def replay(ctx, plan, pool_dir, mode, threads, warmup, passes, arena_bytes, freq
       replay plan.bin --pool /var/tmp/pool --mode pinned --arena-bytes 512MiB
       replay plan.bin --pool /var/tmp/pool --prefetch fadvise --fadvise-random
     """
-    from ..geometry import format_bytes
-    from ..replay import ReplayOptions, run_replay, set_pdeathsig
-    from .common import progress
+    from moetrace.inputs.geometry import format_bytes
+    from moetrace.replay.harness import ReplayOptions, run_replay, set_pdeathsig
+    from moetrace.cli.common import progress
 
     if os.environ.get("MOETRACE_PDEATHSIG") == "1":
         set_pdeathsig()

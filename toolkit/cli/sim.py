@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .common import BYTES, emit_json
+from moetrace.cli.common import BYTES, emit_json
 
 
 @click.command()
@@ -57,8 +57,8 @@ def sim(trace_or_plan, policy_text, budget_text, scope, global_text, static_tabl
       moetrace sim plan.bin --policy lru,belady --budgets 8,16,32,64,128 --json
       moetrace sim prose.parquet --scope both --static-table code.parquet --plot fig1.png
     """
-    from ..analyses.sim import compute_sim, load_accesses, parse_budgets, parse_policies, plan_expert_bytes
-    from ..errors import UsageError
+    from moetrace.analyses.sim import compute_sim, load_accesses, parse_budgets, parse_policies, plan_expert_bytes
+    from moetrace.errors import UsageError
 
     policies = parse_policies(policy_text)
     budgets = parse_budgets(budget_text)
@@ -73,7 +73,7 @@ def sim(trace_or_plan, policy_text, budget_text, scope, global_text, static_tabl
         raise UsageError("--global-budgets needs --scope global or both")
     geo = None
     if geometry_name:
-        from ..geometry import preset
+        from moetrace.inputs.geometry import preset
 
         geo = preset(geometry_name)
     if expert_bytes is None and geo is not None:
@@ -98,7 +98,7 @@ def sim(trace_or_plan, policy_text, budget_text, scope, global_text, static_tabl
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        from ..analyses.sim import plot_sim
+        from moetrace.analyses.sim import plot_sim
 
         fig, ax = plt.subplots(figsize=(7, 4.5))
         plot_sim(df, ax)
@@ -113,7 +113,7 @@ def sim(trace_or_plan, policy_text, budget_text, scope, global_text, static_tabl
 
 
 def _print_table(df, source, policies, table_name, plot_path) -> None:
-    from ..geometry import format_bytes
+    from moetrace.inputs.geometry import format_bytes
 
     a = df.attrs
     click.echo(f"{source}: {a['n_iterations']} iterations ({a['warm_iterations']} warm, "

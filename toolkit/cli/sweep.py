@@ -9,8 +9,9 @@ from pathlib import Path
 
 import click
 
-from .cell import cell_options, make_spec
-from .common import emit_json
+from moetrace.cli.cell import cell_options, make_spec
+from moetrace.cli.common import emit_json
+from moetrace.errors import CellInterrupted
 
 CELL_COLUMNS = ["capacity", "capacity_bytes", "repeat", "order", "cell_dir", "mechanism", "mode", "retained",
                 "reasons", "iteration_time_median_ns", "iteration_time_spread", "measured_iterations",
@@ -21,8 +22,8 @@ CELL_COLUMNS = ["capacity", "capacity_bytes", "repeat", "order", "cell_dir", "me
 
 def parse_capacities(text: str) -> list[tuple[str, int]]:
     """'2.2GiB,1GiB,512MiB' -> [(label, bytes), ...] (labels as written, for directory names)."""
-    from ..errors import UsageError
-    from ..geometry import parse_bytes
+    from moetrace.errors import UsageError
+    from moetrace.inputs.geometry import parse_bytes
 
     out = []
     for part in [p.strip() for p in text.split(",") if p.strip()]:
@@ -61,7 +62,7 @@ def write_results(rows: list[dict], out: Path, plot: bool = True) -> dict:
     """results.csv/.parquet (one row per cell), capacity.csv/.parquet (one per C), fig2.png."""
     import pandas as pd
 
-    from ..analyses.capacity import compute_capacity_table, plot_capacity
+    from moetrace.analyses.capacity_response import compute_capacity_table, plot_capacity
 
     cells = pd.DataFrame(rows, columns=CELL_COLUMNS)
     for c in CELL_COLUMNS:
@@ -121,8 +122,8 @@ def sweep(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passe
       moetrace sweep --plan plan.bin --pool /var/tmp/pool \\
           --capacities 2.2GiB,1GiB,512MiB,256MiB --repeats 3 --mechanism cgroup --out sweep1
     """
-    from ..cell import CellInterrupted, check_privileges, interrupt_handlers, miss_curve, run_cell
-    from .common import progress
+    from moetrace.capacity.cell import check_privileges, interrupt_handlers, miss_curve, run_cell
+    from moetrace.cli.common import progress
 
     caps = parse_capacities(capacities)
     specs = {label: make_spec(plan_path, pool_dir, c, mechanism, mode, headroom, threads, warmup, passes,

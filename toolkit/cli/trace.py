@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from . import LazyGroup
+from moetrace.cli import LazyGroup
 
 
 @click.group(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .common import emit_json
+from moetrace.cli.common import emit_json
 
 _FORMATS = ("auto", "llamacpp", "vllm", "sglang", "csv", "parquet")
 
@@ -57,11 +57,11 @@ def import_(in_file, out, fmt, keep_warmup, warmup_min_repeats, k, layers, exper
       moetrace trace import routes.csv -o trace.jsonl
       moetrace trace import --format vllm routed.npy --prompt-tokens 57 -o trace.jsonl --json
     """
-    from ..importers import import_trace
-    from ..trace import type_records, write_jsonl
+    from moetrace.inputs.importers import import_trace
+    from moetrace.inputs.trace import type_records, write_jsonl
 
     if geometry_name:
-        from ..geometry import preset
+        from moetrace.inputs.geometry import preset
 
         g = preset(geometry_name)
         k = k or g.k

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .common import emit_json
+from moetrace.cli.common import emit_json
 
 
 @click.command()
@@ -30,10 +30,10 @@ def parse(trace_file, out, k, layers, experts, geometry_name, as_json):
     Example:
       moetrace trace parse trace.jsonl -o typed.parquet --json
     """
-    from ..trace import parse_jsonl
+    from moetrace.inputs.trace import parse_jsonl
 
     if geometry_name:
-        from ..geometry import preset
+        from moetrace.inputs.geometry import preset
 
         g = preset(geometry_name)
         k = k or g.k

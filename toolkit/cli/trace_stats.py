@@ -6,7 +6,7 @@ import os
 
 import click
 
-from ..geometry import PRESETS
+from moetrace.inputs.geometry import PRESETS
 
 
 @click.command("stats")
@@ -35,16 +35,16 @@ def stats(traces, counts_path, top_n, preset_name, experts, per_layer, as_json):
     import numpy as np
     import pandas as pd
 
-    from ..analyses import locality as loc
-    from ..errors import UsageError
-    from .common import emit_json
+    from moetrace.analyses import locality as loc
+    from moetrace.errors import UsageError
+    from moetrace.cli.common import emit_json
 
     if top_n < 1:
         raise UsageError("--top-n must be >= 1")
     if counts_path:
         if traces:
             raise UsageError("give either TRACES or --counts, not both")
-        from ..synth import load_counts
+        from moetrace.inputs.synth import load_counts
 
         slopes, jac = loc.compute_counts_locality(load_counts(counts_path), top_n=top_n)
         if as_json:
@@ -61,8 +61,8 @@ def stats(traces, counts_path, top_n, preset_name, experts, per_layer, as_json):
     if not traces:
         raise UsageError("give one or more TRACES, or --counts FILE")
 
-    from ..geometry import preset
-    from ..trace import load_trace
+    from moetrace.inputs.geometry import preset
+    from moetrace.inputs.trace import load_trace
 
     geo = preset(preset_name) if preset_name else None
     results, counts = [], {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..geometry import PRESETS
+from moetrace.inputs.geometry import PRESETS
 
 
 @click.command("synth")
@@ -50,7 +50,7 @@ def synth(output, preset_name, layers, experts, k, steps, zipf, zipf_spread, w1,
     """Generate a synthetic router trace with controlled locality.
 
     \b
-    The model (moetrace.synth): per layer and token, k distinct experts drawn
+    The model (moetrace.inputs.synth): per layer and token, k distinct experts drawn
     in recency classes (previous token / 2-8 / 9-64 tokens ago / older) with
     probabilities set by the W1/W8/W64 targets, each class weighted by a
     drifting Zipf-Mandelbrot popularity. Defaults per preset reproduce the
@@ -65,10 +65,10 @@ def synth(output, preset_name, layers, experts, k, steps, zipf, zipf_spread, w1,
     """
     from dataclasses import replace
 
-    from ..errors import UsageError
-    from ..geometry import Geometry, preset
-    from ..synth import PROFILES, SynthConfig, popularity_from_counts, write_synth
-    from .common import emit_json, progress
+    from moetrace.errors import UsageError
+    from moetrace.inputs.geometry import Geometry, preset
+    from moetrace.inputs.synth import PROFILES, SynthConfig, popularity_from_counts, write_synth
+    from moetrace.cli.common import emit_json, progress
 
     if preset_name is None and None in (layers, experts, k):
         preset_name = "kimi-k3"

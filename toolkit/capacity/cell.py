@@ -1,0 +1,627 @@
+"""One capacity cell (paper Algorithm 1) and the simulated miss demand it is scored against.
+
+1. remove any stale scope of that name (and every ``moetrace-*`` scope whose owner
+   died); sync; drop caches; snapshot ``pre``.
+2. start the scope: limit = C + headroom, no swap (``--mechanism cgroup``), or an
+   unlimited accounting scope plus an mlocked balloon of MemAvailable - C - headroom
+   (``--mechanism balloon``, the balloon in its own scope).
+3. start the replay child inside the scope before it execs (preexec_fn writes its
+   pid into cgroup.procs and sets PR_SET_PDEATHSIG), warm-up and measured passes in
+   that one scope (paper §4: separate scopes miscount reparented file pages).
+4. at "loop_entry" (after preload and warm-up): snapshot ``loop_entry``; send "go".
+5. at "done" / exit: snapshot ``post``; record peak memory, OOM events, kernel log.
+6. retain iff VmLck matches the request, no OOM event, and the scope stayed alive
+   (replay exit 0, scope present at the end).
+7. remove the scope and the balloon — also on error, SIGINT and SIGTERM (the CLI
+   then exits 130 / 143); after a SIGKILL the next cell removes the stale scope.
+
+Headroom (``--headroom``, default 64 MiB) is the memory above C the scope allows
+for the replay process's own anonymous memory (interpreter, buffers); the paper
+used 6 GiB at hundreds of GB. The replay's anonymous charge at loop entry is
+recorded (``anon_at_loop_entry_bytes``) with the file capacity it left.
+
+Device bytes of the measured interval are the pool device's /proc/diskstats
+sectors read between the ``loop_entry`` and ``post`` snapshots x 512.
+Simulated miss demand: a global LRU of floor(C / extent_bytes) experts over the
+plan's accesses repeated warmup + passes times, scoring only the measured part.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from moetrace.capacity.scope import PAGE, Balloon, Scope, balloon_size, find_memory_controller, remove_stale_scopes
+from moetrace.kernel.syscalls import set_pdeathsig
+from moetrace.errors import CellInterrupted, InputError, MoetraceError, ScopeError, UsageError
+from moetrace.kernel.procfs import KernelLog, SECTOR_BYTES, device_of, take_snapshot
+
+CELL_SCHEMA = "moetrace.cell/1"
+MECHANISMS = ("cgroup", "balloon")
+MODES = ("pagecache", "mmap", "direct", "pinned", "hybrid")
+PREFETCH = ("none", "fadvise", "pread")
+DEFAULT_HEADROOM = 64 << 20
+DEFAULT_ARENA_FRACTION = 0.5
+REPLAY_SELF_BYTES = 48 << 20  # the replay process's own memory, measured ~30-40 MiB at loop entry
+MIN_MISS_CACHE_BYTES = 32 << 20  # least page cache an arena cell must leave for misses
+VMLCK_ZERO_TOLERANCE = 1 << 20  # non-arena modes: VmLck must be below this (≈ 0)
+
+
+@contextmanager
+def interrupt_handlers() -> Iterator[None]:
+    """Turn SIGINT/SIGTERM into CellInterrupted for the enclosed block (main thread only)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum, _frame):
+        raise CellInterrupted(signum)
+
+    old = {s: signal.signal(s, _raise) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+@contextmanager
+def _signals_deferred() -> Iterator[list[int]]:
+    """While cleaning up: remember SIGINT/SIGTERM instead of raising (re-raised after)."""
+    import threading
+
+    got: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield got
+        return
+    old = {s: signal.signal(s, lambda n, f: got.append(n)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield got
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+@dataclass
+class CellSpec:
+    """The inputs of one cell."""
+
+    plan: str
+    pool: str
+    capacity_bytes: int
+    mechanism: str = "cgroup"
+    mode: str = "pagecache"
+    headroom_bytes: int = DEFAULT_HEADROOM
+    threads: int = 8
+    warmup: int = 1
+    passes: int = 1
+    arena_fraction: float | None = None
+    prefetch: str = "none"
+    fadvise_random: bool = False
+    freq_table: str | None = None
+    name: str = "cell"
+    timeout_s: float = 3600.0
+    python: str = sys.executable
+    replay_argv: list[str] | None = None  # program part of the replay command (tests / development)
+    drop_caches: bool = True
+    record: bool = False  # wrap the replay in `moetrace record` (run directory <cell dir>/run)
+
+    @property
+    def arena_bytes(self) -> int | None:
+        """The arena a pinned (= C) or hybrid (= F x C) cell asks for; None otherwise."""
+        if self.mode == "pinned":
+            return int(self.capacity_bytes)
+        if self.mode == "hybrid":
+            f = DEFAULT_ARENA_FRACTION if self.arena_fraction is None else self.arena_fraction
+            return int(f * self.capacity_bytes)
+        return None
+
+    def validate(self) -> None:
+        """Reject contradictory inputs (UsageError) before anything is created."""
+        if self.mechanism not in MECHANISMS:
+            raise UsageError(f"unknown mechanism {self.mechanism!r}", hint="use --mechanism cgroup or balloon")
+        if self.mode not in MODES:
+            raise UsageError(f"unknown mode {self.mode!r}", hint="use one of " + ", ".join(MODES))
+        if self.prefetch not in PREFETCH:
+            raise UsageError(f"unknown prefetch {self.prefetch!r}", hint="use none, fadvise or pread")
+        if self.capacity_bytes <= 0:
+            raise UsageError("--capacity must be > 0")
+        if self.headroom_bytes < 0:
+            raise UsageError("--headroom must be >= 0")
+        if self.warmup < 0 or self.passes < 1:
+            raise UsageError("--warmup must be >= 0 and --passes >= 1")
+        if self.arena_fraction is not None:
+            if self.mode != "hybrid":
+                raise UsageError("--arena-fraction applies to --mode hybrid only")
+            if not (0.0 < self.arena_fraction < 1.0):
+                raise UsageError(f"--arena-fraction must be in (0, 1), got {self.arena_fraction}")
+        arena = self.arena_bytes
+        if self.mechanism == "cgroup" and arena is not None:
+            # The scope holds the arena, the replay's own memory (interpreter, libraries,
+            # buffers: ~40 MiB) and the page cache that serves the arena's misses. Measured
+            # here: a pinned cell at C=512MiB with 64 MiB headroom (~28 MiB of page cache)
+            # thrashed on its own library pages for minutes; 256 MiB ran in 16 s.
+            left = self.capacity_bytes + self.headroom_bytes - arena - REPLAY_SELF_BYTES
+            if left < MIN_MISS_CACHE_BYTES:
+                need = arena + REPLAY_SELF_BYTES + MIN_MISS_CACHE_BYTES - self.capacity_bytes
+                raise UsageError(
+                    f"--mode {self.mode} at C={self.capacity_bytes} B leaves about {max(left, 0) >> 20} MiB of "
+                    "page cache for the arena's misses and the replay's own files: the replay would thrash",
+                    hint=f"use --headroom {-(-need // (1 << 20))}MiB or more (the paper used 6 GiB above C)")
+
+
+# -- simulated miss demand ---------------------------------------------------------------------
+
+def repeated_accesses(acc, times: int):
+    """The plan's access stream repeated ``times`` times (iterations renumbered)."""
+    from moetrace.inputs.trace import Accesses
+
+    n = int(acc.n_iterations)
+    reps = np.arange(times, dtype=np.int64)
+    it = (acc.iteration.astype(np.int64)[None, :] + reps[:, None] * n).ravel().astype(np.int64)
+    return Accesses(it, np.tile(acc.pass_, times), np.tile(acc.layer, times), np.tile(acc.expert, times),
+                    acc.n_layers, acc.n_experts, n * times)
+
+
+def miss_curve(plan: str | os.PathLike, warmup: int, passes: int):
+    """Global LRU StackCurve over warmup + passes repetitions of the plan, scoring the measured part."""
+    from moetrace.analyses.stackdist import lru_stack_curve
+    from moetrace.inputs.plan import read_accesses
+
+    acc = read_accesses(plan)
+    total = warmup + passes
+    return lru_stack_curve(repeated_accesses(acc, total), "global", warm_fraction=warmup / total)
+
+
+def simulated_miss(curve, capacity_bytes: int, extent_bytes: int, expert_bytes: int) -> dict[str, Any]:
+    """Miss demand at C from a :func:`miss_curve`: budget = floor(C / extent_bytes) experts."""
+    budget = int(capacity_bytes // extent_bytes)
+    hits = int(curve.hits_at(budget))
+    return {"budget_experts": budget, "scored_accesses": int(curve.accesses), "hits": hits,
+            "misses": int(curve.accesses - hits), "hit_rate": curve.hit_rate_at(budget),
+            "scored_iterations": int(curve.window.scored_iterations),
+            "miss_bytes_per_iteration": float(curve.miss_bytes_per_iteration(budget, expert_bytes))}
+
+
+# -- the cell ----------------------------------------------------------------------------------
+
+def _replay_argv(spec: CellSpec, run_dir: Path, sync_fd: int) -> list[str]:
+    prog = spec.replay_argv or [spec.python, "-m", "moetrace.cli.replay"]
+    argv = list(prog) + [str(spec.plan), "--pool", str(spec.pool), "--mode", spec.mode,
+                         "--threads", str(spec.threads), "--warmup", str(spec.warmup),
+                         "--passes", str(spec.passes), "--prefetch", spec.prefetch,
+                         "--run-dir", str(run_dir), "--sync-fd", str(sync_fd)]
+    if spec.arena_bytes is not None:
+        argv += ["--arena-bytes", str(spec.arena_bytes)]
+    if spec.freq_table:
+        argv += ["--freq-table", spec.freq_table]
+    if spec.fadvise_random:
+        argv.append("--fadvise-random")
+    return argv
+
+
+def _record_argv(spec: CellSpec, run: Path, scope_path: Path) -> list[str]:
+    """`moetrace record` in front of the replay: the recorder stays outside the scope and
+    the replay joins it (``--cgroup``) after the probes are attached, before it execs."""
+    return [spec.python, "-m", "moetrace.cli.record", "--out", str(run), "--pool", str(spec.pool),
+            "--cgroup", str(scope_path), "--"]
+
+
+def drop_caches(root: str = "/") -> None:
+    """sync; echo 3 > /proc/sys/vm/drop_caches."""
+    os.sync()
+    with open(os.path.join(root, "proc/sys/vm/drop_caches"), "w") as fh:
+        fh.write("3")
+
+
+def check_privileges() -> None:
+    """Cells create cgroups, drop caches and mlock: they need root."""
+    if os.geteuid() != 0:
+        raise UsageError("a capacity cell needs root (it creates memory cgroups and drops caches)",
+                         hint="run it as root, e.g. `sudo moetrace cell ...`")
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    from moetrace.jsonutil import json_default
+
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=json_default))
+    os.replace(tmp, path)
+
+
+class _Child:
+    """The replay child and the parent's end of its sync socket."""
+
+    def __init__(self, proc: subprocess.Popen, sock: socket.socket):
+        self.proc, self.sock, self.buf = proc, sock, b""
+
+    def next_line(self, deadline: float) -> str | None:
+        """The next line from the child, or None when it closed the socket / exited."""
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            r, _, _ = select.select([self.sock], [], [], min(left, 0.5))
+            if not r:
+                if self.proc.poll() is not None:
+                    # exited: drain what is left
+                    try:
+                        self.sock.setblocking(False)
+                        b = self.sock.recv(4096)
+                    except (BlockingIOError, OSError):
+                        b = b""
+                    if not b:
+                        return None
+                    self.buf += b
+                continue
+            b = self.sock.recv(4096)
+            if not b:
+                return None
+            self.buf += b
+        line, _, self.buf = self.buf.partition(b"\n")
+        return line.decode(errors="replace").strip()
+
+    def stop(self, grace: float = 5.0) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.terminate()
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+            except ProcessLookupError:
+                pass
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def _parse_kv(line: str) -> dict[str, int]:
+    out = {}
+    for tok in line.split()[1:]:
+        k, _, v = tok.partition("=")
+        try:
+            out[k] = int(v)
+        except ValueError:
+            pass
+    return out
+
+
+def iteration_stats(durations_ns: np.ndarray) -> dict[str, Any]:
+    """median, min, max and spread = (max - min) / median of iteration times (ns)."""
+    d = np.asarray(durations_ns, dtype=np.float64)
+    if d.size == 0:
+        return {"iteration_time_median_ns": None, "iteration_time_min_ns": None,
+                "iteration_time_max_ns": None, "iteration_time_spread": None, "measured_iterations": 0}
+    med = float(np.median(d))
+    return {"iteration_time_median_ns": med, "iteration_time_min_ns": float(d.min()),
+            "iteration_time_max_ns": float(d.max()),
+            "iteration_time_spread": (float(d.max() - d.min()) / med) if med > 0 else None,
+            "measured_iterations": int(d.size)}
+
+
+def run_cell(spec: CellSpec, out_dir: str | os.PathLike, curve=None,
+             on_phase: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run one cell (Algorithm 1) into ``out_dir`` and return what cell.json holds.
+
+    Bad inputs raise UsageError/InputError before anything is created. Failures
+    while the cell runs are recorded (retained = false, with the reason) rather
+    than raised; SIGINT/SIGTERM (inside :func:`interrupt_handlers`) raise
+    CellInterrupted after the scope, balloon and child are gone. ``curve`` is a
+    :func:`miss_curve` to reuse across cells of one plan."""
+    from moetrace.inputs.plan import read_header
+    from moetrace.inputs.pool import open_pool
+
+    spec.validate()
+    check_privileges()
+    pool = open_pool(spec.pool)
+    hdr = read_header(spec.plan)
+    if (hdr.n_layers, hdr.n_experts) != (pool.geometry.n_layers, pool.geometry.n_experts):
+        raise InputError(f"the plan's geometry ({hdr.n_layers} layers x {hdr.n_experts} experts) is not the "
+                         f"pool's ({pool.geometry.n_layers} x {pool.geometry.n_experts})", path=str(spec.plan),
+                         hint="compile the plan with the pool's --geometry and --experts")
+    dev = device_of(pool.data_paths()[0])
+    controller = find_memory_controller()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "snapshots").mkdir(exist_ok=True)
+    run_dir = out / "replay"
+    phase = on_phase or (lambda s: None)
+
+    scope = Scope(spec.name, controller)
+    bscope = Scope(f"{spec.name}.balloon", controller)
+    arena = spec.arena_bytes
+    result: dict[str, Any] = {
+        "schema": CELL_SCHEMA, "complete": False,
+        "inputs": {k: v for k, v in asdict(spec).items() if k not in ("replay_argv",)},
+        "capacity_bytes": int(spec.capacity_bytes), "mechanism": spec.mechanism, "mode": spec.mode,
+        "headroom_bytes": int(spec.headroom_bytes), "arena_request_bytes": arena,
+        "scope": {"path": str(scope.path), "cgroup_version": controller.version, "limit_bytes": None},
+        "device": asdict(dev), "plan": {"n_iterations": hdr.n_iterations, "n_passes": hdr.n_passes,
+                                        "n_reads": hdr.n_reads},
+        "pool": {"root": str(pool.root), "layout": pool.layout, "extent_bytes": pool.extent_bytes,
+                 "expert_bytes": pool.geometry.expert_bytes, "data_bytes": pool.data_bytes},
+        "retained": False, "reasons": [], "notes": [],
+    }
+    reasons: list[str] = result["reasons"]
+    snaps: dict[str, dict] = {}
+    child: _Child | None = None
+    balloon: Balloon | None = None
+    klog: KernelLog | None = None
+    interrupted: CellInterrupted | None = None
+
+    def snap(label: str, pids: dict[str, int]) -> dict:
+        s = take_snapshot(label, device=dev.name, pids=pids,
+                          extra={"scope": scope.counters() if scope.exists() else None,
+                                 "balloon_scope": bscope.counters() if bscope.exists() else None})
+        snaps[label] = s
+        _write_json(out / "snapshots" / f"{label}.json", s)
+        return s
+
+    try:
+        try:
+            phase("clean")
+            result["stale_scopes_removed"] = remove_stale_scopes(spec.name, controller) + \
+                remove_stale_scopes(bscope.name, controller)
+            klog = KernelLog()
+            if spec.drop_caches:
+                drop_caches()
+            snap("pre", {})
+            # 2. the scope
+            if spec.mechanism == "cgroup":
+                limit = int(spec.capacity_bytes + spec.headroom_bytes)
+                scope.create(limit)
+                result["scope"]["limit_bytes"] = limit
+            else:
+                size, facts = balloon_size(spec.capacity_bytes, spec.headroom_bytes)
+                result["balloon"] = dict(facts, scope=str(bscope.path))
+                phase("balloon")
+                bscope.create(None)
+                balloon = Balloon(size, bscope, python=spec.python).start()
+                result["balloon"].update(pid=balloon.pid, vmlck_bytes=balloon.vmlck_bytes,
+                                         verified=balloon.verified())
+                scope.create(None)
+            # 3. the replay, inside the scope before it execs
+            phase("warmup")
+            parent_sock, child_sock = socket.socketpair()
+            env = dict(os.environ, MOETRACE_PDEATHSIG="1")
+            argv = _replay_argv(spec, run_dir, child_sock.fileno())
+            result["replay_argv"] = argv
+            preexec = scope.preexec()
+            if spec.record:
+                argv = _record_argv(spec, out / "run", scope.path) + argv
+                result["record"] = {"run_dir": str(out / "run"), "argv": argv[:argv.index("--") + 1]}
+                preexec = lambda: set_pdeathsig(signal.SIGKILL)  # noqa: E731  (outside the scope)
+            with open(out / "replay.stdout", "wb") as so, open(out / "replay.stderr", "wb") as se:
+                proc = subprocess.Popen(argv, stdout=so, stderr=se, stdin=subprocess.DEVNULL,
+                                        pass_fds=(child_sock.fileno(),), preexec_fn=preexec, env=env)
+            child_sock.close()
+            child = _Child(proc, parent_sock)
+            result["replay_pid"] = proc.pid
+            pids = {"replay": proc.pid}
+            if balloon:
+                pids["balloon"] = balloon.pid
+            deadline = time.monotonic() + spec.timeout_s
+            # 4. loop entry
+            line = child.next_line(deadline)
+            while line is not None and not line.startswith("loop_entry"):
+                line = child.next_line(deadline)
+            if line is None:
+                reasons.append("replay ended before loop entry")
+            else:
+                kv = _parse_kv(line)
+                result["loop_entry"] = kv
+                if spec.record:  # proc is the recorder; the replay is the one task in the scope
+                    inside = scope.pids()
+                    if inside:
+                        pids["replay"] = inside[0]
+                        pids["recorder"] = proc.pid
+                        result["record"]["replay_pid"] = inside[0]
+                s = snap("loop_entry", pids)
+                st = (s.get("scope") or {}).get("stat", {})
+                anon = st.get("rss", st.get("anon"))
+                result["anon_at_loop_entry_bytes"] = anon
+                if spec.mechanism == "cgroup" and anon is not None:
+                    lim = result["scope"]["limit_bytes"]
+                    locked = s["vmlck_bytes"].get("replay") or 0
+                    result["file_capacity_at_loop_entry_bytes"] = lim - anon
+                    if anon - locked > spec.headroom_bytes:
+                        result["notes"].append(
+                            f"the replay's unlocked anonymous memory ({anon - locked} B) exceeds the headroom "
+                            f"({spec.headroom_bytes} B): the file tier had less than C; raise --headroom")
+                phase("measured")
+                child.sock.sendall(b"go\n")
+                line = child.next_line(deadline)
+                while line is not None and line != "done":
+                    line = child.next_line(deadline)
+                snap("post", pids)
+                if line is None:
+                    reasons.append("replay ended before done")
+            rc = proc.wait(max(1.0, deadline - time.monotonic()))
+            result["replay_exit"] = rc
+            if "post" not in snaps:
+                snap("post", {})
+            if rc != 0:
+                reasons.append(f"replay exited with status {rc}" + (
+                    f" (signal {signal.Signals(-rc).name})" if rc < 0 and -rc in signal.Signals._value2member_map_
+                    else ""))
+        except CellInterrupted as e:
+            interrupted = e
+            reasons.append(str(e))
+        except TimeoutError:
+            reasons.append(f"timed out after {spec.timeout_s:.0f} s")
+        except subprocess.TimeoutExpired:
+            reasons.append(f"replay did not exit within {spec.timeout_s:.0f} s")
+        except (MoetraceError, OSError, subprocess.SubprocessError) as e:
+            msg = e.format_message() if isinstance(e, MoetraceError) else f"{type(e).__name__}: {e}"
+            reasons.append(f"error: {msg}")
+        # 5/6. what the scope saw, then retention (scope still present here)
+        try:
+            result["scope_alive_at_end"] = scope.exists()
+            if scope.exists():
+                result["peak_memory_bytes"] = scope.peak_bytes()
+                result["oom_events"] = scope.oom_events()
+                if scope.oom_killed():
+                    reasons.append(f"OOM event in the scope ({result['oom_events']})")
+            elif spec.mechanism == "cgroup" or "replay_pid" in result:
+                reasons.append("the scope vanished")
+            if bscope.exists():
+                result.setdefault("balloon", {})["oom_events"] = bscope.oom_events()
+                if bscope.oom_killed():
+                    reasons.append("OOM event in the balloon's scope")
+        except OSError as e:
+            reasons.append(f"error reading the scope: {e}")
+    finally:
+        with _signals_deferred() as late:
+            if child is not None:
+                child.stop()
+            if balloon is not None:
+                balloon.stop()
+            removed = []
+            for s in (scope, bscope):
+                try:
+                    removed.append(s.remove(kill=True) if s.exists() else True)
+                except ScopeError as e:
+                    removed.append(False)
+                    reasons.append(str(e))
+            result["scope_removed"] = all(removed)
+        if late and interrupted is None:
+            interrupted = CellInterrupted(late[0])
+            reasons.append(str(interrupted))
+    if klog is not None:
+        result["kernel_log"] = klog.since()
+        result["kernel_log_source"] = klog.source
+        if any("oom" in t.lower() or "out of memory" in t.lower() for t in result["kernel_log"]) \
+                and not any(r.startswith("OOM") for r in reasons):
+            reasons.append("OOM in the kernel log during the cell")
+
+    _finish(result, spec, snaps, run_dir, pool, curve, balloon)
+    if spec.record:
+        _recorded(result, out / "run")
+    _write_json(out / "cell.json", result)
+    if interrupted is not None:
+        raise interrupted
+    return result
+
+
+def _recorded(result: dict, run: Path) -> None:
+    """The recording's per-phase page-cache counts (epochs): what the measured pass alone did."""
+    rec = result.setdefault("record", {"run_dir": str(run)})
+    try:
+        from moetrace.run.directory import read_manifest
+
+        doc = read_manifest(run)
+    except Exception as e:  # noqa: BLE001 - a failed recording is reported, not fatal
+        rec["error"] = f"run directory unreadable: {e}"
+        return
+    ep = doc.get("epochs") or {}
+    by = ep.get("by_phase") or {}
+    rec.update(complete=doc.get("complete"), epochs_mode=ep.get("mode"),
+               measured_pages=by.get("measured"), warmup_pages=by.get("warmup"),
+               totals=doc.get("totals"), lost=doc.get("lost"))
+    m = by.get("measured")
+    if m is not None and result.get("measured_iterations"):
+        n = result["measured_iterations"]
+        rec["measured_re_added_pages_per_iteration"] = m["re_added_pages"] / n
+        rec["measured_added_pages_per_iteration"] = m["added_pages"] / n
+
+
+def _finish(result: dict, spec: CellSpec, snaps: dict, run_dir: Path, pool, curve, balloon) -> None:
+    """Derived figures (device bytes, iteration times, miss demand, amplification) and retention."""
+    reasons = result["reasons"]
+    # the replay's own files
+    summary = None
+    try:
+        summary = json.loads((run_dir / "replay.json").read_text())
+    except (OSError, ValueError):
+        pass
+    result["replay_summary"] = summary
+    durs = np.zeros(0)
+    try:
+        import pandas as pd
+
+        it = pd.read_parquet(run_dir / "iterations.parquet")
+        m = it[it["phase"] == "measured"]
+        durs = m["duration_ns"].to_numpy(np.float64)
+        result["measured_logical_bytes"] = int(m["bytes"].sum())
+        for c in ("arena_hits", "hints_submitted", "hints_overwritten", "hints_completed"):
+            if c in m:
+                result[f"measured_{c}"] = int(m[c].sum())
+    except Exception:  # noqa: BLE001 - absent or unreadable log: NA figures, reason below
+        if "loop_entry" in snaps:
+            reasons.append("no readable iterations.parquet from the replay")
+    result.update(iteration_stats(durs))
+    n_meas = result["measured_iterations"] or None
+    # device bytes over the measured interval
+    le, post = snaps.get("loop_entry"), snaps.get("post")
+    if le and post:
+        d = post["diskstats"]["sectors_read"] - le["diskstats"]["sectors_read"]
+        result["device_bytes"] = d * SECTOR_BYTES
+        result["measured_interval_ns"] = post["monotonic_ns"] - le["monotonic_ns"]
+        result["vmstat_pgpgin_bytes"] = (post["vmstat"].get("pgpgin", 0) - le["vmstat"].get("pgpgin", 0)) * 1024
+        result["refault_file_pages"] = (post["vmstat"].get("workingset_refault_file", 0)
+                                        - le["vmstat"].get("workingset_refault_file", 0))
+        a, b = (le.get("scope") or {}).get("stat", {}), (post.get("scope") or {}).get("stat", {})
+        if "pgpgin" in a and "pgpgin" in b:
+            result["memcg_pgpgin_pages"] = b["pgpgin"] - a["pgpgin"]
+        result["vmlck_at_loop_entry_bytes"] = le["vmlck_bytes"].get("replay")
+    else:
+        result["device_bytes"] = None
+    dev_b = result.get("device_bytes")
+    result["device_bytes_per_iteration"] = (dev_b / n_meas) if (dev_b is not None and n_meas) else None
+    # simulated miss demand
+    try:
+        cv = curve if curve is not None else miss_curve(spec.plan, spec.warmup, spec.passes)
+        sim = simulated_miss(cv, spec.capacity_bytes, pool.extent_bytes, pool.geometry.expert_bytes)
+    except Exception as e:  # noqa: BLE001 - recorded, not fatal
+        sim = None
+        result["notes"].append(f"simulation failed: {e}")
+    result["simulated"] = sim
+    miss = sim["miss_bytes_per_iteration"] if sim else None
+    result["miss_bytes_per_iteration"] = miss
+    dpi = result["device_bytes_per_iteration"]
+    result["amplification"] = (dpi / miss) if (dpi is not None and miss) else None
+    # retention: VmLck matches the request
+    vm = result.get("vmlck_at_loop_entry_bytes")
+    if "loop_entry" in snaps:
+        arena = spec.arena_bytes
+        if arena is not None:
+            want = -(-arena // PAGE) * PAGE
+            reported = (result.get("loop_entry") or {}).get("arena_bytes")
+            tol = max(PAGE, pool.extent_bytes)
+            result["vmlck_expected_bytes"] = want
+            if vm is None or abs(vm - want) > tol:
+                reasons.append(f"VmLck {vm} B does not match the requested arena {want} B (tolerance {tol} B)")
+            elif reported is not None and abs(vm - (-(-reported // PAGE) * PAGE)) > PAGE:
+                reasons.append(f"VmLck {vm} B does not match the replay's arena {reported} B")
+        else:
+            result["vmlck_expected_bytes"] = 0
+            if vm is None or vm > VMLCK_ZERO_TOLERANCE:
+                reasons.append(f"VmLck {vm} B where the mode locks nothing")
+    if spec.mechanism == "balloon":
+        b = result.get("balloon") or {}
+        if not b.get("verified"):
+            reasons.append(f"balloon VmLck {b.get('vmlck_bytes')} B does not match its size {b.get('balloon_bytes')} B")
+    if summary is not None and summary.get("complete") is False:
+        reasons.append("the replay marked its run incomplete")
+    result["retained"] = not reasons
+    result["complete"] = "post" in snaps and "loop_entry" in snaps

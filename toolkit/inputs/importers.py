@@ -1,0 +1,1027 @@
+"""Importers: router traces from other tools into engine records.
+
+Each reader yields :class:`moetrace.inputs.trace.Record` objects (step, layer,
+experts, line, offset) in engine order, so :func:`moetrace.inputs.trace.type_records`
+types them and :func:`moetrace.inputs.trace.write_jsonl` writes engine JSONL.
+:func:`import_trace` runs a reader, drops placeholder layers and the leading
+warm-up block, and returns the records with an account of what it did.
+
+Formats, and where each was pinned down (public sources; no code copied):
+
+``csv`` / ``parquet`` (and ``llamacpp`` CSV)
+    A table with a header, one row per selected expert: a step column
+    (``step``, ``token``, ``pos``, ``tok``, ``token_idx``, ``token_index``,
+    ``iteration``; ``token_id`` is a vocabulary id and is *not* accepted), a
+    layer column (``layer``, ``il``, ``layer_id``, ``layer_idx``, ``blk``) and
+    an expert column (``expert``, ``expert_id``, ``expert_idx``,
+    ``expert_index``, ``selected_expert``); optional ``rank`` (or ``slot``,
+    ``topk_idx``, ``k_idx``: order within the record), ``weight`` (or
+    ``prob``, ``score``: ignored) and ``pass`` (0/1: a fallback pass of a
+    failed speculation). Names are case-insensitive. Instead of one expert per
+    row, a list column ``experts`` / ``topk_ids`` / ``expert_ids`` (Parquet
+    list, or a CSV cell ``"5 17 3"`` / ``"[5, 17, 3]"``) holds a record per
+    row. Rows are grouped by (step, pass, layer) after a stable sort, so
+    layer-major dumps work; a group of 2k rows is a speculative accept. With
+    no layer column, ``--layers`` and ``--k`` split each step's rows in file
+    order into layers of k (a step whose row count is not layers x k is an
+    error). Delimiter: comma, tab, semicolon or whitespace, from the header.
+    Integral floats (``5.0000``, as llama.cpp prints integers) are accepted.
+
+``llamacpp``
+    llama.cpp names the router's top-k tensor ``ffn_moe_topk-<il>``
+    (``cb(selected_experts, "ffn_moe_topk", il)`` in ``build_moe_ffn``,
+    ggerganov/llama.cpp ``src/llama-graph.cpp``; the callback formats
+    ``"%s-%d"``). ``examples/eval-callback`` (ggerganov/llama.cpp
+    ``examples/eval-callback/eval-callback.cpp`` and ``README.md``) prints
+    every tensor as ``ggml_debug: <name> = (<type>) <OP>(...) = {ne0, ne1,
+    ne2, ne3}`` followed by nested ``[ ... ]`` rows, values as ``%12.4f``;
+    for ffn_moe_topk ne0 = k and ne1 = tokens of the micro-batch. The printer
+    elides all but the first and last 3 entries of any dimension longer than
+    6 (``...``), so a raw log is lossless only for k <= 6 and batches of <= 6
+    tokens: that is why people convert the tensors to CSV (token, layer,
+    expert). Both are accepted: a CSV as above, or a raw log (detected by
+    ``ffn_moe_topk-`` header lines), where an elided row is an error naming
+    the line. In a raw log, each token column of each ``ffn_moe_topk-<il>``
+    tensor is one step for layer il, in order of appearance; micro-batches of
+    more than one token are prompt processing (prefill) and are excluded
+    unless ``include_prefill``.
+
+``vllm``
+    vLLM's routed-experts capture (``--enable-return-routed-experts``; PR
+    vllm-project/vllm#28284, "recording expert indices for rollout router
+    replay"): ``CompletionOutput.routed_experts`` is an int32 ``np.ndarray``
+    shaped ``[seq_len, layer_num, topk]`` (vllm-project/vllm
+    ``vllm/outputs.py``; captured per layer in
+    ``vllm/model_executor/layers/fused_moe/routed_experts_capturer.py`` into a
+    zero-filled (tokens, num_hidden_layers, num_experts_per_tok) buffer). The
+    OpenAI-compatible server returns it per choice as a base64-encoded
+    ``.npy`` (the routed-experts tests in vllm-project/vllm decode it with
+    ``np.load(io.BytesIO(base64.b64decode(...)))``) with prompt_tokens +
+    completion_tokens - 1 rows: the first prompt_tokens rows are the prompt
+    (prefill), the rest one decode step each. Accepted: ``.npy`` (3-D, or 2-D
+    (tokens x layers, k) with ``--layers``), ``.npz`` (key auto-detected or
+    given; a scalar ``num_prompt_tokens`` / ``prompt_tokens`` or an array
+    ``prompt_token_ids`` sets the prompt length), or the response ``.json``
+    (``choices[0].routed_experts`` and ``usage.prompt_tokens``). A bare array
+    carries no prompt length: pass ``prompt_tokens`` or every row is a step.
+    Layers that are zero for every token (dense layers the capture never
+    wrote, e.g. DeepSeek's first layers) are placeholders: dropped, and the
+    MoE layers renumbered from 0 (the geometry presets count MoE layers).
+
+``sglang``
+    SGLang's expert distribution recorder (sgl-project/sglang
+    ``python/sglang/srt/eplb/expert_distribution.py``, earlier
+    ``python/sglang/srt/managers/expert_distribution.py``): started and dumped
+    through ``/start_expert_distribution_record`` and
+    ``/dump_expert_distribution_record``, mode from
+    ``--expert-distribution-recorder-mode``, written with ``torch.save`` under
+    ``SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR``. Modes:
+
+    * ``per_token``: ``{"records": [...], "last_physical_to_logical_map":
+      (layers, physical experts)}``, one record per forward pass with
+      ``forward_pass_id``, ``input_ids``, ``positions``, ``forward_mode``
+      (SGLang's ForwardMode: 1 EXTEND, 2 DECODE, 3 MIXED, 4 IDLE) and
+      ``topk_ids_of_layer`` (layers, tokens, 8) of physical expert ids, -1
+      where unused (the gatherer's width is fixed at 8, DeepSeek's k). This is
+      imported: one step per decode pass (a decode pass of several tokens is a
+      batch of requests and an error), extend/mixed passes as prefill,
+      physical ids mapped to logical ids, -1 slots dropped, all -1 layers
+      dropped as placeholders.
+    * ``per_pass``: the same records with only ``global_physical_count``
+      (counts per pass) and ``stat`` / ``stat_approx``: ``logical_count``
+      (buffered passes x layers x experts). Counts carry no token order, so no
+      router trace can be built from them: an error that says so and points to
+      ``moetrace trace stats --counts``.
+
+    The ``.pt`` file (a zip of ``data.pkl`` plus raw storages) is read with a
+    restricted unpickler that admits only tensor rebuilding and plain
+    containers, so torch is not needed and no code in the file runs. Also
+    accepted: a response ``.json`` of SGLang's ``--enable-return-routed-experts``
+    (``meta_info.routed_experts``: base64 of the flattened int32 (tokens,
+    layers, k) array, -1 for non-MoE layers, per the sgl-project/sglang-jax
+    ``docs/features/return_routed_experts.md`` description of the feature it
+    ports from SGLang PR #12162); it needs ``n_layers`` and ``k`` to reshape.
+
+Warm-up junk (:func:`drop_warmup`): engines and hooks often log dummy passes
+before real traffic (profiling and CUDA-graph capture run identical inputs),
+which shows up as a block of steps whose routes -- every layer's expert set --
+are identical, thousands of times. A leading block of at least
+``min_repeats`` identical steps (default 16) is dropped, and the next block is
+examined in turn; detection looks only at the start of the trace, so repeated
+routing later on, and any repeat shorter than ``min_repeats`` (real decoding
+does repeat a route for 2-3 steps), is kept.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import io
+import json
+import os
+import pickle
+import re
+import zipfile
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from moetrace.errors import InputError, UsageError
+from moetrace.inputs.trace import Record
+
+FORMATS = ("llamacpp", "vllm", "sglang", "csv", "parquet")
+DEFAULT_WARMUP_MIN_REPEATS = 16
+
+STEP_NAMES = ("step", "token", "pos", "tok", "token_idx", "token_index", "iteration")
+LAYER_NAMES = ("layer", "il", "layer_id", "layer_idx", "blk")
+EXPERT_NAMES = ("expert", "expert_id", "expert_idx", "expert_index", "selected_expert")
+EXPERTS_LIST_NAMES = ("experts", "topk_ids", "expert_ids")
+RANK_NAMES = ("rank", "slot", "topk_idx", "k_idx")
+PASS_NAMES = ("pass",)
+
+
+@dataclass
+class ImportResult:
+    """Records in engine order plus what the import did (``stats``).
+
+    ``rows`` holds, per record, how many source rows it came from (for the
+    warm-up account). ``stats`` keys: format, rows_read, prefill_excluded,
+    placeholder_layers_dropped, warmup (steps_dropped, rows_dropped, blocks),
+    notes.
+    """
+
+    records: list[Record]
+    rows: list[int]
+    stats: dict = field(default_factory=dict)
+
+    def n_layers(self, given: int | None) -> int | None:
+        """The layer bound to type the records with, given the --layers the import was called with."""
+        return self.stats.get("n_layers_for_typing", given)
+
+
+# --------------------------------------------------------------------------- detection
+
+
+def detect_format(path: str | os.PathLike) -> str:
+    """Guess the format from the extension and the first bytes.
+
+    .npy/.npz -> vllm; .pt/.pth -> sglang; .parquet or PAR1 magic -> parquet;
+    .json -> vllm or sglang by its keys; text with ``ffn_moe_topk-`` header
+    lines -> llamacpp; other text -> csv.
+    """
+    spath = str(path)
+    try:
+        with open(spath, "rb") as fh:
+            head = fh.read(65536)
+    except OSError as e:
+        raise InputError(f"cannot open trace: {e.strerror}", path=spath) from None
+    ext = os.path.splitext(spath)[1].lower()
+    if ext in (".npy", ".npz") or head.startswith(b"\x93NUMPY"):
+        return "vllm"
+    if ext in (".pt", ".pth"):
+        return "sglang"
+    if ext == ".parquet" or head.startswith(b"PAR1"):
+        return "parquet"
+    if head.startswith(b"PK\x03\x04"):
+        # a zip: .npz or a torch.save archive
+        return "sglang" if b"data.pkl" in head else "vllm"
+    if ext == ".json" or head.lstrip()[:1] in (b"{", b"["):
+        obj = _load_json(spath)
+        return "sglang" if _find_sglang_json(obj) is not None else "vllm"
+    if b"ffn_moe_topk-" in head:
+        return "llamacpp"
+    return "csv"
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def _pick(cols: dict[str, str], names: Iterable[str]) -> str | None:
+    for n in names:
+        if n in cols:
+            return cols[n]
+    return None
+
+
+def _sniff_sep(header: str) -> str:
+    for sep in (",", "\t", ";"):
+        if sep in header:
+            return sep
+    return r"\s+"
+
+
+def _read_csv_frame(path: str):
+    """Read a CSV with a header into a DataFrame of strings plus the file line of each row."""
+    import pandas as pd
+
+    try:
+        with open(path, "r", encoding="utf-8", newline="") as fh:
+            text = fh.read()
+    except OSError as e:
+        raise InputError(f"cannot open trace: {e.strerror}", path=path) from None
+    except UnicodeDecodeError:
+        raise InputError("not a text file (expected CSV with a header)", path=path) from None
+    kept: list[str] = []
+    lines: list[int] = []
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        s = raw.strip()
+        if not s or s.startswith("#"):
+            continue
+        kept.append(raw)
+        lines.append(lineno)
+    if not kept:
+        raise InputError("the file holds no header and no rows", path=path)
+    sep = _sniff_sep(kept[0])
+    try:
+        df = pd.read_csv(io.StringIO("\n".join(kept)), sep=sep, dtype=str, keep_default_na=False,
+                         skipinitialspace=True, engine="python" if sep == r"\s+" else "c")
+    except Exception as e:  # pandas raises several parser error types
+        raise InputError(f"cannot parse CSV: {e}", path=path) from None
+    if len(df) != len(kept) - 1:
+        raise InputError(f"CSV parser read {len(df)} rows from {len(kept) - 1} lines (quoted newlines?)",
+                         path=path)
+    df.columns = [str(c).strip().lower() for c in df.columns]
+    return df, np.asarray(lines[1:], dtype=np.int64), lines[0]
+
+
+def _int_column(values, name: str, path: str, lines: np.ndarray | None, header_line: int | None,
+                allow_negative: bool = False) -> np.ndarray:
+    """Convert a column to int64, naming the first bad row (file line, or row number)."""
+    import pandas as pd
+
+    arr = np.asarray(values)
+    if arr.dtype.kind in "iu":
+        out = arr.astype(np.int64)
+        bad = np.zeros(out.size, bool)
+    else:
+        if arr.dtype.kind == "f":
+            num = arr.astype(np.float64)
+        else:
+            num = pd.to_numeric(pd.Series(arr, dtype=object).astype(str).str.strip(), errors="coerce").to_numpy(
+                np.float64)
+        bad = ~np.isfinite(num) | (num != np.round(num))
+        out = np.where(bad, 0, num).astype(np.int64)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise InputError(f"column {name!r}: {arr[i]!r} is not an integer", path=path,
+                         **_loc(i, lines))
+    if not allow_negative and (out < 0).any():
+        i = int(np.argmax(out < 0))
+        raise InputError(f"column {name!r}: negative value {out[i]}", path=path, **_loc(i, lines))
+    return out
+
+
+def _loc(i: int, lines: np.ndarray | None) -> dict:
+    """Location kwargs for InputError: file line for CSV, nothing for Parquet (row is in the message)."""
+    if lines is not None:
+        return {"line": int(lines[i])}
+    return {"hint": f"Parquet row {i} (0-based)"}
+
+
+def _parse_list_cell(s: str, name: str, path: str, line: int | None, row: int) -> list[int]:
+    body = s.strip().strip("[]()")
+    parts = [p for p in re.split(r"[\s,;|]+", body) if p]
+    out = []
+    for p in parts:
+        try:
+            f = float(p)
+        except ValueError:
+            f = float("nan")
+        if not np.isfinite(f) or f != int(f):
+            raise InputError(f"column {name!r}: {p!r} is not an integer", path=path, line=line,
+                             hint=None if line is not None else f"Parquet row {row} (0-based)")
+        if f < 0:
+            raise InputError(f"column {name!r}: negative expert {int(f)}", path=path, line=line,
+                             hint=None if line is not None else f"Parquet row {row} (0-based)")
+        out.append(int(f))
+    if not out:
+        raise InputError(f"column {name!r}: empty expert list", path=path, line=line,
+                         hint=None if line is not None else f"Parquet row {row} (0-based)")
+    return out
+
+
+def read_table(path: str | os.PathLike, parquet: bool | None = None, n_layers: int | None = None,
+               k: int | None = None, stats: dict | None = None) -> Iterator[tuple[Record, int]]:
+    """Read a CSV or Parquet route table (module docstring) as (Record, source rows) pairs.
+
+    Raises InputError naming the file and line (CSV) or row (Parquet) for
+    missing columns, non-integer values, negative experts, or a step whose row
+    count does not divide into ``n_layers`` layers of ``k``.
+    """
+    spath = str(path)
+    if parquet is None:
+        parquet = detect_format(spath) == "parquet"
+    if parquet:
+        import pyarrow.parquet as pq
+
+        try:
+            tbl = pq.read_table(spath)
+        except Exception as e:  # pyarrow raises several types for damaged files
+            raise InputError(f"cannot read Parquet: {e}", path=spath) from None
+        df = tbl.to_pandas()
+        df.columns = [str(c).strip().lower() for c in df.columns]
+        lines = None
+        header_line = None
+    else:
+        df, lines, header_line = _read_csv_frame(spath)
+    cols = {c: c for c in df.columns}
+    c_step = _pick(cols, STEP_NAMES)
+    c_layer = _pick(cols, LAYER_NAMES)
+    c_expert = _pick(cols, EXPERT_NAMES)
+    c_list = _pick(cols, EXPERTS_LIST_NAMES) if c_expert is None else None
+    c_rank = _pick(cols, RANK_NAMES)
+    c_pass = _pick(cols, PASS_NAMES)
+    missing = []
+    if c_step is None:
+        missing.append("a step column (" + "|".join(STEP_NAMES) + ")")
+    if c_expert is None and c_list is None:
+        missing.append("an expert column (" + "|".join(EXPERT_NAMES + EXPERTS_LIST_NAMES) + ")")
+    if missing:
+        raise InputError("missing " + " and ".join(missing) + f"; the header has {list(df.columns)}",
+                         path=spath, line=header_line,
+                         hint="column names are case-insensitive; token_id is a vocabulary id, not a step")
+    n = len(df)
+    if stats is not None:
+        stats["rows_read"] = n
+    if n == 0:
+        return
+    step = _int_column(df[c_step].to_numpy(), c_step, spath, lines, header_line)
+    ps = _int_column(df[c_pass].to_numpy(), c_pass, spath, lines, header_line) if c_pass else np.zeros(n, np.int64)
+    if c_pass and (ps > 1).any():
+        i = int(np.argmax(ps > 1))
+        raise InputError(f"column {c_pass!r}: pass must be 0 or 1, got {ps[i]}", path=spath, **_loc(i, lines))
+
+    if c_list is not None:
+        vals = df[c_list].to_numpy()
+        experts_rows: list[list[int]] = []
+        for i, v in enumerate(vals):
+            ln = int(lines[i]) if lines is not None else None
+            if isinstance(v, str):
+                experts_rows.append(_parse_list_cell(v, c_list, spath, ln, i))
+            else:
+                experts_rows.append(_parse_list_cell(" ".join(str(x) for x in np.asarray(v).tolist()), c_list,
+                                                     spath, ln, i))
+        if c_layer is None:
+            raise InputError(f"a list column {c_list!r} needs a layer column (" + "|".join(LAYER_NAMES) + ")",
+                             path=spath, line=header_line)
+        layer = _int_column(df[c_layer].to_numpy(), c_layer, spath, lines, header_line)
+        order = np.lexsort((np.arange(n), layer, ps, step))
+        for i in order:
+            yield Record(int(step[i]), int(layer[i]), experts_rows[i],
+                         int(lines[i]) if lines is not None else None, None), 1
+        return
+
+    expert = _int_column(df[c_expert].to_numpy(), c_expert, spath, lines, header_line)
+    rank = _int_column(df[c_rank].to_numpy(), c_rank, spath, lines, header_line) if c_rank else np.arange(n)
+    if c_layer is None:
+        if not n_layers or not k:
+            raise InputError("no layer column (" + "|".join(LAYER_NAMES) + ")", path=spath, line=header_line,
+                             hint="add one, or pass --layers N and --k K to split each step's rows in file order")
+        # rows of a step in file order: layer 0's k experts, then layer 1's, ...
+        order = np.lexsort((np.arange(n), step))
+        s_sorted = step[order]
+        bounds = np.flatnonzero(np.diff(s_sorted)) + 1
+        starts = np.concatenate([[0], bounds])
+        ends = np.concatenate([bounds, [n]])
+        per = n_layers * k
+        for a, b in zip(starts, ends):
+            cnt = b - a
+            if cnt % per:
+                i = int(order[a])
+                raise InputError(f"step {s_sorted[a]} has {cnt} rows, not divisible into {n_layers} layers of "
+                                 f"k={k} ({per} or {2 * per} rows)", path=spath, **_loc(i, lines))
+            w = cnt // n_layers
+            idx = order[a:b]
+            for lay in range(n_layers):
+                sel = idx[lay * w:(lay + 1) * w]
+                yield Record(int(s_sorted[a]), lay, [int(x) for x in expert[sel]],
+                             int(lines[sel[0]]) if lines is not None else None, None), int(w)
+        return
+    layer = _int_column(df[c_layer].to_numpy(), c_layer, spath, lines, header_line)
+    order = np.lexsort((np.arange(n), rank, layer, ps, step))
+    key = np.stack([step[order], ps[order], layer[order]])
+    change = np.flatnonzero((np.diff(key, axis=1) != 0).any(axis=0)) + 1
+    starts = np.concatenate([[0], change])
+    ends = np.concatenate([change, [n]])
+    ex_sorted = expert[order]
+    for a, b in zip(starts, ends):
+        i = int(order[a])
+        first_line = int(lines[order[a:b]].min()) if lines is not None else None
+        yield Record(int(step[i]), int(layer[i]), ex_sorted[a:b].tolist(), first_line, None), int(b - a)
+
+
+# --------------------------------------------------------------------------- llama.cpp raw log
+
+_LLAMA_HEAD = re.compile(r"ffn_moe_topk-(\d+)\s*(?:\([^)]*\)\s*)?=\s*\((\w+)\).*=\s*\{\s*(\d+),\s*(\d+),\s*(\d+),"
+                         r"\s*(\d+)\s*\}\s*$")
+_NUM = re.compile(r"[-+]?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?")
+
+
+def is_llamacpp_log(path: str | os.PathLike) -> bool:
+    """True when the file looks like llama-eval-callback output (ffn_moe_topk tensor headers)."""
+    with open(str(path), "rb") as fh:
+        head = fh.read(1 << 20)
+    return any(_LLAMA_HEAD.search(ln.decode("utf-8", "replace")) for ln in head.splitlines()
+               if b"ffn_moe_topk-" in ln)
+
+
+def read_llamacpp_log(path: str | os.PathLike, include_prefill: bool = False,
+                      stats: dict | None = None) -> Iterator[tuple[Record, int]]:
+    """Read ffn_moe_topk-<il> tensors from a llama-eval-callback log (module docstring).
+
+    Raises InputError with the line of an elided (``...``) or short tensor.
+    """
+    spath = str(path)
+    try:
+        with open(spath, "r", encoding="utf-8", errors="replace") as fh:
+            lines = fh.read().splitlines()
+    except OSError as e:
+        raise InputError(f"cannot open trace: {e.strerror}", path=spath) from None
+    routes: dict[int, dict[int, tuple[list[int], int]]] = collections.defaultdict(dict)
+    tokens_seen: dict[int, int] = collections.defaultdict(int)
+    prefill_tokens: dict[int, int] = collections.defaultdict(int)
+    n_tensors = 0
+    i, n = 0, len(lines)
+    while i < n:
+        m = _LLAMA_HEAD.search(lines[i]) if "ffn_moe_topk-" in lines[i] else None
+        i += 1
+        if m is None:
+            continue
+        head_line = i
+        layer, typ = int(m.group(1)), m.group(2)
+        ne = [int(m.group(g)) for g in (3, 4, 5, 6)]
+        if typ not in ("i32", "i16", "i8", "i64"):
+            raise InputError(f"ffn_moe_topk-{layer} has type {typ}, expected integer ids", path=spath,
+                             line=head_line)
+        kk, ntok = ne[0], ne[1] * ne[2] * ne[3]
+        rows: list[list[int]] = []
+        while i < n:
+            s = lines[i].strip()
+            if s.startswith("sum") or "ggml_debug" in s or "ffn_moe_topk-" in s or not s.startswith(("[", "]", ".")):
+                break
+            i += 1
+            if "..." in s:
+                raise InputError(f"ffn_moe_topk-{layer} ({kk} x {ntok}) is elided ('...') in the log",
+                                 path=spath, line=i,
+                                 hint="llama-eval-callback prints only the first and last 3 entries of a "
+                                      "dimension longer than 6; dump ffn_moe_topk to CSV (token, layer, "
+                                      "expert) instead")
+            inner = s.strip("[], ")
+            if inner and s.startswith("[") and not s.startswith("[["):
+                rows.append([_as_int(v, spath, i) for v in _NUM.findall(inner)])
+        if len(rows) != ntok or any(len(r) != kk for r in rows):
+            raise InputError(f"ffn_moe_topk-{layer} declares {{{kk}, {ntok}}} but {len(rows)} rows of "
+                             f"{sorted({len(r) for r in rows})} values were read", path=spath, line=head_line)
+        n_tensors += ntok
+        prefill = ntok > 1 and not include_prefill
+        for r in rows:
+            if prefill:
+                prefill_tokens[layer] += 1
+                continue
+            t = tokens_seen[layer]
+            tokens_seen[layer] += 1
+            routes[t][layer] = (r, head_line)
+    if stats is not None:
+        stats["rows_read"] = n_tensors
+        stats["prefill_excluded"] = int(max(prefill_tokens.values(), default=0))
+        stats["prefill_unit"] = "tokens"
+    for t in sorted(routes):
+        for layer in sorted(routes[t]):
+            ex, ln = routes[t][layer]
+            yield Record(t, layer, ex, ln, None), 1
+
+
+def _as_int(v: str, path: str, line: int) -> int:
+    f = float(v)
+    if f != int(f):
+        raise InputError(f"{v} is not an integer expert id", path=path, line=line)
+    if f < 0:
+        raise InputError(f"negative expert {int(f)}", path=path, line=line)
+    return int(f)
+
+
+# --------------------------------------------------------------------------- arrays (vLLM, SGLang)
+
+
+def _load_json(path: str):
+    try:
+        with open(path, "r", encoding="utf-8") as fh:
+            return json.load(fh)
+    except OSError as e:
+        raise InputError(f"cannot open trace: {e.strerror}", path=path) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"not valid JSON ({getattr(e, 'msg', e)})", path=path,
+                         line=getattr(e, "lineno", None)) from None
+
+
+def _find_sglang_json(obj) -> dict | None:
+    if isinstance(obj, list) and obj:
+        obj = obj[0]
+    if isinstance(obj, dict):
+        mi = obj.get("meta_info")
+        if isinstance(mi, dict) and "routed_experts" in mi:
+            return mi
+    return None
+
+
+def _decode_b64_array(s, path: str, where: str) -> np.ndarray | bytes:
+    if not isinstance(s, str):
+        raise InputError(f"{where} is {type(s).__name__}, expected a base64 string", path=path)
+    try:
+        raw = base64.b64decode(s, validate=False)
+    except (ValueError, TypeError) as e:
+        raise InputError(f"{where} is not valid base64 ({e})", path=path) from None
+    if raw.startswith(b"\x93NUMPY"):
+        try:
+            return np.load(io.BytesIO(raw), allow_pickle=False)
+        except ValueError as e:
+            raise InputError(f"{where}: bad .npy payload ({e})", path=path) from None
+    return raw
+
+
+def load_vllm_array(path: str | os.PathLike, key: str | None = None) -> tuple[np.ndarray, int | None, str]:
+    """Load vLLM routed experts: (array, prompt tokens or None, where it came from)."""
+    spath = str(path)
+    if detect_format(spath) != "vllm" and not spath.endswith((".npy", ".npz", ".json")):
+        raise InputError("not a .npy/.npz/.json routed-experts file", path=spath)
+    with open(spath, "rb") as fh:
+        head = fh.read(8)
+    if head.lstrip()[:1] in (b"{", b"["):
+        obj = _load_json(spath)
+        if isinstance(obj, list):
+            if len(obj) != 1:
+                raise InputError(f"a list of {len(obj)} responses; import one response at a time", path=spath)
+            obj = obj[0]
+        choices = obj.get("choices") if isinstance(obj, dict) else None
+        if not choices or not isinstance(choices, list) or "routed_experts" not in choices[0]:
+            raise InputError("no choices[0].routed_experts in the JSON", path=spath,
+                             hint="start vLLM with --enable-return-routed-experts")
+        if len(choices) > 1:
+            raise InputError(f"{len(choices)} choices; import one completion at a time", path=spath)
+        arr = _decode_b64_array(choices[0]["routed_experts"], spath, "choices[0].routed_experts")
+        if isinstance(arr, bytes):
+            raise InputError("choices[0].routed_experts is not a base64 .npy payload", path=spath)
+        usage = obj.get("usage") or {}
+        prompt = usage.get("prompt_tokens")
+        return arr, (int(prompt) if isinstance(prompt, int) else None), "choices[0].routed_experts"
+    try:
+        loaded = np.load(spath, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise InputError(f"cannot read numpy file ({e})", path=spath,
+                         hint="object arrays are refused; save the routed experts as an int array") from None
+    if isinstance(loaded, np.ndarray):
+        return loaded, None, "array"
+    with loaded:
+        keys = list(loaded.files)
+        if key is not None:
+            if key not in keys:
+                raise UsageError(f"{spath}: no array {key!r} in the .npz (it has {keys})")
+            chosen = key
+        else:
+            cands = [k_ for k_ in keys if loaded[k_].ndim in (2, 3) and loaded[k_].dtype.kind in "iu"]
+            named = [k_ for k_ in cands if any(s in k_.lower() for s in ("routed_experts", "topk", "expert"))]
+            pick = named or cands
+            if len(pick) != 1:
+                raise InputError(f"cannot tell which array holds the routed experts (arrays: {keys})",
+                                 path=spath, hint="pass --key NAME")
+            chosen = pick[0]
+        arr = loaded[chosen]
+        prompt = None
+        for pk in ("num_prompt_tokens", "prompt_tokens", "prompt_len"):
+            if pk in keys and loaded[pk].ndim == 0:
+                prompt = int(loaded[pk])
+        if prompt is None and "prompt_token_ids" in keys:
+            prompt = int(loaded["prompt_token_ids"].size)
+    return arr, prompt, chosen
+
+
+def records_from_array(arr: np.ndarray, path: str, where: str, *, n_layers: int | None = None,
+                       k: int | None = None, prompt_tokens: int | None = None, include_prefill: bool = False,
+                       placeholder: int | None = 0, stats: dict | None = None) -> Iterator[tuple[Record, int]]:
+    """Records from a (tokens, layers, k) int array, one step per token row.
+
+    A 2-D (tokens x layers, k) array needs ``n_layers``; a 1-D flat array needs
+    ``n_layers`` and ``k``. The first ``prompt_tokens`` rows are prefill
+    (excluded unless ``include_prefill``). Layers holding only ``placeholder``
+    (0 for vLLM, -1 for SGLang) are dropped and the rest renumbered. Raises
+    InputError naming the array index of a bad value.
+    """
+    if arr.dtype.kind == "f":
+        if not np.all(np.isfinite(arr)) or not np.all(arr == np.round(arr)):
+            bad = np.argwhere(~np.isfinite(arr) | (arr != np.round(arr)))[0]
+            raise InputError(f"{where}{list(map(int, bad))} = {arr[tuple(bad)]} is not an integer", path=path)
+        arr = arr.astype(np.int64)
+    elif arr.dtype.kind not in "iu":
+        raise InputError(f"{where} has dtype {arr.dtype}, expected integer expert ids", path=path)
+    reshaped = arr.ndim < 3
+    if arr.ndim == 1:
+        if not n_layers or not k:
+            raise InputError(f"{where} is a flat array of {arr.size} ids", path=path,
+                             hint="pass --layers N and --k K to reshape it to (tokens, layers, k)")
+        if arr.size % (n_layers * k):
+            raise InputError(f"{where} holds {arr.size} ids, not divisible into {n_layers} layers x k={k}",
+                             path=path)
+        arr = arr.reshape(-1, n_layers, k)
+    elif arr.ndim == 2:
+        if not n_layers:
+            raise InputError(f"{where} has rank 2 {arr.shape}; expected (tokens, layers, k)", path=path,
+                             hint="pass --layers N if the rows are (token, layer) pairs in token-major order")
+        if arr.shape[0] % n_layers:
+            raise InputError(f"{where} has {arr.shape[0]} rows, not divisible into {n_layers} layers", path=path)
+        arr = arr.reshape(-1, n_layers, arr.shape[1])
+    elif arr.ndim != 3:
+        raise InputError(f"{where} has rank {arr.ndim} {arr.shape}; expected 3 (tokens, layers, k)", path=path)
+    n_tok, n_lay, kk = arr.shape
+    if k is not None and kk != k and placeholder != -1:
+        raise InputError(f"{where} has k={kk} experts per token, but k={k} was given", path=path)
+    if stats is not None:
+        stats["rows_read"] = int(n_tok)
+        stats["array_shape"] = list(arr.shape)
+    keep = np.ones(n_lay, bool)
+    if placeholder is not None and n_tok:
+        keep = ~np.all(arr == placeholder, axis=(0, 2))
+        if placeholder == 0 and kk == 1:
+            keep[:] = True  # a zero column is a real choice when k == 1
+        if not keep.any():
+            raise InputError(f"every layer of {where} holds only {placeholder}", path=path,
+                             hint="was routed-experts capture enabled for this request?")
+    dropped = [int(i) for i in np.flatnonzero(~keep)]
+    if stats is not None:
+        stats["placeholder_layers_dropped"] = dropped
+        # n_layers counted the array's layers when it reshaped a flat array; the typed trace has the rest
+        stats["n_layers_for_typing"] = (n_lay - len(dropped)) if reshaped else n_layers
+    kept_layers = np.flatnonzero(keep)
+    sub = arr[:, kept_layers, :]
+    if placeholder == -1:
+        valid = sub != -1
+    else:
+        valid = np.ones(sub.shape, bool)
+    neg = (sub < 0) & valid
+    if neg.any():
+        t, lj, j = np.argwhere(neg)[0]
+        raise InputError(f"negative expert {sub[t, lj, j]} at {where}[{t}, {kept_layers[lj]}, {j}]", path=path)
+    p = int(prompt_tokens or 0)
+    if p > n_tok:
+        raise InputError(f"prompt of {p} tokens but {where} has only {n_tok} rows", path=path)
+    first = 0 if include_prefill else p
+    if stats is not None:
+        stats["prefill_excluded"] = 0 if include_prefill else p
+        stats["prefill_unit"] = "tokens"
+    body = sub[first:]
+    srt = np.sort(np.where(valid[first:], body, -1), axis=2)
+    dup = ((srt[:, :, 1:] == srt[:, :, :-1]) & (srt[:, :, 1:] >= 0)).any(axis=2)
+    empty = ~valid[first:].any(axis=2)
+    for bad, what in ((empty, "no expert (only -1)"), (dup, "an expert appears twice")):
+        if bad.any():
+            t, lj = (int(x) for x in np.argwhere(bad)[0])
+            row = body[t, lj][valid[first + t, lj]].tolist()
+            raise InputError(f"{what} at {where}[{t + first}, {kept_layers[lj]}]: {row}", path=path)
+    rows = body.tolist()
+    padded = placeholder == -1
+    for t, step_rows in enumerate(rows):
+        for lj, row in enumerate(step_rows):
+            yield Record(t, lj, [x for x in row if x != -1] if padded else row, None, None), int(lj == 0)
+
+
+def read_vllm(path: str | os.PathLike, key: str | None = None, prompt_tokens: int | None = None,
+              include_prefill: bool = False, n_layers: int | None = None, k: int | None = None,
+              stats: dict | None = None) -> Iterator[tuple[Record, int]]:
+    """vLLM routed experts (.npy / .npz / response .json) as records; see the module docstring."""
+    spath = str(path)
+    arr, prompt, where = load_vllm_array(spath, key)
+    if prompt_tokens is None:
+        prompt_tokens = prompt
+    if stats is not None:
+        stats["array"] = where
+        if prompt_tokens is None and not include_prefill:
+            stats.setdefault("notes", []).append(
+                "the array carries no prompt length: every row was taken as a decode step "
+                "(vLLM's routed experts include the prompt's rows; pass --prompt-tokens N)")
+    yield from records_from_array(arr, spath, where, n_layers=n_layers, k=k, prompt_tokens=prompt_tokens,
+                                  include_prefill=include_prefill, placeholder=0, stats=stats)
+
+
+# --------------------------------------------------------------------------- SGLang (.pt without torch)
+
+_STORAGE_DTYPES = {
+    "FloatStorage": np.float32, "DoubleStorage": np.float64, "HalfStorage": np.float16,
+    "LongStorage": np.int64, "IntStorage": np.int32, "ShortStorage": np.int16, "CharStorage": np.int8,
+    "ByteStorage": np.uint8, "BoolStorage": np.bool_, "UntypedStorage": np.uint8,
+}
+
+
+class _StorageType:
+    def __init__(self, name: str):
+        self.name = name
+        self.dtype = np.dtype(_STORAGE_DTYPES[name])
+
+
+def _rebuild_tensor(storage, storage_offset, size, stride, *rest):
+    arr = storage
+    size = tuple(int(s) for s in size)
+    stride = tuple(int(s) for s in stride) if stride is not None else None
+    if not size:
+        return arr[storage_offset].copy()
+    if stride is None:
+        return arr[storage_offset:storage_offset + int(np.prod(size))].reshape(size).copy()
+    view = np.lib.stride_tricks.as_strided(arr[storage_offset:], shape=size,
+                                           strides=tuple(s * arr.itemsize for s in stride))
+    return np.array(view)
+
+
+def _rebuild_from_type_v2(func, new_type, args, state):
+    return func(*args)
+
+
+class _TorchZipUnpickler(pickle.Unpickler):
+    """Loads a torch.save zip's data.pkl into numpy arrays and plain containers; refuses anything else."""
+
+    _ALLOWED = {
+        ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
+        ("torch._utils", "_rebuild_tensor"): _rebuild_tensor,
+        ("torch._tensor", "_rebuild_from_type_v2"): _rebuild_from_type_v2,
+        ("torch", "Size"): tuple,
+        ("torch", "Tensor"): object,
+        ("collections", "OrderedDict"): collections.OrderedDict,
+        ("builtins", "set"): set,
+        ("builtins", "frozenset"): frozenset,
+        ("builtins", "slice"): slice,
+    }
+
+    def __init__(self, fh, zf: zipfile.ZipFile, prefix: str, path: str):
+        super().__init__(fh)
+        self.zf, self.prefix, self.path = zf, prefix, path
+
+    def find_class(self, module, name):
+        if module == "__builtin__":  # protocol 2 names (torch.save uses protocol 2)
+            module = "builtins"
+        if (module, name) in self._ALLOWED:
+            return self._ALLOWED[(module, name)]
+        if module in ("torch", "torch.storage") and name in _STORAGE_DTYPES:
+            return _StorageType(name)
+        raise InputError(f"the torch file references {module}.{name}, which this reader does not load",
+                         path=self.path, hint="only tensors, lists, dicts and numbers are read (no code runs)")
+
+    def persistent_load(self, pid):
+        if not (isinstance(pid, tuple) and pid and pid[0] == "storage"):
+            raise InputError(f"unknown persistent id {pid!r:.60}", path=self.path)
+        storage_type, key = pid[1], pid[2]
+        dtype = storage_type.dtype if isinstance(storage_type, _StorageType) else np.dtype(np.uint8)
+        try:
+            raw = self.zf.read(f"{self.prefix}/data/{key}")
+        except KeyError:
+            raise InputError(f"storage {key} missing from the archive", path=self.path) from None
+        return np.frombuffer(raw, dtype=dtype.newbyteorder("<"))
+
+
+def load_torch_file(path: str | os.PathLike):
+    """Read a torch.save (zip) file without torch: tensors become numpy arrays."""
+    spath = str(path)
+    try:
+        zf = zipfile.ZipFile(spath)
+    except (OSError, zipfile.BadZipFile) as e:
+        raise InputError(f"not a torch.save zip archive ({e})", path=spath,
+                         hint="files from torch < 1.6 (legacy format) are not supported") from None
+    with zf:
+        pkls = [n for n in zf.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
+        if not pkls:
+            raise InputError("no data.pkl in the archive: not a torch.save file", path=spath)
+        prefix = pkls[0][: -len("/data.pkl")] if "/" in pkls[0] else ""
+        bo = [n for n in zf.namelist() if n.endswith("byteorder")]
+        if bo and zf.read(bo[0]).strip() not in (b"little", b""):
+            raise InputError("big-endian torch file", path=spath)
+        with zf.open(pkls[0]) as fh:
+            try:
+                return _TorchZipUnpickler(io.BytesIO(fh.read()), zf, prefix, spath).load()
+            except InputError:
+                raise
+            except Exception as e:  # a damaged pickle raises many types
+                raise InputError(f"cannot unpickle data.pkl ({type(e).__name__}: {e})", path=spath) from None
+
+
+_SGLANG_DECODE, _SGLANG_EXTEND, _SGLANG_MIXED, _SGLANG_IDLE = 2, 1, 3, 4
+
+
+def _counts_error(path: str, what: str) -> InputError:
+    return InputError(
+        f"this SGLang dump holds {what}: counts have no token order, so no router trace can be built from it",
+        path=path,
+        hint="record with --expert-distribution-recorder-mode per_token for a trace, or feed the counts to "
+             "`moetrace trace stats --counts`")
+
+
+def read_sglang(path: str | os.PathLike, include_prefill: bool = False, n_layers: int | None = None,
+                k: int | None = None, prompt_tokens: int | None = None,
+                stats: dict | None = None) -> Iterator[tuple[Record, int]]:
+    """SGLang expert-distribution per_token dump (.pt) or return_routed_experts response (.json)."""
+    spath = str(path)
+    with open(spath, "rb") as fh:
+        head = fh.read(8)
+    if head.lstrip()[:1] in (b"{", b"["):
+        mi = _find_sglang_json(_load_json(spath))
+        if mi is None:
+            raise InputError("no meta_info.routed_experts in the JSON", path=spath,
+                             hint="start SGLang with --enable-return-routed-experts and request "
+                                  "return_routed_experts")
+        arr = _decode_b64_array(mi["routed_experts"], spath, "meta_info.routed_experts")
+        if isinstance(arr, bytes):
+            if len(arr) % 4:
+                raise InputError(f"meta_info.routed_experts holds {len(arr)} bytes, not int32s", path=spath)
+            arr = np.frombuffer(arr, dtype="<i4")
+        pt = prompt_tokens if prompt_tokens is not None else mi.get("prompt_tokens")
+        yield from records_from_array(arr, spath, "meta_info.routed_experts", n_layers=n_layers, k=k,
+                                      prompt_tokens=pt if isinstance(pt, int) else None,
+                                      include_prefill=include_prefill, placeholder=-1, stats=stats)
+        return
+    obj = load_torch_file(spath)
+    if not isinstance(obj, dict):
+        raise InputError(f"unexpected SGLang dump: a {type(obj).__name__}, expected a dict", path=spath)
+    if "logical_count" in obj and "records" not in obj:
+        lc = np.asarray(obj["logical_count"])
+        raise _counts_error(spath, f"'stat' per-layer expert counts (logical_count, shape {list(lc.shape)})")
+    recs = obj.get("records")
+    if not isinstance(recs, list):
+        raise InputError(f"unexpected SGLang dump: keys {sorted(map(str, obj))}", path=spath,
+                         hint="expected an expert_distribution_recorder_*.pt from /dump_expert_distribution_record")
+    if recs and all("topk_ids_of_layer" not in r for r in recs):
+        raise _counts_error(spath, "'per_pass' counts (global_physical_count per forward pass)")
+    p2l = obj.get("last_physical_to_logical_map")
+    p2l = np.asarray(p2l) if p2l is not None else None
+    steps: list[np.ndarray] = []  # each (layers, k') logical ids, -1 padded
+    prefill = 0
+    skipped: dict[str, int] = collections.Counter()
+    for ri, r in enumerate(recs):
+        ids = np.asarray(r.get("topk_ids_of_layer"))
+        if ids.ndim != 3:
+            raise InputError(f"records[{ri}].topk_ids_of_layer has rank {ids.ndim}; expected (layers, tokens, k)",
+                             path=spath)
+        mode = int(r.get("forward_mode", _SGLANG_DECODE))
+        ntok = ids.shape[1]
+        if mode == _SGLANG_IDLE or ntok == 0:
+            skipped["idle"] += 1
+            continue
+        if p2l is not None:
+            if p2l.ndim != 2 or p2l.shape[0] != ids.shape[0]:
+                raise InputError(f"last_physical_to_logical_map has shape {list(p2l.shape)}, records have "
+                                 f"{ids.shape[0]} layers", path=spath)
+            bad = (ids >= p2l.shape[1]) | (ids < -1)
+            if bad.any():
+                lay, t, j = np.argwhere(bad)[0]
+                raise InputError(f"physical expert {ids[lay, t, j]} at records[{ri}].topk_ids_of_layer"
+                                 f"[{lay}, {t}, {j}] is outside the map ({p2l.shape[1]} physical experts)",
+                                 path=spath)
+            lay_idx = np.arange(ids.shape[0])[:, None, None]
+            ids = np.where(ids >= 0, p2l[lay_idx, np.maximum(ids, 0)], -1)
+        if mode in (_SGLANG_EXTEND, _SGLANG_MIXED):
+            if not include_prefill:
+                prefill += ntok
+                continue
+            for t in range(ntok):
+                steps.append(ids[:, t, :])
+            continue
+        if mode != _SGLANG_DECODE:
+            skipped[f"forward_mode {mode}"] += 1
+            continue
+        if ntok != 1:
+            raise InputError(f"records[{ri}] is a decode pass of {ntok} tokens (a batch of requests); the engine "
+                             "trace holds one request", path=spath,
+                             hint="record with one request in flight at a time")
+        steps.append(ids[:, 0, :])
+    if stats is not None:
+        stats["passes_skipped"] = dict(skipped)
+        if skipped.get("forward_mode 5", 0) or any(k_.startswith("forward_mode") for k_ in skipped):
+            stats.setdefault("notes", []).append(
+                "passes of other forward modes (speculative verify/draft) were skipped: " + str(dict(skipped)))
+    if not steps:
+        if stats is not None:
+            stats["rows_read"] = len(recs)
+        raise InputError(f"no decode passes among {len(recs)} records ({prefill} prefill tokens excluded)",
+                         path=spath, hint="pass --include-prefill to take prompt tokens as steps")
+    arr = np.stack(steps)  # (steps, layers, 8)
+    sub_stats: dict = {}
+    yield from records_from_array(arr, spath, "topk_ids_of_layer (stacked)", n_layers=None, k=None,
+                                  prompt_tokens=0, include_prefill=True, placeholder=-1, stats=sub_stats)
+    if stats is not None:
+        stats.update({kk: v for kk, v in sub_stats.items() if kk not in ("prefill_excluded", "n_layers_for_typing")})
+        stats["rows_read"] = len(recs)
+        stats["rows_unit"] = "forward passes"
+        stats["prefill_excluded"] = prefill
+        stats["prefill_unit"] = "tokens"
+
+
+# --------------------------------------------------------------------------- warm-up
+
+
+def _step_groups(records: list[Record]) -> list[tuple[int, int]]:
+    """(start, end) index ranges of consecutive records sharing a step."""
+    out = []
+    i, n = 0, len(records)
+    while i < n:
+        j = i + 1
+        while j < n and records[j].step == records[i].step:
+            j += 1
+        out.append((i, j))
+        i = j
+    return out
+
+
+def find_warmup(records: list[Record], min_repeats: int = DEFAULT_WARMUP_MIN_REPEATS) -> list[tuple[int, int]]:
+    """Leading warm-up blocks as (first step index, step count): each a run of at least
+    ``min_repeats`` steps whose routes (every record's layer and expert set, in
+    order) are identical; blocks are looked for only at the start, one after
+    another."""
+    if min_repeats < 2:
+        raise UsageError(f"--warmup-min-repeats must be at least 2, got {min_repeats}")
+    groups = _step_groups(records)
+    sig = [tuple((records[x].layer, frozenset(records[x].experts), len(records[x].experts)) for x in range(a, b))
+           for a, b in groups]
+    blocks = []
+    s = 0
+    while s < len(sig):
+        e = s + 1
+        while e < len(sig) and sig[e] == sig[s]:
+            e += 1
+        if e - s < min_repeats:
+            break
+        blocks.append((s, e - s))
+        s = e
+    return blocks
+
+
+def drop_warmup(records: list[Record], rows: list[int], min_repeats: int = DEFAULT_WARMUP_MIN_REPEATS,
+                path: str | None = None) -> tuple[list[Record], list[int], dict]:
+    """Drop the leading warm-up blocks (:func:`find_warmup`).
+
+    Returns (records, rows, info) with info = {steps_dropped, rows_dropped,
+    records_dropped, blocks: [[first step, steps], ...]}. Raises InputError
+    when every step would be dropped.
+    """
+    blocks = find_warmup(records, min_repeats)
+    info = {"steps_dropped": 0, "rows_dropped": 0, "records_dropped": 0, "blocks": [], "min_repeats": min_repeats}
+    if not blocks:
+        return records, rows, info
+    groups = _step_groups(records)
+    n_steps = sum(c for _, c in blocks)
+    if n_steps >= len(groups):
+        raise InputError(f"all {len(groups)} steps are one identical route repeated (warm-up junk?)", path=path,
+                         hint="pass --keep-warmup to import them anyway")
+    cut = groups[n_steps][0]
+    info.update(steps_dropped=n_steps, rows_dropped=int(sum(rows[:cut])), records_dropped=cut,
+                blocks=[[int(records[groups[s][0]].step), int(c)] for s, c in blocks])
+    return records[cut:], rows[cut:], info
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def import_trace(path: str | os.PathLike, fmt: str = "auto", *, key: str | None = None,
+                 prompt_tokens: int | None = None, include_prefill: bool = False, keep_warmup: bool = False,
+                 warmup_min_repeats: int = DEFAULT_WARMUP_MIN_REPEATS, k: int | None = None,
+                 n_layers: int | None = None) -> ImportResult:
+    """Read ``path`` in format ``fmt`` (or detect it) and drop the leading warm-up block.
+
+    Returns an :class:`ImportResult`; type its records with
+    ``type_records(result.records, k=..., n_layers=result.n_layers(n_layers), n_experts=...)``
+    (``n_layers`` given to reshape a flat array counts its placeholder layers too).
+    Raises InputError (file plus line, row or array index) for bad input and
+    UsageError for an unknown format or contradicting options.
+    """
+    spath = str(path)
+    if not os.path.exists(spath):
+        raise InputError("no such file", path=spath)
+    if fmt == "auto":
+        fmt = detect_format(spath)
+    if fmt not in FORMATS:
+        raise UsageError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)} or auto")
+    stats: dict = {"format": fmt, "rows_read": 0, "prefill_excluded": 0, "placeholder_layers_dropped": []}
+    if fmt == "vllm":
+        it = read_vllm(spath, key=key, prompt_tokens=prompt_tokens, include_prefill=include_prefill,
+                       n_layers=n_layers, k=k, stats=stats)
+        stats["rows_unit"] = "tokens"
+    elif fmt == "sglang":
+        it = read_sglang(spath, include_prefill=include_prefill, n_layers=n_layers, k=k,
+                         prompt_tokens=prompt_tokens, stats=stats)
+        stats["rows_unit"] = "tokens"
+    elif fmt == "llamacpp" and is_llamacpp_log(spath):
+        stats["source"] = "eval-callback log"
+        stats["rows_unit"] = "ffn_moe_topk token rows"
+        it = read_llamacpp_log(spath, include_prefill=include_prefill, stats=stats)
+    else:
+        if fmt == "parquet" or fmt == "csv" or fmt == "llamacpp":
+            it = read_table(spath, parquet=(fmt == "parquet") if fmt != "llamacpp" else False,
+                            n_layers=n_layers, k=k, stats=stats)
+        stats["rows_unit"] = "rows"
+    records: list[Record] = []
+    rows: list[int] = []
+    for rec, nr in it:
+        records.append(rec)
+        rows.append(nr)
+    if keep_warmup:
+        info = {"steps_dropped": 0, "rows_dropped": 0, "records_dropped": 0, "blocks": [], "kept": True,
+                "candidates": [[int(s), int(c)] for s, c in find_warmup(records, warmup_min_repeats)]}
+    else:
+        records, rows, info = drop_warmup(records, rows, warmup_min_repeats, path=spath)
+    stats["warmup"] = info
+    stats.setdefault("notes", [])
+    return ImportResult(records, rows, stats)

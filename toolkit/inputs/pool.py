@@ -1,0 +1,260 @@
+"""Expert pools on disk: one file per (layer, expert), or one pool file of
+page-aligned fixed-size extents, with a manifest.
+
+Manifest (``pool.json`` in the pool directory, schema ``moetrace.pool/1``)::
+
+    {"schema": "moetrace.pool/1",
+     "geometry": {"n_layers", "n_experts", "k", "expert_bytes", "name"},
+     "scaled_from": null | {"preset", "n_experts", "expert_bytes"},
+     "layout": "files" | "pool",
+     "page_size": 4096, "extent_bytes": <expert_bytes rounded up to pages>,
+     "files": [relative paths],           # "files": one per expert; "pool": ["pool.bin"]
+     "seed": <int>, "created": <iso time>,
+     "checksum": "sha256:<hex of the canonical JSON without this field>"}
+
+Expert e = layer * n_experts + expert lives in ``files[e]`` at offset 0 (files
+layout) or in ``files[0]`` at offset ``e * extent_bytes`` (pool layout), length
+``expert_bytes``. Paths are relative and may not leave the pool directory.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from moetrace.errors import InputError, UsageError
+from moetrace.inputs.geometry import Geometry
+
+POOL_SCHEMA = "moetrace.pool/1"
+MANIFEST = "pool.json"
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+LAYOUTS = ("files", "pool")
+_CHUNK = 8 << 20
+
+
+def _checksum(doc: dict) -> str:
+    body = {k: v for k, v in doc.items() if k != "checksum"}
+    return "sha256:" + hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def expert_relpath(layer: int, expert: int) -> str:
+    return f"L{layer:03d}/E{expert:04d}.bin"
+
+
+@dataclass
+class Pool:
+    """An opened pool: its directory, manifest and per-expert locations."""
+
+    root: Path
+    geometry: Geometry
+    layout: str
+    extent_bytes: int
+    files: list[str]
+    manifest: dict
+
+    @property
+    def n_total(self) -> int:
+        return self.geometry.n_total
+
+    def path_of(self, expert_id: int) -> Path:
+        return self.root / (self.files[expert_id] if self.layout == "files" else self.files[0])
+
+    def offset_of(self, expert_id: int) -> int:
+        return 0 if self.layout == "files" else expert_id * self.extent_bytes
+
+    def data_paths(self) -> list[Path]:
+        return [self.root / f for f in self.files]
+
+    @property
+    def data_bytes(self) -> int:
+        return self.geometry.n_total * self.geometry.expert_bytes
+
+
+def create_pool(
+    root: str | os.PathLike,
+    geometry: Geometry,
+    layout: str = "files",
+    scaled_from: dict | None = None,
+    seed: int = 0,
+    force: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> Pool:
+    """Create a pool of incompressible bytes and its manifest.
+
+    Writes go to ``root/.creating`` first and are renamed into place at the
+    end, so an interrupted creation leaves no half-made pool behind (the
+    partial directory is removed). ``progress`` is called with bytes written.
+    """
+    if layout not in LAYOUTS:
+        raise UsageError(f"unknown layout {layout!r}", hint="use --layout files or --layout pool")
+    if geometry.expert_bytes <= 0:
+        raise UsageError("a pool needs --expert-bytes > 0")
+    root = Path(root)
+    if (root / MANIFEST).exists() and not force:
+        raise UsageError(f"{root} already holds a pool", hint="pass --force to replace it, or choose another directory")
+    if root.exists() and any(p for p in root.iterdir() if p.name not in (MANIFEST, ".creating")) and not force:
+        raise UsageError(f"{root} exists and is not empty", hint="choose an empty or new directory")
+    need = geometry.n_total * -(-geometry.expert_bytes // PAGE) * PAGE
+    root.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(root).free
+    if need > free * 0.95:
+        raise UsageError(f"the pool needs {need} bytes but {root} has {free} free",
+                         hint="use a smaller --expert-bytes or fewer --experts")
+    work = root / ".creating"
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir()
+    extent = -(-geometry.expert_bytes // PAGE) * PAGE
+    rng = np.random.SFC64(seed)  # fastest numpy bit generator: ~1 GB/s of incompressible bytes
+    try:
+        if layout == "files":
+            files = []
+            for layer in range(geometry.n_layers):
+                (work / f"L{layer:03d}").mkdir()
+                for ex in range(geometry.n_experts):
+                    rel = expert_relpath(layer, ex)
+                    _write_random(work / rel, geometry.expert_bytes, rng, progress)
+                    files.append(rel)
+        else:
+            files = ["pool.bin"]
+            with open(work / "pool.bin", "wb", buffering=0) as fh:
+                pad = extent - geometry.expert_bytes
+                for _ in range(geometry.n_total):
+                    _write_stream(fh, geometry.expert_bytes, rng, progress)
+                    if pad:
+                        fh.write(bytes(pad))
+                os.fsync(fh.fileno())
+        doc = {
+            "schema": POOL_SCHEMA,
+            "geometry": geometry.to_dict(),
+            "scaled_from": scaled_from,
+            "layout": layout,
+            "page_size": PAGE,
+            "extent_bytes": extent,
+            "files": files,
+            "seed": seed,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+        doc["checksum"] = _checksum(doc)
+        _remove_old_pool(root)
+        for name in os.listdir(work):
+            dst = root / name
+            if dst.exists():
+                shutil.rmtree(dst) if dst.is_dir() else dst.unlink()
+            os.replace(work / name, dst)
+        tmp = root / f".{MANIFEST}.tmp"
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        os.replace(tmp, root / MANIFEST)
+    finally:
+        if work.exists():
+            shutil.rmtree(work, ignore_errors=True)
+    return open_pool(root)
+
+
+def _remove_old_pool(root: Path) -> None:
+    """With --force: delete the files an existing manifest lists (and nothing else)."""
+    try:
+        old = open_pool(root)
+    except InputError:
+        return
+    for rel in old.files:
+        (root / rel).unlink(missing_ok=True)
+        parent = (root / rel).parent
+        if parent != root:
+            try:
+                parent.rmdir()
+            except OSError:
+                pass
+    (root / MANIFEST).unlink(missing_ok=True)
+
+
+def _write_random(path: Path, n: int, rng: np.random.SFC64, progress) -> None:
+    with open(path, "wb", buffering=0) as fh:
+        _write_stream(fh, n, rng, progress)
+
+
+def _write_stream(fh, n: int, rng: np.random.SFC64, progress) -> None:
+    left = n
+    while left:
+        m = min(left, _CHUNK)
+        fh.write(memoryview(rng.random_raw(-(-m // 8))).cast("B")[:m])
+        left -= m
+        if progress:
+            progress(m)
+
+
+def open_pool(root: str | os.PathLike) -> Pool:
+    """Open a pool directory and validate its manifest (schema, checksum, paths)."""
+    root = Path(root)
+    mpath = root / MANIFEST
+    try:
+        text = mpath.read_text()
+    except OSError as e:
+        raise InputError(f"cannot read the pool manifest: {e.strerror}", path=str(mpath),
+                         hint="create a pool with `moetrace pool create`") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"manifest is not valid JSON ({e.msg})", path=str(mpath), line=e.lineno) from None
+    if not isinstance(doc, dict) or doc.get("schema") != POOL_SCHEMA:
+        raise InputError(f"not a moetrace pool manifest (schema {doc.get('schema') if isinstance(doc, dict) else None!r})",
+                         path=str(mpath))
+    if doc.get("checksum") != _checksum(doc):
+        raise InputError("manifest checksum mismatch: it was edited or damaged", path=str(mpath),
+                         hint="recreate the pool with `moetrace pool create --force`")
+    try:
+        g = Geometry(**doc["geometry"])
+        layout, extent, files = doc["layout"], int(doc["extent_bytes"]), list(doc["files"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise InputError(f"manifest field missing or malformed: {e}", path=str(mpath)) from None
+    if layout not in LAYOUTS:
+        raise InputError(f"unknown layout {layout!r}", path=str(mpath))
+    want = g.n_total if layout == "files" else 1
+    if len(files) != want:
+        raise InputError(f"manifest lists {len(files)} files, the layout needs {want}", path=str(mpath))
+    real_root = os.path.realpath(root)
+    for f in files:
+        if os.path.isabs(f) or ".." in Path(f).parts:
+            raise InputError(f"manifest names a file outside the pool directory: {f!r}", path=str(mpath))
+        if not os.path.realpath(root / f).startswith(real_root + os.sep):
+            raise InputError(f"manifest path {f!r} resolves outside the pool directory", path=str(mpath))
+    if extent < g.expert_bytes or extent % int(doc.get("page_size", PAGE)):
+        raise InputError("extent_bytes must be page-aligned and hold one expert", path=str(mpath))
+    return Pool(root, g, layout, extent, files, doc)
+
+
+def verify_pool(pool: Pool) -> list[str]:
+    """Check that every data file exists with the size the manifest implies.
+
+    Returns a list of problems (empty when the pool is sound).
+    """
+    problems = []
+    g = pool.geometry
+    if pool.layout == "files":
+        for rel in pool.files:
+            p = pool.root / rel
+            try:
+                size = p.stat().st_size
+            except OSError:
+                problems.append(f"{rel}: missing")
+                continue
+            if size != g.expert_bytes:
+                problems.append(f"{rel}: {size} bytes, expected {g.expert_bytes}")
+    else:
+        p = pool.root / pool.files[0]
+        want = (g.n_total - 1) * pool.extent_bytes + g.expert_bytes
+        try:
+            size = p.stat().st_size
+        except OSError:
+            return [f"{pool.files[0]}: missing"]
+        if size < want:
+            problems.append(f"{pool.files[0]}: {size} bytes, expected at least {want}")
+    return problems

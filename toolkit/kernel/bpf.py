@@ -1,0 +1,408 @@
+"""Loading bcc probes: privilege and kernel-header checks, -D knobs, attach, detach,
+and one bounded ring/perf-buffer wrapper with per-interval lost counts.
+
+Probe C sources live in ``probes/`` and are configured only with ``-D`` cflags
+(:func:`knob_cflags`), never by string substitution, so every probe file stays
+compilable as it is. bcc attaches each ``TRACEPOINT_PROBE`` when the program
+loads; which tracepoints a probe uses is therefore decided before compiling,
+by knobs the recorder derives from the attach plan (a probe whose optional
+tracepoint is absent is compiled with that knob off).
+
+bcc itself is imported lazily (only ``record`` and the probe-build tests need it):
+Debian's python3-bpfcc is importable from /usr/bin/python3 and venvs made with
+``--system-site-packages``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from moetrace.errors import PrivilegeError, ProbeError
+
+from moetrace.probes import PROBES_DIR  # noqa: E402
+_KNOB = re.compile(r"^[A-Z][A-Z0-9_]*$")
+#: Warnings some header versions raise under bcc's clang; harmless for tracepoint-only probes.
+QUIET_CFLAGS = ("-Wno-ignored-attributes", "-Wno-duplicate-decl-specifier", "-Wno-unused-function")
+
+
+def probe_source(name: str) -> Path:
+    """Path of probes/<name>.c (the installed package's copy when not in a checkout)."""
+    p = PROBES_DIR / f"{name}.c"
+    if p.exists():
+        return p
+    try:
+        from importlib.resources import files
+
+        q = Path(str(files("moetrace.probes") / f"{name}.c"))
+        if q.exists():
+            return q
+    except (ModuleNotFoundError, TypeError):
+        pass
+    raise ProbeError(f"no probe source {name}.c", hint=f"expected it in {PROBES_DIR}")
+
+
+def knob_cflags(knobs: dict[str, int | bool]) -> list[str]:
+    """``-DNAME=<int>`` for every knob; names are C macros, values integers only."""
+    out = []
+    for k, v in knobs.items():
+        if not _KNOB.match(k):
+            raise ProbeError(f"bad probe knob name {k!r} (C macro names: A-Z, 0-9, _)")
+        if isinstance(v, bool):
+            v = int(v)
+        if not isinstance(v, int):
+            raise ProbeError(f"probe knob {k} must be an integer, not {type(v).__name__}")
+        out.append(f"-D{k}={v}")
+    return out
+
+
+def require_privileges(privs: dict[str, bool]) -> None:
+    """Raise PrivilegeError unless root or CAP_BPF + CAP_PERFMON are held.
+
+    ``privs`` is :func:`moetrace.kernel.features.privileges` output. The message names
+    every missing privilege (tracepoint programs need CAP_BPF to load and
+    CAP_PERFMON to attach; root holds both)."""
+    if privs.get("root"):
+        return
+    missing = [name for key, name in (("cap_bpf", "CAP_BPF"), ("cap_perfmon", "CAP_PERFMON"))
+               if not privs.get(key)]
+    if not missing:
+        return
+    raise PrivilegeError(
+        f"recording needs root or CAP_BPF + CAP_PERFMON; this process is not root and lacks "
+        f"{' and '.join(missing)}",
+        hint="run as root (sudo moetrace record ...) or grant the capabilities: "
+             "sudo setcap cap_bpf,cap_perfmon+ep $(readlink -f $(which python3))")
+
+
+def require_tracefs(features) -> Path:
+    """The tracefs path; mounts it when absent and privileged (the note lands in
+    ``features.notes``), else raises naming the mount command."""
+    from moetrace.kernel.features import TRACEFS_MOUNT_CMD, ensure_bcc_tracefs, tracefs_path
+
+    note = ensure_bcc_tracefs()
+    if note and note not in features.notes:
+        features.notes.append(note)
+    if note and hasattr(features, "debugfs"):  # debugfs mounted just now: lru_gen is readable from here on
+        from moetrace.kernel.features import debugfs_path, mglru_state
+
+        features.debugfs = debugfs_path(features.root)
+        features.mglru = mglru_state(features.root)
+    if features.tracefs is None:
+        features.tracefs = tracefs_path(features.root)
+    if features.tracefs is not None:
+        return Path(features.tracefs)
+    p = tracefs_path(features.root, mount=True)
+    if p is None:
+        raise PrivilegeError("tracefs is not mounted (bcc reads tracepoint formats from it)",
+                             hint=f"mount it: {TRACEFS_MOUNT_CMD}")
+    from moetrace.kernel.features import mount_notes
+
+    features.tracefs = p
+    for n in mount_notes():
+        if n not in features.notes:
+            features.notes.append(n)
+    if not features.notes:
+        features.notes.append(f"mounted tracefs at {p}")
+    return p
+
+
+def require_headers(features) -> str:
+    """"exact" or "mismatched" (tracepoint args only); raise with the fix when "none"."""
+    if features.headers == "none":
+        raise ProbeError("bcc needs kernel headers and none were found", hint=features.headers_detail)
+    return features.headers
+
+
+def import_bcc():
+    """The bcc module, or a ProbeError saying how to get it."""
+    try:
+        import bcc  # noqa: F401
+    except ImportError as e:
+        raise ProbeError(f"bcc is not importable from this Python ({e})",
+                             hint="apt-get install python3-bpfcc and use /usr/bin/python3 or a venv made "
+                                  "with `/usr/bin/python3 -m venv --system-site-packages`") from None
+    from moetrace.kernel.features import ensure_bcc_tracefs
+
+    ensure_bcc_tracefs()  # bcc 0.26 reads tracepoint formats only under /sys/kernel/debug/tracing
+    return bcc
+
+
+@dataclass
+class LoadedProbe:
+    """A compiled, loaded and attached bcc program; ``close()`` detaches everything."""
+
+    name: str
+    bpf: Any
+    cflags: list[str]
+    compile_attach_s: float
+    tracepoints: list[str] = field(default_factory=list)
+    closed: bool = False
+
+    def table(self, name: str):
+        return self.bpf[name.encode()]
+
+    def close(self) -> None:
+        """Detach every tracepoint and free the maps (idempotent)."""
+        if not self.closed:
+            self.closed = True
+            self.bpf.cleanup()
+
+    def __enter__(self) -> "LoadedProbe":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def load_probe(name: str, knobs: dict[str, int | bool], extra_cflags: tuple[str, ...] = QUIET_CFLAGS,
+               src: str | os.PathLike | None = None) -> LoadedProbe:
+    """Compile probes/<name>.c with ``-D`` knobs, load it and attach its tracepoints.
+
+    Returns a LoadedProbe whose ``compile_attach_s`` is the wall time of the
+    whole BPF() construction (clang compile, verifier, perf_event_open/attach).
+    """
+    bcc = import_bcc()
+    path = Path(src) if src is not None else probe_source(name)
+    cflags = knob_cflags(knobs) + list(extra_cflags)
+    t0 = time.perf_counter()
+    try:
+        b = bcc.BPF(src_file=str(path).encode(), cflags=cflags)
+    except Exception as e:  # bcc raises bare Exception with the compiler or verifier text
+        msg = str(e).strip().splitlines()
+        raise ProbeError(f"probe {name} failed to load: {msg[-1] if msg else type(e).__name__}",
+                             hint=f"compile by hand to see the log: python3 -c \"from bcc import BPF; "
+                                  f"BPF(src_file='{path}', cflags={cflags!r})\"") from None
+    dt = time.perf_counter() - t0
+    tps = sorted(k.decode() if isinstance(k, bytes) else str(k) for k in b.tracepoint_fds)
+    return LoadedProbe(name, b, cflags, dt, tps)
+
+
+def prog_fdinfo(fd: int) -> dict[str, int]:
+    """Integer fields of /proc/self/fdinfo/<fd> of a BPF program (prog_id, run_cnt,
+    run_time_ns, recursion_misses, ...)."""
+    out: dict[str, int] = {}
+    try:
+        text = Path(f"/proc/self/fdinfo/{fd}").read_text()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        k, _, v = line.partition(":")
+        v = v.strip()
+        if v.lstrip("-").isdigit():
+            out[k.strip()] = int(v)
+    return out
+
+
+def recursion_misses(bpf, default: int | None = None) -> dict[str, int | None]:
+    """{program: runs the kernel skipped to BPF recursion protection} of a bcc BPF object's
+    loaded programs (fdinfo ``recursion_misses``, 5.12+; ``default`` where it is absent):
+    the only loss of in-kernel counters."""
+    if bpf is None:
+        return {}
+    return {(n.decode() if isinstance(n, bytes) else str(n)): prog_fdinfo(f.fd).get("recursion_misses", default)
+            for n, f in bpf.funcs.items()}
+
+
+def percpu_sums(table):
+    """Per-index sums over CPUs of a BPF_PERCPU_ARRAY of u64, as an int64 numpy array."""
+    import numpy as np
+
+    out = np.zeros(len(table), dtype=np.int64)
+    for k, v in table.items():
+        out[k.value] = sum(int(x) for x in v)
+    return out
+
+
+def prog_runtime(bpf) -> dict[str, dict[str, int | None]]:
+    """{program: {"run_cnt", "run_time_ns"}} of a bcc BPF object's loaded programs. The
+    kernel counts them only while run-time statistics are on (:func:`enable_stats`)."""
+    out: dict[str, dict[str, int | None]] = {}
+    if bpf is None:
+        return out
+    for name, fn in bpf.funcs.items():
+        info = prog_fdinfo(fn.fd)
+        out[name.decode() if isinstance(name, bytes) else str(name)] = {
+            "run_cnt": info.get("run_cnt"), "run_time_ns": info.get("run_time_ns")}
+    return out
+
+
+_BPF_ENABLE_STATS = 32
+_BPF_STATS_RUN_TIME = 0
+
+
+def enable_stats() -> int:
+    """Turn BPF run-time statistics on (BPF_ENABLE_STATS, 5.8+): returns an fd; the
+    statistics stay on while it is open and go off by themselves when it is closed (also
+    when this process dies), so nothing is left changed. Raises OSError when refused."""
+    from moetrace.kernel.syscalls import sys_bpf
+
+    fd = sys_bpf(_BPF_ENABLE_STATS, (ctypes.c_uint32 * 4)(_BPF_STATS_RUN_TIME, 0, 0, 0))
+    if fd < 0:
+        raise OSError(-fd, f"BPF_ENABLE_STATS: {os.strerror(-fd)}")
+    return fd
+
+
+def array_values(table) -> list:
+    """Every value of a BPF_ARRAY in index order (one syscall per entry batch)."""
+    n = len(table)
+    return [table[ctypes.c_int(i)] for i in range(n)]
+
+
+# ---------------------------------------------------------------------------
+# per-event streams
+
+
+@dataclass
+class IntervalLoss:
+    """One polling interval of an event stream."""
+
+    start_ns: int
+    end_ns: int
+    records: int
+    lost_kernel: int  # records the kernel could not queue (ring full / perf lost)
+    lost_user: int  # records received but dropped because the in-memory bound was hit
+
+
+class EventStream:
+    """The one bounded ring/perf-buffer consumer every per-event probe uses.
+
+    ``kind``: "ring" (BPF_RINGBUF_OUTPUT; the probe counts failed reserves in a
+    stats slot, read through ``kernel_lost``) or "perf" (BPF_PERF_OUTPUT; bcc's
+    lost callback counts). Records are copied as raw bytes; at most
+    ``max_records`` are kept and the rest are counted lost (user side), so
+    memory stays bounded. ``poll(timeout_ms)`` consumes what is ready and
+    closes an interval every ``interval_s``; ``intervals`` holds one
+    :class:`IntervalLoss` per interval, so lost events are recorded per interval,
+    never only logged.
+    """
+
+    def __init__(self, probe: LoadedProbe, table: str, record_size: int, kind: str = "ring",
+                 kernel_lost: Callable[[], int] | None = None, max_records: int = 5_000_000,
+                 interval_s: float = 1.0, page_cnt: int = 64):
+        if kind not in ("ring", "perf"):
+            raise ValueError("kind must be 'ring' or 'perf'")
+        self.probe, self.kind, self.record_size = probe, kind, record_size
+        self.max_records, self.interval_ns = max_records, int(interval_s * 1e9)
+        self._kernel_lost = kernel_lost
+        self.chunks: list[bytes] = []
+        self.kept = 0
+        self._n = 0
+        self._lost_user = 0
+        self._perf_lost = 0
+        self._kl0 = self._kernel_lost_now()
+        self.intervals: list[IntervalLoss] = []
+        self._t0 = time.monotonic_ns()
+        self._mark = (0, 0, self._kl0)  # records, lost_user, kernel lost at interval start
+        t = probe.table(table)
+        if kind == "ring":
+            t.open_ring_buffer(self._on_record)
+        else:
+            t.open_perf_buffer(self._on_record, page_cnt=page_cnt, lost_cb=self._on_lost)
+
+    def _kernel_lost_now(self) -> int:
+        if self.kind == "perf":
+            return self._perf_lost
+        return int(self._kernel_lost()) if self._kernel_lost is not None else 0
+
+    def _on_record(self, *args) -> int:
+        # ring: (ctx, data, size); perf: (cpu, data, size)
+        data, size = args[1], args[2]
+        self._n += 1
+        if self.kept >= self.max_records:
+            self._lost_user += 1
+            return 0
+        self.chunks.append(ctypes.string_at(data, min(size, self.record_size)))
+        self.kept += 1
+        return 0
+
+    def _on_lost(self, n: int) -> None:
+        self._perf_lost += int(n)
+
+    def poll(self, timeout_ms: int = 100) -> None:
+        """Consume ready records (waiting at most ``timeout_ms``); close intervals on time."""
+        if self.kind == "ring":
+            self.probe.bpf.ring_buffer_poll(timeout_ms)
+        else:
+            self.probe.bpf.perf_buffer_poll(timeout_ms)
+        now = time.monotonic_ns()
+        if now - self._t0 >= self.interval_ns:
+            self._close_interval(now)
+
+    def _close_interval(self, now: int) -> None:
+        n0, u0, k0 = self._mark
+        k = self._kernel_lost_now()
+        self.intervals.append(IntervalLoss(self._t0, now, self._n - n0, k - k0, self._lost_user - u0))
+        self._mark = (self._n, self._lost_user, k)
+        self._t0 = now
+
+    def finish(self) -> None:
+        """Drain what is left and close the last interval."""
+        if self.kind == "ring":
+            self.probe.bpf.ring_buffer_consume()
+        else:
+            self.probe.bpf.perf_buffer_poll(0)
+        self._close_interval(time.monotonic_ns())
+
+    @property
+    def lost_kernel(self) -> int:
+        return sum(i.lost_kernel for i in self.intervals)
+
+    @property
+    def lost_user(self) -> int:
+        return sum(i.lost_user for i in self.intervals)
+
+    def records(self) -> bytes:
+        """The kept records, concatenated (``record_size`` bytes each)."""
+        return b"".join(self.chunks)
+
+
+# ---------------------------------------------------------------------------
+# BPF program info (UAPI struct bpf_prog_info: append-only, layout-stable)
+
+_BPF_OBJ_GET_INFO_BY_FD = 15
+_INFO_RECURSION_MISSES = 208  # offsetof(struct bpf_prog_info, recursion_misses), since 5.12
+_INFO_LEN = 256
+
+
+class _InfoAttr(ctypes.Structure):
+    _fields_ = [("bpf_fd", ctypes.c_uint32), ("info_len", ctypes.c_uint32), ("info", ctypes.c_uint64)]
+
+
+def prog_info(fd: int) -> dict[str, int] | None:
+    """{"id", "recursion_misses"} of a loaded BPF program (kernel-counted events it
+    missed to recursion protection: the counters' only loss), or None."""
+    from moetrace.kernel.syscalls import sys_bpf
+
+    buf = ctypes.create_string_buffer(_INFO_LEN)
+    attr = _InfoAttr(fd, _INFO_LEN, ctypes.addressof(buf))
+    if sys_bpf(_BPF_OBJ_GET_INFO_BY_FD, attr) != 0:
+        return None
+    out = {"id": int.from_bytes(buf.raw[4:8], "little"), "recursion_misses": None}
+    if attr.info_len >= _INFO_RECURSION_MISSES + 8:
+        out["recursion_misses"] = int.from_bytes(buf.raw[_INFO_RECURSION_MISSES:_INFO_RECURSION_MISSES + 8],
+                                                 "little")
+    return out
+
+
+_BPF_PROG_GET_FD_BY_ID = 13
+
+
+class _IdAttr(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_uint32), ("next_id", ctypes.c_uint32), ("open_flags", ctypes.c_uint32)]
+
+
+def prog_id_exists(prog_id: int) -> bool:
+    """True while a BPF program with this id is loaded (BPF_PROG_GET_FD_BY_ID)."""
+    from moetrace.kernel.syscalls import sys_bpf
+
+    fd = sys_bpf(_BPF_PROG_GET_FD_BY_ID, _IdAttr(prog_id, 0, 0))
+    if fd >= 0:
+        os.close(fd)
+        return True
+    return False

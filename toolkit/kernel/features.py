@@ -1,0 +1,636 @@
+"""Ask the running kernel what it can do: tracefs, tracepoints, kallsyms, kprobes, BTF,
+MGLRU, kernel headers, privileges, cgroup memory, PSI.
+
+Never by version number (docs/style.md): every answer comes from a file the kernel
+exposes (a tracepoint format file, a kallsyms line, a sysfs knob). Every reader takes
+``root=`` ("/" by default), the directory under which ``proc/``, ``sys/`` and ``lib/``
+are looked up, so tests pass a fake tree; mount points read from ``<root>/proc/mounts``
+are resolved under ``root`` too.
+
+* :func:`tracefs_path`, :func:`debugfs_path`   found through /proc/mounts (``mount=True`` mounts)
+* :func:`tracepoint_format`, :func:`has_tracepoint`   events/<category>/<event>/format
+* :func:`kallsyms_has`, :func:`kallsyms_count`, :func:`kprobes_available`
+* :func:`btf_available`, :func:`mglru_state`, :func:`headers_state`
+* :func:`privileges`, :func:`bpf_usable`, :func:`cgroup_memory`, :func:`psi_available`
+* :class:`Features`   one cached view of all of the above, with the reason for every "no"
+  (what :func:`moetrace.record.spec.resolve` consumes)
+
+Answers are cached per process (keyed by root and the tracefs location); call
+:func:`clear_cache` after changing the system (tests, or after a mount).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import logging
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+log = logging.getLogger("moetrace.kernel.features")
+
+TRACEFS_MOUNT = "/sys/kernel/tracing"
+DEBUGFS_MOUNT = "/sys/kernel/debug"
+TRACEFS_MOUNT_CMD = f"mount -t tracefs nodev {TRACEFS_MOUNT}"
+DEBUGFS_MOUNT_CMD = f"mount -t debugfs nodev {DEBUGFS_MOUNT}"
+
+# Capability bit numbers (include/uapi/linux/capability.h).
+CAP_SYS_ADMIN = 21
+CAP_PERFMON = 38
+CAP_BPF = 39
+
+HeadersState = Literal["exact", "mismatched", "none"]
+
+# Notes about what this process mounted (the run manifest records them).
+_MOUNT_NOTES: list[str] = []
+_MOUNTED: list[str] = []  # mount points this process mounted (unmount_ours() removes them)
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One field of a tracepoint format file.
+
+    ``type`` is the C type as the format file states it, with an array suffix moved
+    from the name onto the type (``char rwbs[10]`` -> name "rwbs", type "char[10]");
+    ``__data_loc char[] cmd`` keeps type "__data_loc char[]"."""
+
+    name: str
+    type: str
+    offset: int
+    size: int
+    signed: bool
+
+
+# -- paths ------------------------------------------------------------------------------------
+
+def _rootkey(root: str | os.PathLike) -> str:
+    return os.path.abspath(os.fspath(root))
+
+
+def _p(root: str | os.PathLike, *parts: str) -> Path:
+    return Path(root).joinpath(*[p.lstrip("/") for p in parts])
+
+
+def _read(path: Path) -> str | None:
+    try:
+        with open(path, "r", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+def _exists(path: Path) -> bool | None:
+    """path.exists(), or None when a parent directory is not searchable (not root)."""
+    try:
+        os.stat(path)
+        return True
+    except PermissionError:
+        return None
+    except OSError:
+        return False
+
+
+def _mounts(root: str | os.PathLike) -> list[tuple[str, str, str, tuple[str, ...]]]:
+    """(source, target, fstype, options) of every /proc/mounts line (octal escapes decoded)."""
+    text = _read(_p(root, "proc/mounts")) or ""
+    out = []
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) < 4:
+            continue
+        dec = [re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), x) for x in f[:4]]
+        out.append((dec[0], dec[1], dec[2], tuple(dec[3].split(","))))
+    return out
+
+
+def mount_notes() -> list[str]:
+    """What this process mounted (e.g. "mounted tracefs at /sys/kernel/tracing"), in order."""
+    return list(_MOUNT_NOTES)
+
+
+BCC_TRACEFS = "/sys/kernel/debug/tracing"  # where bcc 0.26 reads tracepoint formats, and only there
+
+
+def ensure_bcc_tracefs() -> str | None:
+    """Make tracepoint formats readable where bcc 0.26 looks (/sys/kernel/debug/tracing).
+
+    bcc hard-codes that path (environment.md: stock tools die with misleading
+    messages without it). When absent and we are root: mount debugfs at
+    /sys/kernel/debug (tracefs automounts under it), else tracefs there. What is
+    mounted is recorded, said in a note, and removed by :func:`unmount_ours`.
+    Returns the note, or None when nothing was mounted."""
+    if _is_dir(Path(BCC_TRACEFS) / "events") or os.geteuid() != 0:
+        return None
+    note = None
+    if not any(fs == "debugfs" for _s, _t, fs, _o in _mounts("/")):
+        ok, note = _mount("debugfs", DEBUGFS_MOUNT)
+        log.warning(note)
+        if ok:
+            _MOUNT_NOTES.append(note)
+            _MOUNTED.append(DEBUGFS_MOUNT)
+    if not _is_dir(Path(BCC_TRACEFS) / "events"):
+        ok, note = _mount("tracefs", BCC_TRACEFS)
+        log.warning(note)
+        if ok:
+            _MOUNT_NOTES.append(note)
+            _MOUNTED.append(BCC_TRACEFS)
+    clear_cache()
+    return note
+
+
+def _is_dir(p: Path) -> bool:
+    """is_dir() that says False where a non-root user may not look (debugfs is mode 700)."""
+    try:
+        return p.is_dir()
+    except PermissionError:
+        return False
+
+
+def unmount_ours() -> list[str]:
+    """Unmount what this process mounted (last first); returns one note per mount point.
+
+    A mount point still in use is left mounted, and the note says so."""
+    notes = []
+    while _MOUNTED:
+        target = _MOUNTED.pop()
+        if target == DEBUGFS_MOUNT:  # tracefs automounted under it goes first
+            subprocess.run(["umount", f"{target}/tracing"], capture_output=True, text=True, timeout=30)
+        r = subprocess.run(["umount", target], capture_output=True, text=True, timeout=30)
+        if r.returncode == 0:
+            notes.append(f"unmounted {target} (mounted by this run)")
+        else:
+            notes.append(f"left {target} mounted: {(r.stderr or r.stdout).strip()}")
+    clear_cache()
+    return notes
+
+
+def _is_live_root(root: str | os.PathLike) -> bool:
+    return _rootkey(root) == "/"
+
+
+def _mount(fstype: str, target: str) -> tuple[bool, str]:
+    """mount -t FSTYPE nodev TARGET; (ok, note or error)."""
+    try:
+        os.makedirs(target, exist_ok=True)
+    except OSError as e:
+        return False, f"could not mount {fstype} at {target}: {e.strerror}"
+    try:
+        r = subprocess.run(["mount", "-t", fstype, "nodev", target], capture_output=True, text=True,
+                           timeout=30)
+        if r.returncode == 0:
+            return True, f"mounted {fstype} at {target} (`mount -t {fstype} nodev {target}`)"
+        err = (r.stderr or r.stdout).strip()
+    except (OSError, subprocess.SubprocessError):  # no mount(8): try mount(2)
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        if libc.mount(b"nodev", target.encode(), fstype.encode(), 0, None) == 0:
+            return True, f"mounted {fstype} at {target} (mount(2))"
+        err = os.strerror(ctypes.get_errno())
+    return False, f"could not mount {fstype} at {target}: {err}"
+
+
+def tracefs_path(root: str | os.PathLike = "/", mount: bool = False) -> Path | None:
+    """The tracefs directory (holding ``events/``), or None.
+
+    Found through /proc/mounts: a ``tracefs`` mount, else ``<debugfs>/tracing`` (the
+    kernel automounts tracefs there). With ``mount=True``, on the live system and as
+    root, mounts it at /sys/kernel/tracing when absent and records a note
+    (:func:`mount_notes`); otherwise say :data:`TRACEFS_MOUNT_CMD`."""
+    for _src, target, fstype, _opts in _mounts(root):
+        if fstype == "tracefs" and _is_dir(_p(root, target)):
+            return _p(root, target)
+    for _src, target, fstype, _opts in _mounts(root):
+        if fstype == "debugfs":
+            p = _p(root, target, "tracing")
+            try:
+                if (p / "events").is_dir():
+                    return p
+            except PermissionError:  # debugfs is mode 700: not root
+                pass
+    if mount and _is_live_root(root) and os.geteuid() == 0:
+        ok, note = _mount("tracefs", TRACEFS_MOUNT)
+        log.warning(note)
+        if ok:
+            _MOUNT_NOTES.append(note)
+            _MOUNTED.append(TRACEFS_MOUNT)
+            clear_cache()
+            return Path(TRACEFS_MOUNT)
+    return None
+
+
+def debugfs_path(root: str | os.PathLike = "/", mount: bool = False) -> Path | None:
+    """The debugfs mount point, via /proc/mounts; ``mount=True`` mounts it (live, root)."""
+    for _src, target, fstype, _opts in _mounts(root):
+        if fstype == "debugfs":
+            return _p(root, target)
+    if mount and _is_live_root(root) and os.geteuid() == 0:
+        ok, note = _mount("debugfs", DEBUGFS_MOUNT)
+        log.warning(note)
+        if ok:
+            _MOUNT_NOTES.append(note)
+            _MOUNTED.append(DEBUGFS_MOUNT)
+            clear_cache()
+            return Path(DEBUGFS_MOUNT)
+    return None
+
+
+# -- tracepoints ------------------------------------------------------------------------------
+
+_FIELD_RE = re.compile(r"field:(?P<decl>[^;]*);\s*offset:(?P<off>\d+);\s*size:(?P<size>\d+);"
+                       r"(?:\s*signed:(?P<signed>\d+);)?")
+
+
+def parse_format(text: str) -> dict[str, FieldSpec]:
+    """Parse a tracepoint ``format`` file: {field name: FieldSpec}, common_* fields included."""
+    out: dict[str, FieldSpec] = {}
+    for m in _FIELD_RE.finditer(text):
+        decl = m.group("decl").strip()
+        arr = ""
+        am = re.search(r"(\[[^\]]*\])\s*$", decl)
+        if am and not decl.startswith("__data_loc"):
+            arr = am.group(1)
+            decl = decl[: am.start()].rstrip()
+        nm = re.search(r"([A-Za-z_][A-Za-z0-9_]*)\s*$", decl)
+        if not nm:
+            continue
+        name = nm.group(1)
+        ctype = decl[: nm.start()].strip() + arr
+        out[name] = FieldSpec(name, ctype, int(m.group("off")), int(m.group("size")),
+                              m.group("signed") == "1")
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _format_cached(tracefs: str, category: str, event: str) -> tuple[str, dict[str, FieldSpec] | None]:
+    p = Path(tracefs) / "events" / category / event / "format"
+    try:
+        with open(p, "r", errors="replace") as fh:
+            return "ok", parse_format(fh.read())
+    except FileNotFoundError:
+        return "absent", None
+    except PermissionError:
+        return "denied", None
+    except OSError as e:  # e.g. ENODEV on a tracepoint compiled out at runtime
+        return f"error: {e.strerror}", None
+
+
+def tracepoint_format(category: str, event: str, root: str | os.PathLike = "/") -> dict[str, FieldSpec] | None:
+    """The fields of tracepoint ``category:event`` from its format file, or None when the
+    tracepoint does not exist (or tracefs is not mounted / not readable)."""
+    t = tracefs_path(root)
+    if t is None:
+        return None
+    return _format_cached(str(t), category, event)[1]
+
+
+def has_tracepoint(category: str, event: str, root: str | os.PathLike = "/") -> bool:
+    """True when events/<category>/<event>/format exists in tracefs."""
+    return tracepoint_format(category, event, root) is not None
+
+
+def _tracepoint_reason_in(t: Path, category: str, event: str) -> str | None:
+    state, _ = _format_cached(str(t), category, event)
+    if state == "ok":
+        return None
+    if state == "absent":
+        return f"no tracepoint {category}:{event} (no events/{category}/{event}/format in {t})"
+    if state == "denied":
+        return f"could not check {category}:{event}: {t} is not readable (needs root)"
+    return f"tracepoint {category}:{event}: {state}"
+
+
+def tracepoint_reason(category: str, event: str, root: str | os.PathLike = "/") -> str | None:
+    """None when the tracepoint exists, else why not (not mounted / absent / unreadable)."""
+    t = tracefs_path(root)
+    if t is None:
+        return f"tracefs not mounted ({TRACEFS_MOUNT_CMD}, or `moetrace doctor --mount`)"
+    return _tracepoint_reason_in(t, category, event)
+
+
+# -- kallsyms, kprobes, BTF -------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=16)
+def _kallsyms(rootkey: str) -> dict[str, int] | None:
+    """{symbol name: number of kallsyms lines with that name} (module suffix dropped)."""
+    try:
+        fh = open(_p(rootkey, "proc/kallsyms"), "r", errors="replace")
+    except OSError:
+        return None
+    counts: dict[str, int] = {}
+    with fh:
+        for line in fh:
+            f = line.split(maxsplit=3)
+            if len(f) >= 3:
+                counts[f[2]] = counts.get(f[2], 0) + 1
+    return counts
+
+
+def kallsyms_count(symbol: str, root: str | os.PathLike = "/") -> int | None:
+    """How many /proc/kallsyms lines name ``symbol`` (several = static copies: attach by name
+    is ambiguous); None when kallsyms is unreadable."""
+    syms = _kallsyms(_rootkey(root))
+    return None if syms is None else syms.get(symbol, 0)
+
+
+def kallsyms_has(symbol: str, root: str | os.PathLike = "/") -> bool:
+    """True when ``symbol`` (exact name, e.g. "inc_max_seq.constprop.0") is in /proc/kallsyms."""
+    return bool(kallsyms_count(symbol, root))
+
+
+def kallsyms_matching(base: str, root: str | os.PathLike = "/") -> list[str]:
+    """``base`` and its compiler clones (``base.constprop.0``, ``base.isra.0``) in kallsyms."""
+    syms = _kallsyms(_rootkey(root)) or {}
+    return sorted(s for s in syms if s == base or s.startswith(base + "."))
+
+
+def kprobes_available(root: str | os.PathLike = "/") -> bool:
+    """True when kprobes can be created: tracefs ``kprobe_events`` exists or the kernel has
+    the perf ``kprobe`` PMU (/sys/bus/event_source/devices/kprobe)."""
+    return kprobes_reason(root) is None
+
+
+def kprobes_reason(root: str | os.PathLike = "/") -> str | None:
+    """None when kprobes are available, else why not."""
+    if _p(root, "sys/bus/event_source/devices/kprobe").exists():
+        return None
+    t = tracefs_path(root)
+    if t is None:
+        return ("kprobes not built (no kprobe PMU in /sys/bus/event_source/devices); tracefs not "
+                f"mounted, so kprobe_events could not be checked ({TRACEFS_MOUNT_CMD})")
+    have = _exists(t / "kprobe_events")
+    if have:
+        return None
+    if have is None:
+        return f"could not check kprobes: {t} is not readable (needs root)"
+    return "kprobes not built (no kprobe_events in tracefs, no kprobe PMU: CONFIG_KPROBES off)"
+
+
+def btf_available(root: str | os.PathLike = "/") -> bool:
+    """True when the kernel exposes its BTF (/sys/kernel/btf/vmlinux)."""
+    return _p(root, "sys/kernel/btf/vmlinux").exists()
+
+
+def perf_events_available(root: str | os.PathLike = "/") -> bool:
+    """True when perf events exist (software PMU for cpu-clock sampling)."""
+    return (_p(root, "proc/sys/kernel/perf_event_paranoid").exists()
+            and _p(root, "sys/bus/event_source/devices/software").exists())
+
+
+# -- MGLRU ------------------------------------------------------------------------------------
+
+def mglru_state(root: str | os.PathLike = "/") -> dict[str, Any] | None:
+    """MGLRU from /sys/kernel/mm/lru_gen, or None when the kernel has no MGLRU.
+
+    {"enabled_raw": "0x0007", "enabled_mask": 7, "on": bool, "min_ttl_ms": int | None,
+    "debugfs_lru_gen": bool (readable <debugfs>/lru_gen)}"""
+    d = _p(root, "sys/kernel/mm/lru_gen")
+    if not d.is_dir():
+        return None
+    raw = (_read(d / "enabled") or "").strip()
+    mask: int | None
+    try:
+        mask = int(raw, 0)
+    except ValueError:
+        mask = 1 if raw in ("y", "Y", "1") else (0 if raw in ("n", "N", "0") else None)
+    ttl_txt = (_read(d / "min_ttl_ms") or "").strip()
+    dbg = debugfs_path(root)
+    return {
+        "enabled_raw": raw or None,
+        "enabled_mask": mask,
+        "on": bool(mask),
+        "min_ttl_ms": int(ttl_txt) if ttl_txt.isdigit() else None,
+        "debugfs_lru_gen": bool(dbg is not None and os.access(dbg / "lru_gen", os.R_OK)),
+    }
+
+
+# -- kernel headers ---------------------------------------------------------------------------
+
+def osrelease(root: str | os.PathLike = "/") -> str | None:
+    """The running kernel's release (/proc/sys/kernel/osrelease)."""
+    t = _read(_p(root, "proc/sys/kernel/osrelease"))
+    return t.strip() if t else None
+
+
+def headers_fix(root: str | os.PathLike = "/") -> str:
+    """The command that gives bcc headers for the running kernel."""
+    rel = osrelease(root) or "$(cat /proc/sys/kernel/osrelease)"
+    return (f"apt-get install linux-headers-{rel}; where no package exists for this kernel: "
+            f"apt-get install linux-headers-6.1.0-47-amd64 && "
+            f"ln -sfn /usr/src/linux-headers-6.1.0-47-amd64 /lib/modules/{rel}/build && "
+            f"ln -sfn /usr/src/linux-headers-6.1.0-47-common /lib/modules/{rel}/source "
+            f"(tracepoint arguments only)")
+
+
+def headers_state(root: str | os.PathLike = "/") -> tuple[HeadersState, str]:
+    """Kernel headers as bcc will see them: ("exact" | "mismatched" | "none", detail).
+
+    Compares UTS_RELEASE in <build>/include/generated/utsrelease.h (build =
+    /lib/modules/<osrelease>/build) with /proc/sys/kernel/osrelease. With
+    "mismatched" only tracepoint and syscall arguments are layout-safe; with "none"
+    the detail names the fix. /sys/kernel/kheaders.tar.xz (CONFIG_IKHEADERS, which
+    bcc unpacks itself) counts as exact."""
+    rel = osrelease(root)
+    build = _p(root, f"lib/modules/{rel}/build") if rel else None
+    if build is not None and build.is_dir():
+        uts_txt = _read(build / "include/generated/utsrelease.h")
+        m = re.search(r'UTS_RELEASE\s+"([^"]*)"', uts_txt or "")
+        target = os.readlink(build) if build.is_symlink() else str(build)
+        if m is None:
+            return ("mismatched", f"headers at /lib/modules/{rel}/build -> {target} carry no "
+                    "include/generated/utsrelease.h: treated as mismatched (tracepoint and syscall "
+                    "arguments only)")
+        uts = m.group(1)
+        if uts == rel:
+            return "exact", f"headers {uts} at /lib/modules/{rel}/build match the running kernel"
+        return ("mismatched", f"headers {uts} at /lib/modules/{rel}/build -> {target}, kernel is {rel}: "
+                "only tracepoint and syscall arguments are layout-safe")
+    if _p(root, "sys/kernel/kheaders.tar.xz").exists():
+        return "exact", "in-kernel headers /sys/kernel/kheaders.tar.xz (CONFIG_IKHEADERS)"
+    return "none", f"no kernel headers at /lib/modules/{rel}/build; fix: {headers_fix(root)}"
+
+
+# -- privileges, BPF --------------------------------------------------------------------------
+
+def privileges(root: str | os.PathLike = "/") -> dict[str, bool]:
+    """{"root", "cap_bpf", "cap_perfmon", "cap_sys_admin"} from <root>/proc/self/status
+    (effective uid 0; CapEff bits). CAP_SYS_ADMIN implies what CAP_BPF/CAP_PERFMON give
+    on kernels that predate them, so both are reported as held when it is."""
+    text = _read(_p(root, "proc/self/status")) or ""
+    capeff = 0
+    euid: int | None = None
+    for line in text.splitlines():
+        if line.startswith("CapEff:"):
+            capeff = int(line.split()[1], 16)
+        elif line.startswith("Uid:"):
+            f = line.split()
+            if len(f) >= 3:
+                euid = int(f[2])
+    if euid is None and _is_live_root(root):
+        euid = os.geteuid()
+    has = lambda bit: bool(capeff >> bit & 1)  # noqa: E731
+    admin = has(CAP_SYS_ADMIN)
+    return {"root": euid == 0, "cap_bpf": has(CAP_BPF) or admin,
+            "cap_perfmon": has(CAP_PERFMON) or admin, "cap_sys_admin": admin}
+
+
+_BPF_PROG_LOAD = 5
+_BPF_PROG_TYPE_SOCKET_FILTER = 1
+
+
+class _BpfProgLoadAttr(ctypes.Structure):
+    _fields_ = [("prog_type", ctypes.c_uint32), ("insn_cnt", ctypes.c_uint32),
+                ("insns", ctypes.c_uint64), ("license", ctypes.c_uint64),
+                ("log_level", ctypes.c_uint32), ("log_size", ctypes.c_uint32),
+                ("log_buf", ctypes.c_uint64), ("kern_version", ctypes.c_uint32),
+                ("prog_flags", ctypes.c_uint32), ("pad", ctypes.c_uint8 * 64)]
+
+
+@functools.lru_cache(maxsize=1)
+def _bpf_probe_load() -> tuple[bool, str]:
+    from moetrace.kernel.syscalls import bpf_nr, sys_bpf
+
+    if bpf_nr() is None:
+        return False, f"could not check: bpf(2) syscall number unknown on {os.uname().machine}"
+    # r0 = 0; exit  (BPF_ALU64|BPF_MOV|BPF_K = 0xb7, BPF_JMP|BPF_EXIT = 0x95)
+    insns = (ctypes.c_uint64 * 2)(0xB7, 0x95)
+    lic = ctypes.create_string_buffer(b"GPL")
+    attr = _BpfProgLoadAttr(prog_type=_BPF_PROG_TYPE_SOCKET_FILTER, insn_cnt=2,
+                            insns=ctypes.addressof(insns), license=ctypes.addressof(lic))
+    fd = sys_bpf(_BPF_PROG_LOAD, attr)
+    if fd < 0:
+        return False, f"bpf(BPF_PROG_LOAD) of a trivial socket filter failed: {os.strerror(-fd)}"
+    os.close(fd)
+    return True, "bpf(BPF_PROG_LOAD) of a trivial socket filter works"
+
+
+def bpf_usable(root: str | os.PathLike = "/") -> tuple[bool, str]:
+    """Whether the bpf(2) syscall works for this process: (ok, detail).
+
+    On the live system loads a two-instruction socket filter (and closes it); on a fake
+    tree only reads /proc/sys/kernel/unprivileged_bpf_disabled with :func:`privileges`.
+    Tracing programs additionally need CAP_BPF + CAP_PERFMON (or root)."""
+    if _is_live_root(root):
+        return _bpf_probe_load()
+    priv = privileges(root)
+    txt = (_read(_p(root, "proc/sys/kernel/unprivileged_bpf_disabled")) or "").strip()
+    if txt == "":
+        return False, "no /proc/sys/kernel/unprivileged_bpf_disabled: BPF syscall not built"
+    if priv["root"] or priv["cap_bpf"] or txt == "0":
+        return True, f"unprivileged_bpf_disabled={txt}, root={priv['root']}, CAP_BPF={priv['cap_bpf']}"
+    return False, f"unprivileged_bpf_disabled={txt} and neither root nor CAP_BPF"
+
+
+# -- cgroups, PSI -----------------------------------------------------------------------------
+
+def cgroup_memory(root: str | os.PathLike = "/") -> dict[str, Any]:
+    """Where a memory limit can be set.
+
+    {"v1": mount point of the v1 memory controller or None,
+     "v2": the cgroup2 mount point when its cgroup.controllers lists "memory", else None,
+     "v2_mount": the cgroup2 mount point or None, "v2_controllers": [names],
+     "preferred": "v2" | "v1" | None}  (paths as the kernel names them, not under root)"""
+    v1 = v2_mount = None
+    for _src, target, fstype, opts in _mounts(root):
+        if fstype == "cgroup" and "memory" in opts and v1 is None:
+            v1 = target
+        elif fstype == "cgroup2" and v2_mount is None:
+            v2_mount = target
+    controllers: list[str] = []
+    if v2_mount is not None:
+        controllers = ((_read(_p(root, v2_mount, "cgroup.controllers")) or "").split())
+    v2 = v2_mount if "memory" in controllers else None
+    return {"v1": v1, "v2": v2, "v2_mount": v2_mount, "v2_controllers": controllers,
+            "preferred": "v2" if v2 else ("v1" if v1 else None)}
+
+
+def psi_available(root: str | os.PathLike = "/") -> bool:
+    """True when /proc/pressure/memory reads (it exists but fails with EOPNOTSUPP under psi=0)."""
+    t = _read(_p(root, "proc/pressure/memory"))
+    return bool(t and t.startswith(("some", "full")))
+
+
+# -- one cached view --------------------------------------------------------------------------
+
+class Features:
+    """A cached view of one kernel (``root``), with a reason for every "no".
+
+    :func:`moetrace.record.spec.resolve` asks only this object, so a test can hand it a
+    fake tree. The ``*_reason`` methods return None when the thing is available."""
+
+    def __init__(self, root: str | os.PathLike = "/", mount: bool = False):
+        self.root = _rootkey(root)
+        self.notes: list[str] = []
+        before = len(_MOUNT_NOTES)
+        self.tracefs = tracefs_path(self.root, mount=mount)
+        self.debugfs = debugfs_path(self.root, mount=mount)
+        self.notes.extend(_MOUNT_NOTES[before:])
+        self.headers, self.headers_detail = headers_state(self.root)
+        self.privileges = privileges(self.root)
+        self.btf = btf_available(self.root)
+        self.mglru = mglru_state(self.root)
+        self.osrelease = osrelease(self.root)
+        self._cache: dict[Any, Any] = {}
+
+    def _memo(self, key: Any, fn):
+        if key not in self._cache:
+            self._cache[key] = fn()
+        return self._cache[key]
+
+    def bpf(self) -> tuple[bool, str]:
+        """(usable, detail) of the bpf(2) syscall."""
+        return self._memo("bpf", lambda: bpf_usable(self.root))
+
+    def tracepoint_reason(self, category: str, event: str) -> str | None:
+        if self.tracefs is None:
+            return f"tracefs not mounted ({TRACEFS_MOUNT_CMD}, or `moetrace doctor --mount`)"
+        return _tracepoint_reason_in(self.tracefs, category, event)
+
+    def tracepoint_format(self, category: str, event: str) -> dict[str, FieldSpec] | None:
+        if self.tracefs is None:
+            return None
+        return _format_cached(str(self.tracefs), category, event)[1]
+
+    def kprobes_reason(self) -> str | None:
+        return self._memo("kprobes", lambda: kprobes_reason(self.root))
+
+    def symbol_reason(self, symbol: str) -> str | None:
+        """None when ``symbol`` is in kallsyms exactly once, else why it cannot be attached."""
+        n = kallsyms_count(symbol, self.root)
+        if n is None:
+            return "could not check: /proc/kallsyms is not readable"
+        if n == 0:
+            clones = [s for s in kallsyms_matching(symbol, self.root) if s != symbol]
+            extra = f" (present as {', '.join(clones)})" if clones else ""
+            return f"symbol {symbol} not in /proc/kallsyms{extra}"
+        if n > 1:
+            return f"symbol {symbol} has {n} static copies in /proc/kallsyms (attach by name is ambiguous)"
+        return None
+
+    def perf_event_reason(self, target: str) -> str | None:
+        if not perf_events_available(self.root):
+            return "perf events not available (no software PMU / perf_event_paranoid)"
+        return None
+
+    def debugfs_reason(self, relpath: str) -> str | None:
+        if relpath.startswith("lru_gen") and self.mglru is None:
+            return "MGLRU not built (no /sys/kernel/mm/lru_gen)"
+        if self.debugfs is None:
+            return f"debugfs not mounted ({DEBUGFS_MOUNT_CMD})"
+        p = self.debugfs / relpath
+        have = _exists(p)
+        if have is None:
+            return f"could not check {relpath}: {self.debugfs} is not readable (needs root)"
+        if have:
+            return None if os.access(p, os.R_OK) else f"could not read {p} (needs root)"
+        return f"no {relpath} in debugfs ({self.debugfs})"
+
+
+def clear_cache() -> None:
+    """Forget cached answers (after a mount, or between tests)."""
+    _format_cached.cache_clear()
+    _kallsyms.cache_clear()
+    _bpf_probe_load.cache_clear()

@@ -1,0 +1,215 @@
+"""The interface every further probe of ``moetrace record`` implements.
+
+pagecache, block and reclaim are wired into :mod:`moetrace.record.recorder` directly (they
+feed the experts table); every other probe is a :class:`ProbeRecorder` subclass in its
+own module, named in :data:`RECORDERS`. The recorder drives each one the same way::
+
+    rec = cls(ctx)            # ctx: RecordContext (features, attach plan, pool map, ...)
+    rec.open()                # compile, load, attach (sets compile_attach_s, knobs)
+    rec.follow(pid)           # the command's pid, before it execs (task-filtering probes)
+    while command runs:
+        rec.poll(timeout_ms)  # only when rec.needs_poll: drain rings, sample files
+    rec.close()               # collect the kernel's aggregates, then detach (idempotent)
+    rec.write(run_dir, manifest)  # tables + manifest sections of this probe
+    ...
+    rec.abort()               # in the recorder's finally: detach if still attached
+
+``close`` sets ``collected`` once it has read the kernel's data; it must be idempotent and safe after a failed or partial ``open``; ``abort`` must
+never raise. ``write`` fills ``manifest["stats"][name]``, ``manifest["lost"][name]`` (lost
+events, 0 or counted, never omitted), ``manifest["summaries"][name]`` and
+``manifest["tables"][table]`` (column -> dtype/unit/doc, use :func:`schema_doc`) for every
+table it writes with :func:`moetrace.run.directory.write_table`. Nothing written may contain a
+raw kernel address (the KASLR offset): symbolize, or drop.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from moetrace.errors import MoetraceError, ProbeError
+from moetrace.record.spec import PROBES, AttachPlan
+
+
+@dataclass
+class RecordContext:
+    """What a probe recorder may use.
+
+    features: :class:`moetrace.kernel.features.Features` of the live kernel. plan: this probe's
+    resolved :class:`AttachPlan` (attach what it says, compile out what it does not).
+    pmap: :class:`moetrace.record.recorder.PoolMap` (inode -> expert, pool device, pages per
+    expert) or None when no pool was named. run_dir: the run directory (0700).
+    log_dir: where the command's replay log lands (replay.json, iterations.parquet).
+    stream: ``record --stream`` (per-event streams on). t0_ns: CLOCK_MONOTONIC ns when
+    recording began (bpf_ktime_get_ns is the same clock). notes: append one-line
+    notes for the manifest. say: progress lines for the terminal."""
+
+    features: Any
+    plan: AttachPlan
+    pmap: Any = None
+    run_dir: Path | None = None
+    log_dir: Path | None = None
+    stream: bool = False
+    t0_ns: int = field(default_factory=time.monotonic_ns)
+    notes: list[str] = field(default_factory=list)
+    say: Callable[[str], None] = lambda s: None
+    stream_max_records: int = 5_000_000
+    #: ``record --knob PROBE.NAME=V`` for this probe: {NAME: V}
+    knobs: dict[str, int] = field(default_factory=dict)
+
+
+class ProbeRecorder:
+    """Base class: one instance per recording of one probe. Subclasses set ``name``."""
+
+    name: str = ""
+    #: True when poll() must be called while the command runs (rings, samplers)
+    needs_poll: bool = False
+
+    def __init__(self, ctx: RecordContext):
+        self.ctx = ctx
+        self.spec = PROBES[self.name]
+        self.probe = None  # moetrace.kernel.bpf.LoadedProbe, when BPF is used
+        self.knobs: dict[str, int] = {}
+        self.compile_attach_s: float | None = None
+        self.closed = False
+        #: set by close() once the kernel's data was read: write() runs only then
+        self.collected = False
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def open(self) -> "ProbeRecorder":
+        raise NotImplementedError
+
+    def follow(self, pid: int) -> None:
+        """Follow this process (and, in the kernel, its descendants)."""
+
+    def poll(self, timeout_ms: int = 0) -> None:
+        """Consume what is ready; never block longer than ``timeout_ms``."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def write(self, run_dir: Path, manifest: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        """Detach without collecting (errors, signals); never raises."""
+        try:
+            if self.probe is not None:
+                self.probe.close()
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass
+        self.closed = True
+
+    # -- helpers ----------------------------------------------------------------------------
+    #: the MoetraceError subclass this probe raises (set by subclasses)
+    error: type = MoetraceError
+
+    def require_plan(self) -> AttachPlan:
+        """The attach plan, or this probe's error when the kernel cannot run it."""
+        plan = self.ctx.plan
+        if plan.status == "no":
+            raise self.error(f"probe {self.name} cannot attach: {plan.reason}",
+                             hint="`moetrace doctor` lists what this kernel offers")
+        return plan
+
+    def load_planned(self, knobs: dict[str, int], extra_cflags: tuple[str, ...] | None = None):
+        """Compile + load probes/<name>.c with ``knobs``; check that the tracepoints bcc
+        attached are exactly the plan's (groups whose knob is on), attach the plan's kprobes;
+        sets ``probe`` and ``compile_attach_s``. Detaches everything on failure."""
+        from moetrace.kernel.bpf import QUIET_CFLAGS, load_probe
+
+        try:
+            self.probe = load_probe(self.name, knobs, QUIET_CFLAGS if extra_cflags is None else extra_cflags)
+        except ProbeError as e:
+            raise self.error(e.message, hint=e.hint) from None
+        self.compile_attach_s = self.probe.compile_attach_s
+        off = {g.name for g in self.spec.attach if g.knob is not None and not knobs.get(g.knob, 1)}
+        plan = self.ctx.plan
+        planned = sorted(e.candidate.target for e in plan.attached
+                         if e.candidate.kind == "tracepoint" and e.group not in off)
+        got = sorted(self.probe.tracepoints)
+        if got != planned:
+            self.probe.close()
+            raise self.error(f"probe {self.name} attached {got}, its attach plan says {planned}",
+                             hint=f"probes/{self.name}.c and its declaration in moetrace/record/spec.py disagree "
+                                  "(tests/test_probe_build.py checks them)")
+        self.kprobes: dict[str, str] = {}
+        try:
+            for e in plan.attached:
+                if e.candidate.kind == "kprobe" and e.group not in off:
+                    self.probe.bpf.attach_kprobe(event=e.candidate.target.encode(),
+                                                 fn_name=e.candidate.fn_name.encode())
+                    self.kprobes[e.group] = e.candidate.target
+        except Exception as ex:  # noqa: BLE001 - bcc raises bare Exception
+            self.probe.close()
+            raise self.error(f"cannot attach the {self.name} kprobes: {ex}") from None
+        return self.probe
+
+    def with_user_knobs(self, knobs: dict[str, int]) -> dict[str, int]:
+        """``knobs`` with ``record --knob`` values on top. Only declared knobs; a knob the
+        attach plan turned off (an unavailable group) cannot be turned on."""
+        from moetrace.errors import UsageError
+
+        declared = {k.name for k in self.spec.knobs}
+        out = dict(knobs)
+        for k, v in self.ctx.knobs.items():
+            if k not in declared:
+                raise UsageError(f"--knob {self.name}.{k}: probe {self.name} has no knob {k}",
+                                 hint=f"its knobs: {', '.join(sorted(declared))} (moetrace doctor --json lists them)")
+            if self.ctx.plan.knobs.get(k) == 0 and int(v) != 0:
+                raise UsageError(f"--knob {self.name}.{k}={v}: this kernel compiles it out "
+                                 f"({self.ctx.plan.reason or 'its attach group is unavailable'})")
+            out[k] = int(v)
+        return out
+
+    def prog_ids(self) -> list[int]:
+        """Ids of the loaded BPF programs (the kill tests check they are gone)."""
+        from moetrace.kernel.bpf import prog_info as bpf_prog_info
+
+        if self.probe is None or self.probe.closed:
+            return []
+        return [i["id"] for i in (bpf_prog_info(f.fd) for f in self.probe.bpf.funcs.values()) if i is not None]
+
+    def recursion_misses(self) -> dict[str, int | None]:
+        from moetrace.kernel.bpf import recursion_misses
+
+        if self.probe is None or self.probe.closed:
+            return {}
+        return recursion_misses(self.probe.bpf)
+
+
+def schema_doc(spec, table: str) -> dict[str, dict[str, str]]:
+    """The manifest's ``tables[table]`` entry from a declaration's columns."""
+    return {c.name: {"dtype": c.dtype, "unit": c.unit, "doc": c.doc} for c in spec.tables()[table]}
+
+
+#: probe name -> "module:Class" of its recorder (imported only when the probe is recorded)
+RECORDERS: dict[str, str] = {
+    "lru": "moetrace.record.probes.lru:LruRecorder",
+    "mlock": "moetrace.record.probes.mlock:MlockRecorder",
+    "reads": "moetrace.record.probes.reads:ReadsRecorder",
+    "stacks": "moetrace.record.probes.stacks:StacksRecorder",
+    "mglru": "moetrace.record.probes.mglru:MglruRecorder",
+}
+
+
+def available() -> dict[str, str]:
+    """{probe: "module:Class"} of the recorders whose module is installed."""
+    out = {}
+    for name, target in RECORDERS.items():
+        mod = target.split(":", 1)[0]
+        if importlib.util.find_spec(mod) is not None:
+            out[name] = target
+    return out
+
+
+def recorder_class(name: str) -> type[ProbeRecorder]:
+    target = RECORDERS.get(name)
+    if target is None:
+        raise MoetraceError(f"probe {name} has no recorder")
+    mod, cls = target.split(":", 1)
+    return getattr(importlib.import_module(mod), cls)

@@ -1,0 +1,338 @@
+"""Block-layer truth per expert: load probes/block.c, stream read bios, attribute their
+bytes to experts through FIEMAP extents (:mod:`moetrace.kernel.extents`).
+
+::
+
+    idx = pool_extents(open_pool(DIR))
+    with BlockRecorder(idx) as rec:
+        ...                       # the workload
+    res = rec.result              # BlockResult (also returned by rec.close())
+    res.per_expert                # expert_id, layer, expert, device_read_bytes, bios
+
+The kernel side (probes/block.c) counts read bytes and bios of one disk (the pool's,
+tracepoint dev ``(major << 20) | minor``) and streams (sector, nr_sector) per bio through
+one ring buffer, counting records it could not reserve; user space splits each bio's
+bytes over the extents it overlaps. Latency (block_rq_issue -> block_rq_complete, requeued
+requests re-timed from their last issue) is a log2 histogram kept in the kernel.
+
+Which tracepoint counts bytes (block_io_start or block_bio_queue) is decided by
+:func:`moetrace.record.spec.resolve` on the ``block`` declaration: asked of the kernel,
+never of its version. Only tracepoint arguments are read, so mismatched headers are fine.
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from moetrace.errors import ProbeError
+from moetrace.kernel.extents import SECTOR, ExpertExtents
+
+from moetrace.record.spec import PROBES
+
+#: the one declaration of probes/block.c (attach candidates, knobs, stats slots, ring record)
+SPEC = PROBES["block"]
+SOURCE = SPEC.source_path
+#: stats slots of probes/block.c, in order (a probe-build test checks the two agree)
+STATS = SPEC.stats
+HIST_SLOTS = 64
+#: struct bio_event of probes/block.c
+BIO_EVENT_DTYPE = SPEC.struct("bio_event").dtype()
+#: bytes candidates -> their MOE_BYTES_TP value (from the declaration's ``sets``)
+BYTES_TP = {c.target: dict(c.sets)["MOE_BYTES_TP"] for c in SPEC.group("bytes").candidates}
+# 6.1/6.12 headers warn under clang 14 (bcc 0.26); harmless for tracepoint-args programs
+QUIET_CFLAGS = ("-Wno-ignored-attributes", "-Wno-duplicate-decl-specifier", "-Wno-unused-function",
+                "-Wno-macro-redefined")
+_FLUSH_RECORDS = 1 << 20  # attribute buffered records once this many have arrived
+
+
+@dataclass
+class BlockResult:
+    """What one recording saw on the pool's disk.
+
+    per_expert: expert_id, layer, expert, device_read_bytes, bios (bios touching the
+    expert; a bio spanning two experts counts for both). kernel_read_bytes/bios: the
+    in-kernel totals of the bytes tracepoint; streamed_bytes/streamed_bios: the records that
+    reached user space (kernel_bios = streamed_bios + lost_events); unattributed_bytes:
+    streamed bytes no expert extent covers. latency: slot, lo_ns, hi_ns, requests.
+    recursion_misses: per attached program, runs the kernel skipped (IRQ-context
+    completions while another BPF program ran). inflight_left: issue entries never
+    completed (missed completions or still in flight at close)."""
+
+    per_expert: pd.DataFrame
+    unattributed_bytes: int
+    kernel_read_bytes: int
+    kernel_bios: int
+    streamed_bytes: int
+    streamed_bios: int
+    lost_events: int
+    latency: pd.DataFrame
+    stats: dict[str, int]
+    recursion_misses: dict[str, int]
+    inflight_left: int
+    attach: dict[str, str]
+    dev: int
+    start_s: float
+    duration_s: float
+    knobs: dict[str, int] = field(default_factory=dict)
+    compile_s: float = 0.0
+    attach_s: float = 0.0
+    #: False when no extent index was given: nothing could be attributed (count only)
+    index_used: bool = True
+
+    @property
+    def attributed_bytes(self) -> int:
+        return int(self.per_expert["device_read_bytes"].sum())
+
+    def summary(self) -> dict[str, Any]:
+        """Scalars for a run manifest / --json."""
+        return {"dev": self.dev, "kernel_read_bytes": self.kernel_read_bytes, "kernel_bios": self.kernel_bios,
+                "attributed_bytes": self.attributed_bytes, "unattributed_bytes": self.unattributed_bytes,
+                "streamed_bytes": self.streamed_bytes, "streamed_bios": self.streamed_bios,
+                "lost_events": self.lost_events,
+                "recursion_misses": dict(self.recursion_misses), "inflight_left": self.inflight_left,
+                "stats": dict(self.stats), "attach": dict(self.attach), "knobs": dict(self.knobs),
+                "compile_s": self.compile_s, "attach_s": self.attach_s, "index_used": self.index_used,
+                "start_s": self.start_s,
+                "duration_s": self.duration_s}
+
+
+def _import_bcc():
+    try:
+        import bcc  # noqa: F401
+        from moetrace.kernel.features import ensure_bcc_tracefs
+
+        ensure_bcc_tracefs()  # bcc 0.26 reads tracepoint formats only under /sys/kernel/debug/tracing
+        return bcc
+    except ImportError as e:
+        raise ProbeError(f"bcc is not importable ({e})",
+                              hint="apt-get install python3-bpfcc and use a venv made with "
+                                   "`/usr/bin/python3 -m venv --system-site-packages`") from None
+
+
+from moetrace.kernel.bpf import percpu_sums, prog_fdinfo, recursion_misses  # noqa: E402,F401  (prog_fdinfo re-exported)
+
+
+def block_cflags(dev: int, bytes_tp: int, ring_pages: int = 64, stream: bool = True,
+                 max_inflight: int = 65536) -> list[str]:
+    """The -D knobs of probes/block.c (every declared knob, in declaration order)."""
+    if ring_pages <= 0 or ring_pages & (ring_pages - 1):
+        raise ValueError(f"ring_pages must be a power of two, got {ring_pages}")
+    if int(bytes_tp) not in BYTES_TP.values():
+        raise ValueError(f"bytes_tp must be one of {sorted(BYTES_TP.values())}, got {bytes_tp}")
+    return SPEC.cflags(MOE_DEV=int(dev), MOE_BYTES_TP=int(bytes_tp), MOE_RINGBUF_PAGES=int(ring_pages),
+                       MOE_STREAM_BIOS=int(bool(stream)), MOE_MAX_INFLIGHT=int(max_inflight))
+
+
+def resolve_plan(features=None, plan=None):
+    """(attached {group: candidate}, knobs the kernel decided) of the block declaration:
+    ``plan`` (an :class:`~moetrace.record.spec.AttachPlan` already resolved, e.g. by the
+    recorder) or :func:`moetrace.record.spec.resolve` on ``features``. Raises
+    :class:`ProbeError` when a required group is unavailable."""
+    from moetrace.record import spec as probespec
+
+    if plan is None:
+        plan = probespec.resolve(SPEC, features)
+    out = {}
+    for e in plan.entries:
+        if e.attached:
+            out[e.group] = e.candidate
+        elif e.required:
+            raise ProbeError(f"block probe: {e.group} unavailable: {e.reason}",
+                                  hint="`moetrace doctor` lists every attach point")
+    return out, dict(plan.knobs)
+
+
+def resolve_attach(features=None) -> dict[str, str]:
+    """{group: "category:event"} of the block declaration on this kernel; raises
+    :class:`ProbeError` when a required group is unavailable."""
+    return {g: c.target for g, c in resolve_plan(features)[0].items()}
+
+
+class BlockRecorder:
+    """Attach probes/block.c, poll its ring in a thread, attribute bios to experts.
+
+    index: the pool's :class:`ExpertExtents` (its device gives the disk to watch), or
+    None to count only (every sector unattributed; ``dev`` then required, 0 = every disk).
+    bytes_tp: force "block:block_io_start" / "block:block_bio_queue" (default: resolved
+    from the probespec declaration, or taken from ``plan``, an already resolved
+    :class:`~moetrace.record.spec.AttachPlan`). Use as a context manager: probes detach on
+    exit, also on exceptions; :attr:`result` holds the :class:`BlockResult`."""
+
+    def __init__(self, index: ExpertExtents | None = None, dev: int | None = None,
+                 bytes_tp: str | None = None, ring_pages: int = 256, stream: bool = True,
+                 features=None, extra_cflags: tuple[str, ...] = QUIET_CFLAGS, plan=None):
+        if dev is None:
+            if index is None or index.device is None:
+                raise ValueError("BlockRecorder needs an index with a device, or dev=")
+            dev = index.device.tp_dev
+        self.index = index
+        self.dev = int(dev)
+        self.ring_pages = ring_pages
+        self.stream = stream
+        self.features = features
+        self.extra_cflags = tuple(extra_cflags)
+        self._bytes_tp = bytes_tp
+        self._plan = plan
+        self.attach: dict[str, str] = {}
+        self._fns: dict[str, str] = {}
+        self.knobs: dict[str, int] = {}
+        self.bpf = None
+        self.result: BlockResult | None = None
+        self.compile_s = 0.0
+        self.attach_s = 0.0
+        self._chunks: list[bytes] = []
+        self._nbuf = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._poll_error: BaseException | None = None
+        n = index.n_total if index is not None else 0
+        self._by = np.zeros(n, dtype=np.int64)
+        self._bios = np.zeros(n, dtype=np.int64)
+        self._unattr = 0
+        self._streamed = 0
+        self._streamed_bios = 0
+        self._t0 = 0.0
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def open(self) -> "BlockRecorder":
+        """Compile, load, attach and start polling."""
+        bcc = _import_bcc()
+        if self.features is not None and self.features.tracefs is None:
+            from moetrace.kernel.features import tracefs_path
+
+            self.features.tracefs = tracefs_path(self.features.root)
+        if self._bytes_tp is None:
+            cands, _decided = resolve_plan(self.features, self._plan)
+        else:
+            if self._bytes_tp not in BYTES_TP:
+                raise ValueError(f"bytes_tp must be one of {sorted(BYTES_TP)}")
+            cands = {g.name: (next(c for c in g.candidates if c.target == self._bytes_tp) if g.name == "bytes"
+                              else g.candidates[0]) for g in SPEC.attach}
+        self.attach = {g: c.target for g, c in cands.items()}
+        self._fns = {g: c.fn_name for g, c in cands.items()}
+        if self.attach["bytes"] not in BYTES_TP:
+            raise ProbeError(f"block probe: bytes group resolved to {self.attach['bytes']}, which "
+                                  f"probes/block.c does not implement (knows {sorted(BYTES_TP)})")
+        # MOE_BYTES_TP comes from the chosen candidate's ``sets`` in the declaration
+        cflags = block_cflags(self.dev, dict(cands["bytes"].sets)["MOE_BYTES_TP"], self.ring_pages, self.stream)
+        self.knobs = {f[2:].split("=")[0]: int(f.split("=")[1]) for f in cflags}
+        cflags += list(self.extra_cflags)
+        t0 = time.perf_counter()
+        try:
+            self.bpf = bcc.BPF(src_file=str(SOURCE).encode(), cflags=cflags)
+        except Exception as e:  # bcc raises bare Exception on compile/load errors
+            raise ProbeError(f"cannot compile/load {SOURCE.name}: {e}",
+                                  hint="check kernel headers: `moetrace doctor`") from None
+        t1 = time.perf_counter()
+        try:
+            for group, target in self.attach.items():
+                self.bpf.attach_tracepoint(tp=target.encode(), fn_name=self._fns[group].encode())
+            if self.stream:
+                self.bpf[b"bios"].open_ring_buffer(self._on_record)
+        except Exception as e:
+            self._cleanup()
+            raise ProbeError(f"cannot attach the block probe: {e}") from None
+        self.compile_s, self.attach_s = t1 - t0, time.perf_counter() - t1
+        self._t0 = time.time()
+        if self.stream:
+            self._thread = threading.Thread(target=self._poll_loop, name="moetrace-block-ring", daemon=True)
+            self._thread.start()
+        return self
+
+    def __enter__(self) -> "BlockRecorder":
+        return self.open()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _poll_loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self.bpf.ring_buffer_poll(timeout=100)
+        except BaseException as e:  # surfaced by close()
+            self._poll_error = e
+
+    def _on_record(self, _ctx, data, size) -> int:
+        self._chunks.append(ct.string_at(data, size))
+        self._nbuf += 1
+        if self._nbuf >= _FLUSH_RECORDS:
+            self._flush()
+        return 0
+
+    def _flush(self) -> None:
+        with self._lock:
+            chunks, self._chunks, self._nbuf = self._chunks, [], 0
+        if not chunks:
+            return
+        rec = np.frombuffer(b"".join(chunks), dtype=BIO_EVENT_DTYPE)
+        self._streamed += int(rec["nr_sector"].astype(np.int64).sum()) * SECTOR
+        self._streamed_bios += len(rec)
+        if self.index is None:
+            self._unattr += int(rec["nr_sector"].astype(np.int64).sum()) * SECTOR
+            return
+        by, bios, un = self.index.attribute(rec["sector"], rec["nr_sector"])
+        self._by += by
+        self._bios += bios
+        self._unattr += un
+
+    def _cleanup(self) -> None:
+        if self.bpf is not None:
+            try:
+                self.bpf.cleanup()
+            finally:
+                self.bpf = None
+
+    def close(self) -> BlockResult | None:
+        """Stop polling, drain the ring, read the kernel's counters, detach. Idempotent."""
+        if self.bpf is None:
+            return self.result
+        try:
+            self._stop.set()
+            if self._thread is not None:
+                self._thread.join(timeout=10)
+            if self.stream:
+                self.bpf.ring_buffer_consume()
+            self._flush()
+            self.result = self._collect()
+        finally:
+            self._cleanup()
+        if self._poll_error is not None:
+            raise ProbeError(f"ring buffer polling failed: {self._poll_error}")
+        return self.result
+
+    # -- reading the kernel's side ------------------------------------------------------------
+    def _collect(self) -> BlockResult:
+        st = dict(zip(STATS, percpu_sums(self.bpf[b"stats"]).tolist()))
+        hist = percpu_sums(self.bpf[b"lat_hist"]).tolist()[:HIST_SLOTS]
+        inflight_left = len(self.bpf[b"inflight"].items())
+        by_fn = recursion_misses(self.bpf, 0)
+        misses = {g: by_fn[self._fns[g]] for g in self.attach if self._fns[g] in by_fn}
+        slots = np.arange(HIST_SLOTS)
+        lat = pd.DataFrame({"slot": slots,
+                            "lo_ns": np.where(slots == 0, 0, 2.0 ** (slots - 1)).astype("uint64"),
+                            "hi_ns": (2.0 ** slots).astype("uint64"),
+                            "requests": np.array(hist, dtype=np.int64)})
+        lat = lat[lat["requests"] > 0].reset_index(drop=True)
+        n = len(self._by)
+        ids = np.arange(n, dtype=np.int32)
+        nexp = self.index.n_experts if self.index is not None and self.index.n_experts else max(n, 1)
+        per = pd.DataFrame({"expert_id": ids, "layer": (ids // nexp).astype("int32"),
+                            "expert": (ids % nexp).astype("int32"),
+                            "device_read_bytes": self._by.copy(), "bios": self._bios.copy()})
+        return BlockResult(per_expert=per, unattributed_bytes=int(self._unattr),
+                           kernel_read_bytes=st["read_bytes"], kernel_bios=st["read_bios"],
+                           streamed_bytes=int(self._streamed), streamed_bios=self._streamed_bios,
+                           lost_events=st["ring_lost"], latency=lat,
+                           stats=st, recursion_misses=misses, inflight_left=inflight_left,
+                           attach=dict(self.attach), dev=self.dev, start_s=self._t0,
+                           duration_s=time.time() - self._t0, knobs=dict(self.knobs),
+                           compile_s=self.compile_s, attach_s=self.attach_s, index_used=self.index is not None)

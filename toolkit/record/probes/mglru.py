@@ -1,0 +1,241 @@
+"""``record --probes mglru``: MGLRU generations over time, and (where kprobes exist) aging.
+
+The main part needs no BPF: a sampler of ``<debugfs>/lru_gen`` (``lru_gen_full`` with
+``MOE_LRU_GEN_FULL=1``), read once at open, every ``MOE_LRU_GEN_PERIOD_MS`` while the
+command runs (in :meth:`MglruRecorder.poll`) and once at close, parsed by
+:mod:`moetrace.kernel.lru_gen` into one row per (sample, memcg, node, generation): its seq, age,
+birth time and anon / file pages (``lru_gen.parquet``). A generation born during the
+recording shows up as a new seq; its birth_ns is when aging created it.
+
+The kprobes of probes/mglru.c (aging attempts as ring records, eviction / isolation /
+look-around / workingset counters, the generation a promoted folio leaves) are compiled
+only for the groups the attach plan has (kprobes exist only in the lab kernels); where
+none is available no BPF is loaded at all.
+
+Where the kernel has no MGLRU (``/sys/kernel/mm/lru_gen`` absent) the ``lru_gen`` group
+is unavailable and the probe is "no": ``record`` skips it with that reason in the
+manifest (the probe is an enrichment probe), and :meth:`MglruRecorder.open` refuses.
+A sample that cannot be read or parsed is counted (``lost["mglru"]``) with its error, and
+the recording goes on.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from moetrace.kernel import lru_gen
+from moetrace.errors import InputError, ProbeError
+from moetrace.record.probe import ProbeRecorder, schema_doc
+from moetrace.record.spec import PROBES
+
+SPEC = PROBES["mglru"]
+STATS = SPEC.stats
+AGING_DTYPE = SPEC.struct("aging_event").dtype()
+#: aging record kinds of probes/mglru.c, in AGING_* order
+AGING_KINDS = ("try_to_inc_max_seq", "inc_max_seq", "inc_max_seq.constprop.0")
+SEQ_UNKNOWN = (1 << 64) - 1
+#: kprobe group knobs (MOE_HAVE_*), from the declaration
+KPROBE_KNOBS = tuple(dict.fromkeys(g.knob for g in SPEC.attach if g.knob is not None))
+QUIET_CFLAGS = ("-Wno-ignored-attributes", "-Wno-duplicate-decl-specifier", "-Wno-unused-function",
+                "-Wno-macro-redefined")
+
+
+class MglruRecorder(ProbeRecorder):
+    """The lru_gen sampler (+ the kprobes of probes/mglru.c where the plan has them).
+
+    period_ms / full override the ``MOE_LRU_GEN_PERIOD_MS`` / ``MOE_LRU_GEN_FULL`` knobs
+    (tests use a short period). ``clock`` returns CLOCK_MONOTONIC ns (tests may pass
+    their own)."""
+
+    name = "mglru"
+    error = ProbeError
+    needs_poll = True
+
+    def __init__(self, ctx, period_ms: int | None = None, full: bool | None = None,
+                 extra_cflags: tuple[str, ...] = QUIET_CFLAGS, clock=time.monotonic_ns):
+        super().__init__(ctx)
+        over: dict[str, int] = {k: int(v) for k, v in ctx.plan.knobs.items() if k in {x.name for x in SPEC.knobs}}
+        over = self.with_user_knobs(over)
+        if period_ms is not None:
+            over["MOE_LRU_GEN_PERIOD_MS"] = int(period_ms)
+        if full is not None:
+            over["MOE_LRU_GEN_FULL"] = int(bool(full))
+        self.knobs = {k: int(v) for k, v in SPEC.knob_values(**over).items()}
+        if self.knobs["MOE_LRU_GEN_PERIOD_MS"] <= 0:
+            raise ProbeError("MOE_LRU_GEN_PERIOD_MS must be > 0")
+        self.period_ns = self.knobs["MOE_LRU_GEN_PERIOD_MS"] * 1_000_000
+        self.full = bool(self.knobs["MOE_LRU_GEN_FULL"])
+        self.extra_cflags = tuple(extra_cflags)
+        self.clock = clock
+        self.path: Path | None = None
+        self.samples: list[tuple[int, int, lru_gen.LruGenSample]] = []
+        self.failed: list[dict[str, Any]] = []
+        self.read_ns_total = 0
+        self._next_ns = 0
+        self._n = 0
+        self.stream = None
+        self.kprobes: dict[str, str] = {}
+        self.stats: dict[str, int] = {}
+        self.inc_gen: list[int] = []
+        self.aging_raw = b""
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def open(self) -> "MglruRecorder":
+        plan = self.ctx.plan
+        e = plan.entry("lru_gen")
+        if not e.attached:
+            raise ProbeError(f"mglru probe cannot sample lru_gen: {e.reason}",
+                                  hint="MGLRU needs CONFIG_LRU_GEN (see `moetrace doctor`); debugfs must be "
+                                       "mounted: mount -t debugfs none /sys/kernel/debug")
+        dbg = getattr(self.ctx.features, "debugfs", None)
+        if dbg is None:
+            raise ProbeError("debugfs is not mounted (the lru_gen sampler reads it)",
+                                  hint="mount -t debugfs none /sys/kernel/debug")
+        self.path = Path(dbg) / ("lru_gen_full" if self.full else "lru_gen")
+        if any(self.knobs[k] for k in KPROBE_KNOBS):
+            self._open_bpf()
+        self._sample()
+        if not self.samples:
+            err = self.failed[0]["error"] if self.failed else "no sample"
+            self.abort()
+            raise ProbeError(f"cannot sample {self.path}: {err}")
+        return self
+
+    def _open_bpf(self) -> None:
+        import ctypes
+
+        from moetrace.kernel.bpf import EventStream
+
+        try:
+            self.load_planned(self.knobs, self.extra_cflags)
+        except ProbeError:
+            self.probe = None
+            raise
+        if self.knobs["MOE_HAVE_INC_MAX_SEQ"]:
+            stats_t = self.probe.table("stats")
+            slot = STATS.index("ring_lost")
+            self.stream = EventStream(self.probe, "aging", AGING_DTYPE.itemsize, "ring",
+                                      kernel_lost=lambda: stats_t[ctypes.c_int(slot)].value,
+                                      max_records=min(self.ctx.stream_max_records, 1_000_000))
+
+    def _sample(self) -> None:
+        """Read and parse the file once; a failure is counted, never raised."""
+        t0 = self.clock()
+        self._next_ns = t0 + self.period_ns
+        try:
+            text = self.path.read_text()
+            t1 = self.clock()
+            s = lru_gen.parse(text, str(self.path))
+        except (OSError, InputError) as e:
+            msg = e.message if isinstance(e, InputError) else f"{type(e).__name__}: {e}"
+            self.failed.append({"time_ns": t0, "error": msg})
+            return
+        self.read_ns_total += t1 - t0
+        self.samples.append((self._n, t0, s))
+        self._n += 1
+
+    def poll(self, timeout_ms: int = 0) -> None:
+        """Sample when due; otherwise wait (the ring, or a sleep) until due or ``timeout_ms``."""
+        if self.closed or self.path is None:
+            return
+        now = self.clock()
+        wait_ms = max(0, min(int(timeout_ms), (self._next_ns - now + 999_999) // 1_000_000))
+        if self.stream is not None:
+            self.stream.poll(wait_ms)
+        elif wait_ms > 0:
+            time.sleep(wait_ms / 1000)
+        if self.clock() >= self._next_ns:
+            self._sample()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        if self.path is None:  # open() never got as far as the file
+            self.abort()
+            return
+        self._sample()
+        try:
+            if self.probe is not None:
+                from moetrace.kernel.bpf import array_values
+
+                if self.stream is not None:
+                    self.stream.finish()
+                    self.aging_raw = self.stream.records()
+                self.stats = dict(zip(STATS, (int(v.value) for v in array_values(self.probe.table("stats")))))
+                if self.knobs["MOE_HAVE_FOLIO_INC_GEN"]:
+                    self.inc_gen = [int(v.value) for v in array_values(self.probe.table("inc_gen_from"))]
+        finally:
+            if self.probe is not None:
+                self.probe.close()
+            self.closed = True
+        self.collected = True
+
+    # -- tables ---------------------------------------------------------------------------
+    def generations(self) -> pd.DataFrame:
+        return lru_gen.generations_frame(self.samples)[[c.name for c in SPEC.schema]]
+
+    def aging(self) -> pd.DataFrame:
+        ev = np.frombuffer(self.aging_raw, AGING_DTYPE)
+        return pd.DataFrame({
+            "time_ns": ev["ts_ns"].astype(np.int64),
+            "tgid": ev["tgid"].astype(np.int32),
+            "kind": pd.array([AGING_KINDS[k] if k < len(AGING_KINDS) else f"kind{k}" for k in ev["kind"]],
+                             dtype="string"),
+            "seq": pd.array([pd.NA if s == SEQ_UNKNOWN else int(s) for s in ev["seq"]], dtype="Int64"),
+        })
+
+    def summary(self) -> dict[str, Any]:
+        g = lru_gen.generations_frame(self.samples)
+        per: dict[str, Any] = {}
+        for (mid, nid), d in g.groupby(["memcg_id", "node"]):
+            first, last = d[d["sample"] == d["sample"].min()], d[d["sample"] == d["sample"].max()]
+            key = f"{int(mid)}:{int(nid)}"
+            born = sorted(set(d["seq"]) - set(first["seq"]))
+            per[key] = {"memcg_path": str(d["memcg_path"].iloc[0]), "first_seen_sample": int(d["sample"].min()),
+                        "last_seen_sample": int(d["sample"].max()), "max_seq_first": int(first["seq"].max()),
+                        "max_seq_last": int(last["seq"].max()), "generations_born": len(born),
+                        "file_pages_last": int(last["nr_file_pages"].sum()),
+                        "anon_pages_last": int(last["nr_anon_pages"].sum())}
+        return {"file": str(self.path) if self.path else None, "full": self.full,
+                "period_ms": self.knobs["MOE_LRU_GEN_PERIOD_MS"], "samples": len(self.samples),
+                "failed_samples": len(self.failed), "rows": int(len(g)),
+                "read_ms_mean": (self.read_ns_total / len(self.samples) / 1e6) if self.samples else None,
+                "lruvecs": per, "kprobes": dict(self.kprobes), "kprobe_counts": dict(self.stats)}
+
+    def write(self, run_dir: Path, manifest: dict[str, Any]) -> None:
+        from moetrace.run import directory as rd
+
+        tables = manifest.setdefault("tables", {})
+        rd.write_table(run_dir, SPEC.table, self.generations())
+        tables[SPEC.table] = schema_doc(SPEC, SPEC.table)
+        if self.full:
+            rd.write_table(run_dir, "lru_gen_tiers", lru_gen.tiers_frame(self.samples))
+            tables["lru_gen_tiers"] = schema_doc(SPEC, "lru_gen_tiers")
+            rd.write_table(run_dir, "lru_gen_walk", lru_gen.walk_frame(self.samples))
+            tables["lru_gen_walk"] = schema_doc(SPEC, "lru_gen_walk")
+        if self.stream is not None:
+            rd.write_table(run_dir, "mglru_aging", self.aging())
+            tables["mglru_aging"] = schema_doc(SPEC, "mglru_aging")
+        if self.inc_gen:
+            rd.write_table(run_dir, "mglru_inc_gen", pd.DataFrame({
+                "from_gen": pd.array([pd.NA] + list(range(len(self.inc_gen) - 1)), dtype="Int32"),
+                "folios": np.asarray(self.inc_gen, np.int64)}))
+            tables["mglru_inc_gen"] = schema_doc(SPEC, "mglru_inc_gen")
+        manifest.setdefault("stats", {})[self.name] = dict(self.stats)
+        st = self.stream
+        manifest.setdefault("lost", {})[self.name] = {
+            "failed_samples": len(self.failed),
+            "errors": self.failed[:5],
+            "ring_lost_aging_events": int(st.lost_kernel) if st else 0,
+            "user_lost_aging_events": int(st.lost_user) if st else 0,
+            "note": "a failed sample is missing from lru_gen.parquet (the rest of the recording is intact)",
+        }
+        manifest.setdefault("summaries", {})[self.name] = self.summary()
+
+
+__all__ = ["MglruRecorder", "ProbeError", "AGING_KINDS"]

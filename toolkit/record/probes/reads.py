@@ -1,0 +1,779 @@
+"""The ``reads`` probe: every read call of the recorded command, timed, classed and
+attributed to experts.
+
+probes/reads.c times each ``pread64`` / ``preadv`` / ``preadv2`` / ``read`` of the followed
+processes (enter -> exit) and counts the page-cache pages added by the calling task while
+the call is in flight (``filemap:mm_filemap_add_to_page_cache``). A call is
+
+``hit_only``  no page added: served entirely from the page cache (the hit path),
+``miss``      at least one page added (the pages of the call's file are ``added_pages``,
+              those outside the call's byte range ``beyond_pages`` = readahead ahead of
+              the request, pages of other inodes ``other_added_pages``),
+``error``     ret < 0.
+
+"hit-only" means *this* call added no page, not that it did not wait: a call whose pages
+another thread's call (or its readahead) added and is still reading waits for that I/O.
+Measured on a pool file read by 4 threads with readahead on: one cold call added 2048
+pages (8 MiB, six neighbouring extents, ``beyond_pages``), and the neighbours' first-pass
+calls were hit-only but took 1.5-4 ms instead of ~0.2 ms - the latency histogram shows it.
+Readahead also makes the per-expert ``added_pages`` charge the *calling* expert, where the
+pagecache probe charges the page's own expert (totals agree).
+
+In the kernel (counters only, nothing to lose): per class the calls, bytes, requested
+bytes, pages and latency sum and a log2 latency histogram (scope ``all`` of
+reads_latency.parquet); and per *fd identity* (tgid, fd, gen, epoch) - and per extent of
+the file when ``MOE_EXTENT`` splits a pool file - the same counters plus a latency
+histogram. ``gen`` counts close() of the fd number in that process and ``epoch`` the
+process's close_range() / exec events, so a reused fd number is a new identity.
+
+Attribution (user space: fd -> inode would need ``struct file`` reads, unsafe with
+mismatched headers): the kernel pushes every new identity into a small ring; the
+recorder's :meth:`ReadsRecorder.poll` stats ``/proc/<tgid>/fd/<fd>`` at once (the fd is
+still open: its process just read it), re-reads gen/epoch to make sure it saw the same
+open file, and also scans every followed process's fd table every SCAN_INTERVAL_S. An identity
+the scan missed is still resolved when one of its calls added a page (the first added
+page's inode). The inode maps to experts through the pool map (``ctx.pmap.inodes``: one
+expert per file, or for the pool file ``base + pos // extent_bytes``).
+
+What stays unattributed (rows of reads.parquet with kind ``unattributed``):
+``other_files`` (fds of files outside the pool: Python's imports, the plan, pipes),
+``unresolved_fd`` (an fd opened, read only from the page cache and closed between two
+looks - e.g. open/pread/close per access - or whose process died first), ``no_position``
+(read() of the pool file: the file position is not a syscall argument), ``pool_tail``
+(past the pool file's last extent), ``bad_fd`` (calls that failed with EBADF: no open
+file, kept apart in the kernel so that they do not merge with the fd number's next open
+file), ``fd_map_full`` (MOE_MAX_FDS identities exceeded).
+A call is attributed by its start position: a call spanning two extents of the pool file
+counts for the first. dup2()/dup3() onto an open fd are not seen as closes. io_uring and
+mmap reads are not read calls (pages they add show up in ``pages_added_outside_calls``
+for the followed tasks).
+
+Oracle (tests/test_reads_probe.py): the replay's own log: a psync (``--mode pagecache``)
+replay's bytes equal the bytes of the calls attributed to experts, and its expert reads x
+calls per expert (``ceil(read_len / read_size)``) their calls, exactly; cold, every call of
+the first pass is a miss with 256 pages per 1 MiB expert; the added pages equal the
+pagecache probe's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from moetrace.errors import MoetraceError, ProbeError
+from moetrace.record.probe import ProbeRecorder, RecordContext, schema_doc
+from moetrace.record.spec import PROBES, AttachPlan
+
+SPEC = PROBES["reads"]
+#: syscalls of probes/reads.c, in SC_* order
+SYSCALLS = ("pread64", "preadv", "preadv2", "read")
+#: call classes, in CLASS_* order
+CLASSES = ("hit_only", "miss", "error")
+#: log2 latency slots of probes/reads.c (HIST_SLOTS): the last one also holds longer calls
+HIST_SLOTS = 40
+NOPOS = (1 << 64) - 1
+#: unattributed sources, in the order of their rows in reads.parquet
+UNATTRIBUTED = ("other_files", "unresolved_fd", "no_position", "pool_tail", "bad_fd", "fd_map_full")
+CLASS_FIELDS = tuple(f for f, _t in SPEC.struct("class_counts").fields)
+FD_FIELDS = tuple(f for f, _t in SPEC.struct("fd_counts").fields)
+READ_CALL_DTYPE = SPEC.struct("read_call").dtype()
+IDENT_DTYPE = SPEC.struct("ident").dtype()
+STAT = {name: i for i, name in enumerate(SPEC.stats)}
+#: seconds between two full scans of the followed processes' fd tables
+#: (a fallback: new fds are announced by the kernel through the idents ring and stat-ed at
+#: once; each scan costs two map reads per open fd)
+SCAN_INTERVAL_S = 5.0
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+Ident = tuple[int, int, int, int]  # (tgid, fd, gen, epoch)
+
+
+# ---------------------------------------------------------------------------
+# the pool as attribution needs it
+
+
+@dataclass(frozen=True)
+class PoolIndex:
+    """inode -> experts, from :class:`moetrace.record.recorder.PoolMap` (or built by hand in tests).
+
+    inodes: {st_ino: (base expert_id, experts in the file)}; dev: the pool filesystem's
+    device, kernel encoding (major << 20) | minor; extent_bytes: the pool file's extent
+    (expert = base + pos // extent_bytes when a file holds more than one expert)."""
+
+    inodes: dict[int, tuple[int, int]]
+    dev: int
+    extent_bytes: int
+    n_total: int
+    n_experts: int
+
+    @classmethod
+    def from_pmap(cls, pmap) -> "PoolIndex | None":
+        if pmap is None:
+            return None
+        return cls(dict(pmap.inodes), int(pmap.pool_dev), int(pmap.pool.extent_bytes), int(pmap.n_total),
+                   int(pmap.pool.geometry.n_experts))
+
+    @property
+    def split(self) -> bool:
+        """True when some file holds several experts (the pool layout)."""
+        return any(n > 1 for _b, n in self.inodes.values())
+
+    def locate(self, ino: int | None, dev: int | None, pos: int | None) -> tuple[str, int | None]:
+        """(source, expert_id) of a call on (ino, dev) at byte position ``pos`` (None: unknown)."""
+        if ino is None:
+            return "unresolved_fd", None
+        v = self.inodes.get(int(ino))
+        if v is None or (dev is not None and int(dev) != self.dev):
+            return "other_files", None
+        base, n = v
+        if n <= 1:
+            return "expert", base
+        if pos is None:
+            return "no_position", None
+        off = int(pos) // self.extent_bytes
+        if off >= n:
+            return "pool_tail", None
+        return "expert", base + off
+
+
+def reads_knobs(plan: AttachPlan, pool: PoolIndex | None, stream: bool, **over: int) -> dict[str, int]:
+    """The -D knobs of probes/reads.c: the attach plan's (group and field knobs), the pool's
+    extent split, the page size and the stream switch; ``over`` wins."""
+    k: dict[str, int] = dict(plan.knobs)
+    k["MOE_EXTENT"] = pool.extent_bytes if pool is not None and pool.split else 0
+    if k["MOE_EXTENT"]:  # one `fds` entry per (fd identity, extent): room for each thread's fd
+        need = 4 * pool.n_total + 4096
+        k["MOE_MAX_FDS"] = max(int(SPEC.knob_values()["MOE_MAX_FDS"]), 1 << (need - 1).bit_length())
+    k["MOE_PAGE_SHIFT"] = PAGE.bit_length() - 1
+    k["MOE_STREAM"] = int(bool(stream))
+    k.update(over)
+    return {n: int(v) for n, v in SPEC.knob_values(**k).items()}
+
+
+# ---------------------------------------------------------------------------
+# fd identity -> inode
+
+
+@dataclass
+class Resolution:
+    ino: int
+    dev: int  # kernel encoding
+    path: str | None
+    by: str  # "proc" | "add"
+
+
+def kernel_dev(st_dev: int) -> int:
+    """stat()'s st_dev in the kernel encoding tracepoints use: (major << 20) | minor."""
+    return (os.major(st_dev) << 20) | os.minor(st_dev)
+
+
+@dataclass
+class FdResolver:
+    """Resolves fd identities to inodes through ``<proc>/<tgid>/fd/<fd>``.
+
+    ``generation(tgid, fd)`` returns the kernel's current (gen, epoch) of the fd, or None
+    when it cannot be read; a stat is accepted only when that is unchanged across it (the
+    fd was not closed and reused meanwhile)."""
+
+    generation: Any
+    proc: str = "/proc"
+    resolved: dict[Ident, Resolution] = field(default_factory=dict)
+    failed: int = 0  # identities announced by the kernel whose fd was already gone
+    scans: int = 0
+
+    def resolve(self, ident: Ident, count: bool = True) -> bool:
+        """Stat one identity's fd now; True when resolved (or already known). ``count``: a
+        failure (fd gone or reused) counts in ``failed``."""
+        if ident in self.resolved:
+            return True
+        tgid, fd, gen, epoch = ident
+        link = f"{self.proc}/{tgid}/fd/{fd}"
+        try:
+            st = os.stat(link)
+            try:
+                path = os.readlink(link)
+            except OSError:
+                path = None
+        except OSError:
+            self.failed += count
+            return False
+        if self.generation(tgid, fd) != (gen, epoch):
+            self.failed += count
+            return False
+        self.resolved[ident] = Resolution(st.st_ino, kernel_dev(st.st_dev), path, "proc")
+        return True
+
+    def scan(self, tgids) -> int:
+        """Resolve every open fd of the processes ``tgids``; returns how many were new."""
+        self.scans += 1
+        new = 0
+        for tgid in tgids:
+            try:
+                names = os.listdir(f"{self.proc}/{tgid}/fd")
+            except OSError:
+                continue
+            for name in names:
+                if not name.isdigit():
+                    continue
+                fd = int(name)
+                g = self.generation(tgid, fd)
+                if g is None or (tgid, fd, g[0], g[1]) in self.resolved:
+                    continue
+                if self.resolve((tgid, fd, g[0], g[1]), count=False):
+                    new += 1
+        return new
+
+
+# ---------------------------------------------------------------------------
+# what the kernel collected -> tables (pure: no kernel needed)
+
+
+def fd_frames(idents) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(fds, fd_hist) of :class:`Collected` from ``[((tgid, fd, gen, epoch, chunk), agg)]``,
+    ``agg`` a ``struct fd_agg`` of probes/reads.c (``.c`` counters, ``.hist`` per class x slot)."""
+    rows, hrows = [], []
+    for (tgid, fd, gen, epoch, chunk), a in idents:
+        rows.append({"tgid": tgid, "fd": fd, "gen": gen, "epoch": epoch, "chunk": chunk,
+                     **{f: int(getattr(a.c, f)) for f in FD_FIELDS}})
+        h = np.ctypeslib.as_array(a.hist).astype(np.int64)
+        for i in np.flatnonzero(h):
+            hrows.append({"tgid": tgid, "fd": fd, "gen": gen, "epoch": epoch, "cls": int(i) // HIST_SLOTS,
+                          "slot": int(i) % HIST_SLOTS, "calls": int(h[i])})
+    fds = pd.DataFrame(rows, columns=["tgid", "fd", "gen", "epoch", "chunk", *FD_FIELDS])
+    fds["chunk"] = fds["chunk"].astype("uint64")
+    fd_hist = pd.DataFrame(hrows, columns=["tgid", "fd", "gen", "epoch", "cls", "slot", "calls"])
+    return fds, fd_hist
+
+
+@dataclass
+class Collected:
+    """The kernel's aggregates of one recording, read back at close.
+
+    classes: {class: {CLASS_FIELDS}}; hist: (3, 64) calls per class and log2 slot;
+    fds: one row per (tgid, fd, gen, epoch, chunk) with FD_FIELDS; fd_hist: tgid, fd,
+    gen, epoch, cls, slot, calls; overflow: FD_FIELDS of the calls that found the fd map
+    full; stats: the STAT_* slots; stream: the raw read_call records (None: no stream)."""
+
+    classes: dict[str, dict[str, int]]
+    hist: np.ndarray
+    fds: pd.DataFrame
+    fd_hist: pd.DataFrame
+    overflow: dict[str, int]
+    stats: dict[str, int]
+    bad_fd: dict[str, int] = field(default_factory=dict)
+    inflight_left: int = 0
+    stream: bytes | None = None
+    intervals: list = field(default_factory=list)
+
+
+def _ident_inodes(fds: pd.DataFrame, resolved: dict[Ident, Resolution]) -> tuple[dict[Ident, Resolution], int]:
+    """Every identity's inode: /proc first, else the first added page's; and the number of
+    identities whose two answers disagree."""
+    out: dict[Ident, Resolution] = {}
+    conflicts = 0
+    if len(fds):
+        learned = fds[fds["ino"] != 0].drop_duplicates(["tgid", "fd", "gen", "epoch"])
+        by_add = {(int(r.tgid), int(r.fd), int(r.gen), int(r.epoch)): (int(r.ino), int(r.dev))
+                  for r in learned.itertuples(index=False)}
+    else:
+        by_add = {}
+    idents = set(map(tuple, fds[["tgid", "fd", "gen", "epoch"]].astype("int64").to_numpy().tolist())) \
+        if len(fds) else set()
+    for ident in idents:
+        ident = tuple(int(x) for x in ident)
+        r = resolved.get(ident)
+        a = by_add.get(ident)
+        if r is not None:
+            out[ident] = r
+            if a is not None and a != (r.ino, r.dev):
+                conflicts += 1
+        elif a is not None:
+            out[ident] = Resolution(a[0], a[1], None, "add")
+    return out, conflicts
+
+
+def files_table(col: Collected, resolved: dict[Ident, Resolution], pool: PoolIndex | None,
+                extent: int) -> tuple[pd.DataFrame, int]:
+    """reads_files: one row per (fd identity, extent) with its inode, path, source and
+    expert; and the count of /proc-vs-add inode conflicts."""
+    fds = col.fds
+    inos, conflicts = _ident_inodes(fds, resolved)
+    rows = []
+    for r in fds.itertuples(index=False):
+        ident = (int(r.tgid), int(r.fd), int(r.gen), int(r.epoch))
+        res = inos.get(ident)
+        chunk = None if int(r.chunk) == NOPOS else int(r.chunk)
+        pos = None if chunk is None else chunk * extent
+        if res is None:
+            source, eid = "unresolved_fd", None
+        elif pool is None:
+            source, eid = "other_files", None
+        else:
+            source, eid = pool.locate(res.ino, res.dev, pos)
+        rows.append({
+            "tgid": ident[0], "fd": ident[1], "gen": ident[2], "epoch": ident[3], "extent": chunk,
+            "ino": None if res is None else res.ino, "dev": None if res is None else res.dev,
+            "path": None if res is None else res.path, "resolved_by": None if res is None else res.by,
+            "source": source, "expert_id": eid,
+            "calls": int(r.calls), "bytes": int(r.bytes), "hit_only_calls": int(r.hit_calls),
+            "miss_calls": int(r.miss_calls), "error_calls": int(r.error_calls),
+            "added_pages": int(r.added_pages),
+            "latency_ns_sum": int(r.hit_latency_ns) + int(r.miss_latency_ns) + int(r.error_latency_ns),
+            # kept for the per-expert sums, not written
+            "_requested_bytes": int(r.requested_bytes), "_hit_bytes": int(r.hit_bytes),
+            "_hit_latency_ns": int(r.hit_latency_ns), "_miss_bytes": int(r.miss_bytes),
+            "_miss_latency_ns": int(r.miss_latency_ns), "_error_latency_ns": int(r.error_latency_ns),
+            "_beyond_pages": int(r.beyond_pages), "_other_pages": int(r.other_pages),
+        })
+    cols = [c.name for c in SPEC.tables()["reads_files"]]
+    df = pd.DataFrame(rows, columns=cols + [c for c in (rows[0] if rows else {}) if c.startswith("_")])
+    types = {c.name: c.dtype for c in SPEC.tables()["reads_files"]}
+    for c, t in types.items():
+        df[c] = df[c].astype(t)
+    return df, conflicts
+
+
+_SUMS = {  # reads.parquet column -> reads_files column
+    "calls": "calls", "bytes": "bytes", "requested_bytes": "_requested_bytes",
+    "hit_only_calls": "hit_only_calls", "hit_only_bytes": "_hit_bytes", "hit_only_latency_ns_sum": "_hit_latency_ns",
+    "miss_calls": "miss_calls", "miss_bytes": "_miss_bytes", "miss_latency_ns_sum": "_miss_latency_ns",
+    "error_calls": "error_calls", "error_latency_ns_sum": "_error_latency_ns", "latency_ns_sum": "latency_ns_sum",
+    "added_pages": "added_pages", "beyond_pages": "_beyond_pages", "other_added_pages": "_other_pages",
+}
+_OVERFLOW = {  # reads.parquet column -> fd_counts field
+    "calls": "calls", "bytes": "bytes", "requested_bytes": "requested_bytes", "hit_only_calls": "hit_calls",
+    "hit_only_bytes": "hit_bytes", "hit_only_latency_ns_sum": "hit_latency_ns", "miss_calls": "miss_calls",
+    "miss_bytes": "miss_bytes", "miss_latency_ns_sum": "miss_latency_ns", "error_calls": "error_calls",
+    "error_latency_ns_sum": "error_latency_ns", "added_pages": "added_pages", "beyond_pages": "beyond_pages",
+    "other_added_pages": "other_pages",
+}
+
+
+def experts_table(files: pd.DataFrame, overflow: dict[str, int], pool: PoolIndex | None,
+                  bad_fd: dict[str, int] | None = None) -> pd.DataFrame:
+    """reads.parquet: one row per expert (expert_id order), then one per unattributed source
+    (``overflow``: the calls that found the per-fd map full; ``bad_fd``: calls that failed
+    with EBADF, counted apart in the kernel)."""
+    n = pool.n_total if pool is not None else 0
+    E = pool.n_experts if pool is not None else 1
+    out = {c: np.zeros(n + len(UNATTRIBUTED), np.int64) for c in _SUMS}
+    idents = np.zeros(n + len(UNATTRIBUTED), np.int64)
+    row_of = {s: n + i for i, s in enumerate(UNATTRIBUTED)}
+    if len(files):
+        f = files.copy()
+        f["_row"] = [int(e) if s == "expert" else row_of[s]
+                     for s, e in zip(f["source"], f["expert_id"].fillna(-1).astype("int64"))]
+        g = f.groupby("_row")
+        for c, src in _SUMS.items():
+            s = g[src].sum()
+            out[c][s.index.to_numpy()] = s.to_numpy(np.int64)
+        ids = f.drop_duplicates(["_row", "tgid", "fd", "gen", "epoch"]).groupby("_row").size()
+        idents[ids.index.to_numpy()] = ids.to_numpy()
+    for source, counts in (("fd_map_full", overflow), ("bad_fd", bad_fd or {})):
+        for c, src in _OVERFLOW.items():
+            out[c][row_of[source]] += int(counts.get(src, 0))
+    eid = np.arange(n, dtype=np.int64)
+    na = [pd.NA] * len(UNATTRIBUTED)
+    df = pd.DataFrame({
+        "kind": pd.array(["expert"] * n + ["unattributed"] * len(UNATTRIBUTED), dtype="string"),
+        "source": pd.array(["expert"] * n + list(UNATTRIBUTED), dtype="string"),
+        "layer": pd.array(list(eid // E) + na, dtype="Int32"),
+        "expert": pd.array(list(eid % E) + na, dtype="Int32"),
+        "expert_id": pd.array(list(eid) + na, dtype="Int64"),
+    })
+    for c in _SUMS:
+        df[c] = pd.array(out[c], dtype="Int64")
+    fi = pd.array(idents, dtype="Int64")
+    for source in ("fd_map_full", "bad_fd"):
+        fi[row_of[source]] = pd.NA  # counted without their identities
+    df["fd_identities"] = fi
+    hb = df["hit_only_bytes"].astype("float64")
+    df["hit_only_ns_per_kib"] = (df["hit_only_latency_ns_sum"].astype("float64") / (hb / 1024.0)).where(hb > 0)
+    df["hit_only_ns_per_kib"] = df["hit_only_ns_per_kib"].astype("float64")
+    return df[[c.name for c in SPEC.schema]]
+
+
+def _slot_bounds(slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    # bcc's bpf_log2l(d) is floor(log2(d)) + 1 (0 and 1 both give 1): slot s holds
+    # [2**(s-1), 2**s) ns, slot 1 also 0 (the convention of bcc's print_log2_hist)
+    hi = np.left_shift(np.uint64(1), slots.astype(np.uint64))
+    lo = np.where(slots <= 1, np.uint64(0), hi // np.uint64(2)).astype("uint64")
+    return lo, hi
+
+
+def latency_table(col: Collected, pool_idents: set[Ident]) -> pd.DataFrame:
+    """reads_latency: per scope (all / pool / not_pool) and class, the nonzero log2 slots.
+
+    ``all`` is the kernel's per-class histogram (every followed call); ``pool`` sums the
+    per-identity histograms of the fds resolved to a pool file; ``not_pool`` = all - pool
+    (calls missing from the per-identity histograms, if any, land there)."""
+    allh = np.asarray(col.hist, np.int64).reshape(len(CLASSES), HIST_SLOTS)
+    pool = np.zeros_like(allh)
+    fh = col.fd_hist
+    if len(fh):
+        keys = list(zip(fh["tgid"].astype(int), fh["fd"].astype(int), fh["gen"].astype(int), fh["epoch"].astype(int)))
+        m = np.array([k in pool_idents for k in keys], bool)
+        if m.any():
+            np.add.at(pool, (fh["cls"].to_numpy(np.int64)[m], fh["slot"].to_numpy(np.int64)[m]),
+                      fh["calls"].to_numpy(np.int64)[m])
+    parts = []
+    for scope, h in (("all", allh), ("pool", pool), ("not_pool", allh - pool)):
+        ci, sl = np.nonzero(h)
+        lo, hi = _slot_bounds(sl)
+        parts.append(pd.DataFrame({
+            "scope": pd.array([scope] * len(ci), dtype="string"),
+            "class": pd.array([CLASSES[i] for i in ci], dtype="string"),
+            "slot": sl.astype("int32"), "lo_ns": lo, "hi_ns": hi, "calls": h[ci, sl].astype("int64")}))
+    df = pd.concat(parts, ignore_index=True)
+    return df[[c.name for c in SPEC.tables()["reads_latency"]]]
+
+
+def locate_many(pool: PoolIndex | None, ino: np.ndarray, dev: np.ndarray, known: np.ndarray, pos: np.ndarray,
+                has_pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Vectorized :meth:`PoolIndex.locate`: (source strings, expert_id or -1) per row.
+
+    ``known``: the row's inode is known; ``has_pos``: its position is (``pos`` in bytes)."""
+    n = len(ino)
+    source = np.full(n, "unresolved_fd", object)
+    eid = np.full(n, -1, np.int64)
+    source[known] = "other_files"
+    if pool is None or not pool.inodes or n == 0:
+        return source, eid
+    keys = np.fromiter(pool.inodes.keys(), np.uint64, len(pool.inodes))
+    vals = np.array(list(pool.inodes.values()), np.int64).reshape(-1, 2)
+    order = np.argsort(keys)
+    keys, vals = keys[order], vals[order]
+    i = np.clip(np.searchsorted(keys, ino.astype(np.uint64)), 0, len(keys) - 1)
+    hit = known & (keys[i] == ino.astype(np.uint64)) & (dev.astype(np.int64) == pool.dev)
+    base, cnt = vals[i, 0], vals[i, 1]
+    single = hit & (cnt <= 1)
+    source[single], eid[single] = "expert", base[single]
+    multi = hit & (cnt > 1)
+    nop = multi & ~has_pos
+    source[nop] = "no_position"
+    off = np.where(has_pos, pos.astype(np.uint64) // np.uint64(max(pool.extent_bytes, 1)), 0).astype(np.int64)
+    tail = multi & has_pos & (off >= cnt)
+    source[tail] = "pool_tail"
+    ok = multi & has_pos & (off < cnt)
+    source[ok], eid[ok] = "expert", base[ok] + off[ok]
+    return source, eid
+
+
+def calls_table(raw: bytes, inos: dict[Ident, Resolution], pool: PoolIndex | None) -> pd.DataFrame:
+    """read_calls: the stream, one row per call, attributed like reads.parquet (by identity,
+    and for the pool file by the call's own position; an identity never resolved uses the
+    call's own first added page)."""
+    ev = np.frombuffer(raw, READ_CALL_DTYPE) if raw else np.zeros(0, READ_CALL_DTYPE)
+    n = len(ev)
+    ret = ev["ret"].astype(np.int64)
+    added = ev["added_pages"].astype(np.int64)
+    other = ev["other_pages"].astype(np.int64)
+    cls = np.where(ret < 0, 2, np.where(added + other > 0, 1, 0))
+    pos = ev["pos"].astype(np.uint64)
+    sc = ev["syscall"].astype(np.int64)
+    has_pos = pos < np.uint64(1 << 63)  # NOPOS (read()) and preadv2's -1 (the file position)
+    df = pd.DataFrame({"tgid": ev["tgid"].astype(np.int64), "fd": ev["fd"].astype(np.int64),
+                       "gen": ev["gen"].astype(np.int64), "epoch": ev["epoch"].astype(np.int64)})
+    if inos:
+        idx = pd.DataFrame([(*k, r.ino, r.dev) for k, r in inos.items()],
+                           columns=["tgid", "fd", "gen", "epoch", "_ino", "_dev"])
+        m = df.merge(idx, how="left", on=["tgid", "fd", "gen", "epoch"])
+        r_ino = m["_ino"].to_numpy(dtype="float64", na_value=np.nan)
+        r_dev = m["_dev"].to_numpy(dtype="float64", na_value=np.nan)
+    else:
+        r_ino = r_dev = np.full(n, np.nan)
+    have = ~np.isnan(r_ino)
+    own = ev["ino"].astype(np.uint64)
+    ino = np.where(have, np.nan_to_num(r_ino).astype(np.uint64), own)
+    dev = np.where(have, np.nan_to_num(r_dev).astype(np.int64), ev["dev"].astype(np.int64))
+    known = have | (own != 0)
+    source, eids = locate_many(pool, ino, dev, known, pos, has_pos)
+    names = np.array(SYSCALLS + ("?",), object)
+    out = pd.DataFrame({
+        "ts_ns": ev["ts_ns"].astype(np.int64), "tid": ev["tid"].astype(np.int32), "tgid": ev["tgid"].astype(np.int32),
+        "fd": ev["fd"].astype(np.int32), "gen": ev["gen"].astype(np.int32), "epoch": ev["epoch"].astype(np.int32),
+        "syscall": pd.array(names[np.clip(sc, 0, len(SYSCALLS))], dtype="string"),
+        "offset_bytes": pd.array(np.where(has_pos, pos, 0).astype(np.int64), dtype="Int64"),
+        "count_bytes": ev["count"].astype(np.int64), "ret": ret, "latency_ns": ev["latency_ns"].astype(np.int64),
+        "added_pages": added, "beyond_pages": ev["beyond_pages"].astype(np.int64), "other_added_pages": other,
+        "ino": pd.array(own, dtype="UInt64"),
+        "class": pd.array(np.array(CLASSES, object)[cls], dtype="string"),
+        "expert_id": pd.array(eids, dtype="Int64"),
+        "source": pd.array(source, dtype="string"),
+    })
+    out.loc[~has_pos, "offset_bytes"] = pd.NA
+    out.loc[own == 0, "ino"] = pd.NA
+    out.loc[eids < 0, "expert_id"] = pd.NA
+    return out[[c.name for c in SPEC.tables()["read_calls"]]]
+
+
+def replay_oracle(log_dir: Path | None) -> dict[str, Any] | None:
+    """What the replay's own log says its read calls were (replay.json): bytes, expert
+    reads, calls per expert, and whether the probe's expert calls must equal them exactly
+    (``comparable``: ``--mode pagecache`` without pread prefetching). None without a log."""
+    if log_dir is None:
+        return None
+    p = Path(log_dir) / "replay.json"
+    try:
+        doc = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    ph = doc.get("phases") or {}
+    reads = sum(int(v.get("reads") or 0) for v in ph.values())
+    byts = sum(int(v.get("bytes") or 0) for v in ph.values())
+    hits = sum(int(v.get("arena_hits") or 0) for v in ph.values())
+    per_call = doc.get("read_bytes_per_call")
+    read_len = doc.get("read_len_bytes")
+    cpe = -(-int(read_len) // int(per_call)) if per_call and read_len else None
+    mode = doc.get("mode")
+    comparable = mode == "pagecache" and doc.get("prefetch") != "pread" and hits == 0 and cpe is not None
+    why = None if comparable else (f"mode {mode}, prefetch {doc.get('prefetch')}, arena hits {hits}: the replay's "
+                                   "accesses are not all read calls of one size")
+    return {"mode": mode, "reads": reads, "bytes": byts, "arena_hits": hits, "calls_per_expert": cpe,
+            "expected_calls": reads * cpe if comparable else None, "expected_bytes": byts if comparable else None,
+            "comparable": comparable, "why_not": why, "complete": doc.get("complete")}
+
+
+# ---------------------------------------------------------------------------
+# the recorder
+
+
+class ReadsRecorder(ProbeRecorder):
+    """``moetrace record --probes reads``: see the module docstring."""
+
+    name = "reads"
+    error = ProbeError
+    needs_poll = True
+
+    def __init__(self, ctx: RecordContext):
+        super().__init__(ctx)
+        self.pool = PoolIndex.from_pmap(ctx.pmap)
+        self.stream = None  # moetrace.kernel.bpf.EventStream of read_call records
+        self.resolver: FdResolver | None = None
+        self.col: Collected | None = None
+        self._misses: dict[str, int | None] = {}
+        self._last_scan = 0.0
+        self._idents_seen = 0
+        self._root_pids: list[int] = []
+        self._t_open = 0.0
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def open(self) -> "ReadsRecorder":
+        plan = self.require_plan()
+        self.knobs = self.with_user_knobs(reads_knobs(plan, self.pool, self.ctx.stream))
+        self.load_planned(self.knobs)
+        if not self.knobs["MOE_HAVE_PREADV2"]:
+            self.ctx.notes.append("reads: preadv2 is not attached: Python's os.preadv (the replay's read call) "
+                                  "issues preadv2, so the replay's reads are not seen")
+        fdgen, epochs = self.probe.table("fdgen"), self.probe.table("tgids")  # tgid -> epoch
+
+        def generation(tgid: int, fd: int) -> tuple[int, int] | None:
+            try:
+                g = fdgen.get(fdgen.Key((tgid << 32) | fd))  # struct live: .gen
+                e = epochs.get(epochs.Key(tgid))
+            except OSError:
+                return None
+            return (int(g.gen) if g is not None else 0, int(e.value) if e is not None else 0)
+
+        self.resolver = FdResolver(generation)
+        self.probe.table("idents").open_ring_buffer(self._on_ident)
+        if self.ctx.stream:
+            from moetrace.kernel.bpf import EventStream
+
+            stats = self.probe.table("stats")
+            slot = STAT["ring_drops"]
+            self.stream = EventStream(self.probe, "calls", READ_CALL_DTYPE.itemsize, "ring",
+                                      kernel_lost=lambda: int(stats.sum(ctypes.c_int(slot)).value),
+                                      max_records=self.ctx.stream_max_records)
+        self._t_open = time.monotonic()
+        return self
+
+    def _on_ident(self, _ctx, data, size) -> int:
+        """A new fd identity was read: stat its fd while it is (almost surely) still open."""
+        try:
+            r = np.frombuffer(ctypes.string_at(data, min(size, IDENT_DTYPE.itemsize)), IDENT_DTYPE)[0]
+            self._idents_seen += 1
+            self.resolver.resolve((int(r["tgid"]), int(r["fd"]), int(r["gen"]), int(r["epoch"])))
+        except Exception:  # noqa: BLE001 - a ctypes callback must not raise
+            pass
+        return 0
+
+    def follow(self, pid: int) -> None:
+        t = self.probe.table("tgids")
+        t[t.Key(pid)] = t.Leaf(0)  # followed, epoch 0
+        self._root_pids.append(pid)
+
+    def _tgids(self) -> list[int]:
+        return [int(k.value) for k in self.probe.table("tgids").keys()]
+
+    def poll(self, timeout_ms: int = 0) -> None:
+        if self.probe is None or self.probe.closed:
+            return
+        # wait on the rings until the deadline (a record wakes us at once: the idents
+        # callback stats the new fd while it is open); the recorder's loop must not spin
+        t_end = time.monotonic() + max(timeout_ms, 0) / 1000
+        while True:
+            left_ms = int((t_end - time.monotonic()) * 1000)
+            if self.stream is not None:
+                self.stream.poll(max(left_ms, 0))  # also runs the idents callback
+            else:
+                self.probe.bpf.ring_buffer_poll(max(left_ms, 0))
+            now = time.monotonic()
+            if now - self._last_scan >= SCAN_INTERVAL_S:
+                self._last_scan = now
+                self.resolver.scan(self._tgids())
+            if time.monotonic() >= t_end - 0.001:
+                break
+
+    def close(self) -> None:
+        """Drain the rings, read the kernel's aggregates (``collected``), detach. Idempotent."""
+        if self.closed or self.probe is None or self.probe.closed or self.resolver is None:
+            self.abort()
+            return
+        try:
+            if self.stream is not None:
+                self.stream.finish()
+            else:
+                self.probe.bpf.ring_buffer_consume()
+            self.resolver.scan(self._tgids())  # a process still alive (a daemonized child)
+            self._misses = self.recursion_misses()
+            self.col = self._collect()
+            self.collected = True
+        finally:
+            self.probe.close()
+            self.closed = True
+
+    # -- reading the kernel's side ----------------------------------------------------------
+    def _collect(self) -> Collected:
+        t = self.probe.table
+        cls_t = t("classes")
+        classes = {}
+        for i, name in enumerate(CLASSES):
+            vals = cls_t[ctypes.c_int(i)]
+            classes[name] = {f: int(sum(getattr(v, f) for v in vals)) for f in CLASS_FIELDS}
+        h = t("hist")
+        hist = np.array([int(h.sum(ctypes.c_int(i)).value) for i in range(len(CLASSES) * HIST_SLOTS)], np.int64)
+        st = t("stats")
+        stats = {name: int(st.sum(ctypes.c_int(i)).value) for i, name in enumerate(SPEC.stats)}
+        # identities: the retired ones and the per-extent / read() ones (`fds`), and each fd
+        # number's current one with its counters (`fdgen`, files layout: chunk 0)
+        idents = [((k.tgid, k.fd, k.gen, k.epoch, int(k.chunk)), v) for k, v in t("fds").items()]
+        idents += [((int(k.value) >> 32, int(k.value) & 0xFFFFFFFF, v.gen, v.epoch, 0), v.a)
+                   for k, v in t("fdgen").items() if v.a.c.calls]
+        fds, fd_hist = fd_frames(idents)
+        ov = t("fd_overflow")
+        overflow = {f: int(getattr(ov[ctypes.c_int(0)].c, f)) for f in FD_FIELDS}
+        bad_fd = {f: int(getattr(ov[ctypes.c_int(1)].c, f)) for f in FD_FIELDS}
+        inflight_left = sum(1 for _k, v in t("inflight").items() if v.start_ns)  # entries stay, idle at 0
+        raw = self.stream.records() if self.stream is not None else None
+        intervals = list(self.stream.intervals) if self.stream is not None else []
+        return Collected(classes, hist.reshape(len(CLASSES), HIST_SLOTS), fds, fd_hist, overflow, stats,
+                         bad_fd, inflight_left, raw, intervals)
+
+    # -- the run directory ------------------------------------------------------------------
+    def tables(self) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
+        """({table: DataFrame}, summary) of what was collected."""
+        if self.col is None:
+            raise MoetraceError("reads: nothing collected (close() was not called or failed)")
+        return build(self.col, self.resolver.resolved if self.resolver else {}, self.pool,
+                     self.knobs.get("MOE_EXTENT", 0), self.ctx.log_dir,
+                     {"idents_announced": self._idents_seen,
+                      "idents_stat_failed": self.resolver.failed if self.resolver else 0,
+                      "fd_scans": self.resolver.scans if self.resolver else 0})
+
+    def write(self, run_dir: Path, manifest: dict[str, Any]) -> None:
+        from moetrace.run import directory as rd
+
+        tables, summary = self.tables()
+        for name, df in tables.items():
+            rd.write_table(run_dir, name, df)
+            manifest.setdefault("tables", {})[name] = schema_doc(SPEC, name)
+        plan = self.ctx.plan
+        summary["attach"] = {e.group: e.candidate.target for e in plan.attached}
+        summary["unavailable"] = {e.group: e.reason for e in plan.entries if not e.attached}
+        summary["knobs"] = dict(self.knobs)
+        summary["compile_attach_s"] = self.compile_attach_s
+        manifest.setdefault("summaries", {})[self.name] = summary
+        manifest.setdefault("stats", {})[self.name] = dict(self.col.stats)
+        st = self.col.stats
+        misses = self._misses
+        manifest.setdefault("lost", {})[self.name] = {
+            "counters_recursion_misses": misses,
+            "counters_lost_events": sum(v for v in misses.values() if v) if misses else None,
+            "inflight_full_calls": st["inflight_full"], "exit_without_enter": st["exit_without_enter"],
+            "fd_map_full_calls": st["fd_map_full"], "retire_failed": st["retire_failed"],
+            "ident_drops": st["ident_drops"], "calls_in_flight_at_close": self.col.inflight_left,
+            "stream": None if self.stream is None else {
+                "records": self.stream.kept, "lost_kernel": self.stream.lost_kernel,
+                "lost_user": self.stream.lost_user, "intervals": len(self.stream.intervals)},
+            "note": "per-class and per-fd counters are aggregated in the kernel; calls missing from them are "
+                    "counted here (inflight_full; fd_map_full lands in the fd_map_full row; retire_failed: a "
+                    "closed identity whose counters landed in the fd_map_full row, its histogram in not_pool)",
+        }
+
+
+def build(col: Collected, resolved: dict[Ident, Resolution], pool: PoolIndex | None, extent: int,
+          log_dir: Path | None = None, extra: dict[str, Any] | None = None
+          ) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
+    """Every table of the reads probe and its manifest summary from what was collected."""
+    files, conflicts = files_table(col, resolved, pool, extent)
+    experts = experts_table(files, col.overflow, pool, col.bad_fd)
+    inos, _c = _ident_inodes(col.fds, resolved)
+    pool_idents = set()
+    if pool is not None:
+        pool_idents = {i for i, r in inos.items() if r.ino in pool.inodes and r.dev == pool.dev}
+    tables = {"reads": experts, "reads_latency": latency_table(col, pool_idents),
+              "reads_files": files[[c.name for c in SPEC.tables()["reads_files"]]]}
+    if col.stream is not None:
+        tables["read_calls"] = calls_table(col.stream, inos, pool)
+        tables["read_calls_intervals"] = pd.DataFrame(
+            [{"start_ns": i.start_ns, "end_ns": i.end_ns, "records": i.records, "lost_kernel_records": i.lost_kernel,
+              "lost_user_records": i.lost_user} for i in col.intervals],
+            columns=[c.name for c in SPEC.tables()["read_calls_intervals"]]).astype("int64")
+    e = experts[experts["kind"] == "expert"]
+    u = experts[experts["kind"] == "unattributed"].set_index("source")
+
+    def tot(df, c):
+        return int(df[c].sum())
+
+    classes = {}
+    for name, v in col.classes.items():
+        classes[name] = dict(v, latency_ns_mean=(v["latency_ns"] / v["calls"]) if v["calls"] else None)
+    hb = tot(e, "hit_only_bytes")
+    idents = files.drop_duplicates(["tgid", "fd", "gen", "epoch"]) if len(files) else files
+    oracle = replay_oracle(log_dir)
+    if oracle is not None:
+        oracle["probe_expert_calls"] = tot(e, "calls")
+        oracle["probe_expert_bytes"] = tot(e, "bytes")
+        oracle["calls_match"] = None if oracle["expected_calls"] is None else \
+            oracle["expected_calls"] == oracle["probe_expert_calls"]
+        oracle["bytes_match"] = None if oracle["expected_bytes"] is None else \
+            oracle["expected_bytes"] == oracle["probe_expert_bytes"]
+    summary = {
+        "classes": classes,
+        "experts": {"calls": tot(e, "calls"), "bytes": tot(e, "bytes"), "hit_only_calls": tot(e, "hit_only_calls"),
+                    "miss_calls": tot(e, "miss_calls"), "error_calls": tot(e, "error_calls"),
+                    "added_pages": tot(e, "added_pages"), "beyond_pages": tot(e, "beyond_pages"),
+                    "hit_only_ns_per_kib": (tot(e, "hit_only_latency_ns_sum") / (hb / 1024)) if hb else None},
+        "unattributed": {s: {"calls": int(u.loc[s, "calls"]), "bytes": int(u.loc[s, "bytes"]),
+                             "added_pages": int(u.loc[s, "added_pages"])} for s in UNATTRIBUTED},
+        "fd_identities": {"total": int(len(idents)),
+                          "resolved_proc": int((idents["resolved_by"] == "proc").sum()) if len(idents) else 0,
+                          "resolved_add": int((idents["resolved_by"] == "add").sum()) if len(idents) else 0,
+                          "unresolved": int(idents["resolved_by"].isna().sum()) if len(idents) else 0,
+                          "ino_conflicts": conflicts, **(extra or {})},
+        "calls_by_syscall": {sc: col.stats[f"calls_{sc}"] for sc in SYSCALLS},
+        "pages_added_outside_calls": col.stats["pages_added_outside_calls"],
+        "calls_in_flight_at_close": col.inflight_left,
+        "extent_bytes": extent,
+        "replay_check": oracle,
+    }
+    return tables, summary

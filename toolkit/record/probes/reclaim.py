@@ -1,0 +1,380 @@
+"""Reclaim truth: load probes/reclaim.c and read who reclaimed how much, how often, how long.
+
+::
+
+    with ReclaimRecorder() as rec:
+        ...                        # the workload
+    res = rec.result               # ReclaimResult (also returned by rec.close())
+    res.per_kind                   # one row per reclaimer kind: memcg, direct, kswapd, other
+    res.histogram                  # kind, slot, lo_ns, hi_ns, invocations (log2 ns durations)
+    res.timeline                   # per time bucket and kind (bucket_ns > 0 only)
+    res.summary()                  # scalars for the run manifest
+
+Everything is aggregated in the kernel (no event stream, so nothing can be lost): per
+reclaimer kind the invocations (``*_reclaim_begin`` / ``kswapd_wake``) and their durations
+(to the matching end on the same task), the pages ``lru_shrink_inactive`` scanned and
+reclaimed (steal), ``lru_shrink_active`` and ``lru_isolate`` counts. The kind of a
+shrink event is the open begin/end window of its task (kswapd by comm when attached
+mid-window; "other" when no window is open: node/soft-limit reclaim, reclaim_pages).
+
+Oracle: shrink_inactive's nr_scanned / nr_reclaimed are what the kernel adds to
+``pgscan_anon + pgscan_file`` / ``pgsteal_anon + pgsteal_file`` in /proc/vmstat for every
+reclaimer. The per-reclaimer ``pgscan_direct`` / ``pgsteal_direct`` / ``*_kswapd`` count
+only global reclaim (``if (!cgroup_reclaim(sc))`` in shrink_inactive_list): memcg limit
+reclaim lands in the memcg's own v2 memory.stat (v1 memory.stat has no pgscan at all).
+The recorder reads /proc/vmstat at open and close and puts the comparison in
+:meth:`ReclaimResult.summary` (``vmstat_check``).
+
+Which tracepoints exist is decided by :func:`moetrace.record.spec.resolve` on the ``reclaim``
+declaration; optional groups that are unavailable are compiled out with ``MOE_HAVE_*``
+knobs. Only tracepoint arguments are read, so mismatched headers are fine.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from moetrace.kernel import procfs
+from moetrace.kernel.procfs import delta as vmstat_delta
+
+from moetrace.record.spec import PROBES
+
+#: the one declaration of probes/reclaim.c (attach groups, knobs, stats slots, schema)
+SPEC = PROBES["reclaim"]
+SOURCE = SPEC.source_path
+#: reclaimer kinds of probes/reclaim.c, in KIND_* order
+KINDS = ("memcg", "direct", "kswapd", "other")
+#: per-kind counter fields of probes/reclaim.c, in F_* order (a test checks the two agree)
+FIELDS = ("invocations", "completed", "duration_ns", "end_reclaimed", "inactive_calls", "scanned", "reclaimed",
+          "scanned_file", "reclaimed_file", "dirty", "writeback", "congested", "immediate", "activate_anon",
+          "activate_file", "ref_keep", "unmap_fail", "active_calls", "active_taken", "active_deactivated",
+          "active_kept", "active_referenced", "isolate_calls", "isolate_requested", "isolate_scanned",
+          "isolate_skipped", "isolate_taken")
+#: stats slots of probes/reclaim.c, in STAT_* order
+STATS = SPEC.stats
+#: timeline fields per (bucket, kind), in T_* order
+TIMELINE_FIELDS = ("scanned", "reclaimed", "invocations", "duration_ns")
+HIST_SLOTS = 64
+#: attach group -> (C function, MOE_HAVE_* knob compiling it in; None: always compiled), from the declaration
+GROUPS = {g.name: (g.candidates[0].fn_name, g.knob) for g in SPEC.attach}
+HAVE_KNOBS = tuple(dict.fromkeys(g.knob for g in SPEC.attach if g.knob is not None))
+#: /proc/vmstat counters the recorder snapshots around a recording
+VMSTAT_KEYS = ("pgscan_kswapd", "pgscan_direct", "pgscan_khugepaged", "pgscan_proactive", "pgscan_anon",
+               "pgscan_file", "pgsteal_kswapd", "pgsteal_direct", "pgsteal_khugepaged", "pgsteal_proactive",
+               "pgsteal_anon", "pgsteal_file", "pgrefill", "pgdeactivate", "pgactivate",
+               "workingset_refault_file", "workingset_refault_anon")
+# 6.1/6.12 headers warn under clang 14 (bcc 0.26); harmless for tracepoint-args programs
+QUIET_CFLAGS = ("-Wno-ignored-attributes", "-Wno-duplicate-decl-specifier", "-Wno-unused-function",
+                "-Wno-macro-redefined")
+
+
+def read_vmstat(root: str | os.PathLike = "/", keys: tuple[str, ...] = VMSTAT_KEYS) -> dict[str, int]:
+    """The reclaim counters of <root>/proc/vmstat (absent ones are left out)."""
+    return procfs.read_vmstat(root, keys)
+
+
+def reclaim_cflags(have: dict[str, int] | None = None, bucket_ns: int = 0, max_buckets: int = 4096,
+                   t0_ns: int = 0, max_tasks: int = 16384) -> list[str]:
+    """The -D knobs of probes/reclaim.c (``have``: MOE_HAVE_* -> 0/1, default all 1)."""
+    if bucket_ns < 0 or max_buckets <= 0 or max_tasks <= 0 or t0_ns < 0:
+        raise ValueError("bucket_ns and t0_ns must be >= 0, max_buckets and max_tasks > 0")
+    have = {k: 1 for k in HAVE_KNOBS} | dict(have or {})
+    unknown = set(have) - set(HAVE_KNOBS)
+    if unknown:
+        raise ValueError(f"unknown MOE_HAVE_* knobs {sorted(unknown)}")
+    return SPEC.cflags(**{k: int(bool(v)) for k, v in have.items()}, MOE_MAX_TASKS=int(max_tasks),
+                       MOE_BUCKET_NS=int(bucket_ns), MOE_MAX_BUCKETS=int(max_buckets), MOE_T0_NS=int(t0_ns))
+
+
+def resolve_attach(features=None, plan=None) -> tuple[dict[str, str], dict[str, str], dict[str, int]]:
+    """(attached {group: "category:event"}, unavailable {group: reason}, MOE_HAVE_* knobs)
+    from the ``reclaim`` declaration on this kernel. Raises :class:`ProbeError` when
+    a required group is unavailable. An optional group sharing a knob with an unavailable
+    one is compiled out with it (begin without end would only leave windows open)."""
+    from moetrace.record import spec as probespec
+
+    if plan is None:
+        plan = probespec.resolve(SPEC, features)
+    attached: dict[str, str] = {}
+    missing: dict[str, str] = {}
+    for e in plan.entries:
+        if e.attached:
+            attached[e.group] = e.candidate.target
+        elif e.required:
+            raise ProbeError(f"reclaim probe: {e.group} unavailable: {e.reason}",
+                                    hint="`moetrace doctor` lists every attach point")
+        else:
+            missing[e.group] = e.reason
+    unknown = set(attached) - set(GROUPS)
+    if unknown:
+        raise ProbeError(f"reclaim declaration names groups probes/reclaim.c lacks: {sorted(unknown)}")
+    have = {k: 1 for k in HAVE_KNOBS}
+    for g, (_fn, knob) in GROUPS.items():
+        if knob is not None and g not in attached:
+            have[knob] = 0
+    for k in HAVE_KNOBS:  # a declaration knob of the same name wins when stricter
+        if k in plan.knobs:
+            have[k] = min(have[k], int(plan.knobs[k]))
+    for g, (_fn, knob) in GROUPS.items():
+        if knob is not None and have[knob] == 0 and g in attached:
+            missing[g] = f"compiled out ({knob}=0)"
+            del attached[g]
+    return attached, missing, have
+
+
+@dataclass
+class ReclaimResult:
+    """What one recording saw of reclaim, system-wide.
+
+    per_kind: one row per kind (KINDS): invocations, completed, scanned_pages,
+    reclaimed_pages, scan_to_steal (scanned / reclaimed; NaN without steal),
+    duration_ns_sum, duration_ns_mean, end_reclaimed_pages (sum of nr_reclaimed at
+    ``*_reclaim_end``), scanned_file_pages, reclaimed_file_pages, inactive_calls, then the
+    other shrink_inactive / shrink_active / isolate counters. histogram: kind, slot, lo_ns,
+    hi_ns, invocations (log2 buckets of completed invocations, nonzero rows only).
+    timeline: time_ns (bucket start, ns since the recording's t0), who, nr_scanned_pages,
+    nr_reclaimed_pages, invocations, duration_ns (nonzero rows; empty when bucket_ns is 0).
+    open_windows: begin without end at close (still reclaiming, or a missed end).
+    vmstat: /proc/vmstat deltas over the recording (VMSTAT_KEYS)."""
+
+    per_kind: pd.DataFrame
+    histogram: pd.DataFrame
+    timeline: pd.DataFrame
+    stats: dict[str, int]
+    open_windows: int
+    recursion_misses: dict[str, int]
+    attach: dict[str, str]
+    unavailable: dict[str, str]
+    knobs: dict[str, int]
+    vmstat: dict[str, int]
+    bucket_ns: int
+    compile_s: float
+    attach_s: float
+    start_s: float
+    duration_s: float
+
+    @property
+    def scanned_pages(self) -> int:
+        return int(self.per_kind["scanned_pages"].sum())
+
+    @property
+    def reclaimed_pages(self) -> int:
+        return int(self.per_kind["reclaimed_pages"].sum())
+
+    def kind(self, name: str) -> dict[str, Any]:
+        """One kind's row as a dict, with its duration histogram ({slot: invocations})."""
+        if name not in KINDS:
+            raise KeyError(f"unknown reclaimer kind {name!r}; kinds: {KINDS}")
+        row = self.per_kind.set_index("kind").loc[name].to_dict()
+        h = self.histogram[self.histogram["kind"] == name]
+        row["histogram"] = dict(zip(h["slot"].astype(int), h["invocations"].astype(int)))
+        return row
+
+    def vmstat_check(self) -> dict[str, Any]:
+        """The probe's totals against /proc/vmstat deltas (every reclaimer)."""
+        v = self.vmstat
+        scan_v = v.get("pgscan_anon", 0) + v.get("pgscan_file", 0)
+        steal_v = v.get("pgsteal_anon", 0) + v.get("pgsteal_file", 0)
+
+        def rel(a: int, b: int) -> float | None:
+            return None if b == 0 else (a - b) / b
+
+        return {"probe_scanned": self.scanned_pages, "vmstat_pgscan": scan_v,
+                "scanned_rel_err": rel(self.scanned_pages, scan_v),
+                "probe_reclaimed": self.reclaimed_pages, "vmstat_pgsteal": steal_v,
+                "reclaimed_rel_err": rel(self.reclaimed_pages, steal_v)}
+
+    def summary(self) -> dict[str, Any]:
+        """Scalars for a run manifest / --json."""
+        kinds = {}
+        for r in self.per_kind.to_dict("records"):
+            s2s = r["scan_to_steal"]
+            kinds[r["kind"]] = {"invocations": int(r["invocations"]), "completed": int(r["completed"]),
+                                "scanned_pages": int(r["scanned_pages"]),
+                                "reclaimed_pages": int(r["reclaimed_pages"]),
+                                "scan_to_steal": None if s2s is None or math.isnan(s2s) else float(s2s),
+                                "duration_ns_sum": int(r["duration_ns_sum"])}
+        tot_s, tot_r = self.scanned_pages, self.reclaimed_pages
+        return {"kinds": kinds, "scanned_pages": tot_s, "reclaimed_pages": tot_r,
+                "scan_to_steal": (tot_s / tot_r) if tot_r else None,
+                "open_windows": self.open_windows, "lost_events": 0,
+                "recursion_misses": dict(self.recursion_misses), "stats": dict(self.stats),
+                "attach": dict(self.attach), "unavailable": dict(self.unavailable), "knobs": dict(self.knobs),
+                "bucket_ns": self.bucket_ns, "vmstat_delta": dict(self.vmstat),
+                "vmstat_check": self.vmstat_check(), "compile_s": self.compile_s, "attach_s": self.attach_s,
+                "start_s": self.start_s, "duration_s": self.duration_s}
+
+
+from moetrace.kernel.bpf import percpu_sums, recursion_misses  # noqa: E402
+from moetrace.errors import ProbeError
+
+
+class ReclaimRecorder:
+    """Attach probes/reclaim.c; on close read its in-kernel aggregates and detach.
+
+    bucket_ns > 0 also keeps per-time-bucket counters (``max_buckets`` buckets from the
+    moment of open(); later events land in the last bucket and are counted in
+    ``stats["timeline_overflow"]``). features: a :class:`moetrace.kernel.features.Features`
+    (default: the live kernel). Use as a context manager: probes detach on exit, also on
+    exceptions; :attr:`result` holds the :class:`ReclaimResult`."""
+
+    def __init__(self, bucket_ns: int = 0, max_buckets: int = 4096, max_tasks: int = 16384, features=None,
+                 vmstat_root: str | os.PathLike = "/", extra_cflags: tuple[str, ...] = QUIET_CFLAGS, plan=None):
+        reclaim_cflags(bucket_ns=bucket_ns, max_buckets=max_buckets, max_tasks=max_tasks)  # validate
+        self.bucket_ns = int(bucket_ns)
+        self.max_buckets = int(max_buckets)
+        self.max_tasks = int(max_tasks)
+        self.features = features
+        self._plan = plan
+        self.vmstat_root = vmstat_root
+        self.extra_cflags = tuple(extra_cflags)
+        self.attach: dict[str, str] = {}
+        self.unavailable: dict[str, str] = {}
+        self.knobs: dict[str, int] = {}
+        self.bpf = None
+        self.result: ReclaimResult | None = None
+        self.compile_s = 0.0
+        self.attach_s = 0.0
+        self._t0_ns = 0
+        self._t0 = 0.0
+        self._vm0: dict[str, int] = {}
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def open(self) -> "ReclaimRecorder":
+        """Resolve, compile, load and attach."""
+        from moetrace.kernel.bpf import import_bcc
+
+        bcc = import_bcc()
+        if self.features is not None and self.features.tracefs is None:
+            from moetrace.kernel.features import tracefs_path
+
+            self.features.tracefs = tracefs_path(self.features.root)
+        self.attach, self.unavailable, have = resolve_attach(self.features, self._plan)
+        self._t0_ns = time.monotonic_ns()  # bpf_ktime_get_ns() is CLOCK_MONOTONIC
+        cflags = reclaim_cflags(have, self.bucket_ns, self.max_buckets, self._t0_ns, self.max_tasks)
+        self.knobs = {f[2:].split("=")[0]: int(f.split("=")[1]) for f in cflags}
+        t0 = time.perf_counter()
+        try:
+            self.bpf = bcc.BPF(src_file=str(SOURCE).encode(), cflags=cflags + list(self.extra_cflags))
+        except Exception as e:  # bcc raises bare Exception on compile/load errors
+            msg = str(e).strip().splitlines()
+            raise ProbeError(f"cannot compile/load {SOURCE.name}: {msg[-1] if msg else type(e).__name__}",
+                                    hint="check kernel headers: `moetrace doctor`") from None
+        t1 = time.perf_counter()
+        try:
+            for group, target in self.attach.items():
+                self.bpf.attach_tracepoint(tp=target.encode(), fn_name=GROUPS[group][0].encode())
+        except Exception as e:
+            self._cleanup()
+            raise ProbeError(f"cannot attach the reclaim probe: {e}") from None
+        self.compile_s, self.attach_s = t1 - t0, time.perf_counter() - t1
+        self._vm0 = read_vmstat(self.vmstat_root)
+        self._t0 = time.time()
+        return self
+
+    def __enter__(self) -> "ReclaimRecorder":
+        return self.open()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _cleanup(self) -> None:
+        if self.bpf is not None:
+            try:
+                self.bpf.cleanup()
+            finally:
+                self.bpf = None
+
+    def close(self) -> ReclaimResult | None:
+        """Read the kernel's aggregates, detach. Idempotent."""
+        if self.bpf is None:
+            return self.result
+        try:
+            vm1 = read_vmstat(self.vmstat_root)
+            self.result = self._collect(vmstat_delta(self._vm0, vm1))
+        finally:
+            self._cleanup()
+        return self.result
+
+    def snapshot(self) -> ReclaimResult:
+        """The aggregates so far, without detaching."""
+        if self.bpf is None:
+            raise ProbeError("the reclaim probe is not attached")
+        return self._collect(vmstat_delta(self._vm0, read_vmstat(self.vmstat_root)))
+
+    # -- reading the kernel's side ------------------------------------------------------------
+    def _percpu_array(self, name: str) -> np.ndarray:
+        return percpu_sums(self.bpf[name.encode()])
+
+    def _collect(self, vm: dict[str, int]) -> ReclaimResult:
+        nk, nf = len(KINDS), len(FIELDS)
+        tot = self._percpu_array("totals").reshape(nk, nf)
+        st = dict(zip(STATS, (int(x) for x in self._percpu_array("stats"))))
+        hist = self._percpu_array("dur_hist").reshape(nk, HIST_SLOTS)
+        open_windows = len(self.bpf[b"active"].items())
+        by_fn = recursion_misses(self.bpf, 0)
+        misses = {g: by_fn[GROUPS[g][0]] for g in self.attach if GROUPS[g][0] in by_fn}
+        t = {f: tot[:, i] for i, f in enumerate(FIELDS)}
+        with np.errstate(divide="ignore", invalid="ignore"):
+            s2s = np.where(t["reclaimed"] > 0, t["scanned"] / np.maximum(t["reclaimed"], 1), np.nan)
+            dmean = np.where(t["completed"] > 0, t["duration_ns"] / np.maximum(t["completed"], 1), np.nan)
+        cols: dict[str, Any] = {
+            "kind": pd.array(KINDS, dtype="string"),
+            "invocations": t["invocations"], "completed": t["completed"],
+            "scanned_pages": t["scanned"], "reclaimed_pages": t["reclaimed"], "scan_to_steal": s2s,
+            "duration_ns_sum": t["duration_ns"], "duration_ns_mean": dmean,
+            "end_reclaimed_pages": t["end_reclaimed"],
+            "scanned_file_pages": t["scanned_file"], "reclaimed_file_pages": t["reclaimed_file"],
+            "inactive_calls": t["inactive_calls"],
+        }
+        for f in ("dirty", "writeback", "congested", "immediate", "activate_anon", "activate_file", "ref_keep",
+                  "unmap_fail"):
+            cols[f + "_pages"] = t[f]
+        cols["active_calls"] = t["active_calls"]
+        for f in ("active_taken", "active_deactivated", "active_kept", "active_referenced"):
+            cols[f + "_pages"] = t[f]
+        cols["isolate_calls"] = t["isolate_calls"]
+        for f in ("isolate_requested", "isolate_scanned", "isolate_skipped", "isolate_taken"):
+            cols[f + "_pages"] = t[f]
+        per_kind = pd.DataFrame(cols)[[c.name for c in SPEC.schema]]  # the declared table, in order
+
+        # bcc's bpf_log2l(d) is floor(log2(d)) + 1 (0 and 1 both give 1): slot s holds
+        # [2**(s-1), 2**s) ns, slot 1 also 0 (the convention of bcc's print_log2_hist)
+        ki, sl = np.nonzero(hist)
+        hi = np.left_shift(np.uint64(1), sl.astype(np.uint64))
+        histogram = pd.DataFrame({
+            "kind": pd.array([KINDS[i] for i in ki], dtype="string"),
+            "slot": sl.astype("int32"),
+            "lo_ns": np.where(sl <= 1, np.uint64(0), hi // np.uint64(2)).astype("uint64"),
+            "hi_ns": hi,
+            "invocations": hist[ki, sl].astype("int64"),
+        })
+
+        timeline = self._timeline()
+        return ReclaimResult(per_kind=per_kind, histogram=histogram, timeline=timeline, stats=st,
+                             open_windows=open_windows, recursion_misses=misses, attach=dict(self.attach),
+                             unavailable=dict(self.unavailable), knobs=dict(self.knobs), vmstat=vm,
+                             bucket_ns=self.bucket_ns, compile_s=self.compile_s, attach_s=self.attach_s,
+                             start_s=self._t0, duration_s=time.time() - self._t0)
+
+    def _timeline(self) -> pd.DataFrame:
+        cols = ["time_ns", "who", "nr_scanned_pages", "nr_reclaimed_pages", "invocations", "duration_ns"]
+        if self.bucket_ns <= 0:
+            return pd.DataFrame({c: pd.Series(dtype="string" if c == "who" else "int64") for c in cols})
+        nk, ntl = len(KINDS), len(TIMELINE_FIELDS)
+        tl = self._percpu_array("timeline").reshape(self.max_buckets, nk, ntl)
+        b, k = np.nonzero(tl.any(axis=2))
+        return pd.DataFrame({
+            "time_ns": (b.astype(np.int64) * self.bucket_ns),
+            "who": pd.array([KINDS[i] for i in k], dtype="string"),
+            "nr_scanned_pages": tl[b, k, 0], "nr_reclaimed_pages": tl[b, k, 1],
+            "invocations": tl[b, k, 2], "duration_ns": tl[b, k, 3],
+        })

@@ -1,0 +1,1224 @@
+"""The replay harness: read a plan's experts from a pool, layer by layer, and time it.
+
+For every replayed pass over the plan (``warmup`` warm-up passes, then
+``passes`` measured passes) every iteration of the plan is replayed in order:
+each of its plan passes, each non-empty layer in layer order, the layer's
+experts split dynamically across ``threads`` reader threads; every read of
+layer l completes before layer l+1 starts. Each access is one copy into the
+reading thread's preallocated, page-aligned buffer (no per-read allocation):
+
+``pagecache``  ``os.preadv`` through the page cache (the GIL is released in
+               the syscall, so 8 Python threads keep up with fio).
+``mmap``       each pool file mapped once; an access copies the expert's bytes
+               from the mapping (every page is touched) with a GIL-free memmove.
+``direct``     ``O_DIRECT`` preads of the expert rounded up to the page (the
+               stand-in for an engine's F_NOCACHE reader): every pass reads
+               every byte from the device.
+``pinned``     the top experts by frequency (the plan's own counts, the paper's
+               oracle, or another trace's) preloaded into one mlocked anonymous
+               arena; a hit is a memmove from the arena, a miss a page-cache
+               pread. VmLck is verified after the preload, which is timed
+               separately and excluded from every iteration.
+``hybrid``     the same mechanism with the arena given by the caller as a
+               fraction of a budget (the cell computes it); the label differs.
+
+Prefetch advisor (paper §7): one worker thread with one overwritable slot.
+After a layer is read the plan's hint set issued by that layer (the experts
+predicted for the next non-empty slot) is put into the slot; putting into a
+full slot replaces the waiting set and counts it *overwritten*. The worker
+takes a set and issues ``posix_fadvise(WILLNEED)`` per expert (``fadvise``) or
+a blocking pread into its own buffer (``pread``); a finished set counts
+*completed*. At the end the slot is drained, so submitted = completed +
+overwritten. Arena experts are never hinted.
+
+Outputs (when a run directory is given): ``iterations.parquet``, one row per
+iteration per replayed pass, and ``replay.json``, the summary (see
+:data:`ITERATION_COLUMNS` and :func:`summarize`). Both are written atomically;
+an interrupted replay writes what it has with ``"complete": false``.
+
+Clock: ``time.monotonic_ns()`` (CLOCK_MONOTONIC), the clock the recorder uses.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno as _errno
+import itertools
+import json
+import mmap
+import os
+import resource
+import select
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from moetrace import __version__
+from moetrace.jsonutil import json_default
+from moetrace.errors import InputError, MoetraceError, ReplayInterrupted, SignalReceived, UsageError
+from moetrace.inputs.geometry import format_bytes
+
+MODES = ("pagecache", "mmap", "direct", "pinned", "hybrid")
+PREFETCH = ("none", "fadvise", "pread")
+REPLAY_SCHEMA = "moetrace.replay/1"
+ITERATIONS_FILE = "iterations.parquet"
+SUMMARY_FILE = "replay.json"
+RUN_DIR_ENV = "MOETRACE_RUN_DIR"
+PDEATHSIG_ENV = "MOETRACE_PDEATHSIG"
+PAGE = mmap.PAGESIZE
+ALIGN = 4096  # O_DIRECT alignment: a multiple of every logical block size in use (512, 4096)
+
+#: iterations.parquet columns (name, arrow type); units in the names.
+ITERATION_COLUMNS = (
+    ("phase", "string"),  # 'warmup' | 'measured'
+    ("repeat", "int32"),  # 0-based replayed pass within the phase
+    ("iteration", "int64"),  # plan iteration
+    ("step", "int64"),  # engine step of the iteration (plan index)
+    ("plan_passes", "int32"),  # plan passes in the iteration (2 = a failed speculation)
+    ("start_ns", "int64"),  # CLOCK_MONOTONIC
+    ("end_ns", "int64"),
+    ("duration_ns", "int64"),
+    ("bytes", "int64"),  # logical expert bytes delivered into the buffers
+    ("reads", "int64"),  # expert accesses
+    ("arena_hits", "int64"),  # accesses served from the mlocked arena
+    ("hints_submitted", "int64"),  # hint sets put into the advisor's slot
+    ("hints_overwritten", "int64"),  # ... replaced in the slot before the worker took them
+    ("hints_completed", "int64"),  # ... finished by the worker during the iteration
+)
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+_libc.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.munlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.mmap.restype = ctypes.c_void_p
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+_MADV_RANDOM = 1
+_memmove = ctypes.memmove  # a ctypes foreign call: the GIL is released during the copy
+
+
+def _round_up(n: int, a: int) -> int:
+    return -(-n // a) * a
+
+
+def _mlock(addr: int, length: int) -> None:
+    """mlock(2) via libc; raises MoetraceError naming the limit that refused it."""
+    if _libc.mlock(addr, length) == 0:
+        return
+    err = ctypes.get_errno()
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    lim = "unlimited" if soft == resource.RLIM_INFINITY else format_bytes(soft)
+    what = f"mlock of the {format_bytes(length)} arena failed ({_errno.errorcode.get(err, err)}: {os.strerror(err)})"
+    if err == _errno.EPERM:
+        raise MoetraceError(f"{what}: RLIMIT_MEMLOCK is {lim} and the process lacks CAP_IPC_LOCK",
+                            hint="run as root, or raise the limit (`ulimit -l unlimited`, "
+                                 "LimitMEMLOCK= in a systemd unit)")
+    if err == _errno.ENOMEM:
+        raise MoetraceError(f"{what}: over RLIMIT_MEMLOCK ({lim}) for an unprivileged process, or the memory "
+                            f"cgroup limit / free memory cannot hold the arena",
+                            hint="raise `ulimit -l`, run as root, or give the memory cgroup more than the arena "
+                                 "(memory.max / memory.limit_in_bytes); or use a smaller --arena-bytes")
+    raise MoetraceError(f"{what}: some pages could not be locked",
+                        hint="free memory, or use a smaller --arena-bytes")
+
+
+def read_vmlck(pid: int | str = "self") -> int:
+    """VmLck of a process in bytes, from /proc/<pid>/status (0 when it has none)."""
+    from moetrace.kernel.procfs import read_vmlck as _read
+
+    return _read(pid) or 0
+
+
+def set_pdeathsig(sig: int = signal.SIGKILL) -> None:
+    """Ask the kernel to send sig to this process when its parent dies (prctl PR_SET_PDEATHSIG).
+
+    If the parent is already gone (reparented before the call), exit at once.
+    """
+    from moetrace.kernel import syscalls
+
+    ppid = os.getppid()
+    try:
+        syscalls.set_pdeathsig(sig)
+    except OSError as e:
+        raise MoetraceError(str(e)) from None
+    if ppid == 1 or os.getppid() != ppid:
+        os._exit(1)
+
+
+# ---------------------------------------------------------------------------
+# the plan, flattened for replay
+
+
+@dataclass
+class FlatPlan:
+    """A whole plan in memory, flattened into slots (one per non-empty (pass, layer)).
+
+    ids: global expert ids of every read in replay order; slot_bounds[s]..[s+1]
+    spans slot s in ids; hint_ids / hint_bounds the same for the hint set slot s
+    issues (global ids of the slot it targets); iter_bounds[i]..[i+1] the slots
+    of iteration i. Held in memory so that the measured interval reads nothing
+    but pool bytes (no plan-file I/O).
+    """
+
+    path: str
+    header: object
+    ids: np.ndarray
+    slot_bounds: np.ndarray
+    hint_ids: np.ndarray
+    hint_bounds: np.ndarray
+    iter_bounds: np.ndarray
+    iterations: np.ndarray
+    steps: np.ndarray
+    plan_passes: np.ndarray
+
+    @property
+    def n_iterations(self) -> int:
+        return int(self.iterations.size)
+
+    @property
+    def n_reads(self) -> int:
+        return int(self.ids.size)
+
+    @property
+    def n_hint_sets(self) -> int:
+        """Non-empty hint sets per pass over the plan (what the advisor is given)."""
+        return int(np.count_nonzero(np.diff(self.hint_bounds)))
+
+    def counts(self, n_total: int) -> np.ndarray:
+        """Accesses per expert_id over the whole plan (the oracle frequency table)."""
+        return np.bincount(self.ids, minlength=n_total)
+
+
+def load_flat_plan(path: str | os.PathLike) -> FlatPlan:
+    """Read and verify a whole plan (every block CRC) into a FlatPlan."""
+    from moetrace.inputs.plan import open_plan
+
+    spath = os.fspath(path)
+    if not os.path.exists(spath):
+        raise InputError("no such plan", path=spath, hint="compile one with `moetrace plan compile`")
+    with open_plan(spath) as r:
+        h = r.header
+        L, E = h.n_layers, h.n_experts
+        ids = np.empty(h.n_reads, np.int64)
+        hint_chunks: list[np.ndarray] = []
+        slot_sizes: list[np.ndarray] = []
+        hint_sizes: list[np.ndarray] = []
+        pass_first_slot: list[int] = []
+        pass_iter: list[int] = []
+        it_passes = np.zeros(h.n_iterations, np.int32)
+        steps = np.zeros(h.n_iterations, np.int64)
+        q = 0
+        n_slots = 0
+        pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # per pass: nz layers, counts, hints split
+        for ps in r.passes():
+            cnt = ps.counts.astype(np.int64)
+            nz = np.flatnonzero(cnt)
+            lay = np.repeat(np.arange(L, dtype=np.int64), cnt)
+            ids[q:q + ps.n_reads] = lay * E + ps.experts
+            q += ps.n_reads
+            slot_sizes.append(cnt[nz])
+            pass_first_slot.append(n_slots)
+            pass_iter.append(ps.iteration)
+            n_slots += nz.size
+            it_passes[ps.iteration] += 1
+            steps[ps.iteration] = ps.step
+            hb = ps.hints_by_layer() if h.has_hints else None
+            pending.append((nz, hb))
+        # hints: slot nz[a] of a pass targets nz[a+1]; the last slot targets the next pass's first slot
+        first_layer = [int(nz[0]) if nz.size else -1 for nz, _ in pending]
+        nxt_first = [-1] * len(pending)
+        nf = -1
+        for j in range(len(pending) - 1, -1, -1):
+            nxt_first[j] = nf
+            if first_layer[j] >= 0:
+                nf = first_layer[j]
+        for j, (nz, hb) in enumerate(pending):
+            if hb is None:
+                hint_sizes.append(np.zeros(nz.size, np.int64))
+                continue
+            sizes = np.zeros(nz.size, np.int64)
+            for a, layer in enumerate(nz):
+                target = int(nz[a + 1]) if a + 1 < nz.size else nxt_first[j]
+                hx = hb[int(layer)]
+                if target < 0 or hx.size == 0:
+                    continue
+                hint_chunks.append(target * E + hx.astype(np.int64))
+                sizes[a] = hx.size
+            hint_sizes.append(sizes)
+        # an iteration's slots: passes are stored in iteration order
+        slot_bounds = np.zeros(n_slots + 1, np.int64)
+        if n_slots:
+            np.cumsum(np.concatenate(slot_sizes), out=slot_bounds[1:])
+        hint_bounds = np.zeros(n_slots + 1, np.int64)
+        if n_slots:
+            np.cumsum(np.concatenate(hint_sizes), out=hint_bounds[1:])
+        iter_bounds = np.zeros(h.n_iterations + 1, np.int64)
+        pf = np.asarray(pass_first_slot + [n_slots], np.int64)
+        pi = np.asarray(pass_iter, np.int64)
+        # first slot of iteration i = first slot of its first pass (or of the next non-empty one)
+        first_pass = np.searchsorted(pi, np.arange(h.n_iterations + 1), side="left")
+        iter_bounds[:] = pf[first_pass]
+    hint_ids = np.concatenate(hint_chunks) if hint_chunks else np.zeros(0, np.int64)
+    return FlatPlan(spath, h, ids, slot_bounds, hint_ids, hint_bounds, iter_bounds,
+                    np.arange(h.n_iterations, dtype=np.int64), steps, it_passes)
+
+
+def frequency_table(source: str, plan: FlatPlan, n_layers: int, n_experts: int) -> np.ndarray:
+    """Accesses per expert_id: 'oracle' = the plan's own counts, else counted from a
+    trace (.jsonl / .parquet) or a plan.bin of the same geometry."""
+    n_total = n_layers * n_experts
+    if source == "oracle":
+        return plan.counts(n_total)
+    if not os.path.isfile(source):
+        raise InputError("no such frequency-table file", path=source,
+                         hint="pass --freq-table oracle, or a trace (.jsonl/.parquet) or plan.bin")
+    from moetrace.analyses.sim import load_accesses
+
+    acc = load_accesses(source, k=plan.header.k, n_layers=n_layers, n_experts=n_experts)
+    if (acc.n_layers, acc.n_experts) != (n_layers, n_experts):
+        raise UsageError(f"--freq-table {source} is {acc.n_layers}x{acc.n_experts}, the plan "
+                         f"{n_layers}x{n_experts}", hint="count from a trace of the same geometry")
+    return np.bincount(acc.expert_id.astype(np.int64), minlength=n_total)
+
+
+def choose_arena(counts: np.ndarray, n_arena: int) -> np.ndarray:
+    """The n_arena expert ids with the highest counts (ties by lower id), sorted by id."""
+    order = np.lexsort((np.arange(counts.size), -counts.astype(np.int64)))
+    return np.sort(order[:n_arena])
+
+
+# ---------------------------------------------------------------------------
+# threads
+
+
+class _Worker:
+    """A reader thread's state: its page-aligned buffer and counters."""
+
+    __slots__ = ("buf", "mv", "addr", "iov", "chunks", "reads", "bytes", "hits")
+
+    def __init__(self, size: int, read_len: int, read_size: int | None):
+        self.buf = mmap.mmap(-1, max(size, PAGE))
+        self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self.buf))
+        self.mv = memoryview(self.buf)
+        self.iov = [self.mv[:read_len]]
+        self.chunks = None
+        if read_size and read_size < read_len:
+            self.chunks = [(self.mv[o:min(o + read_size, read_len)], o) for o in range(0, read_len, read_size)]
+        self.reads = self.bytes = self.hits = 0
+
+    def close(self) -> None:
+        self.iov = self.chunks = None
+        self.mv.release()
+        # the ctypes export from from_buffer keeps the mapping alive until collected
+        try:
+            self.buf.close()
+        except BufferError:
+            pass
+
+
+class _ThreadPool:
+    """T reader threads: the calling (main) thread and T-1 workers woken per layer
+    through per-thread locks (the cheapest handoff in CPython). Items of a layer
+    are taken dynamically with an atomic counter; the caller reads too, so a
+    layer costs T-1 wake-ups and at most one wait."""
+
+    def __init__(self, workers: list[_Worker]):
+        self.workers = workers
+        self._go = [threading.Lock() for _ in workers[1:]]
+        for g in self._go:
+            g.acquire()
+        self._done = threading.Lock()
+        self._done.acquire()
+        self._items: list = []
+        self._fn: Callable = None
+        self._next = itertools.count()
+        self._fin = itertools.count(1)
+        self._k = 0
+        self._stop = False
+        self.abort = False
+        self.error: BaseException | None = None
+        self._threads = [threading.Thread(target=self._loop, args=(i,), name=f"replay-{i + 1}", daemon=True)
+                         for i in range(len(self._go))]
+        for t in self._threads:
+            t.start()
+
+    def run(self, items: list, fn: Callable[[_Worker, int], None]) -> None:
+        """Run fn(worker, item) for every item across the threads; return when all are done."""
+        n = len(items)
+        if n == 0 or self.abort:
+            return
+        k = min(n, len(self.workers)) - 1  # workers to wake besides the caller
+        self._items, self._fn, self._k = items, fn, k
+        nxt = self._next = itertools.count()
+        self._fin = itertools.count(1)
+        go = self._go
+        for i in range(k):
+            go[i].release()
+        w = self.workers[0]
+        try:
+            while not self.abort:
+                j = next(nxt)
+                if j >= n:
+                    break
+                fn(w, items[j])
+        except BaseException as e:
+            if self.error is None:
+                self.error = e
+            self.abort = True
+        if k:
+            self._done.acquire()
+        if self.error is not None:
+            raise self.error
+
+    def _loop(self, i: int) -> None:
+        go, w = self._go[i], self.workers[i + 1]
+        while True:
+            go.acquire()
+            if self._stop:
+                return
+            items, fn, nxt = self._items, self._fn, self._next
+            n = len(items)
+            try:
+                while not self.abort:
+                    j = next(nxt)
+                    if j >= n:
+                        break
+                    fn(w, items[j])
+            except BaseException as e:  # reported by run() in the calling thread
+                if self.error is None:
+                    self.error = e
+                self.abort = True
+            if next(self._fin) == self._k:
+                self._done.release()
+
+    def close(self) -> None:
+        self._stop = True
+        for g in self._go:
+            try:
+                g.release()
+            except RuntimeError:
+                pass
+        for t in self._threads:
+            t.join(timeout=30)
+
+
+class PrefetchAdvisor:
+    """One bounded worker with one overwritable slot (paper §7).
+
+    put() replaces a waiting hint set (counted overwritten); the worker issues
+    posix_fadvise(WILLNEED) per expert ('fadvise') or a blocking pread into its
+    own buffer ('pread'), and counts the set completed. close() drains the slot.
+    """
+
+    def __init__(self, kind: str, locate: Callable[[int], tuple[int, int]], expert_bytes: int,
+                 buffer_bytes: int, skip: Callable[[int], bool] | None = None):
+        if kind not in ("fadvise", "pread"):
+            raise UsageError(f"unknown prefetch kind {kind!r}")
+        self.kind = kind
+        self._locate = locate
+        self._eb = expert_bytes
+        self._skip = skip
+        self._cv = threading.Condition()
+        self._slot: list[int] | None = None
+        self._closing = False
+        self._closed = False
+        self.submitted = self.overwritten = self.completed = 0
+        self.experts_issued = 0
+        self.error: BaseException | None = None
+        self._buf = mmap.mmap(-1, max(buffer_bytes, PAGE)) if kind == "pread" else None
+        self._iov = [memoryview(self._buf)[:expert_bytes]] if self._buf is not None else None
+        self._thread = threading.Thread(target=self._run, name="replay-prefetch", daemon=True)
+        self._thread.start()
+
+    @property
+    def pending(self) -> int:
+        """Hint sets waiting in the slot or being worked on."""
+        return self.submitted - self.completed - self.overwritten
+
+    def put(self, ids: list[int]) -> None:
+        """Put a hint set into the slot, overwriting a set still waiting there."""
+        with self._cv:
+            self.submitted += 1
+            if self._slot is not None:
+                self.overwritten += 1
+            self._slot = ids
+            self._cv.notify()
+
+    def _run(self) -> None:
+        fadv = os.posix_fadvise
+        willneed = os.POSIX_FADV_WILLNEED
+        while True:
+            with self._cv:
+                while self._slot is None and not self._closing:
+                    self._cv.wait()
+                if self._slot is None:
+                    return
+                ids, self._slot = self._slot, None
+            try:
+                for eid in ids:
+                    if self._skip is not None and self._skip(eid):
+                        continue
+                    fd, off = self._locate(eid)
+                    if self.kind == "fadvise":
+                        fadv(fd, off, self._eb, willneed)
+                    else:
+                        os.preadv(fd, self._iov, off)
+                    self.experts_issued += 1
+            except OSError as e:
+                if self.error is None:
+                    self.error = e
+            with self._cv:
+                self.completed += 1
+
+    def close(self) -> None:
+        """Let the worker finish the set in the slot, then stop it (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._cv:
+            self._closing = True
+            self._cv.notify()
+        self._thread.join(timeout=120)
+        if self._iov:
+            self._iov[0].release()
+            self._iov = None
+        if self._buf is not None:
+            self._buf.close()
+
+
+# ---------------------------------------------------------------------------
+# the replay
+
+
+@dataclass
+class ReplayOptions:
+    """What `replay` does; the CLI options one to one."""
+
+    mode: str = "pagecache"
+    threads: int = 8
+    warmup: int = 1
+    passes: int = 1
+    arena_bytes: int | None = None
+    freq_table: str = "oracle"
+    prefetch: str = "none"
+    fadvise_random: bool = False
+    read_size: int | None = None  # bytes per read call; None = the whole expert in one call
+    run_dir: str | None = None
+    sync_fd: int | None = None
+
+    def check(self) -> None:
+        """Raise UsageError for contradictory options."""
+        if self.mode not in MODES:
+            raise UsageError(f"unknown mode {self.mode!r}", hint=f"one of {', '.join(MODES)}")
+        if self.prefetch not in PREFETCH:
+            raise UsageError(f"unknown prefetch {self.prefetch!r}", hint=f"one of {', '.join(PREFETCH)}")
+        if self.threads < 1:
+            raise UsageError("--threads must be >= 1")
+        if self.warmup < 0 or self.passes < 1:
+            raise UsageError("--warmup must be >= 0 and --passes >= 1")
+        if self.mode in ("pinned", "hybrid"):
+            if self.arena_bytes is None:
+                raise UsageError(f"--mode {self.mode} needs --arena-bytes SIZE",
+                                 hint="e.g. --arena-bytes 512MiB (whole experts are locked)")
+        elif self.arena_bytes is not None:
+            raise UsageError("--arena-bytes applies to --mode pinned or hybrid only")
+        if self.mode == "direct" and self.prefetch != "none":
+            raise UsageError("--prefetch fills the page cache, which --mode direct bypasses",
+                             hint="use --mode pagecache (or mmap, pinned, hybrid) with --prefetch")
+        if self.read_size is not None:
+            if self.read_size <= 0 or (self.mode == "direct" and self.read_size % ALIGN):
+                raise UsageError(f"--read-size must be > 0 (a multiple of {ALIGN} with --mode direct)")
+
+
+@dataclass
+class ReplayResult:
+    """What a replay produced: the summary (replay.json) and the iteration log columns."""
+
+    summary: dict
+    rows: dict = field(default_factory=dict)
+
+
+class Replayer:
+    """One replay of a FlatPlan against an opened Pool (see the module docstring).
+
+    Use as a context manager: opening pool files, mapping, arena allocation and
+    preload happen in prepare(); close() releases everything (fds, mappings,
+    the arena, threads) on every path.
+    """
+
+    def __init__(self, plan: FlatPlan, pool, opts: ReplayOptions):
+        opts.check()
+        self.plan, self.pool, self.opts = plan, pool, opts
+        g = pool.geometry
+        h = plan.header
+        if (h.n_layers, h.n_experts) != (g.n_layers, g.n_experts):
+            raise UsageError(f"the plan is {h.n_layers} layers x {h.n_experts} experts but the pool {pool.root} "
+                             f"is {g.n_layers} x {g.n_experts}",
+                             hint="compile the plan with the pool's geometry (`moetrace plan compile --geometry "
+                                  "... --experts ...`) or use the matching pool")
+        if h.expert_bytes and h.expert_bytes != g.expert_bytes:
+            raise UsageError(f"the plan's expert_bytes {h.expert_bytes} differ from the pool's {g.expert_bytes}",
+                             hint="compile the plan with --expert-bytes equal to the pool's")
+        if opts.prefetch != "none" and not h.has_hints:
+            raise UsageError(f"--prefetch {opts.prefetch} needs a plan with hints; {plan.path} has none",
+                             hint="compile it with `moetrace plan compile ... --hints oracle` (or a predictor)")
+        self.eb = g.expert_bytes
+        self.n_total = g.n_total
+        self.read_len = _round_up(self.eb, ALIGN) if opts.mode == "direct" else self.eb
+        self.fds: list[int] = []
+        self._fd_of: list[int] = []
+        self._off_of: list[int] = []
+        self._maps: list[tuple[int, int]] = []  # (addr, length)
+        self._map_addr: list[int] = []
+        self.arena = None
+        self.arena_addr = 0
+        self.arena_len = 0
+        self.arena_ids = np.zeros(0, np.int64)
+        self._arena_off: list[int] | None = None
+        self.pool_threads: _ThreadPool | None = None
+        self.advisor: PrefetchAdvisor | None = None
+        self.preload_ns = 0
+        self.preload_method: str | None = None
+        self.vmlck_bytes = 0
+        self.fd_mode = "kept"
+        self.interrupted: int | None = None
+        self.rows: dict[str, list] = {c: [] for c, _ in ITERATION_COLUMNS}
+        self.phase_wall: dict[str, list[tuple[int, int]]] = {"warmup": [], "measured": []}
+        #: moetrace.run.epochs.EpochWriter when run under `moetrace record` (per-iteration epochs)
+        self.phase_channel = None
+        self.loop_entry_ns: int | None = None
+
+    # -- setup ---------------------------------------------------------------
+    def __enter__(self) -> "Replayer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def prepare(self) -> None:
+        """Open the pool, start the threads, build and verify the arena (preload timed)."""
+        self._open_pool()
+        buf = max(self.pool.extent_bytes, _round_up(self.eb, ALIGN))
+        workers = [_Worker(buf, self.read_len, self.opts.read_size) for _ in range(self.opts.threads)]
+        self.pool_threads = _ThreadPool(workers)
+        if self.opts.mode in ("pinned", "hybrid"):
+            self._build_arena()
+        self.vmlck_bytes = read_vmlck()
+        if self.arena_len and self.vmlck_bytes < self.arena_len:
+            raise MoetraceError(f"VmLck is {self.vmlck_bytes} bytes after the preload, below the "
+                                f"{self.arena_len}-byte arena: the kernel did not lock it",
+                                hint="check RLIMIT_MEMLOCK and the memory cgroup limit")
+        if self.opts.prefetch != "none":
+            skip = None
+            if self._arena_off is not None:
+                ao = self._arena_off
+                skip = lambda eid: ao[eid] >= 0  # noqa: E731
+            self.advisor = PrefetchAdvisor(self.opts.prefetch, self._locate, self.eb, buf, skip)
+
+    def _data_path(self, i: int) -> str:
+        return str(self.pool.root / self.pool.files[i])
+
+    def _open_pool(self) -> None:
+        pool, g = self.pool, self.pool.geometry
+        mode = self.opts.mode
+        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+        if mode == "direct":
+            flags |= os.O_DIRECT
+        paths = [self._data_path(i) for i in range(len(pool.files))]
+        need = len(paths) + 64 + (self.opts.threads if mode in ("pinned", "hybrid") else 0)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if need > soft:
+            new = need if hard == resource.RLIM_INFINITY else min(need, hard)
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+                soft = new
+            except (ValueError, OSError):
+                pass
+        if need > soft:
+            if mode == "mmap":
+                raise UsageError(f"--mode mmap keeps {len(paths)} files open, RLIMIT_NOFILE allows {soft}",
+                                 hint="raise `ulimit -n`, or use a pool with --layout pool")
+            self.fd_mode = "per-access"  # open/close around each read (reported in the summary)
+        if pool.layout == "files":
+            need_size, want = g.expert_bytes, "expert_bytes"
+        else:
+            need_size, want = (g.n_total - 1) * pool.extent_bytes + g.expert_bytes, "the pool's extents"
+        if mode == "mmap" and len(paths) > _max_map_count() - 1024:
+            raise UsageError(f"--mode mmap maps {len(paths)} files, vm.max_map_count is {_max_map_count()}",
+                             hint="raise vm.max_map_count, or use a pool with --layout pool")
+        for i, p in enumerate(paths):
+            try:
+                fd = os.open(p, flags)
+            except OSError as e:
+                if e.errno == _errno.EINVAL and mode == "direct":
+                    raise InputError("the pool's filesystem does not support O_DIRECT", path=p,
+                                     hint="put the pool on a block-device filesystem (ext4, xfs), not tmpfs") from None
+                raise InputError(f"cannot open pool file: {e.strerror}", path=p,
+                                 hint=f"check the pool with `moetrace pool verify {pool.root}`") from None
+            try:
+                size = os.fstat(fd).st_size
+                if size < need_size:
+                    raise InputError(f"pool file is {size} bytes, too short for {want} ({need_size})", path=p,
+                                     hint=f"recreate the pool (`moetrace pool create --force`), or run "
+                                          f"`moetrace pool verify {pool.root}`")
+                if self.opts.fadvise_random:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+                if mode == "mmap":
+                    length = size if pool.layout == "pool" else g.expert_bytes
+                    addr = _libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+                    if addr in (None, _MAP_FAILED):
+                        err = ctypes.get_errno()
+                        raise InputError(f"cannot mmap pool file: {os.strerror(err)}", path=p)
+                    self._maps.append((addr, length))
+                    if self.opts.fadvise_random:
+                        _libc.madvise(addr, length, _MADV_RANDOM)
+            except BaseException:
+                os.close(fd)
+                raise
+            if self.fd_mode == "per-access":
+                os.close(fd)
+            else:
+                self.fds.append(fd)
+        if pool.layout == "files":
+            self._fd_of = self.fds if self.fd_mode == "kept" else []
+            self._off_of = [0] * g.n_total
+            if self._maps:
+                self._map_addr = [a for a, _ in self._maps]
+        else:
+            self._fd_of = self.fds * g.n_total if self.fds else []
+            self._off_of = [e * pool.extent_bytes for e in range(g.n_total)]
+            if self._maps:
+                base = self._maps[0][0]
+                self._map_addr = [base + o for o in self._off_of]
+
+    def _locate(self, eid: int) -> tuple[int, int]:
+        """(fd, offset) of an expert for the prefetch advisor (page-cache fds)."""
+        if self.fd_mode == "kept" and self.opts.mode != "direct":
+            return self._fd_of[eid], self._off_of[eid]
+        raise MoetraceError("the prefetch advisor needs the pool files kept open",
+                            hint="raise `ulimit -n` above the pool's file count")
+
+    def _build_arena(self) -> None:
+        eb = self.eb
+        n_arena = min(self.opts.arena_bytes // eb, self.n_total)
+        counts = frequency_table(self.opts.freq_table, self.plan, self.pool.geometry.n_layers,
+                                 self.pool.geometry.n_experts)
+        self.freq_counts = counts
+        self.arena_ids = choose_arena(counts, n_arena)
+        arena_off = [-1] * self.n_total
+        for slot, eid in enumerate(self.arena_ids.tolist()):
+            arena_off[eid] = slot * eb
+        self._arena_off = arena_off
+        if n_arena == 0:
+            return
+        self.arena_len = _round_up(n_arena * eb, PAGE)
+        self.arena = mmap.mmap(-1, self.arena_len)
+        self.arena_addr = ctypes.addressof(ctypes.c_char.from_buffer(self.arena))
+        _mlock(self.arena_addr, self.arena_len)
+        # preload with O_DIRECT into the thread buffers, then one copy into the arena, so
+        # the preload leaves no page-cache copy behind (buffered + DONTNEED where O_DIRECT fails)
+        t0 = time.monotonic_ns()
+        dfds: dict[int, int] = {}
+        method = "direct"
+        files = self.pool.layout == "files"
+        paths = {}
+        for eid in self.arena_ids.tolist():
+            fi = eid if files else 0
+            if fi not in dfds:
+                p = self._data_path(fi)
+                try:
+                    dfds[fi] = os.open(p, os.O_RDONLY | os.O_DIRECT | getattr(os, "O_CLOEXEC", 0))
+                except OSError as e:
+                    if e.errno != _errno.EINVAL:
+                        for fd in dfds.values():
+                            os.close(fd)
+                        raise InputError(f"cannot open pool file: {e.strerror}", path=p) from None
+                    method = "buffered"
+                    dfds[fi] = os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                paths[fi] = p
+        plen = _round_up(eb, ALIGN) if method == "direct" else eb
+        arena_addr = self.arena_addr
+        extent = self.pool.extent_bytes
+
+        def preload(w: _Worker, eid: int) -> None:
+            fd = dfds[eid if files else 0]
+            off = 0 if files else eid * extent
+            n = os.preadv(fd, [w.mv[:plen]], off)
+            if n < eb:
+                raise InputError(f"short read of expert {eid} during preload ({n} of {eb} bytes)",
+                                 path=paths[eid if files else 0])
+            _memmove(arena_addr + arena_off[eid], w.addr, eb)
+            if method == "buffered":
+                os.posix_fadvise(fd, off, eb, os.POSIX_FADV_DONTNEED)
+
+        try:
+            self.pool_threads.run(self.arena_ids.tolist(), preload)
+        finally:
+            for fd in dfds.values():
+                os.close(fd)
+        self.preload_ns = time.monotonic_ns() - t0
+        self.preload_method = method
+        if self.interrupted:
+            raise SignalReceived(self.interrupted)
+
+    # -- the read functions (hot path) ----------------------------------------
+    def _reader(self) -> Callable[[_Worker, int], None]:
+        eb = self.eb
+        fd_of, off_of = self._fd_of, self._off_of
+        preadv = os.preadv
+        arena_off = self._arena_off
+        arena_addr = self.arena_addr
+        chunked = self.opts.read_size is not None and self.opts.read_size < self.read_len
+        memmove = _memmove
+
+        def short(eid: int, n: int):
+            i = eid if self.pool.layout == "files" else 0
+            return InputError(f"short read of expert {eid}: {n} of {eb} bytes", path=self._data_path(i),
+                              hint=f"the pool changed under the replay; run `moetrace pool verify {self.pool.root}`")
+
+        if self.opts.mode == "mmap":
+            maddr = self._map_addr
+
+            def read_mmap(w: _Worker, eid: int) -> None:
+                memmove(w.addr, maddr[eid], eb)
+                w.reads += 1
+                w.bytes += eb
+            return read_mmap
+
+        if self.fd_mode == "per-access":
+            flags = os.O_RDONLY | (os.O_DIRECT if self.opts.mode == "direct" else 0)
+
+            def read_open(w: _Worker, eid: int) -> None:
+                if arena_off is not None and arena_off[eid] >= 0:
+                    memmove(w.addr, arena_addr + arena_off[eid], eb)
+                    w.hits += 1
+                else:
+                    fd = os.open(self._data_path(eid if self.pool.layout == "files" else 0), flags)
+                    try:
+                        n = preadv(fd, w.iov, off_of[eid])
+                    finally:
+                        os.close(fd)
+                    if n < eb:
+                        raise short(eid, n)
+                w.reads += 1
+                w.bytes += eb
+            return read_open
+
+        if chunked:
+            def read_chunks(w: _Worker, eid: int) -> None:
+                if arena_off is not None and arena_off[eid] >= 0:
+                    memmove(w.addr, arena_addr + arena_off[eid], eb)
+                    w.hits += 1
+                else:
+                    fd, base = fd_of[eid], off_of[eid]
+                    n = 0
+                    for v, rel in w.chunks:
+                        n += preadv(fd, [v], base + rel)
+                    if n < eb:
+                        raise short(eid, n)
+                w.reads += 1
+                w.bytes += eb
+            return read_chunks
+
+        if arena_off is not None:
+            def read_arena(w: _Worker, eid: int) -> None:
+                a = arena_off[eid]
+                if a >= 0:
+                    memmove(w.addr, arena_addr + a, eb)
+                    w.hits += 1
+                else:
+                    n = preadv(fd_of[eid], w.iov, off_of[eid])
+                    if n < eb:
+                        raise short(eid, n)
+                w.reads += 1
+                w.bytes += eb
+            return read_arena
+
+        def read_plain(w: _Worker, eid: int) -> None:
+            n = preadv(fd_of[eid], w.iov, off_of[eid])
+            if n < eb:
+                raise short(eid, n)
+            w.reads += 1
+            w.bytes += eb
+        return read_plain
+
+    # -- the loop ---------------------------------------------------------------
+    def _totals(self) -> tuple[int, int, int]:
+        ws = self.pool_threads.workers
+        return (sum(w.reads for w in ws), sum(w.bytes for w in ws), sum(w.hits for w in ws))
+
+    def _hint_totals(self) -> tuple[int, int, int]:
+        a = self.advisor
+        return (a.submitted, a.overwritten, a.completed) if a is not None else (0, 0, 0)
+
+    def replay_pass(self, phase: str, repeat: int, tick: Callable[[int], None] | None = None) -> None:
+        """Replay every iteration of the plan once, appending one row per iteration."""
+        plan, pool, adv = self.plan, self.pool_threads, self.advisor
+        fn = self._reader()
+        ids, sb, hb, ib = plan.ids, plan.slot_bounds, plan.hint_bounds, plan.iter_bounds
+        hint_ids = plan.hint_ids
+        rows = self.rows
+        now = time.monotonic_ns
+        put = adv.put if adv is not None else None
+        p0 = now()
+        for it in range(plan.n_iterations):
+            s_lo, s_hi = int(ib[it]), int(ib[it + 1])
+            # convert the iteration's ids to Python lists outside the timed interval
+            a, b = int(sb[s_lo]), int(sb[s_hi])
+            flat = ids[a:b].tolist()
+            cuts = (sb[s_lo:s_hi + 1] - a).tolist()
+            slots = [flat[cuts[j]:cuts[j + 1]] for j in range(s_hi - s_lo)]
+            hints = None
+            if put is not None:
+                ha = int(hb[s_lo])
+                hflat = hint_ids[ha:int(hb[s_hi])].tolist()
+                hc = (hb[s_lo:s_hi + 1] - ha).tolist()
+                hints = [hflat[hc[j]:hc[j + 1]] for j in range(s_hi - s_lo)]
+            if self.phase_channel is not None:  # the recorder's epoch switch, outside the timed interval
+                self.phase_channel.iteration(phase, repeat, it)
+            r0, b0, a0 = self._totals()
+            h0 = self._hint_totals()
+            t0 = now()
+            for j, items in enumerate(slots):
+                pool.run(items, fn)
+                if self.interrupted:
+                    break
+                if hints is not None and hints[j]:
+                    put(hints[j])
+            t1 = now()
+            if self.interrupted:
+                self.phase_wall[phase].append((p0, t1))
+                raise SignalReceived(self.interrupted)
+            r1, b1, a1 = self._totals()
+            h1 = self._hint_totals()
+            rows["phase"].append(phase)
+            rows["repeat"].append(repeat)
+            rows["iteration"].append(it)
+            rows["step"].append(int(plan.steps[it]))
+            rows["plan_passes"].append(int(plan.plan_passes[it]))
+            rows["start_ns"].append(t0)
+            rows["end_ns"].append(t1)
+            rows["duration_ns"].append(t1 - t0)
+            rows["bytes"].append(b1 - b0)
+            rows["reads"].append(r1 - r0)
+            rows["arena_hits"].append(a1 - a0)
+            rows["hints_submitted"].append(h1[0] - h0[0])
+            rows["hints_overwritten"].append(h1[1] - h0[1])
+            rows["hints_completed"].append(h1[2] - h0[2])
+            if tick is not None:
+                tick(1)
+        self.phase_wall[phase].append((p0, now()))
+
+    def sync_loop_entry(self, fd: int) -> None:
+        """Tell the parent we reached loop entry; block until it answers 'go'."""
+        line = f"loop_entry vmlck_bytes={read_vmlck()} arena_bytes={self.arena_len}\n"
+        try:
+            os.write(fd, line.encode())
+        except OSError as e:
+            raise MoetraceError(f"cannot write to --sync-fd {fd}: {e.strerror}",
+                                hint="pass a connected socket (socketpair) inherited from the parent") from None
+        buf = b""
+        while b"\n" not in buf:
+            if self.interrupted:
+                raise SignalReceived(self.interrupted)
+            r, _, _ = select.select([fd], [], [], 0.1)
+            if not r:
+                continue
+            chunk = os.read(fd, 256)
+            if not chunk:
+                raise MoetraceError(f"the parent closed --sync-fd {fd} before sending 'go'")
+            buf += chunk
+        word = buf.split(b"\n", 1)[0].strip()
+        if word != b"go":
+            raise MoetraceError(f"--sync-fd {fd}: expected 'go', got {word[:40]!r}")
+
+    def sync_done(self, fd: int) -> None:
+        try:
+            os.write(fd, b"done\n")
+        except OSError:
+            pass  # the parent is gone; the run directory still has everything
+
+    def close(self) -> None:
+        """Stop the threads and release fds, mappings and the arena (idempotent)."""
+        if self.advisor is not None:
+            self.advisor.close()
+        if self.pool_threads is not None:
+            self.pool_threads.close()
+            for w in self.pool_threads.workers:
+                w.close()
+            self.pool_threads = None
+        for addr, length in self._maps:
+            _libc.munmap(addr, length)
+        self._maps = []
+        self._map_addr = []
+        for fd in self.fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.fds = []
+        if self.arena is not None:
+            _libc.munlock(self.arena_addr, self.arena_len)
+            try:
+                self.arena.close()
+            except BufferError:
+                pass
+            self.arena = None
+
+
+def _max_map_count() -> int:
+    try:
+        return int(Path("/proc/sys/vm/max_map_count").read_text())
+    except (OSError, ValueError):
+        return 65530
+
+
+# ---------------------------------------------------------------------------
+# summary and outputs
+
+
+def _stats(durations: list[int]) -> dict:
+    if not durations:
+        return {"iterations": 0, "median_ns": None, "min_ns": None, "max_ns": None, "mean_ns": None,
+                "p10_ns": None, "p90_ns": None, "spread_ns": None, "spread_rel": None}
+    d = np.asarray(durations, np.int64)
+    med = float(np.median(d))
+    return {"iterations": int(d.size), "median_ns": med, "min_ns": int(d.min()), "max_ns": int(d.max()),
+            "mean_ns": float(d.mean()), "p10_ns": float(np.percentile(d, 10)),
+            "p90_ns": float(np.percentile(d, 90)), "spread_ns": int(d.max() - d.min()),
+            "spread_rel": float((d.max() - d.min()) / med) if med else None}
+
+
+def summarize(rep: Replayer, complete: bool, exit_status: int, error: str | None = None,
+              command: list[str] | None = None) -> dict:
+    """The replay.json document.
+
+    phases.<phase>: repeats, iterations, duration_ns (sum of iteration times),
+    wall_ns per repeat, bytes, reads, arena_hits, hints_*, gbps (bytes / sum of
+    repeat walls). measured: median/min/max/p10/p90/spread of iteration time
+    over every measured iteration, and per_iteration_ns (one list per repeat).
+    """
+    rows, plan, pool, o = rep.rows, rep.plan, rep.pool, rep.opts
+    h = plan.header
+    phase = np.asarray(rows["phase"], object)
+    phases = {}
+    for ph in ("warmup", "measured"):
+        m = phase == ph
+        walls = [b - a for a, b in rep.phase_wall[ph]]
+
+        def tot(c):
+            return int(np.asarray(rows[c], np.int64)[m].sum()) if m.any() else 0
+        by = tot("bytes")
+        phases[ph] = {"repeats": len(walls), "iterations": int(m.sum()), "duration_ns": tot("duration_ns"),
+                      "wall_ns": walls, "bytes": by, "reads": tot("reads"), "arena_hits": tot("arena_hits"),
+                      "hints_submitted": tot("hints_submitted"), "hints_overwritten": tot("hints_overwritten"),
+                      "hints_completed": tot("hints_completed"),
+                      "gbps": by / sum(walls) if walls and sum(walls) else None}
+    mm = phase == "measured"
+    dur = np.asarray(rows["duration_ns"], np.int64)
+    rep_col = np.asarray(rows["repeat"], np.int64)
+    per_rep = [dur[mm & (rep_col == r)].tolist() for r in range(int(rep_col[mm].max()) + 1)] if mm.any() else []
+    measured = _stats(dur[mm].tolist())
+    measured["per_iteration_ns"] = per_rep
+    mstart = [a for a, _ in rep.phase_wall["measured"]]
+    mend = [b for _, b in rep.phase_wall["measured"]]
+    adv = rep.advisor
+    hints = None
+    if adv is not None:
+        hints = {"kind": adv.kind, "submitted": adv.submitted, "overwritten": adv.overwritten,
+                 "completed": adv.completed, "pending": adv.pending, "experts_issued": adv.experts_issued,
+                 "hint_sets_per_pass": plan.n_hint_sets,
+                 "error": None if adv.error is None else str(adv.error)}
+    g = pool.geometry
+    return {
+        "schema": REPLAY_SCHEMA,
+        "toolkit_version": __version__,
+        "command": command,
+        "complete": complete,
+        "exit_status": exit_status,
+        "error": error,
+        "clock": "CLOCK_MONOTONIC",
+        "pid": os.getpid(),
+        "plan": {"path": os.path.abspath(plan.path), "file_bytes": h.file_size,
+                 "identity": f"crc32:{h.meta_crc32:08x}:{h.index_crc32:08x}:{h.file_size}",
+                 "n_layers": h.n_layers, "n_experts": h.n_experts, "k": h.k, "expert_bytes": h.expert_bytes,
+                 "iterations": h.n_iterations, "passes": h.n_passes, "reads": h.n_reads,
+                 "hint_source": h.hint_source, "distinct_experts": int(np.unique(plan.ids).size)},
+        "pool": {"root": str(Path(pool.root).resolve()), "layout": pool.layout,
+                 "identity": pool.manifest.get("checksum"), "geometry": g.to_dict(),
+                 "extent_bytes": pool.extent_bytes, "data_bytes": pool.data_bytes, "files": len(pool.files)},
+        "mode": o.mode, "threads": o.threads, "warmup": o.warmup, "passes": o.passes,
+        "read_bytes_per_call": o.read_size or rep.read_len, "read_len_bytes": rep.read_len,
+        "prefetch": o.prefetch, "fadvise_random": o.fadvise_random, "fd_mode": rep.fd_mode,
+        "arena": {"requested_bytes": o.arena_bytes, "experts": int(rep.arena_ids.size), "bytes": rep.arena_len,
+                  "freq_table": o.freq_table if o.mode in ("pinned", "hybrid") else None,
+                  "preload_method": rep.preload_method,
+                  "preload_bytes": int(rep.arena_ids.size) * rep.eb,
+                  "accesses_per_pass": (int(np.isin(plan.ids, rep.arena_ids).sum())
+                                        if rep.arena_ids.size else 0)},
+        "arena_experts": int(rep.arena_ids.size),
+        "arena_bytes": rep.arena_len,
+        "vmlck_bytes": rep.vmlck_bytes,
+        "preload_ns": rep.preload_ns,
+        "loop_entry_ns": rep.loop_entry_ns,
+        "measured_start_ns": min(mstart) if mstart else None,
+        "measured_end_ns": max(mend) if mend else None,
+        "phases": phases,
+        "measured": measured,
+        "hints": hints,
+        "epochs": None if rep.phase_channel is None else rep.phase_channel.summary(),
+        "interrupted_by": signal.Signals(rep.interrupted).name if rep.interrupted else None,
+    }
+
+
+def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(str(tmp))
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_outputs(run_dir: str | os.PathLike, rows: dict, summary: dict) -> None:
+    """Write iterations.parquet and replay.json into run_dir, each atomically."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    d = Path(run_dir)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"cannot create the run directory: {e.strerror}", path=str(d)) from None
+    table = pa.table({c: pa.array(rows[c], type=getattr(pa, t)()) for c, t in ITERATION_COLUMNS})
+    table = table.replace_schema_metadata({"schema": REPLAY_SCHEMA, "clock": "CLOCK_MONOTONIC"})
+    _atomic_write(d / ITERATIONS_FILE, lambda p: pq.write_table(table, p))
+
+    def wjson(p: str) -> None:
+        with open(p, "w") as fh:
+            json.dump(summary, fh, indent=1, default=json_default)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+    _atomic_write(d / SUMMARY_FILE, wjson)
+
+
+def run_replay(plan_path: str | os.PathLike, pool_dir: str | os.PathLike, opts: ReplayOptions, *,
+               handle_signals: bool = False, progress: Callable | None = None,
+               command: list[str] | None = None) -> ReplayResult:
+    """Replay a plan against a pool; write the run directory when opts.run_dir is set.
+
+    handle_signals=True (the CLI) turns SIGINT/SIGTERM into a clean stop: the
+    layer in flight finishes, outputs are written with complete=false and
+    ReplayInterrupted (exit status 128 + signal) is raised. progress, when
+    given, is a factory ``progress(length=, label=)`` of a context manager with
+    update(n) (click.progressbar). Errors after setup are written into the run
+    directory too (complete=false, exit_status 1) before they propagate.
+    """
+    from moetrace.inputs.pool import open_pool
+
+    opts.check()
+    if opts.run_dir:
+        # Load the writer's libraries now: imported only after the measured
+        # pass, their memory would be charged to the cell's scope at the end
+        # and can OOM-kill the replay under a tight limit, losing the log.
+        import pyarrow  # noqa: F401
+        import pyarrow.parquet  # noqa: F401
+    old_handlers = {}
+    holder: list[Replayer] = []
+
+    def on_signal(signum, frame):
+        if not holder:  # still loading: nothing to write or release yet
+            raise SignalReceived(signum)
+        rep = holder[0]
+        if rep.interrupted is None:
+            rep.interrupted = signum
+        if rep.pool_threads is not None:
+            rep.pool_threads.abort = True  # the layer in flight stops; the loop sees rep.interrupted
+
+    if handle_signals and threading.current_thread() is threading.main_thread():
+        for s in (signal.SIGINT, signal.SIGTERM):
+            old_handlers[s] = signal.signal(s, on_signal)
+    try:
+        plan = load_flat_plan(plan_path)
+        pool = open_pool(pool_dir)
+        rep = Replayer(plan, pool, opts)
+    except SignalReceived as e:
+        for s, hnd in old_handlers.items():
+            signal.signal(s, hnd)
+        raise ReplayInterrupted(e.signum, None) from None
+    except BaseException:
+        for s, hnd in old_handlers.items():
+            signal.signal(s, hnd)
+        raise
+    holder.append(rep)
+    complete, status, err = False, 1, None
+    try:
+        try:
+            rep.prepare()
+            from moetrace.run.epochs import EpochWriter
+
+            rep.phase_channel = EpochWriter.from_env()
+            if rep.phase_channel is not None:
+                rep.phase_channel.start(opts.warmup, opts.passes, plan.n_iterations)
+            total = plan.n_iterations * (opts.warmup + opts.passes)
+            bar_cm = progress(length=total, label=f"replay {opts.mode}") if progress else None
+            bar = bar_cm.__enter__() if bar_cm else None
+            try:
+                tick = bar.update if bar is not None else None
+                for r in range(opts.warmup):
+                    rep.replay_pass("warmup", r, tick)
+                rep.loop_entry_ns = time.monotonic_ns()
+                if opts.sync_fd is not None:
+                    rep.sync_loop_entry(opts.sync_fd)
+                for r in range(opts.passes):
+                    rep.replay_pass("measured", r, tick)
+            finally:
+                if bar_cm:
+                    bar_cm.__exit__(None, None, None)
+            if rep.advisor is not None:
+                rep.advisor.close()  # drain the slot: submitted = completed + overwritten
+            if rep.phase_channel is not None:
+                rep.phase_channel.done()
+            if opts.sync_fd is not None:
+                rep.sync_done(opts.sync_fd)
+            complete, status = True, 0
+        except SignalReceived as e:
+            status = 128 + e.signum
+        except MoetraceError as e:
+            err = e.format_message()
+            raise
+        except OSError as e:
+            err = f"{type(e).__name__}: {e}"
+            raise MoetraceError(f"replay failed: {e}") from None
+        finally:
+            if rep.interrupted and status == 1 and err is None:
+                status = 128 + rep.interrupted
+            if rep.advisor is not None:
+                rep.advisor.close()
+            summary = summarize(rep, complete, status, err, command)
+            if opts.run_dir:
+                write_outputs(opts.run_dir, rep.rows, summary)
+    finally:
+        rep.close()
+        if rep.phase_channel is not None:
+            rep.phase_channel.close()
+        for s, hnd in old_handlers.items():
+            signal.signal(s, hnd)
+    if not complete:
+        raise ReplayInterrupted(rep.interrupted or signal.SIGINT, opts.run_dir)
+    return ReplayResult(summary, rep.rows)
+
+
+__all__ = ["MODES", "PREFETCH", "REPLAY_SCHEMA", "ITERATIONS_FILE", "SUMMARY_FILE", "ITERATION_COLUMNS",
+           "FlatPlan", "load_flat_plan", "frequency_table", "choose_arena", "PrefetchAdvisor", "ReplayOptions",
+           "ReplayResult", "ReplayInterrupted", "Replayer", "run_replay", "summarize", "write_outputs",
+           "read_vmlck", "set_pdeathsig"]

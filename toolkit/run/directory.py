@@ -1,0 +1,149 @@
+"""The run directory: the contract between recording and analysis (design.md).
+
+Layout (schema ``moetrace.run/1``)::
+
+    RUN_DIR/                 mode 0700 (owner only); every file 0600
+      manifest.json          schema, toolkit_version, command, complete, exit_status,
+                             plan / pool identity, kernel release, headers, MGLRU state,
+                             attach_plan, clock, lost, probe stats, timings, notes
+      experts.parquet        one row per expert + one "unattributed" row: pagecache columns
+                             (added/evicted/re-added/requested/hit pages) and block columns
+                             (device_read_bytes, bios; NA when the probe was not recorded)
+      block_latency.parquet  block: read request latency log2 histogram of the pool's disk
+      block_device.parquet   block: per-device bytes, bios, issues, requeues, completions,
+                             the /proc/diskstats read delta over the probe's window
+      reclaim.parquet        reclaim: one row per reclaimer kind (memcg, direct, kswapd, other)
+      reclaim_histogram.parquet  reclaim: log2 ns durations of completed invocations per kind
+      snapshots.json         /proc snapshots pre/post; pool_disk: the pool disk's diskstats
+                             right after the block probe attached / right before it detached
+      epochs.parquet         pagecache: one row per epoch (setup, each replay iteration, after)
+      expert_epochs.parquet  pagecache: nonzero (epoch, expert) added/evicted/re-added pages
+      page_events.parquet    (only with the per-page stream) one row per (event, expert piece)
+      stream_intervals.parquet  per-interval record and lost counts of the stream
+      lru.parquet, lru_dwell_histogram.parquet      lru: insertions, activations, dwell per expert
+      reads.parquet, reads_latency.parquet, reads_files.parquet (read_calls.parquet with the stream)
+                             reads: per read call classes (hit-only / miss / error), per expert
+      mlock.parquet, mlock_timeline.parquet         mlock: calls and locked bytes over time
+      stacks.parquet, stacks.folded                 stacks: symbolized cpu-clock samples
+      lru_gen.parquet        mglru: <debugfs>/lru_gen samples (MGLRU kernels only)
+      replay/                the replay's own iteration log (iterations.parquet, replay.json)
+
+The manifest is written first with ``"complete": false`` and rewritten at the
+end, so an interrupted or killed recording stays loadable and says so.
+Analyses read a run with :func:`load_run`, without root. Readers accept every
+schema version up to :data:`RUN_SCHEMA_VERSION`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from moetrace import __version__
+from moetrace.errors import InputError, UsageError
+from moetrace.jsonutil import json_default
+
+RUN_SCHEMA = "moetrace.run"
+RUN_SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+REPLAY_SUBDIR = "replay"
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+
+def default_run_dir(base: str | os.PathLike = "runs") -> Path:
+    """runs/<UTC timestamp>-<pid>: unique per recording."""
+    ts = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return Path(base) / f"{ts}-{os.getpid()}"
+
+
+def create_run_dir(path: str | os.PathLike) -> Path:
+    """Create ``path`` (parents as needed) readable by its owner only (0700).
+
+    An existing directory is accepted only when empty (it is then chmod-ed to
+    0700); one that holds anything refuses, so a recording never mixes with an
+    older one."""
+    p = Path(path)
+    if p.exists():
+        if not p.is_dir():
+            raise UsageError(f"{p} exists and is not a directory", hint="choose another --out")
+        if any(p.iterdir()):
+            raise UsageError(f"run directory {p} is not empty", hint="choose a new --out (or remove the old run)")
+    else:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        os.mkdir(p, DIR_MODE)
+    os.chmod(p, DIR_MODE)  # mkdir's mode is masked by the umask; chmod is not
+    return p
+
+
+def _atomic(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    os.close(fd)
+    os.chmod(tmp, FILE_MODE)
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def write_manifest(run_dir: str | os.PathLike, doc: dict[str, Any]) -> Path:
+    """Write manifest.json atomically (0600); fills schema and toolkit_version."""
+    doc = dict(doc)
+    doc.setdefault("schema", f"{RUN_SCHEMA}/{RUN_SCHEMA_VERSION}")
+    doc.setdefault("schema_version", RUN_SCHEMA_VERSION)
+    doc.setdefault("toolkit_version", __version__)
+    path = Path(run_dir) / MANIFEST
+    text = json.dumps(doc, indent=1, default=json_default, sort_keys=False) + "\n"
+    _atomic(path, lambda t: Path(t).write_text(text))
+    return path
+
+
+def write_table(run_dir: str | os.PathLike, name: str, df: pd.DataFrame) -> Path:
+    """Write ``<name>.parquet`` atomically (0600)."""
+    path = Path(run_dir) / f"{name}.parquet"
+    _atomic(path, lambda t: df.to_parquet(t, index=False))
+    return path
+
+
+def read_manifest(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """The manifest of a run; refuses unknown schemas and newer versions."""
+    path = Path(run_dir) / MANIFEST
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as e:
+        raise InputError(f"cannot read the run manifest: {e.strerror}", path=str(path),
+                         hint="is this a run directory made by `moetrace record`?") from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"manifest is not valid JSON ({e.msg})", path=str(path), line=e.lineno) from None
+    schema = str(doc.get("schema", ""))
+    name, _, ver = schema.partition("/")
+    if name != RUN_SCHEMA or not ver.isdigit():
+        raise InputError(f"not a moetrace run manifest (schema {schema!r})", path=str(path))
+    if int(ver) > RUN_SCHEMA_VERSION:
+        raise InputError(f"run schema version {ver} is newer than this moetrace reads ({RUN_SCHEMA_VERSION})",
+                         path=str(path), hint="upgrade moetrace")
+    return doc
+
+
+def load_run(run_dir: str | os.PathLike) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
+    """(manifest, {table name: DataFrame}) of a run directory, including the
+    replay's iteration log as ``iterations`` when present. Works on incomplete runs."""
+    d = Path(run_dir)
+    doc = read_manifest(d)
+    tables: dict[str, pd.DataFrame] = {}
+    for p in sorted(d.glob("*.parquet")):
+        tables[p.stem] = pd.read_parquet(p)
+    it = d / REPLAY_SUBDIR / "iterations.parquet"
+    if it.exists():
+        tables["iterations"] = pd.read_parquet(it)
+    return doc, tables
+
+
+def is_private(path: str | os.PathLike) -> bool:
+    """True when ``path`` grants nothing to group or others."""
+    return stat.S_IMODE(os.stat(path).st_mode) & 0o077 == 0
