@@ -24,12 +24,19 @@
 //                      0: in-kernel totals only
 //   MOE_MAX_INODES, MOE_MAX_EXPERTS, MOE_MAX_EXTENTS: accepted, unused here
 //                      (attribution to experts happens in user space)
+//   MOE_GATED          1: count only while armed[0] = 1 (moetrace record arms all at once); 0: always
 //
 // Completion runs in IRQ context: a completion that fires while another BPF
 // program runs on that CPU is dropped by the kernel's recursion protection
 // (counted in the program's recursion_misses, which user space reads); the
 // issue entry then stays in `inflight` and is counted at close. Bytes are
 // counted at the bytes group, never at completion, so none are lost that way.
+//
+// MOE_GATED: issue, requeue and completion keep `inflight` right while unarmed (an issue
+// before arming is timed to its armed completion; an unarmed completion still removes its
+// entry); only their counts are gated. The bytes group is gated as a whole.
+
+#include "moetrace.h"
 
 #ifndef MOE_DEV
 #define MOE_DEV 0
@@ -87,6 +94,19 @@ BPF_PERCPU_ARRAY(stats, u64, N_STATS);
 BPF_PERCPU_ARRAY(lat_hist, u64, HIST_SLOTS);
 BPF_HASH(inflight, struct rq_key, u64, MOE_MAX_INFLIGHT);
 BPF_RINGBUF_OUTPUT(bios, MOE_RINGBUF_PAGES);
+#if MOE_GATED
+BPF_ARRAY(armed, u32, 1);
+#endif
+
+static __always_inline int moe_armed(void) {
+#if MOE_GATED
+    u32 z = 0;
+    u32 *a = armed.lookup(&z);
+    return a && *a;
+#else
+    return 1;
+#endif
+}
 
 static __always_inline void stat_add(u32 slot, u64 v)
 {
@@ -141,11 +161,13 @@ static __always_inline int count_bio(u32 dev, u64 sector, u32 nr_sector, const c
 #if MOE_BYTES_TP == 1
 int tp_block_io_start(struct tracepoint__block__block_io_start *args)
 {
+    MOE_GATE();
     return count_bio(args->dev, args->sector, args->nr_sector, args->rwbs);
 }
 #else
 int tp_block_bio_queue(struct tracepoint__block__block_bio_queue *args)
 {
+    MOE_GATE();
     return count_bio(args->dev, args->sector, args->nr_sector, args->rwbs);
 }
 #endif
@@ -155,8 +177,10 @@ int tp_block_rq_issue(struct tracepoint__block__block_rq_issue *args)
     u32 ra = 0;
     if (!dev_ok(args->dev) || !rwbs_read(args->rwbs, &ra))
         return 0;
-    stat_add(STAT_ISSUES, 1);
-    stat_add(STAT_ISSUE_BYTES, (u64)args->nr_sector << 9);
+    if (moe_armed()) {
+        stat_add(STAT_ISSUES, 1);
+        stat_add(STAT_ISSUE_BYTES, (u64)args->nr_sector << 9);
+    }
     struct rq_key k = {};
     k.sector = args->sector;
     k.dev = args->dev;
@@ -171,8 +195,10 @@ int tp_block_rq_requeue(struct tracepoint__block__block_rq_requeue *args)
     u32 ra = 0;
     if (!dev_ok(args->dev) || !rwbs_read(args->rwbs, &ra))
         return 0;
-    stat_add(STAT_REQUEUES, 1);
-    stat_add(STAT_REQUEUE_BYTES, (u64)args->nr_sector << 9);
+    if (moe_armed()) {
+        stat_add(STAT_REQUEUES, 1);
+        stat_add(STAT_REQUEUE_BYTES, (u64)args->nr_sector << 9);
+    }
     struct rq_key k = {};
     k.sector = args->sector;
     k.dev = args->dev;
@@ -185,10 +211,14 @@ int tp_block_rq_complete(struct tracepoint__block__block_rq_complete *args)
     u32 ra = 0;
     if (!dev_ok(args->dev) || !rwbs_read(args->rwbs, &ra))
         return 0;
-    stat_add(STAT_COMPLETES, 1);
     struct rq_key k = {};
     k.sector = args->sector;
     k.dev = args->dev;
+    if (!moe_armed()) {  // not counting: still close the issue's entry (no stale entry)
+        inflight.delete(&k);
+        return 0;
+    }
+    stat_add(STAT_COMPLETES, 1);
     u64 *tsp = inflight.lookup(&k);
     if (!tsp)
         return 0;

@@ -16,7 +16,8 @@
 // mm_filemap_delete_from_page_cache closes it (dwell = delete time - insertion time).
 // Entries live in LRU hash maps (never "full": the least recently used entry is
 // dropped, and the map is sized by the recorder to hold the whole pool).
-// Coverage: only pages added while the probe is attached are joined. Activations of
+// Coverage: only pages added while the probe counts (attached; with MOE_GATED, armed) are
+// joined: like pagecache's re-read bitmap, the join is part of what is counted. Activations of
 // pages cached before count in STAT_ACTIVATE_EVENTS only (not per expert); their
 // evictions count per expert in F_EVICTED (by inode and index) without a dwell
 // (STAT_DELETE_UNJOINED). A page migrated by compaction leaves a stale entry at its
@@ -51,7 +52,9 @@
 //   MAX_PFNS         pfn -> entry map of expert pages (LRU hash)
 //   MAX_UNATTR_PFNS  pfn -> entry map of unattributed pool-device pages (LRU hash)
 //   ANON_FLAG        the anonymous bit of mm_lru_insertion's flags (PAGEMAP_ANONYMOUS)
+//   MOE_GATED        1: count only while armed[0] = 1 (moetrace record arms all at once); 0: always
 
+#include "moetrace.h"
 #include <linux/mmzone.h>  // enum lru_list: bcc's generated args struct of mm_lru_insertion names it
 
 #ifndef POOL_DEV
@@ -139,11 +142,6 @@
 #define STAT_JOIN_UPDATE_FAILED 16
 #define N_STATS 17
 
-struct ino_val {
-    u32 base;  // expert_id of the file's first extent
-    u32 n;     // experts in the file (1: files layout; N_EXPERTS: pool file)
-};
-
 // per-slot counters, in pages (ns for the *_ns sums): F_* index these fields
 struct lru_counts {
     u64 added;
@@ -196,6 +194,19 @@ BPF_ARRAY(counts, struct lru_counts, N_SLOTS);
 BPF_ARRAY(hist, u64, N_HIST * HIST_SLOTS);
 BPF_ARRAY(stats, u64, N_STATS);
 BPF_PERCPU_ARRAY(scratch, struct charge_args, 1);
+#if MOE_GATED
+BPF_ARRAY(armed, u32, 1);
+#endif
+
+static __always_inline int moe_armed(void) {
+#if MOE_GATED
+    u32 z = 0;
+    u32 *a = armed.lookup(&z);
+    return a && *a;
+#else
+    return 1;
+#endif
+}
 
 static __always_inline void stat_add(u32 slot, u64 v) {
     u64 *p = stats.lookup(&slot);
@@ -371,6 +382,7 @@ static __always_inline int on_delete(u64 pfn, u64 ino, u64 index, u64 pages) {
 }
 
 TRACEPOINT_PROBE(filemap, mm_filemap_add_to_page_cache) {
+    MOE_GATE();
     stat_add(STAT_ADD_EVENTS, 1);
     if (POOL_DEV && args->s_dev != POOL_DEV)
         return 0;
@@ -384,6 +396,7 @@ TRACEPOINT_PROBE(filemap, mm_filemap_add_to_page_cache) {
 }
 
 TRACEPOINT_PROBE(filemap, mm_filemap_delete_from_page_cache) {
+    MOE_GATE();
     stat_add(STAT_DELETE_EVENTS, 1);
     if (POOL_DEV && args->s_dev != POOL_DEV)
         return 0;
@@ -397,6 +410,7 @@ TRACEPOINT_PROBE(filemap, mm_filemap_delete_from_page_cache) {
 }
 
 TRACEPOINT_PROBE(pagemap, mm_lru_insertion) {
+    MOE_GATE();
     stat_add(STAT_INSERT_EVENTS, 1);
     u64 pfn = args->pfn;
     struct pfn_val *v = find(&pfn);
@@ -427,6 +441,7 @@ TRACEPOINT_PROBE(pagemap, mm_lru_insertion) {
 
 #if HAVE_ACTIVATE
 TRACEPOINT_PROBE(pagemap, mm_lru_activate) {
+    MOE_GATE();
     stat_add(STAT_ACTIVATE_EVENTS, 1);
     u64 pfn = args->pfn;
     struct pfn_val *v = find(&pfn);

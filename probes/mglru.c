@@ -9,7 +9,7 @@
 // Every program of this file is a kprobe: it is compiled only where kprobes exist
 // (the kernel lab), each behind its MOE_HAVE_* knob, which the recorder sets from
 // the attach plan. With every knob 0 (the defaults, and every kernel without
-// kprobes) the file compiles to the stats map alone and loads no program.
+// kprobes) the file compiles to the stats map alone (and `armed` with MOE_GATED) and loads no program.
 //
 // Arguments read (x86-64 / arm64 calling convention, scalar registers only):
 //   try_to_inc_max_seq(lruvec, max_seq, ...)   PARM2 = the max_seq it was asked to
@@ -30,6 +30,9 @@
 //   MOE_RINGBUF_PAGES      ring buffer size in pages for aging records (power of two)
 //   MOE_LRU_GEN_PERIOD_MS  the lru_gen sampler's period (Python side; unused here)
 //   MOE_LRU_GEN_FULL       1: the sampler reads lru_gen_full (Python side; unused here)
+//   MOE_GATED              1: count only while armed[0] = 1 (moetrace record arms all at once); 0: always
+
+#include "moetrace.h"
 
 #ifndef MOE_HAVE_EVICT_FOLIOS
 #define MOE_HAVE_EVICT_FOLIOS 0
@@ -100,6 +103,19 @@ struct aging_event {
 
 // always compiled: the one map every build has (a probe-build test checks it)
 BPF_ARRAY(stats, u64, N_STATS);
+#if MOE_GATED
+BPF_ARRAY(armed, u32, 1);
+#endif
+
+static __always_inline int moe_armed(void) {
+#if MOE_GATED
+    u32 z = 0;
+    u32 *a = armed.lookup(&z);
+    return a && *a;
+#else
+    return 1;
+#endif
+}
 
 static __always_inline void stat_add(u32 slot, u64 v) {
     u64 *p = stats.lookup(&slot);
@@ -126,14 +142,22 @@ static __always_inline int aging_event(u32 kind, u64 seq) {
 }
 
 int kp_try_to_inc_max_seq(struct pt_regs *ctx) {
+    MOE_GATE();
     return aging_event(AGING_TRY_TO_INC_MAX_SEQ, PT_REGS_PARM2(ctx));
 }
-int kp_inc_max_seq(struct pt_regs *ctx) { return aging_event(AGING_INC_MAX_SEQ, SEQ_UNKNOWN); }
-int kp_inc_max_seq_constprop_0(struct pt_regs *ctx) { return aging_event(AGING_INC_MAX_SEQ_CLONE, SEQ_UNKNOWN); }
+int kp_inc_max_seq(struct pt_regs *ctx) {
+    MOE_GATE();
+    return aging_event(AGING_INC_MAX_SEQ, SEQ_UNKNOWN);
+}
+int kp_inc_max_seq_constprop_0(struct pt_regs *ctx) {
+    MOE_GATE();
+    return aging_event(AGING_INC_MAX_SEQ_CLONE, SEQ_UNKNOWN);
+}
 #endif
 
 #if MOE_HAVE_EVICT_FOLIOS
 int kp_evict_folios(struct pt_regs *ctx) {
+    MOE_GATE();
     stat_add(STAT_EVICT_FOLIOS, 1);
     return 0;
 }
@@ -141,6 +165,7 @@ int kp_evict_folios(struct pt_regs *ctx) {
 
 #if MOE_HAVE_ISOLATE_FOLIOS
 int kp_isolate_folios(struct pt_regs *ctx) {
+    MOE_GATE();
     stat_add(STAT_ISOLATE_FOLIOS, 1);
     return 0;
 }
@@ -148,6 +173,7 @@ int kp_isolate_folios(struct pt_regs *ctx) {
 
 #if MOE_HAVE_SHOULD_RUN_AGING
 int kp_should_run_aging(struct pt_regs *ctx) {
+    MOE_GATE();
     stat_add(STAT_SHOULD_RUN_AGING, 1);
     return 0;
 }
@@ -158,6 +184,7 @@ int kp_should_run_aging(struct pt_regs *ctx) {
 BPF_ARRAY(inc_gen_from, u64, GEN_SLOTS);
 
 int kp_folio_inc_gen(struct pt_regs *ctx) {
+    MOE_GATE();
     stat_add(STAT_FOLIO_INC_GEN, 1);
     unsigned long flags = 0;
     bpf_probe_read_kernel(&flags, sizeof(flags), (void *)PT_REGS_PARM2(ctx));
@@ -174,6 +201,7 @@ int kp_folio_inc_gen(struct pt_regs *ctx) {
 
 #if MOE_HAVE_LOOK_AROUND
 int kp_lru_gen_look_around(struct pt_regs *ctx) {
+    MOE_GATE();
     stat_add(STAT_LOOK_AROUND, 1);
     return 0;
 }
@@ -181,6 +209,7 @@ int kp_lru_gen_look_around(struct pt_regs *ctx) {
 
 #if MOE_HAVE_WS_EVICTION
 int kp_workingset_eviction(struct pt_regs *ctx) {
+    MOE_GATE();
     stat_add(STAT_WORKINGSET_EVICTION, 1);
     return 0;
 }
@@ -188,6 +217,7 @@ int kp_workingset_eviction(struct pt_regs *ctx) {
 
 #if MOE_HAVE_WS_REFAULT
 int kp_workingset_refault(struct pt_regs *ctx) {
+    MOE_GATE();
     stat_add(STAT_WORKINGSET_REFAULT, 1);
     return 0;
 }

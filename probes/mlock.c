@@ -47,6 +47,10 @@
 //   MOE_MAX_TASKS         tid -> call in flight entries
 //   MOE_MAX_TGIDS         followed tgids
 //   MOE_RINGBUF_PAGES     ring buffer size in pages (power of two)
+//   MOE_GATED             1: the kprobe counters count only while armed[0] = 1; 0: always
+//                         (the call records are never gated: see the programs below)
+
+#include "moetrace.h"
 
 #ifndef MOE_HAVE_MLOCK2
 #define MOE_HAVE_MLOCK2 1
@@ -154,6 +158,19 @@ BPF_HASH(pending_calls, u32, struct pending, MOE_MAX_TASKS);
 BPF_HASH(tgids, u32, u8, MOE_MAX_TGIDS);
 BPF_ARRAY(stats, u64, N_STATS);
 BPF_RINGBUF_OUTPUT(events, MOE_RINGBUF_PAGES);
+#if MOE_GATED
+BPF_ARRAY(armed, u32, 1);
+#endif
+
+static __always_inline int moe_armed(void) {
+#if MOE_GATED
+    u32 z = 0;
+    u32 *a = armed.lookup(&z);
+    return a && *a;
+#else
+    return 1;
+#endif
+}
 
 static __always_inline void stat_add(u32 slot, u64 v) {
     u64 *p = stats.lookup(&slot);
@@ -262,6 +279,7 @@ static __always_inline int mmap_enter(u64 len, u64 flags) {
 
 // folio->flags is the first word of struct folio / struct page on every kernel
 static __always_inline int kp_count(u32 slot, void *folio) {
+    MOE_GATE();  // the first statement of every kprobe program
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (!followed(tgid))
         return 0;
@@ -275,6 +293,7 @@ static __always_inline int kp_count(u32 slot, void *folio) {
 #endif
 
 // -- programs (each body reads only its own tracepoint's arguments) ----------------
+// Tracepoints never gated: locked ranges are rebuilt from every call; one dropped unarmed corrupts them.
 
 TRACEPOINT_PROBE(syscalls, sys_enter_mlock) { return enter(CALL_MLOCK, args->start, args->len, 0, 0, 0); }
 TRACEPOINT_PROBE(syscalls, sys_exit_mlock) { return leave(args->ret, 0); }

@@ -7,6 +7,16 @@
 //   filemap:mm_filemap_delete_from_page_cache  pfn, i_ino, index, s_dev, order
 //   syscalls:sys_exit_{pread64,preadv,preadv2,read}  ret   (tracked tgids only)
 //   task:task_newtask                          pid, clone_flags (follow forks)
+//   vmscan:mm_vmscan_{direct,memcg}_reclaim_{begin,end}   (evictor context, no fields)
+//   syscalls:sys_{enter,exit}_{write,fadvise64,truncate,ftruncate,fallocate,unlink,
+//       unlinkat,madvise}   count / behavior               (evictor context)
+//
+// Who evicted: every deletion is classed by the context that deleted it (moetrace.h
+// EVICTOR_*): kswapd and kdamond by the kernel thread's comm; direct and memcg reclaim
+// by an open vmscan begin/end window on the task; memory.reclaim (a memcg window opened
+// inside a write(2) of at most MOE_SMALL_WRITE bytes) and madvise(MADV_PAGEOUT) as
+// proactive; fadvise64, truncate-family syscalls; a write(2) outside reclaim
+// (drop_caches); else other. Counted per expert (`evictors`) and per epoch.
 //
 // Configured only with -D knobs (declared in toolkit/record/spec.py PAGECACHE,
 // with the attach groups, stats slots and shared structs; tests/test_probe_build.py
@@ -29,6 +39,12 @@
 //   FOLLOW_FORKS    1: a tracked tgid's new processes are tracked too
 //   STREAM_EVENTS   1: one ring record per (event, expert piece) (per-page stream)
 //   RING_PAGES      ring buffer size in pages (power of two)
+//   MOE_GATED       1: count only while armed[0] = 1 (moetrace record arms all probes
+//                   at once); 0: always (moetrace.h)
+//   MOE_CTX_WRITE   1: compile the write(2) context (drop_caches, memory.reclaim)
+//   MOE_CTX_INVALIDATE 1: compile the fadvise64 / truncate-family / madvise contexts
+//   MOE_CTX_RECLAIM 1: compile the direct / memcg reclaim windows
+//   MOE_MAX_TASKS   task -> context entries (an LRU hash: the oldest idle task goes first)
 //   EPOCHS          0: totals only; > 0: also per-epoch counters, EPOCHS x
 //                   (N_EXPERTS + 1) slots; the epoch is epoch_now[0], which user
 //                   space sets (moetrace record: one epoch per replay iteration,
@@ -38,6 +54,8 @@
 // a deletion sets the bits of its pages, an addition clears them and counts
 // the bits that were set. Matching (ino, index) folio pairs would undercount
 // because folio boundaries move between a page's eviction and its re-read.
+
+#include "moetrace.h"
 
 #ifndef POOL_DEV
 #define POOL_DEV 0
@@ -84,6 +102,18 @@
 #ifndef MAX_INODES
 #define MAX_INODES (N_EXPERTS + 16)
 #endif
+#ifndef MOE_CTX_WRITE
+#define MOE_CTX_WRITE 1
+#endif
+#ifndef MOE_CTX_INVALIDATE
+#define MOE_CTX_INVALIDATE 1
+#endif
+#ifndef MOE_CTX_RECLAIM
+#define MOE_CTX_RECLAIM 1
+#endif
+#ifndef MOE_MAX_TASKS
+#define MOE_MAX_TASKS 16384
+#endif
 
 #define CLONE_THREAD_FLAG 0x00010000UL
 
@@ -99,12 +129,8 @@
 #define STAT_RING_DROPS 8
 #define STAT_BITMAP_MISS 9
 #define STAT_DEV_MISMATCH 10
-#define N_STATS 11
-
-struct ino_val {
-    u32 base;  // expert_id of the file's first extent
-    u32 n;     // experts in the file (1: files layout; N_EXPERTS: pool file)
-};
+#define STAT_ADD_RUNS 11       // every run of the add program, armed or not (= its BPF run count)
+#define N_STATS 12
 
 struct expert_counts {
     u64 added_pages;
@@ -120,6 +146,8 @@ struct page_event {
     u32 pages;
     u32 re_added;    // pages of this piece that were re-added
     u32 tgid;
+    u32 evictor;     // delete: EVICTOR_* (moetrace.h); add: 0
+    u32 reserved;
 };
 
 BPF_HASH(inodes, u64, struct ino_val, MAX_INODES);
@@ -129,24 +157,94 @@ BPF_ARRAY(counts, struct expert_counts, N_EXPERTS + 1);
 BPF_ARRAY(evicted_bm, u64, BM_WORDS);
 BPF_ARRAY(stats, u64, N_STATS);
 BPF_HASH(tgids, u32, u8, MAX_TGIDS);
+// pages deleted per (expert, evictor class): row N_EXPERTS is unattributed
+BPF_ARRAY(evictors, u64, (N_EXPERTS + 1) * N_EVICTORS);
+#if MOE_CTX_WRITE || MOE_CTX_INVALIDATE || MOE_CTX_RECLAIM
+BPF_TABLE("lru_hash", u32, u32, task_ctx, MOE_MAX_TASKS);
+#endif
+#if MOE_GATED
+BPF_ARRAY(armed, u32, 1);
+#endif
 #if STREAM_EVENTS
 BPF_RINGBUF_OUTPUT(events, RING_PAGES);
 #endif
 #if EPOCHS
 BPF_ARRAY(epoch_now, u32, 1);
 BPF_ARRAY(epoch_counts, struct expert_counts, EPOCHS * (N_EXPERTS + 1));
+// pool pages (attributed experts) deleted per (epoch, evictor class)
+BPF_ARRAY(epoch_evictors, u64, EPOCHS * N_EVICTORS);
 #endif
+
+static __always_inline int moe_armed(void) {
+#if MOE_GATED
+    u32 z = 0;
+    u32 *a = armed.lookup(&z);
+    return a && *a;
+#else
+    return 1;
+#endif
+}
+
+static __always_inline u32 current_epoch(void) {
+#if EPOCHS
+    u32 z = 0;
+    u32 *ep = epoch_now.lookup(&z);
+    u32 e = ep ? *ep : 0;
+    return e < EPOCHS ? e : EPOCHS - 1;
+#else
+    return 0;
+#endif
+}
+
+// -- evictor context --------------------------------------------------------------------------
+
+static __always_inline u32 ctx_of_current(void) {
+#if MOE_CTX_WRITE || MOE_CTX_INVALIDATE || MOE_CTX_RECLAIM
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    u32 *c = task_ctx.lookup(&tid);
+    return c ? *c : 0;
+#else
+    return 0;
+#endif
+}
+
+#if MOE_CTX_WRITE || MOE_CTX_INVALIDATE || MOE_CTX_RECLAIM
+// set (on) or clear (off) bits of the current task's context, rewriting its entry in place
+static __always_inline int ctx_set(u32 bits, int on) {
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    u32 *c = task_ctx.lookup(&tid);
+    if (c) {
+        *c = on ? (*c | bits) : (*c & ~bits);
+        return 0;
+    }
+    if (!on)
+        return 0;
+    u32 v = bits;
+    task_ctx.update(&tid, &v);
+    return 0;
+}
+#endif
+
+static __always_inline void evictor_add(u32 eid, u32 ev, u64 pages) {
+    u32 k = eid * N_EVICTORS + ev;
+    u64 *p = evictors.lookup(&k);
+    if (p)
+        __sync_fetch_and_add(p, pages);
+#if EPOCHS
+    if (eid < N_EXPERTS) {
+        u32 ek = current_epoch() * N_EVICTORS + ev;
+        u64 *q = epoch_evictors.lookup(&ek);
+        if (q)
+            __sync_fetch_and_add(q, pages);
+    }
+#endif
+}
 
 // The per-epoch copy of one count: slot (epoch, eid) of epoch_counts; what = 0 added,
 // 1 evicted, 2 re-added. An epoch beyond the array lands in the last one.
 static __always_inline void epoch_add(u32 eid, u32 what, u64 v) {
 #if EPOCHS
-    u32 z = 0;
-    u32 *ep = epoch_now.lookup(&z);
-    u32 e = ep ? *ep : 0;
-    if (e >= EPOCHS)
-        e = EPOCHS - 1;
-    u32 k = e * (N_EXPERTS + 1) + eid;
+    u32 k = current_epoch() * (N_EXPERTS + 1) + eid;
     struct expert_counts *c = epoch_counts.lookup(&k);
     if (!c)
         return;
@@ -165,14 +263,7 @@ static __always_inline void stat_add(u32 slot, u64 v) {
         __sync_fetch_and_add(p, v);
 }
 
-static __always_inline u64 popcount64(u64 x) {
-    x = x - ((x >> 1) & 0x5555555555555555ULL);
-    x = (x & 0x3333333333333333ULL) + ((x >> 2) & 0x3333333333333333ULL);
-    x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0fULL;
-    return (x * 0x0101010101010101ULL) >> 56;
-}
-
-static __always_inline void emit(u32 eid, u32 kind, u64 first, u64 pages, u64 re) {
+static __always_inline void emit(u32 eid, u32 kind, u64 first, u64 pages, u64 re, u32 ev) {
 #if STREAM_EVENTS
     struct page_event *e = events.ringbuf_reserve(sizeof(struct page_event));
     if (!e) {
@@ -186,11 +277,13 @@ static __always_inline void emit(u32 eid, u32 kind, u64 first, u64 pages, u64 re
     e->pages = (u32)pages;
     e->re_added = (u32)re;
     e->tgid = bpf_get_current_pid_tgid() >> 32;
+    e->evictor = ev;
+    e->reserved = 0;
     events.ringbuf_submit(e, 0);
 #endif
 }
 
-static __always_inline void unattributed(u32 kind, u64 pages) {
+static __always_inline void unattributed(u32 kind, u64 pages, u32 ev) {
     u32 k = N_EXPERTS;
     struct expert_counts *c = counts.lookup(&k);
     if (!c)
@@ -199,15 +292,18 @@ static __always_inline void unattributed(u32 kind, u64 pages) {
         __sync_fetch_and_add(&c->added_pages, pages);
     else
         __sync_fetch_and_add(&c->evicted_pages, pages);
+    if (kind)
+        evictor_add(N_EXPERTS, ev, pages);
     epoch_add(N_EXPERTS, kind, pages);
-    emit(N_EXPERTS, kind, 0, pages, 0);
+    emit(N_EXPERTS, kind, 0, pages, 0, ev);
 }
 
-// One folio event: [index, index + npages) of inode ino; kind 0 add, 1 delete.
-static __always_inline int account(u64 ino, u64 index, u64 npages, u32 kind) {
+// One folio event: [index, index + npages) of inode ino; kind 0 add, 1 delete (by
+// evictor class ev).
+static __always_inline int account(u64 ino, u64 index, u64 npages, u32 kind, u32 ev) {
     struct ino_val *v = inodes.lookup(&ino);
     if (!v) {
-        unattributed(kind, npages);
+        unattributed(kind, npages, ev);
         return 0;
     }
     u64 base = v->base;
@@ -218,7 +314,7 @@ static __always_inline int account(u64 ino, u64 index, u64 npages, u32 kind) {
         if (idx >= end)
             break;
         if (idx >= limit) {
-            unattributed(kind, end - idx);
+            unattributed(kind, end - idx, ev);
             idx = end;
             break;
         }
@@ -250,7 +346,7 @@ static __always_inline int account(u64 ino, u64 index, u64 npages, u32 kind) {
             }
             if (kind == 0) {
                 u64 old = __sync_fetch_and_and(w, ~mask);
-                re += popcount64(old & mask);
+                re += moe_popcount64(old & mask);
             } else {
                 __sync_fetch_and_or(w, mask);
             }
@@ -265,10 +361,12 @@ static __always_inline int account(u64 ino, u64 index, u64 npages, u32 kind) {
                 __sync_fetch_and_add(&c->evicted_pages, len);
             }
         }
+        if (kind)
+            evictor_add(eid, ev, len);
         epoch_add(eid, kind, len);
         if (re)
             epoch_add(eid, 2, re);
-        emit(eid, kind, pstart, len, re);
+        emit(eid, kind, pstart, len, re, ev);
         idx = e0 + pend;
     }
     if (idx < end)
@@ -286,6 +384,8 @@ static __always_inline int other_dev(u64 ino) {
 }
 
 TRACEPOINT_PROBE(filemap, mm_filemap_add_to_page_cache) {
+    stat_add(STAT_ADD_RUNS, 1);
+    MOE_GATE();
     stat_add(STAT_ADD_EVENTS, 1);
     if (POOL_DEV && args->s_dev != POOL_DEV)
         return other_dev(args->i_ino);
@@ -295,10 +395,11 @@ TRACEPOINT_PROBE(filemap, mm_filemap_add_to_page_cache) {
 #else
     u64 n = 1;
 #endif
-    return account(args->i_ino, args->index, n, 0);
+    return account(args->i_ino, args->index, n, 0, 0);
 }
 
 TRACEPOINT_PROBE(filemap, mm_filemap_delete_from_page_cache) {
+    MOE_GATE();
     stat_add(STAT_DELETE_EVENTS, 1);
     if (POOL_DEV && args->s_dev != POOL_DEV)
         return other_dev(args->i_ino);
@@ -308,11 +409,12 @@ TRACEPOINT_PROBE(filemap, mm_filemap_delete_from_page_cache) {
 #else
     u64 n = 1;
 #endif
-    return account(args->i_ino, args->index, n, 1);
+    return account(args->i_ino, args->index, n, 1, moe_evictor(ctx_of_current()));
 }
 
 #if TRACK_READS
 static __always_inline int read_exit(long ret) {
+    MOE_GATE();
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (!tgids.lookup(&tgid))
         return 0;
@@ -342,4 +444,43 @@ TRACEPOINT_PROBE(task, task_newtask) {
         stat_add(STAT_TGID_FULL, 1);
     return 0;
 }
+#endif
+
+// -- evictor context: syscalls and reclaim windows (never gated: a window opened before the
+// probes were armed still names the evictions inside it) -------------------------------------
+
+#if MOE_CTX_WRITE
+TRACEPOINT_PROBE(syscalls, sys_enter_write) {
+    return ctx_set(args->count <= MOE_SMALL_WRITE ? CTX_WRITE | CTX_WRITE_SMALL : CTX_WRITE, 1);
+}
+TRACEPOINT_PROBE(syscalls, sys_exit_write) { return ctx_set(CTX_WRITE | CTX_WRITE_SMALL, 0); }
+#endif
+
+#if MOE_CTX_INVALIDATE
+TRACEPOINT_PROBE(syscalls, sys_enter_fadvise64) { return ctx_set(CTX_FADVISE, 1); }
+TRACEPOINT_PROBE(syscalls, sys_exit_fadvise64) { return ctx_set(CTX_FADVISE, 0); }
+TRACEPOINT_PROBE(syscalls, sys_enter_truncate) { return ctx_set(CTX_TRUNCATE, 1); }
+TRACEPOINT_PROBE(syscalls, sys_exit_truncate) { return ctx_set(CTX_TRUNCATE, 0); }
+TRACEPOINT_PROBE(syscalls, sys_enter_ftruncate) { return ctx_set(CTX_TRUNCATE, 1); }
+TRACEPOINT_PROBE(syscalls, sys_exit_ftruncate) { return ctx_set(CTX_TRUNCATE, 0); }
+TRACEPOINT_PROBE(syscalls, sys_enter_fallocate) { return ctx_set(CTX_TRUNCATE, 1); }
+TRACEPOINT_PROBE(syscalls, sys_exit_fallocate) { return ctx_set(CTX_TRUNCATE, 0); }
+TRACEPOINT_PROBE(syscalls, sys_enter_unlink) { return ctx_set(CTX_TRUNCATE, 1); }
+TRACEPOINT_PROBE(syscalls, sys_exit_unlink) { return ctx_set(CTX_TRUNCATE, 0); }
+TRACEPOINT_PROBE(syscalls, sys_enter_unlinkat) { return ctx_set(CTX_TRUNCATE, 1); }
+TRACEPOINT_PROBE(syscalls, sys_exit_unlinkat) { return ctx_set(CTX_TRUNCATE, 0); }
+TRACEPOINT_PROBE(syscalls, sys_enter_madvise) {
+    return args->behavior == MADV_PAGEOUT_ADVICE ? ctx_set(CTX_PAGEOUT, 1) : 0;
+}
+TRACEPOINT_PROBE(syscalls, sys_exit_madvise) { return ctx_set(CTX_PAGEOUT, 0); }
+#endif
+
+#if MOE_CTX_RECLAIM
+TRACEPOINT_PROBE(vmscan, mm_vmscan_direct_reclaim_begin) { return ctx_set(CTX_DIRECT, 1); }
+TRACEPOINT_PROBE(vmscan, mm_vmscan_direct_reclaim_end) { return ctx_set(CTX_DIRECT, 0); }
+TRACEPOINT_PROBE(vmscan, mm_vmscan_memcg_reclaim_begin) {
+    u32 c = ctx_of_current();
+    return ctx_set((c & CTX_WRITE_SMALL) ? CTX_PROACTIVE : CTX_MEMCG, 1);
+}
+TRACEPOINT_PROBE(vmscan, mm_vmscan_memcg_reclaim_end) { return ctx_set(CTX_MEMCG | CTX_PROACTIVE, 0); }
 #endif

@@ -55,6 +55,14 @@
 //   MOE_IDENT_RING_PAGES   size of the `idents` ring (always on): one record per
 //                          new (fd identity, extent) so user space can stat
 //                          /proc/<tgid>/fd/<fd> while the fd is still open
+//   MOE_GATED              1: count only while armed[0] = 1 (moetrace record arms all at once); 0: always
+//
+// MOE_GATED: enters, page adds, close / close_range / exec and forks keep their state while
+// unarmed (a call entered before arming is timed in full; fd generations and epochs stay
+// right); what they count is gated (map-full losses excepted), the exits count only armed,
+// and an unarmed exit still ends its call (no stale in-flight entry).
+
+#include "moetrace.h"
 
 #ifndef MOE_HAVE_PREADV
 #define MOE_HAVE_PREADV 1
@@ -277,6 +285,19 @@ BPF_RINGBUF_OUTPUT(idents, MOE_IDENT_RING_PAGES);
 #if MOE_STREAM
 BPF_RINGBUF_OUTPUT(calls, MOE_RINGBUF_PAGES);
 #endif
+#if MOE_GATED
+BPF_ARRAY(armed, u32, 1);
+#endif
+
+static __always_inline int moe_armed(void) {
+#if MOE_GATED
+    u32 z = 0;
+    u32 *a = armed.lookup(&z);
+    return a && *a;
+#else
+    return 1;
+#endif
+}
 
 static __always_inline void stat_add(u32 slot, u64 v) {
     u64 *p = stats.lookup(&slot);
@@ -291,11 +312,13 @@ static __always_inline u32 *followed(u32 tgid) {
 // One call entered: remember (fd, pos, count, start) of the tid. `ep` is the tgid's
 // tgids entry (the caller checked that the tgid is followed).
 static __always_inline int enter(u32 sc, u32 *ep, u32 tgid, u32 tid, u64 fd, u64 pos, u64 count) {
-    stat_add(sc, 1);  // STAT_CALLS_* == SC_*
+    int on = moe_armed();  // the call is stored either way (its exit may come after arming)
+    if (on)
+        stat_add(sc, 1);  // STAT_CALLS_* == SC_*
     u32 epoch = *ep;  // the fd's generation is taken at exit, with its counters (one lookup)
     struct inflight *f = inflight.lookup(&tid);
     if (f) {  // the tid's entry from its last call: rewrite it in place
-        if (f->start_ns)
+        if (f->start_ns && on)
             stat_add(STAT_NESTED_ENTERS, 1);
         f->pos = pos;
         f->count = count;
@@ -319,7 +342,7 @@ static __always_inline int enter(u32 sc, u32 *ep, u32 tgid, u32 tid, u64 fd, u64
     n.sc = sc;
     n.start_ns = bpf_ktime_get_ns();
     if (inflight.update(&tid, &n))
-        stat_add(STAT_INFLIGHT_FULL, 1);
+        stat_add(STAT_INFLIGHT_FULL, 1);  // a loss, counted armed or not (the exit may be armed)
     return 0;
 }
 
@@ -507,12 +530,17 @@ static __always_inline int leave(u32 sc, long ret) {
     u32 tid = (u32)id;
     struct inflight *f = inflight.lookup(&tid);
     if (!f || !f->start_ns) {
-        if (followed(tgid))
+        if (moe_armed() && followed(tgid))
             stat_add(STAT_EXIT_WITHOUT_ENTER, 1);
         return 0;
     }
     if (f->sc != sc) {  // an enter of another syscall was lost: drop it
-        stat_add(STAT_EXIT_WITHOUT_ENTER, 1);
+        if (moe_armed())
+            stat_add(STAT_EXIT_WITHOUT_ENTER, 1);
+        f->start_ns = 0;
+        return 0;
+    }
+    if (!moe_armed()) {  // not counting: end the call uncounted (no stale in-flight entry)
         f->start_ns = 0;
         return 0;
     }
@@ -576,11 +604,12 @@ static __always_inline int added(u64 ino, u64 index, u32 dev, u64 npages) {
     struct inflight *f = inflight.lookup(&tid);
     if (!f || !f->start_ns) {
         u32 tgid = id >> 32;
-        if (followed(tgid))
+        if (moe_armed() && followed(tgid))
             stat_add(STAT_PAGES_ADDED_OUTSIDE_CALLS, npages);
         return 0;
     }
-    stat_add(STAT_ADD_EVENTS_IN_CALLS, 1);
+    if (moe_armed())  // the pages are the call's either way: its exit may be armed
+        stat_add(STAT_ADD_EVENTS_IN_CALLS, 1);
     if (!f->ino) {  // the first page added tells the call's inode
         f->ino = ino;
         f->dev = dev;
@@ -605,7 +634,8 @@ static __always_inline void bump_epoch(void) {
     u32 *e = followed(bpf_get_current_pid_tgid() >> 32);
     if (!e)
         return;
-    stat_add(STAT_EPOCH_BUMPS, 1);
+    if (moe_armed())
+        stat_add(STAT_EPOCH_BUMPS, 1);
     __sync_fetch_and_add(e, 1);
 }
 
@@ -679,7 +709,8 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close) {
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (!followed(tgid))
         return 0;
-    stat_add(STAT_CLOSES, 1);
+    if (moe_armed())
+        stat_add(STAT_CLOSES, 1);
     struct live *l = live_of(tgid, fd);
     if (!l)
         return 0;

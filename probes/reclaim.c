@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// reclaim: who reclaims (memcg limit / direct / kswapd), how much it scans and
-// steals, how often and for how long — aggregated in the kernel.
+// reclaim: who reclaims (memcg limit / direct / kswapd / kdamond / memory.reclaim), how
+// much it scans and steals, how often and for how long — aggregated in the kernel.
 //
 // Reads ONLY tracepoint arguments (layout-safe with mismatched headers):
 //   vmscan:mm_vmscan_memcg_reclaim_begin/end    order, gfp_flags / nr_reclaimed
@@ -13,6 +13,7 @@
 //       nr_referenced
 //   vmscan:mm_vmscan_lru_isolate                nr_requested, nr_scanned, nr_skipped,
 //       nr_taken
+//   syscalls:sys_enter_write / sys_exit_write   count / -  (a small write(2) in flight)
 //
 // The reclaimer kind of a shrink/isolate event is the enclosing begin/end pair
 // on the same task: begin stores (kind, start time) in `active` keyed by tid,
@@ -20,9 +21,20 @@
 // kswapd_wake -> kswapd_sleep on the kswapd thread (a second wake without a
 // sleep closes the previous window and opens the next; the window includes
 // kswapd's short HZ/10 naps inside kswapd_try_to_sleep). An event on a task with
-// no open window is kswapd when the task's comm starts with "kswapd" (attached
-// mid-window), else OTHER (node reclaim, soft limit reclaim, reclaim_pages).
+// no open window is KSWAPD (attached mid-window) or DAMON (a kdamond thread: DAMOS,
+// DAMON_RECLAIM) by the kernel thread's comm (moetrace.h moe_kthread_kind), else
+// OTHER (node reclaim, soft limit reclaim, reclaim_pages). Kinds, in KIND_* order:
+// memcg, direct, kswapd, damon, proactive, other.
+// A memcg window that begins while its task is inside a write(2) of at most
+// MOE_SMALL_WRITE bytes is PROACTIVE (memory.reclaim: "1G" written to the cgroup file);
+// the write's enter/exit keep that one context bit per task (`task_ctx`), and a memcg
+// end closes a memcg or a proactive window alike.
 // Nested begins on one task (not expected) keep the outer window and are counted.
+//
+// MOE_GATED: the windows (begin / end / wake / sleep) and the write context are kept
+// while unarmed, so a window opened before arming still names its events and is timed
+// in full; what they count is gated (map-full losses excepted), and the shrink /
+// isolate programs are gated as a whole.
 //
 // shrink_inactive's nr_scanned / nr_reclaimed are exactly what the kernel adds
 // to pgscan_{anon,file} / pgsteal_{anon,file} in /proc/vmstat (and to the
@@ -35,11 +47,15 @@
 //   MOE_HAVE_KSWAPD          1: compile kswapd_wake/sleep
 //   MOE_HAVE_SHRINK_ACTIVE   1: compile lru_shrink_active
 //   MOE_HAVE_ISOLATE         1: compile lru_isolate
-//   MOE_MAX_TASKS            tid -> open window entries
+//   MOE_MAX_TASKS            tid -> open window entries (and tid -> write context entries)
 //   MOE_BUCKET_NS            per-time-bucket counters: bucket width (0: off)
 //   MOE_MAX_BUCKETS          buckets kept; later events land in the last one
 //   MOE_T0_NS                bpf_ktime_get_ns() (CLOCK_MONOTONIC) of bucket 0
+//   MOE_CTX_WRITE            1: compile sys_enter/exit_write (memory.reclaim -> PROACTIVE)
+//   MOE_GATED                1: count only while armed[0] = 1 (moetrace record arms all at once); 0: always
 //   MOE_MAX_INODES, MOE_MAX_EXPERTS: accepted, unused (nothing per expert here)
+
+#include "moetrace.h"
 
 #ifndef MOE_HAVE_DIRECT
 #define MOE_HAVE_DIRECT 1
@@ -52,6 +68,9 @@
 #endif
 #ifndef MOE_HAVE_ISOLATE
 #define MOE_HAVE_ISOLATE 1
+#endif
+#ifndef MOE_CTX_WRITE
+#define MOE_CTX_WRITE 1
 #endif
 #ifndef MOE_MAX_TASKS
 #define MOE_MAX_TASKS 16384
@@ -76,8 +95,10 @@
 #define KIND_MEMCG 0
 #define KIND_DIRECT 1
 #define KIND_KSWAPD 2
-#define KIND_OTHER 3
-#define N_KINDS 4
+#define KIND_DAMON 3             // a kdamond thread, by comm
+#define KIND_PROACTIVE 4         // memory.reclaim: a memcg window opened inside a small write(2)
+#define KIND_OTHER 5
+#define N_KINDS 6
 
 // per-kind counter fields (toolkit/record/probes/reclaim.py FIELDS names them in this order)
 #define F_INVOCATIONS 0          // begin / kswapd_wake events
@@ -143,6 +164,19 @@ BPF_PERCPU_ARRAY(dur_hist, u64, N_KINDS * HIST_SLOTS);
 BPF_PERCPU_ARRAY(stats, u64, N_STATS);
 BPF_PERCPU_ARRAY(timeline, u64, TL_ENTRIES);
 BPF_HASH(active, u32, struct window, MOE_MAX_TASKS);
+#if MOE_GATED
+BPF_ARRAY(armed, u32, 1);
+#endif
+
+static __always_inline int moe_armed(void) {
+#if MOE_GATED
+    u32 z = 0;
+    u32 *a = armed.lookup(&z);
+    return a && *a;
+#else
+    return 1;
+#endif
+}
 
 static __always_inline void stat_add(u32 slot, u64 v)
 {
@@ -189,22 +223,26 @@ static __always_inline u32 current_kind(void)
     struct window *w = active.lookup(&tid);
     if (w)
         return w->kind < N_KINDS ? w->kind : KIND_OTHER;
-    char comm[16] = {};
-    bpf_get_current_comm(&comm, sizeof(comm));
-    if (comm[0] == 'k' && comm[1] == 's' && comm[2] == 'w' && comm[3] == 'a' && comm[4] == 'p' &&
-        comm[5] == 'd')
+    u32 t = moe_kthread_kind();
+    if (t == 1)
         return KIND_KSWAPD;
+    if (t == 2)
+        return KIND_DAMON;
     return KIND_OTHER;
 }
 
+// Opens the task's window (kept armed or not); counts only while armed.
 static __always_inline void window_begin(u32 kind)
 {
     u32 tid = tid_of();
-    tot_add(kind, F_INVOCATIONS, 1);
+    int on = moe_armed();
+    if (on)
+        tot_add(kind, F_INVOCATIONS, 1);
     struct window *w = active.lookup(&tid);
     if (w) {
         w->depth += 1;
-        stat_add(STAT_NESTED_BEGINS, 1);
+        if (on)
+            stat_add(STAT_NESTED_BEGINS, 1);
         return;
     }
     struct window nw = {};
@@ -214,14 +252,22 @@ static __always_inline void window_begin(u32 kind)
         stat_add(STAT_TASK_MAP_FULL, 1);
 }
 
+// Closes the task's window (armed or not); counts only while armed. A memcg end closes a
+// memcg or a proactive window, and its nr_reclaimed goes to the proactive kind in the latter.
 static __always_inline void window_end(u32 kind, u64 nr_reclaimed)
 {
     u32 tid = tid_of();
     u64 now = bpf_ktime_get_ns();
-    tot_add(kind, F_END_RECLAIMED, nr_reclaimed);
+    int on = moe_armed();
     struct window *w = active.lookup(&tid);
+    u32 ek = kind;
+    if (w && kind == KIND_MEMCG && w->kind == KIND_PROACTIVE)
+        ek = KIND_PROACTIVE;
+    if (on)
+        tot_add(ek, F_END_RECLAIMED, nr_reclaimed);
     if (!w) {
-        stat_add(STAT_UNMATCHED_ENDS, 1);
+        if (on)
+            stat_add(STAT_UNMATCHED_ENDS, 1);
         return;
     }
     if (w->depth > 0) {
@@ -229,10 +275,12 @@ static __always_inline void window_end(u32 kind, u64 nr_reclaimed)
         return;
     }
     u32 k = w->kind < N_KINDS ? w->kind : KIND_OTHER;
-    if (k != kind)
-        stat_add(STAT_KIND_MISMATCH, 1);
     u64 d = now - w->start_ns;
     active.delete(&tid);
+    if (!on)
+        return;
+    if (k != ek)
+        stat_add(STAT_KIND_MISMATCH, 1);
     tot_add(k, F_COMPLETED, 1);
     tot_add(k, F_DURATION_NS, d);
     tl_add(now, k, T_INVOCATIONS, 1);
@@ -246,9 +294,54 @@ static __always_inline void window_end(u32 kind, u64 nr_reclaimed)
         *c += 1;
 }
 
+// -- the write(2) context: memory.reclaim is a small write to the cgroup's file (not gated) ------
+#if MOE_CTX_WRITE
+BPF_TABLE("lru_hash", u32, u32, task_ctx, MOE_MAX_TASKS);
+
+// set (on) or clear (off) context bits of the current task, rewriting its entry in place
+static __always_inline int ctx_set(u32 bits, int on)
+{
+    u32 tid = tid_of();
+    u32 *c = task_ctx.lookup(&tid);
+    if (c) {
+        *c = on ? (*c | bits) : (*c & ~bits);
+        return 0;
+    }
+    if (!on)
+        return 0;
+    u32 v = bits;
+    task_ctx.update(&tid, &v);
+    return 0;
+}
+
+int tp_sys_enter_write(struct tracepoint__syscalls__sys_enter_write *args)
+{
+    return args->count <= MOE_SMALL_WRITE ? ctx_set(CTX_WRITE_SMALL, 1) : 0;
+}
+
+int tp_sys_exit_write(struct tracepoint__syscalls__sys_exit_write *args)
+{
+    return ctx_set(CTX_WRITE_SMALL, 0);
+}
+#endif
+
+// 1: the current task is inside a write(2) of at most MOE_SMALL_WRITE bytes
+static __always_inline int in_small_write(void)
+{
+#if MOE_CTX_WRITE
+    u32 tid = tid_of();
+    u32 *c = task_ctx.lookup(&tid);
+    return c && (*c & CTX_WRITE_SMALL);
+#else
+    return 0;
+#endif
+}
+
+// -- reclaim windows (not gated: window_begin / window_end gate their counts) ---------------
+
 int tp_mm_vmscan_memcg_reclaim_begin(struct tracepoint__vmscan__mm_vmscan_memcg_reclaim_begin *args)
 {
-    window_begin(KIND_MEMCG);
+    window_begin(in_small_write() ? KIND_PROACTIVE : KIND_MEMCG);
     return 0;
 }
 
@@ -290,8 +383,11 @@ int tp_mm_vmscan_kswapd_sleep(struct tracepoint__vmscan__mm_vmscan_kswapd_sleep 
 }
 #endif
 
+// -- counting programs (gated) ---------------------------------------------------------------
+
 int tp_mm_vmscan_lru_shrink_inactive(struct tracepoint__vmscan__mm_vmscan_lru_shrink_inactive *args)
 {
+    MOE_GATE();
     u32 k = current_kind();
     u64 scanned = args->nr_scanned, reclaimed = args->nr_reclaimed;
     tot_add(k, F_INACTIVE_CALLS, 1);
@@ -320,6 +416,7 @@ int tp_mm_vmscan_lru_shrink_inactive(struct tracepoint__vmscan__mm_vmscan_lru_sh
 #if MOE_HAVE_SHRINK_ACTIVE
 int tp_mm_vmscan_lru_shrink_active(struct tracepoint__vmscan__mm_vmscan_lru_shrink_active *args)
 {
+    MOE_GATE();
     u32 k = current_kind();
     tot_add(k, F_ACTIVE_CALLS, 1);
     tot_add(k, F_ACTIVE_TAKEN, args->nr_taken);
@@ -333,6 +430,7 @@ int tp_mm_vmscan_lru_shrink_active(struct tracepoint__vmscan__mm_vmscan_lru_shri
 #if MOE_HAVE_ISOLATE
 int tp_mm_vmscan_lru_isolate(struct tracepoint__vmscan__mm_vmscan_lru_isolate *args)
 {
+    MOE_GATE();
     u32 k = current_kind();
     tot_add(k, F_ISOLATE_CALLS, 1);
     tot_add(k, F_ISOLATE_REQUESTED, args->nr_requested);

@@ -31,7 +31,9 @@
 //   MOE_MAX_KEYS       (tgid, user stack, kernel stack, comm) counters
 //   MOE_MAX_TASKS      followed tgids + kswapd threads
 //   MOE_FOLLOW_FORKS   1: a followed tgid's new processes are followed too
+//   MOE_GATED          1: sample only while armed[0] = 1 (moetrace record arms all at once); 0: always
 
+#include "moetrace.h"
 #include <uapi/linux/bpf_perf_event.h>
 
 #ifndef MOE_SAMPLE_HZ
@@ -87,6 +89,19 @@ BPF_HASH(tgids, u32, u8, MOE_MAX_TASKS);
 BPF_HASH(counts, struct stack_key, u64, MOE_MAX_KEYS);
 BPF_STACK_TRACE(stack_traces, MOE_STACK_ENTRIES);
 BPF_ARRAY(stats, u64, N_STATS);
+#if MOE_GATED
+BPF_ARRAY(armed, u32, 1);
+#endif
+
+static __always_inline int moe_armed(void) {
+#if MOE_GATED
+    u32 z = 0;
+    u32 *a = armed.lookup(&z);
+    return a && *a;
+#else
+    return 1;
+#endif
+}
 
 static __always_inline void stat_add(u32 slot, u64 v) {
     u64 *p = stats.lookup(&slot);
@@ -107,6 +122,7 @@ static __always_inline void stack_err(s32 id, u32 base) {
 }
 
 int on_cpu_clock(struct bpf_perf_event_data *ctx) {
+    MOE_GATE();
     u64 id = bpf_get_current_pid_tgid();
     u32 pid = (u32)id;
     u32 tgid = id >> 32;
@@ -138,6 +154,7 @@ int on_cpu_clock(struct bpf_perf_event_data *ctx) {
 }
 
 #if MOE_FOLLOW_FORKS
+// not gated: a process forked before arming is still followed
 TRACEPOINT_PROBE(task, task_newtask) {
     if (args->clone_flags & CLONE_THREAD_FLAG)
         return 0;  // a thread shares its tgid

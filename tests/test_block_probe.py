@@ -111,7 +111,9 @@ def test_block_probe_compiles_loads_and_detaches(live, bytes_tp):
 def test_block_probe_compiles_as_is(live):
     """No -D flags at all: every knob has a default."""
     bcc = pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
-    b = bcc.BPF(src_file=str(blockattr.SOURCE).encode(), cflags=list(blockattr.QUIET_CFLAGS))
+    from moetrace.probes import PROBES_DIR
+
+    b = bcc.BPF(src_file=str(blockattr.SOURCE).encode(), cflags=[f"-I{PROBES_DIR}", *blockattr.QUIET_CFLAGS])
     try:
         for fn in (b"tp_block_bio_queue", b"tp_block_rq_issue", b"tp_block_rq_complete", b"tp_block_rq_requeue"):
             b.load_func(fn, bcc.BPF.TRACEPOINT)

@@ -134,6 +134,8 @@ def test_bpf_stats_count_each_probe_and_switch_off_again(live, tmp_path):
     rt = doc["bpf_runtime"]
     assert rt["stats_enabled"] is True and rt["total_run_time_ns"] > 0
     add = rt["programs"]["pagecache"]["tracepoint__filemap__mm_filemap_add_to_page_cache"]
-    assert add["run_cnt"] == doc["stats"]["pagecache"]["add_events"] > 0
+    # the program runs from attach to detach; it counts (add_events) only while armed
+    st = doc["stats"]["pagecache"]
+    assert add["run_cnt"] == st["add_runs"] >= st["add_events"] > 0
     assert rt["per_probe_runs"]["reads"] > 0 and 0 < rt["cpu_fraction_of_wall"] < 1
     assert open("/proc/sys/kernel/bpf_stats_enabled").read().strip() == before

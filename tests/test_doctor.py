@@ -34,11 +34,12 @@ def _rows(rep: dict) -> dict[str, dict]:
 
 def test_json_shape_fake_tree(tmp_path):
     rep = _run("--json", "--root", str(make_tree(tmp_path)))
-    assert set(rep) == {"kernel", "root", "mounted", "rows", "plans", "not_checked"}
+    assert set(rep) == {"kernel", "root", "mounted", "rows", "plans", "not_checked", "damon"}
     assert rep["kernel"] == "6.18.44-fc-v973" and rep["mounted"] == []
     for r in rep["rows"]:
         assert set(r) == {"section", "name", "status", "detail", "fix", "checked"}
-        assert r["status"] in STATUSES and r["section"] in {"capability", "probe", "attach"}
+        assert r["section"] in {"capability", "probe", "attach", "background"}
+        assert r["status"] in (STATUSES if r["section"] != "background" else {"active", "passive", "no"})
         assert r["detail"]
     rows = _rows(rep)
     assert CAPS <= {n for n, r in rows.items() if r["section"] == "capability"}
@@ -147,3 +148,54 @@ def test_live_this_kernel(live, unmount_after):
     assert rows["tracefs"]["status"] == "yes"
     assert rows["pagecache.add"]["status"] == "yes"
     assert rows["headers"]["status"] == {"exact": "yes", "mismatched": "degraded", "none": "no"}[feats.headers]
+
+
+def _fake_damon(root, state="on", action="pageout", filters=(("anon", "Y", "N"), ("unmapped", "Y", "Y"))):
+    """A kdamond like this machine's (sysfs layout of 6.14+, with ops_filters)."""
+    kd = root / "sys/kernel/mm/damon/admin/kdamonds/0"
+    files = {"state": state, "pid": "79", "refresh_ms": "0", "contexts/nr_contexts": "1",
+             "contexts/0/operations": "paddr",
+             "contexts/0/monitoring_attrs/intervals/sample_us": "500000",
+             "contexts/0/monitoring_attrs/intervals/aggr_us": "5000000",
+             "contexts/0/monitoring_attrs/intervals/update_us": "60000000",
+             "contexts/0/targets/0/pid_target": "0",
+             "contexts/0/targets/0/regions/0/start": str(4 << 30), "contexts/0/targets/0/regions/0/end": str(7 << 30),
+             "contexts/0/schemes/0/action": action,
+             "contexts/0/schemes/0/access_pattern/age/min": "12",
+             "contexts/0/schemes/0/access_pattern/age/max": str(2**32 - 1),
+             "contexts/0/schemes/0/access_pattern/nr_accesses/min": "0",
+             "contexts/0/schemes/0/access_pattern/nr_accesses/max": "1",
+             "contexts/0/schemes/0/access_pattern/sz/min": "0",
+             "contexts/0/schemes/0/access_pattern/sz/max": str(2**64 - 1),
+             "contexts/0/schemes/0/quotas/bytes": str(128 << 20), "contexts/0/schemes/0/quotas/ms": "50",
+             "contexts/0/schemes/0/quotas/reset_interval_ms": "1000",
+             "contexts/0/schemes/0/stats/sz_applied": "0"}
+    for i, (typ, matching, allow) in enumerate(filters):
+        files.update({f"contexts/0/schemes/0/ops_filters/{i}/type": typ,
+                      f"contexts/0/schemes/0/ops_filters/{i}/matching": matching,
+                      f"contexts/0/schemes/0/ops_filters/{i}/allow": allow})
+    for rel, text in files.items():
+        (kd / rel).parent.mkdir(parents=True, exist_ok=True)
+        (kd / rel).write_text(text + "\n")
+    return root
+
+
+def test_damon_scheme_rows_fake_tree(tmp_path):
+    from moetrace.kernel.damon import read_damon
+
+    root = _fake_damon(make_tree(tmp_path))
+    d = read_damon(root)
+    (s,) = d["active_schemes"]
+    assert s["thread"] == "kdamond.0" and s["action"] == "pageout" and s["min_idle_s"] == 60.0
+    assert s["regions"] == [{"start": 4 << 30, "end": 7 << 30}] and s["evicts_page_cache"] is True
+    assert [(f["type"], f["allow"]) for f in s["filters"]] == [("anon", False), ("unmapped", True)]
+    rep = _run("--json", "--root", str(root))
+    (row,) = [r for r in rep["rows"] if r["section"] == "background"]
+    assert row["name"] == "damon.kdamond.0.scheme0" and row["status"] == "active"
+    assert "idle >= 60 s" in row["detail"] and "4.00-7.00 GiB" in row["detail"] and "damon" in row["fix"]
+    # a kdamond that is off, or a scheme that only takes anonymous pages, is no hazard
+    off = _fake_damon(make_tree(tmp_path / "off"), state="off")
+    assert read_damon(off)["active_schemes"] == []
+    anon = _fake_damon(make_tree(tmp_path / "anon"), filters=(("anon", "N", "N"),))
+    assert read_damon(anon)["active_schemes"][0]["evicts_page_cache"] is False
+    assert read_damon(tmp_path / "nothing")["available"] is False

@@ -153,7 +153,9 @@ MLOCK_FORMATS = {"sys_enter_mlock": ("start", "len"), "sys_enter_munlock": ("sta
                  "sys_enter_preadv2": ("fd", "vec", "vlen", "pos_l", "pos_h", "flags"),
                  "sys_enter_read": ("fd", "buf", "count"), "sys_enter_close": ("fd",),
                  "sys_enter_close_range": ("fd", "max_fd", "flags"),
-                 "mm_lru_insertion": ("folio", "pfn", "lru", "flags"), "mm_lru_activate": ("folio", "pfn")}
+                 "mm_lru_insertion": ("folio", "pfn", "lru", "flags"), "mm_lru_activate": ("folio", "pfn"),
+                 # the evictor contexts (pagecache) and memory.reclaim (reclaim)
+                 "sys_enter_write": ("fd", "buf", "count"), "sys_enter_madvise": ("start", "len_in", "behavior")}
 
 EVENTS_618 = {
     "filemap": ["mm_filemap_get_pages", "mm_filemap_add_to_page_cache", "mm_filemap_delete_from_page_cache",
@@ -167,7 +169,8 @@ EVENTS_618 = {
               "block_rq_requeue"],
     "syscalls": [f"sys_{side}_{sc}" for sc in ("mlock", "mlock2", "munlock", "mlockall", "munlockall",
                                                "munmap", "mmap", "mremap", "pread64", "preadv", "preadv2", "read",
-                                               "close", "close_range")
+                                               "close", "close_range", "write", "fadvise64", "truncate",
+                                               "ftruncate", "fallocate", "unlink", "unlinkat", "madvise")
                  for side in ("enter", "exit")],
     "task": ["task_newtask"],
     "sched": ["sched_process_exit", "sched_process_exec"],
@@ -419,7 +422,8 @@ def test_resolve_this_machine_shape(tmp_path):
     assert plans["block"].entry("bytes").candidate.target == "block:block_bio_queue"
     assert plans["block"].status == "yes" and plans["block"].knobs == {"MOE_BYTES_TP": 2}
     assert plans["reclaim"].status == "yes" and plans["reclaim"].knobs == {
-        "MOE_HAVE_DIRECT": 1, "MOE_HAVE_KSWAPD": 1, "MOE_HAVE_SHRINK_ACTIVE": 1, "MOE_HAVE_ISOLATE": 1}
+        "MOE_HAVE_DIRECT": 1, "MOE_HAVE_KSWAPD": 1, "MOE_HAVE_SHRINK_ACTIVE": 1, "MOE_HAVE_ISOLATE": 1,
+        "MOE_CTX_WRITE": 1}
     assert plans["reads"].status == "yes" and plans["stacks"].status == "yes"
     ml = plans["mlock"]
     assert ml.status == "degraded"
@@ -438,7 +442,8 @@ def test_resolve_61_lab_kernel(tmp_path):
                                kprobes=True, mglru="0x0000", debugfs=True))
     plans = resolve_all(feats)
     pc = plans["pagecache"]
-    assert pc.status == "yes" and pc.knobs == {"TRACK_READS": 1, "FOLLOW_FORKS": 1, "HAVE_ORDER": 1}
+    assert pc.status == "yes" and pc.knobs == {"TRACK_READS": 1, "FOLLOW_FORKS": 1, "HAVE_ORDER": 1,
+                                               "MOE_CTX_WRITE": 1, "MOE_CTX_INVALIDATE": 1, "MOE_CTX_RECLAIM": 1}
     blk = plans["block"].entry("bytes")
     assert blk.candidate.target == "block:block_bio_queue" and blk.tried == []
     ml = plans["mlock"]
@@ -518,14 +523,17 @@ def test_pagecache_knobs_from_format_files(tmp_path):
         "mm_filemap_add_to_page_cache": no_order,
         "mm_filemap_delete_from_page_cache": no_order.replace("add_to", "delete_from")}))
     pc = resolve(PROBES["pagecache"], feats)
-    assert pc.knobs == {"TRACK_READS": 0, "FOLLOW_FORKS": 0, "HAVE_ORDER": 0}
+    assert pc.knobs == {"TRACK_READS": 0, "FOLLOW_FORKS": 0, "HAVE_ORDER": 0,
+                        "MOE_CTX_WRITE": 1, "MOE_CTX_INVALIDATE": 1, "MOE_CTX_RECLAIM": 1}
     assert pc.status == "degraded" and pc.entry("add").attached and pc.entry("delete").attached
     assert "no tracepoint syscalls:sys_exit_preadv2" in pc.entry("exit_preadv2").reason
     e = pc.entry("exit_pread64")
     assert not e.attached and e.reason == "compiled out (TRACK_READS=0: exit_preadv2 unavailable)"
     assert not pc.entry("newtask").attached
     assert pc.to_dict()["knobs"]["HAVE_ORDER"] == 0
-    assert {x.group for x in pc.attached} == {"add", "delete"}
+    assert {x.group for x in pc.attached if not x.group.startswith("ctx_")} == {"add", "delete"}
+    assert {x.group for x in pc.attached if x.group.startswith("ctx_")} == {
+        g.name for g in PROBES["pagecache"].attach if g.name.startswith("ctx_")}  # every evictor context
     bad = no_order.replace("\tfield:unsigned long i_ino;\toffset:16;\tsize:8;\tsigned:0;\n", "")
     feats = Features(make_tree(tmp_path / "b", formats={"mm_filemap_add_to_page_cache": bad}))
     pc = resolve(PROBES["pagecache"], feats)
@@ -545,7 +553,8 @@ def test_block_and_reclaim_knobs_follow_the_kernel(tmp_path):
     blk = resolve(PROBES["block"], feats)
     assert blk.entry("bytes").candidate.target == "block:block_io_start" and blk.knobs == {"MOE_BYTES_TP": 1}
     rc = resolve(PROBES["reclaim"], feats)
-    assert rc.knobs == {"MOE_HAVE_DIRECT": 1, "MOE_HAVE_KSWAPD": 0, "MOE_HAVE_SHRINK_ACTIVE": 0, "MOE_HAVE_ISOLATE": 1}
+    assert rc.knobs == {"MOE_HAVE_DIRECT": 1, "MOE_HAVE_KSWAPD": 0, "MOE_HAVE_SHRINK_ACTIVE": 0, "MOE_HAVE_ISOLATE": 1,
+                        "MOE_CTX_WRITE": 1}
     assert rc.status == "degraded" and rc.entry("kswapd_wake").reason.startswith("compiled out")
     assert "lacks nr_referenced" in rc.entry("shrink_active").reason
     assert rc.entry("shrink_inactive").attached

@@ -22,6 +22,7 @@ import json
 import os
 import re
 import subprocess
+import time
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -250,15 +251,30 @@ def test_insertions_equal_additions_then_activations_then_nothing(live, pools, l
     pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
     pool, plan = pools[layout], pools["plan"]
     replay = [*REPLAY, str(plan), "--pool", str(pool), "--warmup", "0", "--threads", "4"]
+    from pagewatch import PageWatcher, armed_interval, check_recorded
+
     with io_lock():
-        _drop(pool)
-        cold = _record(tmp_path / "cold", [*replay, "--passes", "2"])
-        hot = _record(tmp_path / "hot", [*replay, "--passes", "1"], "--pool", str(pool))
-        resident = sum(_resident_pages(p) for p in sorted(pool.rglob("*.bin")))
+        w = PageWatcher(pool)  # outside evictions (this machine's DAMON), from the drop to the last mincore
+        try:
+            _drop(pool)
+            t_drop = time.monotonic_ns()
+            cold = _record(tmp_path / "cold", [*replay, "--passes", "2"])
+            hot = _record(tmp_path / "hot", [*replay, "--passes", "1"], "--pool", str(pool))
+            t_m0 = time.monotonic_ns()
+            resident = sum(_resident_pages(p) for p in sorted(pool.rglob("*.bin")))
+            t_m1 = time.monotonic_ns()
+        finally:
+            w.stop()
     assert cold.returncode == 0, cold.stderr
     assert hot.returncode == 0, hot.stderr
+    assert w.lost == 0
     doc, pc, e, u, hist = _load(tmp_path / "cold")
     _common_checks(doc)
+    doc2, pc2, e2, u2, _h2 = _load(tmp_path / "hot")
+    check_recorded(w, doc, pc["added_pages"], pc["evicted_pages"])
+    check_recorded(w, doc2, pc2["added_pages"], pc2["evicted_pages"])
+    outside = w.deleted_by(t_drop)
+    print(f"\n[{layout}] pool pages deleted after the drop, by evictor: {outside or 'none'}")
     s = doc["summaries"]["lru"]
     chk = s["vmstat_check"]
     print(f"\n[{layout}] cold: inserted {int(e['inserted_pages'].sum())} (inactive "
@@ -267,9 +283,11 @@ def test_insertions_equal_additions_then_activations_then_nothing(live, pools, l
           f"join {s['join']}; drain {s['drain']['detail']}; stats {doc['stats']['lru']}")
     print(hist.to_string())
     # the join: LRU insertions (mm_lru_insertion) of pool pages = pages the pagecache probe saw added
-    assert e["inserted_pages"].tolist() == pc["added_pages"].tolist() == [PAGES] * N
-    assert int(e["inserted_pages"].sum()) == N * PAGES == 5888
-    assert e["added_pages"].tolist() == [PAGES] * N
+    assert e["inserted_pages"].tolist() == pc["added_pages"].tolist()
+    assert (pc["added_pages"] - pc["re_added_pages"]).tolist() == [PAGES] * N  # re-adds: outside evictions
+    cold_out = w.deleted_by(*armed_interval(doc)[1])
+    if not cold_out:
+        assert e["inserted_pages"].tolist() == [PAGES] * N and int(e["inserted_pages"].sum()) == N * PAGES == 5888
     assert (e["inserted_pages"] == e["inserted_inactive_pages"] + e["inserted_active_pages"]).all()
     assert int(e["inserted_unevictable_pages"].sum()) == 0 and int(e["inserted_other_pages"].sum()) == 0
     # the second pass activates each page at most once: on the list (mm_lru_activate), or while
@@ -277,24 +295,39 @@ def test_insertions_equal_additions_then_activations_then_nothing(live, pools, l
     # another CPU's batch is not activated at all (__lru_cache_activate_folio searches the local
     # batch only, and folio_mark_accessed clears its referenced bit anyway): measured 0-11 of 5,888
     once = e["activated_pages"] + e["inserted_active_pages"]
-    assert (once <= PAGES).all() and int(once.sum()) >= 0.98 * N * PAGES, once.tolist()
+    assert (once <= e["inserted_pages"]).all(), once.tolist()
+    if not cold_out:
+        assert int(once.sum()) >= 0.98 * N * PAGES, once.tolist()
     assert (e["activation_dwell_count"] == e["activated_pages"]).all()  # every activated page's insertion was seen
     assert int(hist.loc[hist["kind"] == "insertion_to_activation", "pages"].sum()) == int(e["activated_pages"].sum())
-    assert int(hist.loc[hist["kind"] == "add_to_insertion", "pages"].sum()) == N * PAGES
-    # the oracle: PGACTIVATE counts every lru_activate() machine-wide (and reclaim's activations)
+    assert int(hist.loc[hist["kind"] == "add_to_insertion", "pages"].sum()) == int(pc["added_pages"].sum())
+    # the oracle: PGACTIVATE counts every lru_activate() machine-wide in pages, over the same
+    # armed interval as the probes. The probe sees every activation as one event per folio and
+    # counts the pool's in pages (joined); the others' folios (of any order) count >= 1 page each
+    # in pgactivate, so pool pages + other folios <= pgactivate <= pool pages + 512 x other folios
     act, pga = int(e["activated_pages"].sum()), chk["vmstat_pgactivate"]
-    assert act <= pga, chk
-    assert act >= 0.8 * pga, chk  # the replay was (almost) the only activity under the I/O lock
-    assert int(e["evicted_pages"].sum()) == int(pc["evicted_pages"].sum()) == 0
+    st = doc["stats"]["lru"]
+    others = st["activate_events"] - st["activate_joined"]
+    print(f"[{layout}] activations: pool pages {act}, other folios {others}, pgactivate {pga}")
+    assert act + others <= pga, (act, others, chk)
+    if not cold_out:  # reclaim (DAMON's pageout too) activates folios without mm_lru_activate
+        assert pga <= act + 512 * others, (act, others, chk)
+    assert int(e["evicted_pages"].sum()) == int(pc["evicted_pages"].sum())
     # a pass over the fully cached pool: nothing added, nothing inserted, nothing evicted, and
     # (already active) nothing activated
-    doc2, pc2, e2, u2, _h2 = _load(tmp_path / "hot")
     _common_checks(doc2)
     print(f"[{layout}] hot: stats {doc2['stats']['lru']} vmstat {doc2['summaries']['lru']['vmstat_check']}")
-    for c in ("added_pages", "inserted_pages", "activated_pages", "evicted_pages"):
-        assert e2[c].tolist() == [0] * N, c
-    assert pc2["added_pages"].tolist() == [0] * N
-    assert resident == N * PAGES
+    assert e2["inserted_pages"].tolist() == pc2["added_pages"].tolist() == e2["added_pages"].tolist()
+    (h0, _h1), outer = armed_interval(doc2)
+    missing = PAGES - w.resident(at_ns=h0, since_ns=t_drop)  # pages the hot pass had to read again
+    assert (missing <= pc2["added_pages"].to_numpy()).all()
+    assert (pc2["added_pages"].to_numpy() <= missing + w.pages(1, *outer)).all()
+    assert int(w.resident(t_m1, t_drop).sum()) <= resident <= int(w.resident(t_m0, t_drop).sum())
+    if not outside:  # nobody else evicted a pool page: the strict figures
+        for c in ("added_pages", "inserted_pages", "activated_pages", "evicted_pages"):
+            assert e2[c].tolist() == [0] * N, c
+        assert pc2["added_pages"].tolist() == [0] * N
+        assert resident == N * PAGES
 
 
 #: pressure: 3 layers x 32 experts x 1 MiB = 96 MiB through a cache of ~32 MiB (test_record_pressure)

@@ -67,6 +67,7 @@ def test_declaration_matches_c_source(name):
     shared structs, attach candidates (function, enclosing knob, format fields read)."""
     spec = PROBES[name]
     src = bpf.probe_source(name).read_text()
+    shared = (bpf.probe_source(name).parent / "moetrace.h").read_text()  # structs the probes share
     # every knob has a default in the C file (compilable as is), and the C file knows no other -D knob
     declared = {k.name for k in spec.knobs}
     for knob in declared:
@@ -80,7 +81,8 @@ def test_declaration_matches_c_source(name):
         assert [n.lower() for n, _ in slots] == list(spec.stats)
     # shared structs: same fields, same widths, same order
     for st in spec.structs:
-        assert _struct_fields(src, st.name) == [(t, f) for f, t in st.fields], st.name
+        own = re.search(r"struct %s \{" % st.name, src)
+        assert _struct_fields(src if own else shared, st.name) == [(t, f) for f, t in st.fields], st.name
     # attach candidates <-> tracepoint programs: the same set, each behind its group's knob (or the
     # knob its `sets` choose), reading exactly the format fields the declaration names (what
     # resolve() checks against the kernel)
@@ -124,7 +126,7 @@ def test_pagecache_specifics():
     assert [n.lower() for n, _ in slots][:4] == ["add_events", "delete_events", "pool_dev_add_events",
                                                   "pool_dev_delete_events"]
     assert slots[PAGECACHE.stats.index("ring_drops")][0] == "RING_DROPS"
-    assert PAGE_EVENT_DTYPE == PAGECACHE.struct("page_event").dtype() and PAGE_EVENT_DTYPE.itemsize == 32
+    assert PAGE_EVENT_DTYPE == PAGECACHE.struct("page_event").dtype() and PAGE_EVENT_DTYPE.itemsize == 40
     counted = {f for f, _t in PAGECACHE.struct("expert_counts").fields}
     assert counted <= {c.name for c in PAGECACHE.schema}
 

@@ -23,6 +23,7 @@ import pytest
 
 from moetrace.kernel import bpf
 from moetrace.record.probes import reclaim as reclaimrec
+from moetrace.probes import PROBES_DIR
 from moetrace.record.spec import PROBES
 from moetrace.record.probes.reclaim import (FIELDS, GROUPS, HAVE_KNOBS, KINDS, STATS, TIMELINE_FIELDS, ReclaimRecorder,
                                  read_vmstat, reclaim_cflags, resolve_attach, vmstat_delta)
@@ -71,7 +72,7 @@ def test_declaration_matches_c_source():
 def test_cflags_are_checked():
     assert reclaim_cflags({"MOE_HAVE_KSWAPD": 0}, bucket_ns=10**8, t0_ns=5) == [
         "-DMOE_HAVE_DIRECT=1", "-DMOE_HAVE_KSWAPD=0", "-DMOE_HAVE_SHRINK_ACTIVE=1", "-DMOE_HAVE_ISOLATE=1",
-        "-DMOE_MAX_TASKS=16384", "-DMOE_BUCKET_NS=100000000", "-DMOE_MAX_BUCKETS=4096", "-DMOE_T0_NS=5"]
+        "-DMOE_CTX_WRITE=1", "-DMOE_MAX_TASKS=16384", "-DMOE_BUCKET_NS=100000000", "-DMOE_MAX_BUCKETS=4096", "-DMOE_T0_NS=5"]
     with pytest.raises(ValueError):
         reclaim_cflags({"MOE_HAVE_NOPE": 1})
     with pytest.raises(ValueError):
@@ -100,7 +101,8 @@ def test_unavailable_optional_groups_are_compiled_out(monkeypatch):
 
     monkeypatch.setattr(probespec, "resolve", fake_resolve({"kswapd_sleep", "isolate"}))
     attached, missing, have = resolve_attach()
-    assert have == {"MOE_HAVE_DIRECT": 1, "MOE_HAVE_KSWAPD": 0, "MOE_HAVE_SHRINK_ACTIVE": 1, "MOE_HAVE_ISOLATE": 0}
+    assert have == {"MOE_HAVE_DIRECT": 1, "MOE_HAVE_KSWAPD": 0, "MOE_HAVE_SHRINK_ACTIVE": 1, "MOE_HAVE_ISOLATE": 0,
+                    "MOE_CTX_WRITE": 1}
     assert "kswapd_wake" not in attached and missing["kswapd_wake"].startswith("compiled out")
     assert missing["kswapd_sleep"] == "no format file"
     assert attached["shrink_inactive"] == spec.group("shrink_inactive").candidates[0].target
@@ -163,7 +165,7 @@ def test_reclaim_probe_compiles_loads_and_detaches(live, bucket_ns):
 def test_reclaim_probe_compiles_as_is(live):
     """No -D flags at all: every knob has a default (all events compiled in)."""
     bcc = pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
-    b = bcc.BPF(src_file=str(reclaimrec.SOURCE).encode(), cflags=list(reclaimrec.QUIET_CFLAGS))
+    b = bcc.BPF(src_file=str(reclaimrec.SOURCE).encode(), cflags=[f"-I{PROBES_DIR}", *reclaimrec.QUIET_CFLAGS])
     try:
         for fn, _knob in GROUPS.values():
             b.load_func(fn.encode(), bcc.BPF.TRACEPOINT)
@@ -175,7 +177,7 @@ def test_reclaim_probe_compiles_as_is(live):
 def test_reclaim_probe_minimal_build(live):
     """Every optional group compiled out: only memcg begin/end and shrink_inactive remain."""
     bcc = pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
-    flags = reclaim_cflags({k: 0 for k in HAVE_KNOBS}) + list(reclaimrec.QUIET_CFLAGS)
+    flags = reclaim_cflags({k: 0 for k in HAVE_KNOBS}) + [f"-I{PROBES_DIR}", *reclaimrec.QUIET_CFLAGS]
     b = bcc.BPF(src_file=str(reclaimrec.SOURCE).encode(), cflags=flags)
     try:
         for g, (fn, knob) in GROUPS.items():

@@ -18,7 +18,8 @@ import sys
 import pytest
 
 from moetrace.run import directory as rundir
-from moetrace.run.epochs import EpochWriter, epoch_mode, epochs_for, epochs_from_replay
+from moetrace.replay.epochs import EpochWriter
+from moetrace.run.epochs import epoch_mode, epochs_for, epochs_from_replay
 
 N, MIB = 23, 1 << 20
 PAGES = MIB // mmap.PAGESIZE

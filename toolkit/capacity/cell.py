@@ -120,6 +120,13 @@ class CellSpec:
     replay_argv: list[str] | None = None  # program part of the replay command (tests / development)
     drop_caches: bool = True
     record: bool = False  # wrap the replay in `moetrace record` (run directory <cell dir>/run)
+    #: watch the pool's pages for evictions by anyone but the cell's own capacity mechanism
+    #: (DAMON, fadvise, drop_caches, truncate, proactive or global reclaim): the replay runs under
+    #: `moetrace record --probes pagecache` (<cell dir>/watch) when not --record
+    watch: bool = True
+    #: a measured window with outside evictions: "flag" (kept, with the count in flags) or
+    #: "reject" (not retained)
+    outside_evictions: str = "flag"
 
     @property
     def arena_bytes(self) -> int | None:
@@ -215,11 +222,24 @@ def _replay_argv(spec: CellSpec, run_dir: Path, sync_fd: int) -> list[str]:
     return argv
 
 
-def _record_argv(spec: CellSpec, run: Path, scope_path: Path) -> list[str]:
+def _record_argv(spec: CellSpec, run: Path, scope_path: Path, probes: str | None = None) -> list[str]:
     """`moetrace record` in front of the replay: the recorder stays outside the scope and
     the replay joins it (``--cgroup``) after the probes are attached, before it execs."""
     return [spec.python, "-m", "moetrace.cli.record", "--out", str(run), "--pool", str(spec.pool),
-            "--cgroup", str(scope_path), "--"]
+            "--cgroup", str(scope_path), *(["--probes", probes] if probes else []), "--"]
+
+
+#: the evictor classes a capacity mechanism itself causes (record/spec.py EVICTORS)
+OWN_EVICTORS = {"cgroup": ("memcg",), "balloon": ("kswapd", "direct")}
+
+
+def watch_unavailable() -> str | None:
+    """Why the pool's evictions cannot be watched here (None: they can)."""
+    import importlib.util
+
+    if importlib.util.find_spec("bcc") is None:
+        return "bcc is not importable (python3-bpfcc): the pagecache probe cannot run"
+    return None
 
 
 def drop_caches(root: str = "/") -> None:
@@ -407,10 +427,21 @@ def run_cell(spec: CellSpec, out_dir: str | os.PathLike, curve=None,
             argv = _replay_argv(spec, run_dir, child_sock.fileno())
             result["replay_argv"] = argv
             preexec = scope.preexec()
+            watch = None
             if spec.record:
-                argv = _record_argv(spec, out / "run", scope.path) + argv
-                result["record"] = {"run_dir": str(out / "run"), "argv": argv[:argv.index("--") + 1]}
+                watch = out / "run"
+                argv = _record_argv(spec, watch, scope.path) + argv
+                result["record"] = {"run_dir": str(watch), "argv": argv[:argv.index("--") + 1]}
                 preexec = lambda: set_pdeathsig(signal.SIGKILL)  # noqa: E731  (outside the scope)
+            elif spec.watch:
+                why = watch_unavailable()
+                if why is None:
+                    watch = out / "watch"
+                    argv = _record_argv(spec, watch, scope.path, probes="pagecache") + argv
+                    result["watch"] = {"run_dir": str(watch), "argv": argv[:argv.index("--") + 1]}
+                    preexec = lambda: set_pdeathsig(signal.SIGKILL)  # noqa: E731  (outside the scope)
+                else:
+                    result["notes"].append(f"outside evictions not watched: {why}")
             with open(out / "replay.stdout", "wb") as so, open(out / "replay.stderr", "wb") as se:
                 proc = subprocess.Popen(argv, stdout=so, stderr=se, stdin=subprocess.DEVNULL,
                                         pass_fds=(child_sock.fileno(),), preexec_fn=preexec, env=env)
@@ -430,12 +461,12 @@ def run_cell(spec: CellSpec, out_dir: str | os.PathLike, curve=None,
             else:
                 kv = _parse_kv(line)
                 result["loop_entry"] = kv
-                if spec.record:  # proc is the recorder; the replay is the one task in the scope
+                if watch is not None:  # proc is the recorder; the replay is the one task in the scope
                     inside = scope.pids()
                     if inside:
                         pids["replay"] = inside[0]
                         pids["recorder"] = proc.pid
-                        result["record"]["replay_pid"] = inside[0]
+                        result["record" if spec.record else "watch"]["replay_pid"] = inside[0]
                 s = snap("loop_entry", pids)
                 st = (s.get("scope") or {}).get("stat", {})
                 anon = st.get("rss", st.get("anon"))
@@ -514,18 +545,21 @@ def run_cell(spec: CellSpec, out_dir: str | os.PathLike, curve=None,
                 and not any(r.startswith("OOM") for r in reasons):
             reasons.append("OOM in the kernel log during the cell")
 
-    _finish(result, spec, snaps, run_dir, pool, curve, balloon)
     if spec.record:
         _recorded(result, out / "run")
+    elif "watch" in result:
+        _recorded(result, out / "watch", key="watch")
+    _outside_evictions(result, spec)
+    _finish(result, spec, snaps, run_dir, pool, curve, balloon)
     _write_json(out / "cell.json", result)
     if interrupted is not None:
         raise interrupted
     return result
 
 
-def _recorded(result: dict, run: Path) -> None:
+def _recorded(result: dict, run: Path, key: str = "record") -> None:
     """The recording's per-phase page-cache counts (epochs): what the measured pass alone did."""
-    rec = result.setdefault("record", {"run_dir": str(run)})
+    rec = result.setdefault(key, {"run_dir": str(run)})
     try:
         from moetrace.run.directory import read_manifest
 
@@ -543,6 +577,31 @@ def _recorded(result: dict, run: Path) -> None:
         n = result["measured_iterations"]
         rec["measured_re_added_pages_per_iteration"] = m["re_added_pages"] / n
         rec["measured_added_pages_per_iteration"] = m["added_pages"] / n
+
+
+def _outside_evictions(result: dict, spec: CellSpec) -> None:
+    """Pool pages evicted during the measured window by anyone but the cell's own capacity
+    mechanism (from the recording's per-epoch evictor counts); a flag, or a reason to reject."""
+    rec = result.get("record") or result.get("watch")
+    own = OWN_EVICTORS.get(spec.mechanism, ())
+    doc: dict[str, Any] = {"pages": None, "by": None, "own_mechanism": list(own), "window": "measured",
+                           "policy": spec.outside_evictions}
+    result["outside_evictions"] = doc
+    m = (rec or {}).get("measured_pages")
+    if not rec or rec.get("error") or m is None or "evicted_by" not in m:
+        doc["why_na"] = ((rec or {}).get("error") or ("not watched (--no-watch, or the pagecache probe cannot run)"
+                         if not rec else "the recording kept no per-epoch evictor counts"))
+        return
+    by = {k: v for k, v in m["evicted_by"].items() if k not in own and v}
+    doc["pages"] = sum(by.values())
+    doc["by"] = by
+    doc["own_pages"] = {k: m["evicted_by"].get(k, 0) for k in own}
+    if doc["pages"]:
+        text = (f"{doc['pages']} pool pages evicted by others during the measured window ("
+                + ", ".join(f"{k} {v}" for k, v in sorted(by.items(), key=lambda kv: -kv[1])) + ")")
+        result.setdefault("flags", []).append(text)
+        if spec.outside_evictions == "reject":
+            result["reasons"].append(text)
 
 
 def _finish(result: dict, spec: CellSpec, snaps: dict, run_dir: Path, pool, curve, balloon) -> None:

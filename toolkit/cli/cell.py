@@ -10,6 +10,18 @@ from moetrace.cli.common import BYTES, emit_json
 from moetrace.errors import CellInterrupted
 
 
+def default_cell_dir() -> str:
+    """A new cell-<time> directory under $MOETRACE_RUN_ROOT (else /var/tmp/moetrace): a cell
+    never writes into the current directory unasked."""
+    import os
+    import tempfile
+    import time
+
+    root = os.environ.get("MOETRACE_RUN_ROOT") or "/var/tmp/moetrace"
+    os.makedirs(root, exist_ok=True)
+    return tempfile.mkdtemp(prefix=time.strftime("cell-%Y%m%d-%H%M%S-"), dir=root)
+
+
 def cell_options(f):
     """Options shared by `cell` and `sweep`."""
     opts = [
@@ -39,6 +51,14 @@ def cell_options(f):
         click.option("--record", "record", is_flag=True,
                      help="Record the cell's replay (warm-up and measured passes) with `moetrace record` "
                           "into <cell dir>/run; the recorder stays outside the scope."),
+        click.option("--watch/--no-watch", "watch", default=True, show_default=True,
+                     help="Watch the pool's pages for evictions by anyone but the cell's own mechanism "
+                          "(DAMON, fadvise, drop_caches, truncation, proactive or global reclaim) with the "
+                          "pagecache probe (<cell dir>/watch; --record does it too). Root and bcc."),
+        click.option("--outside-evictions", type=click.Choice(["flag", "reject"]), default="flag",
+                     show_default=True,
+                     help="A measured window with outside evictions: flag it in cell.json (flags, "
+                          "outside_evictions) and keep it, or reject it (not retained)."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -46,14 +66,16 @@ def cell_options(f):
 
 
 def make_spec(plan_path, pool_dir, capacity, mechanism, mode, headroom, threads, warmup, passes,
-              arena_fraction, prefetch, fadvise_random, freq_table, timeout_s, name="cell", record=False):
+              arena_fraction, prefetch, fadvise_random, freq_table, timeout_s, name="cell", record=False,
+              watch=True, outside_evictions="flag"):
     """A validated CellSpec from CLI values."""
     from moetrace.capacity.cell import CellSpec
 
     spec = CellSpec(plan=plan_path, pool=pool_dir, capacity_bytes=capacity, mechanism=mechanism, mode=mode,
                     headroom_bytes=headroom, threads=threads, warmup=warmup, passes=passes,
                     arena_fraction=arena_fraction, prefetch=prefetch, fadvise_random=fadvise_random,
-                    freq_table=freq_table, timeout_s=timeout_s, name=name, record=record)
+                    freq_table=freq_table, timeout_s=timeout_s, name=name, record=record, watch=watch,
+                    outside_evictions=outside_evictions)
     spec.validate()
     return spec
 
@@ -69,11 +91,13 @@ SUMMARY_KEYS = ("retained", "reasons", "capacity_bytes", "mechanism", "mode", "d
 @click.option("--capacity", required=True, type=BYTES, help="The capacity C, e.g. 512MiB.")
 @click.option("--name", default="cell", show_default=True,
               help="Scope name (the cgroup is moetrace-NAME; a stale one of that name is removed first).")
-@click.option("--out", "out_dir", default="cell", show_default=True, type=click.Path(file_okay=False),
-              help="The cell directory (cell.json, snapshots/, replay/).")
+@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
+              help="The cell directory (cell.json, snapshots/, replay/). Default: a new cell-<time> "
+                   "directory under $MOETRACE_RUN_ROOT (else /var/tmp/moetrace), printed.")
 @click.option("--json", "as_json", is_flag=True, help="Print cell.json's summary as JSON.")
 def cell(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passes, arena_fraction, prefetch,
-         fadvise_random, freq_table, timeout_s, record, capacity, name, out_dir, as_json):
+         fadvise_random, freq_table, timeout_s, record, watch, outside_evictions, capacity, name, out_dir,
+         as_json):
     """Measure one capacity cell (paper Algorithm 1) into a cell directory.
 
     \b
@@ -93,7 +117,11 @@ def cell(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passes
     from moetrace.capacity.cell import interrupt_handlers, run_cell
 
     spec = make_spec(plan_path, pool_dir, capacity, mechanism, mode, headroom, threads, warmup, passes,
-                     arena_fraction, prefetch, fadvise_random, freq_table, timeout_s, name, record)
+                     arena_fraction, prefetch, fadvise_random, freq_table, timeout_s, name, record, watch,
+                     outside_evictions)
+    if out_dir is None:
+        out_dir = default_cell_dir()
+        click.echo(f"moetrace cell: writing {out_dir} (--out names the directory)", err=True)
     try:
         with interrupt_handlers():
             res = run_cell(spec, out_dir, on_phase=lambda p: click.echo(f"cell: {p}", err=True)
@@ -124,5 +152,7 @@ def _print_summary(res: dict, out_dir: str) -> None:
                f"amplification {('NA' if amp is None else f'{amp:.2f}')}")
     for r in res["reasons"]:
         click.echo(f"  reason: {r}")
+    for f in res.get("flags", []):
+        click.echo(f"  flag: {f}")
     for n in res.get("notes", []):
         click.echo(f"  note: {n}")

@@ -108,22 +108,53 @@ def probe_rows(plans) -> list[Row]:
     return rows
 
 
-def doctor_report(root: str = "/", mount: bool = False) -> dict[str, Any]:
-    """Everything `doctor --json` prints: kernel, mount notes, rows, plans, not_checked."""
-    from moetrace.kernel.features import Features
+def background_rows(damon: dict[str, Any]) -> list[Row]:
+    """One row per active DAMON scheme (read only): a reclaimer that perturbs measurements."""
+    rows: list[Row] = []
+    if not damon["available"]:
+        return [_row("background", "damon", "no", damon["note"])]
+    if not damon["active_schemes"]:
+        return [_row("background", "damon", "no", "no kdamond is on: nothing evicts behind the measurement's back")]
+    for s in damon["active_schemes"]:
+        regions = ", ".join(f"{r['start'] / 2**30:.2f}-{r['end'] / 2**30:.2f} GiB" for r in s["regions"]
+                            if r["start"] is not None and r["end"] is not None)
+        where = f" over {s['operations']} {regions}" if regions else f" ({s['operations']})"
+        rows.append(_row("background", f"damon.{s['thread']}.scheme{s['index']}",
+                         "active" if s["evicts_page_cache"] else "passive", s["effect"] + where,
+                         "pool evictions by it are attributed to 'damon' (experts.parquet evicted_by_damon_pages);"
+                         " cells flag them. moetrace never changes DAMON's settings" if s["evicts_page_cache"]
+                         else None))
+    return rows
+
+
+def doctor_report(root: str = "/", mount: bool | str = "temporary") -> dict[str, Any]:
+    """Everything `doctor --json` prints: kernel, mount notes, rows, plans, not_checked, damon.
+
+    mount: "temporary" (default) answers for the way `record` runs: record mounts tracefs /
+    debugfs itself when absent, so doctor mounts them for the check (root, live system) and
+    unmounts them again; True mounts and leaves them; False checks what is mounted now."""
+    from moetrace.kernel.damon import read_damon
+    from moetrace.kernel.features import Features, unmount_ours
     from moetrace.record.spec import resolve_all
 
-    feats = Features(root, mount=mount)
+    feats = Features(root, mount=bool(mount))
     plans = resolve_all(feats)
-    rows = capability_rows(feats) + probe_rows(plans)
+    damon = read_damon(root)
+    if mount == "temporary" and feats.notes:
+        feats.notes = [f"{n} for this check, as record does (unmounted again)" for n in feats.notes]
+        unmount_ours()
+    rows = capability_rows(feats) + probe_rows(plans) + background_rows(damon)
     not_checked = [r["name"] for r in rows if not r["checked"]]
     return {"kernel": feats.osrelease, "root": feats.root, "mounted": feats.notes, "rows": rows,
-            "plans": {n: p.to_dict() for n, p in plans.items()}, "not_checked": not_checked}
+            "plans": {n: p.to_dict() for n, p in plans.items()}, "not_checked": not_checked, "damon": damon}
 
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the rows, attach plans and what was not checked as JSON.")
-@click.option("--mount", is_flag=True, help="Mount tracefs/debugfs when absent (root), and say so.")
+@click.option("--mount/--no-mount", default=None,
+              help="--mount: mount tracefs/debugfs when absent (root) and leave them mounted; --no-mount: "
+                   "check only what is mounted now. Default: mount them for the check and unmount them "
+                   "again (record mounts them itself, so that is how record will run).")
 @click.option("--probes-only", is_flag=True, help="Only the probe and attach-point rows.")
 @click.option("--root", "root", default="/", hidden=True, type=click.Path(file_okay=False),
               help="Look up proc/, sys/, lib/ under this directory (tests: a fake tree).")
@@ -139,7 +170,7 @@ def doctor(as_json: bool, mount: bool, probes_only: bool, root: str) -> None:
       sudo moetrace doctor --mount        # mount tracefs/debugfs first
       moetrace doctor --json | jq '.plans.pagecache.status'
     """
-    rep = doctor_report(root, mount=mount)
+    rep = doctor_report(root, mount="temporary" if mount is None else mount)
     if probes_only:
         rep["rows"] = [r for r in rep["rows"] if r["section"] != "capability"]
     if as_json:
@@ -153,7 +184,8 @@ def doctor(as_json: bool, mount: bool, probes_only: bool, root: str) -> None:
     for r in rep["rows"]:
         if r["section"] != section and r["section"] != "attach":
             section = r["section"]
-            click.echo(f"\n{'capabilities' if section == 'capability' else 'probes'}:")
+            click.echo("\n" + {"capability": "capabilities", "probe": "probes",
+                               "background": "background reclaimers (read only)"}.get(section, section) + ":")
         name = ("  " + r["name"]) if r["section"] == "attach" else r["name"]
         mark = "" if r["checked"] else " (not checked)"
         click.echo(f"  {r['status']:<8} {name:<{width + 2}} {r['detail']}{mark}")

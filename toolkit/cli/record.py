@@ -98,10 +98,17 @@ def record(ctx, probes, knob_items, out, pool_dir, missing_probes, stream_events
         click.echo(f"moetrace record: run directory {res.run_dir}{tail}; command exit status {res.exit_status}",
                    err=True)
         if "experts_added_pages" in t:
+            req = t["experts_requested_pages"]
+            if req is None:
+                why = (res.manifest.get("requested") or {}).get("source") or "no replay log"
+                req = f"NA ({why})"
             click.echo(f"moetrace record: experts added {t['experts_added_pages']} pages, evicted "
                        f"{t['experts_evicted_pages']}, re-added {t['experts_re_added_pages']}, requested "
-                       f"{t['experts_requested_pages']}; unattributed added {t['unattributed_added_pages']}",
-                       err=True)
+                       f"{req}; unattributed added {t['unattributed_added_pages']}", err=True)
+            by = {k: v for k, v in (t.get("experts_evicted_by") or {}).items() if v}
+            if by:
+                click.echo("moetrace record: pool pages evicted by " +
+                           ", ".join(f"{k} {v}" for k, v in sorted(by.items(), key=lambda kv: -kv[1])), err=True)
         if "experts_device_read_bytes" in t:
             click.echo(f"moetrace record: device read bytes: experts {t['experts_device_read_bytes']}, "
                        f"unattributed {t['unattributed_device_read_bytes']}", err=True)

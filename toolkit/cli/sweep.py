@@ -17,7 +17,8 @@ CELL_COLUMNS = ["capacity", "capacity_bytes", "repeat", "order", "cell_dir", "me
                 "reasons", "iteration_time_median_ns", "iteration_time_spread", "measured_iterations",
                 "device_bytes", "device_bytes_per_iteration", "miss_bytes_per_iteration", "amplification",
                 "budget_experts", "peak_memory_bytes", "oom_kill", "vmlck_at_loop_entry_bytes",
-                "anon_at_loop_entry_bytes", "measured_hints_submitted", "measured_hints_completed"]
+                "anon_at_loop_entry_bytes", "measured_hints_submitted", "measured_hints_completed",
+                "outside_evicted_pages", "flags"]
 
 
 def parse_capacities(text: str) -> list[tuple[str, int]]:
@@ -55,6 +56,8 @@ def cell_row(res: dict, label: str, repeat: int, order: int, cell_dir: str) -> d
         "anon_at_loop_entry_bytes": res.get("anon_at_loop_entry_bytes"),
         "measured_hints_submitted": res.get("measured_hints_submitted"),
         "measured_hints_completed": res.get("measured_hints_completed"),
+        "outside_evicted_pages": (res.get("outside_evictions") or {}).get("pages"),
+        "flags": "; ".join(res.get("flags", [])),
     }
 
 
@@ -105,7 +108,8 @@ def write_results(rows: list[dict], out: Path, plot: bool = True) -> dict:
               help="Sweep directory: cells/<C>-r<i>/, results.csv/.parquet, capacity.csv/.parquet, fig2.png.")
 @click.option("--json", "as_json", is_flag=True, help="Print the per-capacity table as JSON.")
 def sweep(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passes, arena_fraction, prefetch,
-          fadvise_random, freq_table, timeout_s, record, capacities, repeats, seed, out_dir, as_json):
+          fadvise_random, freq_table, timeout_s, record, watch, outside_evictions, capacities, repeats, seed,
+          out_dir, as_json):
     """Run capacity cells over C x repeats in randomized (seeded) order.
 
     \b
@@ -128,7 +132,7 @@ def sweep(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passe
     caps = parse_capacities(capacities)
     specs = {label: make_spec(plan_path, pool_dir, c, mechanism, mode, headroom, threads, warmup, passes,
                               arena_fraction, prefetch, fadvise_random, freq_table, timeout_s, name="sweep",
-                              record=record)
+                              record=record, watch=watch, outside_evictions=outside_evictions)
              for label, c in caps}
     check_privileges()
     out = Path(out_dir)

@@ -1,14 +1,21 @@
-"""The interface every further probe of ``moetrace record`` implements.
+"""The one interface every probe of ``moetrace record`` implements.
 
-pagecache, block and reclaim are wired into :mod:`moetrace.record.recorder` directly (they
-feed the experts table); every other probe is a :class:`ProbeRecorder` subclass in its
-own module, named in :data:`RECORDERS`. The recorder drives each one the same way::
+One probe = one C file in probes/ (sharing probes/moetrace.h) + one module in
+moetrace/record/probes/ holding its recorder, a :class:`ProbeRecorder` subclass named in
+:data:`RECORDERS` (its declaration, attach groups, knobs and tables, is its ProbeSpec in
+:mod:`moetrace.record.spec`). The recorder (:mod:`moetrace.record.recorder`) drives every
+one the same way::
 
     rec = cls(ctx)            # ctx: RecordContext (features, attach plan, pool map, ...)
-    rec.open()                # compile, load, attach (sets compile_attach_s, knobs)
-    rec.follow(pid)           # the command's pid, before it execs (task-filtering probes)
+    rec.open()                # compile (MOE_GATED=1), load, attach: counts nothing yet
+    rec.describe(manifest)    # manifest sections known at attach time
+    ... every probe open ...
+    rec.arm(True)             # all probes, microseconds apart: counting starts
+    env.update(rec.child_env()); spawn; rec.child_started(); rec.follow(pid)
     while command runs:
         rec.poll(timeout_ms)  # only when rec.needs_poll: drain rings, sample files
+    rec.settle()              # last work that must still be counted (lru: drain LRU batches)
+    rec.arm(False)            # all probes: counting stops
     rec.close()               # collect the kernel's aggregates, then detach (idempotent)
     rec.write(run_dir, manifest)  # tables + manifest sections of this probe
     ...
@@ -60,6 +67,14 @@ class RecordContext:
     stream_max_records: int = 5_000_000
     #: ``record --knob PROBE.NAME=V`` for this probe: {NAME: V}
     knobs: dict[str, int] = field(default_factory=dict)
+    #: compile with MOE_GATED=1: count nothing until :meth:`ProbeRecorder.arm` (the recorder
+    #: arms every probe at once after all attached, and disarms them together)
+    gated: bool = False
+    #: every probe of this recording (e.g. pagecache leaves read calls to reads when both run)
+    recording: tuple[str, ...] = ()
+    #: CLOCK_MONOTONIC ns when the command started / ended (set before close())
+    command_start_ns: int = 0
+    command_end_ns: int = 0
 
 
 class ProbeRecorder:
@@ -72,10 +87,12 @@ class ProbeRecorder:
     def __init__(self, ctx: RecordContext):
         self.ctx = ctx
         self.spec = PROBES[self.name]
+        self.compiled_out: dict[str, str] = {}
         self.probe = None  # moetrace.kernel.bpf.LoadedProbe, when BPF is used
         self.knobs: dict[str, int] = {}
         self.compile_attach_s: float | None = None
         self.closed = False
+        self.armed = False
         #: set by close() once the kernel's data was read: write() runs only then
         self.collected = False
 
@@ -88,6 +105,37 @@ class ProbeRecorder:
 
     def poll(self, timeout_ms: int = 0) -> None:
         """Consume what is ready; never block longer than ``timeout_ms``."""
+
+    def describe(self, manifest: dict[str, Any]) -> None:
+        """Manifest sections known once the probe is attached (e.g. block's device)."""
+
+    def child_env(self) -> dict[str, str]:
+        """Environment the recorded command inherits (e.g. pagecache's epoch map fd)."""
+        return {}
+
+    def child_started(self) -> None:
+        """The command was forked (what it inherits is its own now)."""
+
+    def gated(self) -> bool:
+        """Whether the probe counts only while armed (compiled with MOE_GATED=1)."""
+        return bool(self.ctx.gated)
+
+    def bpf_handle(self):
+        """The bcc BPF object while attached, else None."""
+        if self.probe is None or self.probe.closed:
+            return None
+        return self.probe.bpf
+
+    def arm(self, on: bool = True) -> None:
+        """Start (on) or stop counting; the recorder arms every probe at once after all are
+        attached and disarms them together before reading any (the same interval)."""
+        if self.probe is not None and not self.probe.closed:
+            self.probe.arm(on)
+        self.armed = on
+
+    def settle(self) -> None:
+        """Last work that must still be counted, just before the probes are disarmed
+        (e.g. lru flushes the per-CPU LRU batches)."""
 
     def close(self) -> None:
         raise NotImplementedError
@@ -123,7 +171,8 @@ class ProbeRecorder:
         from moetrace.kernel.bpf import QUIET_CFLAGS, load_probe
 
         try:
-            self.probe = load_probe(self.name, knobs, QUIET_CFLAGS if extra_cflags is None else extra_cflags)
+            self.probe = load_probe(self.name, knobs, QUIET_CFLAGS if extra_cflags is None else extra_cflags,
+                                    gated=self.ctx.gated)
         except ProbeError as e:
             raise self.error(e.message, hint=e.hint) from None
         self.compile_attach_s = self.probe.compile_attach_s
@@ -170,16 +219,16 @@ class ProbeRecorder:
         """Ids of the loaded BPF programs (the kill tests check they are gone)."""
         from moetrace.kernel.bpf import prog_info as bpf_prog_info
 
-        if self.probe is None or self.probe.closed:
+        b = self.bpf_handle()
+        if b is None:
             return []
-        return [i["id"] for i in (bpf_prog_info(f.fd) for f in self.probe.bpf.funcs.values()) if i is not None]
+        return [i["id"] for i in (bpf_prog_info(f.fd) for f in b.funcs.values()) if i is not None]
 
     def recursion_misses(self) -> dict[str, int | None]:
         from moetrace.kernel.bpf import recursion_misses
 
-        if self.probe is None or self.probe.closed:
-            return {}
-        return recursion_misses(self.probe.bpf)
+        b = self.bpf_handle()
+        return {} if b is None else recursion_misses(b)
 
 
 def schema_doc(spec, table: str) -> dict[str, dict[str, str]]:
@@ -189,6 +238,9 @@ def schema_doc(spec, table: str) -> dict[str, dict[str, str]]:
 
 #: probe name -> "module:Class" of its recorder (imported only when the probe is recorded)
 RECORDERS: dict[str, str] = {
+    "pagecache": "moetrace.record.probes.pagecache:PagecacheRecorder",
+    "block": "moetrace.record.probes.block:BlockProbe",
+    "reclaim": "moetrace.record.probes.reclaim:ReclaimProbe",
     "lru": "moetrace.record.probes.lru:LruRecorder",
     "mlock": "moetrace.record.probes.mlock:MlockRecorder",
     "reads": "moetrace.record.probes.reads:ReadsRecorder",

@@ -28,7 +28,6 @@ its ``to_dict()`` is written to the manifest's ``attach_plan``.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -39,13 +38,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import pandas as pd
 
 from moetrace.run import directory as rd
 from moetrace.errors import MoetraceError, UsageError
-from moetrace.record.spec import DEFAULT_PROBES, PROBES, AttachPlan, resolve
-from moetrace.kernel.bpf import prog_info as bpf_prog_info
+from moetrace.record.probe import ProbeRecorder, RecordContext, available as available_recorders, recorder_class
+from moetrace.record.spec import DEFAULT_PROBES, PROBES, resolve
+from moetrace.run.replaylog import read_replay_summary, requested_from_replay
 from moetrace.kernel.syscalls import set_pdeathsig
 
 log = logging.getLogger("moetrace.record")
@@ -60,26 +59,18 @@ POLL_ROUND_STREAM_MS = 100
 
 
 # ---------------------------------------------------------------------------
-# probes: their one declaration each lives in moetrace.record.spec (knobs, attach
-# groups, schema, stats slots, shared C structs); the recorder only derives the
-# pool knobs and reads the maps back.
+# probes: one declaration each (moetrace.record.spec) and one recorder each
+# (moetrace.record.probes.<name>, a moetrace.record.probe.ProbeRecorder)
 
-#: Probes this version of the recorder can load (the rest are declared and resolved
-#: by doctor, and listed in the manifest's attach plan as not recorded).
-BUILTIN = ("pagecache", "block", "reclaim")
-from moetrace.record.probe import RecordContext, available as _available_recorders, recorder_class  # noqa: E402
-
-#: the further probes, each a moetrace.record.probe.ProbeRecorder in its own module
-EXTRA_RECORDED: tuple[str, ...] = tuple(_available_recorders())
-RECORDED = BUILTIN + EXTRA_RECORDED
+#: probes this version records: every one whose recorder module is installed (the rest are
+#: declared and resolved by doctor, and listed in the manifest's attach plan as not recorded)
+RECORDED: tuple[str, ...] = tuple(available_recorders())
 #: what `record` attaches without --probes: the declared default set, as far as it is recorded
 DEFAULT_RECORD: tuple[str, ...] = tuple(p for p in DEFAULT_PROBES if p in RECORDED)
-PAGECACHE = PROBES["pagecache"]
-BLOCK = PROBES["block"]
-RECLAIM = PROBES["reclaim"]
+#: probes whose knobs come from the pool and the kernel only (no --knob)
+DERIVED_KNOBS = ("pagecache", "block", "reclaim")
 #: struct page_event of probes/pagecache.c (from the declaration)
-PAGE_EVENT_DTYPE = PAGECACHE.struct("page_event").dtype()
-RING_DROPS_SLOT = PAGECACHE.stats.index("ring_drops")
+PAGE_EVENT_DTYPE = PROBES["pagecache"].struct("page_event").dtype()
 
 
 # ---------------------------------------------------------------------------
@@ -139,151 +130,6 @@ def option_from_command(cmd: list[str], name: str) -> str | None:
 def pool_from_command(cmd: list[str]) -> str | None:
     """The value of ``--pool`` (or ``--pool=DIR``) in a command line, if any."""
     return option_from_command(cmd, "--pool")
-
-
-# ---------------------------------------------------------------------------
-# requested pages from the replay's own accounting
-
-
-def requested_from_replay(replay_dir: Path, pool) -> tuple[np.ndarray | None, np.ndarray | None, str]:
-    """(requested bytes, requested pages) per expert_id from the replay's log, and how.
-
-    Requested bytes per expert cannot be taken from the read syscalls without
-    fd -> inode (kernel structs, unsafe with mismatched headers), so they come
-    from the replay's plan accounting: every logged iteration row (warm-up and
-    measured) contributes the plan's reads of that iteration x expert bytes.
-    None (with the reason) when there is no usable log."""
-    from moetrace.replay.harness import ITERATIONS_FILE, SUMMARY_FILE, load_flat_plan
-
-    sp, ip = replay_dir / SUMMARY_FILE, replay_dir / ITERATIONS_FILE
-    if not sp.exists() or not ip.exists():
-        return None, None, "no replay log (the command wrote no replay.json / iterations.parquet)"
-    try:
-        summary = json.loads(sp.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        return None, None, f"replay.json unreadable ({e})"
-    mode = summary.get("mode")
-    if mode not in ("pagecache", "mmap"):
-        return None, None, (f"replay mode {mode}: its reads do not all go through the page cache "
-                            "(O_DIRECT or an mlocked arena), requested pages are not derived")
-    if summary.get("pool", {}).get("identity") != pool.manifest.get("checksum"):
-        return None, None, "the replay used another pool than the recorded one"
-    try:
-        plan = load_flat_plan(summary["plan"]["path"])
-    except (MoetraceError, KeyError, OSError) as e:
-        return None, None, f"the replay's plan is unreadable ({e})"
-    it = pd.read_parquet(ip, columns=["iteration"])
-    n_it = plan.n_iterations
-    occ = np.bincount(it["iteration"].to_numpy(np.int64), minlength=n_it)[:n_it]
-    reads_per_it = plan.slot_bounds[plan.iter_bounds[1:]] - plan.slot_bounds[plan.iter_bounds[:-1]]
-    weight = np.repeat(occ, reads_per_it)
-    reads = np.bincount(plan.ids, weights=weight, minlength=pool.n_total).astype(np.int64)
-    eb = pool.geometry.expert_bytes
-    how = (f"replay plan accounting: {len(it)} logged iteration rows x the plan's reads per iteration x "
-           f"{eb} expert bytes ({-(-eb // PAGE)} pages) per read; interrupted iterations are not logged")
-    return reads * eb, reads * -(-eb // PAGE), how
-
-
-def experts_table(pmap: PoolMap | None, counts: list[tuple[int, int, int]] | None,
-                  req_bytes: np.ndarray | None, req_pages: np.ndarray | None, block=None) -> pd.DataFrame:
-    """experts.parquet: one row per expert (in expert_id order) + the unattributed row.
-
-    Columns: the pagecache declaration's schema (NA when ``counts`` is None: the probe
-    was not recorded), then the block declaration's (``block``: a
-    :class:`moetrace.record.probes.block.BlockResult`, or None: NA). The unattributed row's
-    device_read_bytes is the bytes of no expert (every disk's when no pool was named),
-    its bios NA (not counted apart)."""
-    n = pmap.n_total if pmap is not None else 0
-    if counts is None:
-        c = np.full((n + 1, 3), -1, np.int64)
-    else:
-        c = np.asarray(counts, np.int64).reshape(-1, 3)
-    E = pmap.pool.geometry.n_experts if pmap is not None else 1
-    eid = np.arange(n, dtype=np.int64)
-
-    def ia(x, dtype="Int64"):
-        return pd.array(x, dtype=dtype)
-
-    na = [pd.NA]
-    df = pd.DataFrame({
-        "kind": pd.array(["expert"] * n + ["unattributed"], dtype="string"),
-        "layer": ia(list(eid // E) + na, "Int32"),
-        "expert": ia(list(eid % E) + na, "Int32"),
-        "expert_id": ia(list(eid) + na),
-        "added_pages": ia(c[:, 0].tolist()),
-        "evicted_pages": ia(c[:, 1].tolist()),
-        "re_added_pages": ia(c[:n, 2].tolist() + na),
-        "requested_bytes": ia((req_bytes.tolist() if req_bytes is not None else na * n) + na),
-        "requested_pages": ia((req_pages.tolist() if req_pages is not None else na * n) + na),
-    })
-    if counts is None:
-        for col in ("added_pages", "evicted_pages", "re_added_pages"):
-            df[col] = pd.array([pd.NA] * (n + 1), dtype="Int64")
-    df["hit_pages"] = df["requested_pages"] - df["added_pages"]
-    if block is not None:
-        per = block.per_expert.set_index("expert_id").reindex(range(n))
-        unattr = block.unattributed_bytes if block.index_used else block.kernel_read_bytes
-        df["device_read_bytes"] = pd.array(per["device_read_bytes"].tolist() + [unattr], dtype="Int64")
-        df["bios"] = pd.array(per["bios"].tolist() + [pd.NA], dtype="Int64")
-    else:
-        df["device_read_bytes"] = pd.array([pd.NA] * (n + 1), dtype="Int64")
-        df["bios"] = pd.array([pd.NA] * (n + 1), dtype="Int64")
-    return df[[col.name for col in PAGECACHE.schema + BLOCK.schema]]
-
-
-def epoch_tables(arr: np.ndarray, epochs: list, pmap: PoolMap) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(expert_epochs, epochs) from the probe's epoch_counts array and the epochs the replay
-    assigned (:func:`moetrace.run.epochs.epochs_from_replay`).
-
-    expert_epochs keeps the rows with a nonzero count only (an absent (epoch, expert) is
-    zero: the array is read whole, nothing is missing)."""
-    n1 = pmap.n_total + 1
-    used = len(epochs)
-    a = arr[: used * n1]
-    tot = a["added_pages"].astype(np.int64) + a["evicted_pages"] + a["re_added_pages"]
-    nz = np.flatnonzero(tot)
-    ep, eid = nz // n1, nz % n1
-    E = pmap.pool.geometry.n_experts
-    is_exp = eid < pmap.n_total
-    def ia(x, dt="Int64"):
-        return pd.array(x, dtype=dt)
-
-    df = pd.DataFrame({
-        "epoch": ep.astype(np.int32),
-        "kind": pd.array(np.where(is_exp, "expert", "unattributed"), dtype="string"),
-        "layer": ia(np.where(is_exp, eid // E, 0), "Int32"),
-        "expert": ia(np.where(is_exp, eid % E, 0), "Int32"),
-        "expert_id": ia(eid),
-        "added_pages": ia(a["added_pages"][nz].astype(np.int64)),
-        "evicted_pages": ia(a["evicted_pages"][nz].astype(np.int64)),
-        "re_added_pages": ia(a["re_added_pages"][nz].astype(np.int64)),
-    })
-    for c in ("layer", "expert", "expert_id"):
-        df.loc[~is_exp, c] = pd.NA
-    meta = pd.DataFrame({
-        "epoch": np.array([e.epoch for e in epochs], np.int32),
-        "phase": pd.array([e.phase for e in epochs], dtype="string"),
-        "repeat": pd.array([e.repeat for e in epochs], dtype="Int32"),
-        "iteration": pd.array([e.iteration for e in epochs], dtype="Int32"),
-        "start_ns": pd.array([e.start_ns for e in epochs], dtype="Int64"),
-        "end_ns": pd.array([e.end_ns for e in epochs], dtype="Int64"),
-        "folded": pd.array([e.folded for e in epochs], dtype="boolean"),
-    })
-    return df, meta
-
-
-def epoch_phase_totals(df: pd.DataFrame | None, meta: pd.DataFrame | None) -> dict[str, dict[str, int]] | None:
-    """{phase: {added_pages, evicted_pages, re_added_pages}} of the experts (unattributed apart)."""
-    if df is None or meta is None:
-        return None
-    m = df.merge(meta[["epoch", "phase"]], on="epoch")
-    out: dict[str, dict[str, int]] = {}
-    for ph in meta["phase"].unique():
-        for kind in ("expert", "unattributed"):
-            sub = m[(m["phase"] == ph) & (m["kind"] == kind)]
-            key = str(ph) if kind == "expert" else f"{ph}_unattributed"
-            out[key] = {c: int(sub[c].sum()) for c in ("added_pages", "evicted_pages", "re_added_pages")}
-    return out
 
 
 # ---------------------------------------------------------------------------
@@ -401,274 +247,196 @@ def record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) -
             (on_event or log.info)(note)
 
 
-def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) -> RecordResult:
-    """Run ``opts.command`` under the probes; write the run directory; return the result.
+class _Recording:
+    """One `moetrace record`: the steps of :func:`record`, each a method, sharing the state
+    (options, features, attach plans, the pool map, the run directory and manifest, the
+    probe recorders, the child)."""
 
-    The child's exit status is returned (128 + signal when it was killed), never
-    raised. ``on_event`` receives short progress lines ("attached ...")."""
-    from moetrace.kernel.bpf import EventStream, array_values, load_probe
+    def __init__(self, opts: RecordOptions, say: Callable[[str], None]):
+        self.opts, self.say = opts, say
+        self.notes: list[str] = []
+        self.attach_plan: dict[str, dict[str, Any]] = {}
+        self.recorders: list[ProbeRecorder] = []
+        self.state = _State()
+        self.old_handlers: dict[int, Any] = {}
+        self.stats_fd: int | None = None
+        self.snaps: dict[str, Any] = {}
+        self.pmap = None
+        self.pool_doc = None
+        self.cgroup_procs: str | None = None
+        self.exit_status = 1
 
-    say = on_event or (lambda s: None)
-    if not opts.command:
-        raise UsageError("no command to record", hint="moetrace record -- replay plan.bin --pool DIR")
-    if opts.missing_probes not in ("error", "warn"):
-        raise UsageError(f"--missing-probes {opts.missing_probes!r}", hint="error or warn")
-    notes: list[str] = []
-    attach_plan: dict[str, dict[str, Any]] = {}
-    wanted = list(dict.fromkeys(opts.probes))
-    unknown = [p for p in wanted if p not in PROBES]
-    if unknown:
-        raise UsageError(f"no such probe: {', '.join(unknown)}", hint=f"probes: {', '.join(PROBES)}")
-    for p in wanted:
-        if p not in RECORDED and opts.missing_probes == "error":
-            raise UsageError(f"probe {p}: not recorded by this version of moetrace (declared, see "
-                             f"`moetrace doctor`)",
-                             hint=f"recorded: {', '.join(RECORDED)}; or pass --missing-probes warn")
-    for p in opts.knobs:
-        if p not in wanted:
-            raise UsageError(f"--knob {p}.*: probe {p} is not recorded", hint=f"add it to --probes ({', '.join(wanted)})")
-        if p not in EXTRA_RECORDED:
-            raise UsageError(f"--knob {p}.*: the {p} probe's knobs are derived from the pool and the kernel",
-                             hint=f"--knob applies to {', '.join(EXTRA_RECORDED)}")
-    feats = _features()
-    check_can_record(feats)
-    notes.extend(feats.notes)
-    # one resolution per probe, the same doctor shows; its to_dict() is the manifest's attach plan
-    plans: dict[str, AttachPlan] = {p: resolve(PROBES[p], feats) for p in wanted}
-    for p, plan in plans.items():
-        attach_plan[p] = dict(plan.to_dict(), recorded=False, skip_reason=None)
-        if p not in RECORDED:
-            attach_plan[p]["skip_reason"] = "not recorded by this version of moetrace"
-            notes.append(f"probe {p} skipped: not recorded by this version of moetrace")
-        elif plan.status == "no":
-            attach_plan[p]["skip_reason"] = plan.reason
-            if opts.missing_probes == "error" and not PROBES[p].enrichment:
-                raise MoetraceError(f"probe {p} cannot attach: {plan.reason}",
-                                    hint="moetrace doctor lists what this kernel offers")
-            notes.append(f"probe {p} skipped: {plan.reason}")
-        elif plan.status == "degraded":
-            notes.append(f"probe {p} degraded: {plan.reason}")
+    # -- 1. what to record ----------------------------------------------------------------------
+    def resolve(self) -> None:
+        """Options, privileges, and one attach plan per probe (the same doctor shows)."""
+        opts, notes = self.opts, self.notes
+        if not opts.command:
+            raise UsageError("no command to record", hint="moetrace record -- replay plan.bin --pool DIR")
+        if opts.missing_probes not in ("error", "warn"):
+            raise UsageError(f"--missing-probes {opts.missing_probes!r}", hint="error or warn")
+        self.wanted = wanted = list(dict.fromkeys(opts.probes))
+        unknown = [p for p in wanted if p not in PROBES]
+        if unknown:
+            raise UsageError(f"no such probe: {', '.join(unknown)}", hint=f"probes: {', '.join(PROBES)}")
+        for p in wanted:
+            if p not in RECORDED and opts.missing_probes == "error":
+                raise UsageError(f"probe {p}: not recorded by this version of moetrace (declared, see "
+                                 f"`moetrace doctor`)",
+                                 hint=f"recorded: {', '.join(RECORDED)}; or pass --missing-probes warn")
+        for p in opts.knobs:
+            if p not in wanted:
+                raise UsageError(f"--knob {p}.*: probe {p} is not recorded",
+                                 hint=f"add it to --probes ({', '.join(wanted)})")
+            if p in DERIVED_KNOBS:
+                raise UsageError(f"--knob {p}.*: the {p} probe's knobs are derived from the pool and the kernel",
+                                 hint=f"--knob applies to {', '.join(p for p in RECORDED if p not in DERIVED_KNOBS)}")
+        self.feats = feats = _features()
+        check_can_record(feats)
+        notes.extend(feats.notes)
+        self.plans = {p: resolve(PROBES[p], feats) for p in wanted}
+        for p, plan in self.plans.items():
+            self.attach_plan[p] = dict(plan.to_dict(), recorded=False, skip_reason=None)
+            if p not in RECORDED:
+                self.attach_plan[p]["skip_reason"] = "not recorded by this version of moetrace"
+                notes.append(f"probe {p} skipped: not recorded by this version of moetrace")
+            elif plan.status == "no":
+                self.attach_plan[p]["skip_reason"] = plan.reason
+                if opts.missing_probes == "error" and not PROBES[p].enrichment:
+                    raise MoetraceError(f"probe {p} cannot attach: {plan.reason}",
+                                        hint="moetrace doctor lists what this kernel offers")
+                notes.append(f"probe {p} skipped: {plan.reason}")
+            elif plan.status == "degraded":
+                notes.append(f"probe {p} degraded: {plan.reason}")
 
-    pool_dir = opts.pool or pool_from_command(opts.command)
-    pmap = None
-    pool_doc = None
-    if pool_dir is not None:
-        from moetrace.inputs.pool import open_pool
+    def open_pool(self) -> None:
+        """The pool's inode -> expert map, and the cgroup the command joins."""
+        opts = self.opts
+        pool_dir = opts.pool or pool_from_command(opts.command)
+        if pool_dir is not None:
+            from moetrace.inputs.pool import open_pool
 
-        pool = open_pool(pool_dir)
-        pmap = pool_map(pool)
-        g = pool.geometry
-        pool_doc = {"root": str(Path(pool.root).resolve()), "identity": pool.manifest.get("checksum"),
-                    "layout": pool.layout, "geometry": g.to_dict(), "extent_bytes": pool.extent_bytes,
-                    "pages_per_expert": pmap.pages_per_expert, "files": len(pool.files),
-                    "s_dev": pmap.pool_dev, "s_dev_text": f"{pmap.pool_dev >> 20}:{pmap.pool_dev & ((1 << 20) - 1)}",
-                    "source": "--pool" if opts.pool else "the command's --pool"}
-    else:
-        notes.append("no pool named (--pool, or --pool in the command): every page-cache page is unattributed")
+            pool = open_pool(pool_dir)
+            self.pmap = pmap = pool_map(pool)
+            self.pool_doc = {"root": str(Path(pool.root).resolve()), "identity": pool.manifest.get("checksum"),
+                             "layout": pool.layout, "geometry": pool.geometry.to_dict(),
+                             "extent_bytes": pool.extent_bytes, "pages_per_expert": pmap.pages_per_expert,
+                             "files": len(pool.files), "s_dev": pmap.pool_dev,
+                             "s_dev_text": f"{pmap.pool_dev >> 20}:{pmap.pool_dev & ((1 << 20) - 1)}",
+                             "source": "--pool" if opts.pool else "the command's --pool"}
+        else:
+            self.notes.append("no pool named (--pool, or --pool in the command): every page-cache page is "
+                              "unattributed")
+        if opts.cgroup is not None:
+            cg = Path(opts.cgroup)
+            if not (cg / "cgroup.procs").is_file():
+                raise UsageError(f"--cgroup {opts.cgroup}: not a cgroup directory (no cgroup.procs)",
+                                 hint="make one first, e.g. mkdir /sys/fs/cgroup/memory/moetrace-x and set "
+                                      "memory.limit_in_bytes")
+            self.cgroup_procs = str(cg.resolve() / "cgroup.procs")
 
-    cgroup_procs = None
-    if opts.cgroup is not None:
-        cg = Path(opts.cgroup)
-        if not (cg / "cgroup.procs").is_file():
-            raise UsageError(f"--cgroup {opts.cgroup}: not a cgroup directory (no cgroup.procs)",
-                             hint="make one first, e.g. mkdir /sys/fs/cgroup/memory/moetrace-x and set "
-                                  "memory.limit_in_bytes")
-        cgroup_procs = str(cg.resolve() / "cgroup.procs")
+    def create_run(self) -> None:
+        """The run directory (0700) and its manifest, marked incomplete until the end."""
+        from moetrace.kernel.damon import read_damon
 
-    run_dir = rd.create_run_dir(opts.out or rd.default_run_dir())
-    replay_dir = run_dir / rd.REPLAY_SUBDIR
-    os.mkdir(replay_dir, rd.DIR_MODE)
-    os.chmod(replay_dir, rd.DIR_MODE)
-    log_dir = replay_dir  # where the command's replay log lands (its own --run-dir wins over the env)
-    named = option_from_command(opts.command, "--run-dir")
-    if named is not None:
-        log_dir = Path(named)
-        notes.append(f"the command writes its replay log to its --run-dir {named}, not {replay_dir}")
-    manifest: dict[str, Any] = {
-        "command": list(opts.command),
-        "record_command": [os.path.basename(sys.argv[0]), *sys.argv[1:]],
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "complete": False,
-        "exit_status": None,
-        "interrupted_by": None,
-        "plan": None,
-        "pool": pool_doc,
-        "replay_dir": str(log_dir.resolve()),
-        "cgroup": str(Path(opts.cgroup).resolve()) if opts.cgroup else None,
-        "kernel": {"release": feats.osrelease, "headers": feats.headers, "headers_detail": feats.headers_detail,
-                   "btf": feats.btf},
-        "mglru": feats.mglru,
-        "privileges": feats.privileges,
-        "probes": wanted,
-        "attach_plan": attach_plan,
-        "clock": {"probes": "bpf_ktime_get_ns (CLOCK_MONOTONIC)", "replay": "CLOCK_MONOTONIC",
-                  "recorder": "time.monotonic_ns (CLOCK_MONOTONIC)"},
-        "lost": {},
-        "stats": {},
-        "timings": {},
-        "requested": None,
-        "tables": {},
-        "notes": notes,
-    }
-    rd.write_manifest(run_dir, manifest)
+        opts, feats = self.opts, self.feats
+        self.run_dir = run_dir = rd.create_run_dir(opts.out or rd.default_run_dir())
+        self.replay_dir = run_dir / rd.REPLAY_SUBDIR
+        os.mkdir(self.replay_dir, rd.DIR_MODE)
+        os.chmod(self.replay_dir, rd.DIR_MODE)
+        self.log_dir = self.replay_dir  # where the replay log lands (its own --run-dir wins over the env)
+        named = option_from_command(opts.command, "--run-dir")
+        if named is not None:
+            self.log_dir = Path(named)
+            self.notes.append(f"the command writes its replay log to its --run-dir {named}, not {self.replay_dir}")
+        damon = read_damon()
+        self.manifest = {
+            "command": list(opts.command),
+            "record_command": [os.path.basename(sys.argv[0]), *sys.argv[1:]],
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "complete": False, "exit_status": None, "interrupted_by": None, "plan": None,
+            "pool": self.pool_doc, "replay_dir": str(self.log_dir.resolve()),
+            "cgroup": str(Path(opts.cgroup).resolve()) if opts.cgroup else None,
+            "kernel": {"release": feats.osrelease, "headers": feats.headers, "headers_detail": feats.headers_detail,
+                       "btf": feats.btf},
+            "mglru": feats.mglru, "privileges": feats.privileges,
+            # reclaimers that evict behind the measurement's back (read only): evictions by them are
+            # in the experts table's evicted_by_damon_pages
+            "background_reclaimers": {"damon": [
+                {k: s.get(k) for k in ("thread", "pid", "operations", "action", "regions", "min_idle_s", "quotas",
+                                       "filters", "evicts_page_cache", "effect")}
+                for s in damon["active_schemes"]], "damon_available": damon["available"]},
+            "probes": self.wanted, "attach_plan": self.attach_plan,
+            "clock": {"probes": "bpf_ktime_get_ns (CLOCK_MONOTONIC)", "replay": "CLOCK_MONOTONIC",
+                      "recorder": "time.monotonic_ns (CLOCK_MONOTONIC)"},
+            "lost": {}, "stats": {}, "timings": {}, "requested": None, "tables": {}, "notes": self.notes,
+        }
+        rd.write_manifest(run_dir, self.manifest)
 
-    probe = None
-    stream = None
-    blk = None  # moetrace.record.probes.block.BlockRecorder
-    rcl = None  # moetrace.record.probes.reclaim.ReclaimRecorder
-    extras: list = []  # moetrace.record.probe.ProbeRecorder of the further probes
-    phase_fd: int | None = None  # a dup of the epoch_now map fd, inherited by the command
-    stats_fd: int | None = None  # BPF_ENABLE_STATS: run-time statistics on while it is open
-    disk = None  # the pool's disk as /proc/diskstats names it
-    state = _State()
-    old: dict[int, Any] = {}
-    result_df = None
-    exit_status = 1
-    try:
+    # -- 2. attach every probe, then arm them together ---------------------------------------------
+    def open_probes(self) -> None:
+        opts, manifest = self.opts, self.manifest
         if opts.bpf_stats:
             from moetrace.kernel.bpf import enable_stats
 
             try:
-                stats_fd = enable_stats()
+                self.stats_fd = enable_stats()
             except OSError as e:
-                notes.append(f"--bpf-stats: run-time statistics unavailable ({e.strerror or e})")
-        t_attach0 = time.perf_counter()
-        from moetrace.kernel.procfs import read_diskstats
-
-        pool_disk: dict[str, Any] | None = None  # /proc/diskstats of the pool's disk around the block probe
-        if "pagecache" in plans and plans["pagecache"].status != "no":
-            plan = plans["pagecache"]
-            over: dict[str, int] = dict(plan.knobs)
-            if pmap is not None:
-                from moetrace.run.epochs import epochs_for
-
-                over.update(POOL_DEV=pmap.pool_dev, N_EXPERTS=pmap.n_total, PPE=pmap.pages_per_expert,
-                            WPE=pmap.words_per_expert, EPOCHS=epochs_for(pmap.n_total + 1))
-            over["STREAM_EVENTS"] = int(opts.stream_events)
-            if "reads" in plans and plans["reads"].status != "no" and "reads" in EXTRA_RECORDED:
-                over["TRACK_READS"] = 0  # the reads probe counts every read call: not twice
-            knobs = {k: int(v) for k, v in PAGECACHE.knob_values(**over).items()}
-            if not knobs["HAVE_ORDER"]:
-                notes.append("add/delete tracepoints carry no folio order: every event counts one page")
-            say("compiling and attaching pagecache ...")
-            probe = load_probe("pagecache", knobs)
-            off = {g.name for g in PAGECACHE.attach if g.knob is not None and not knobs.get(g.knob, 1)}
-            planned = sorted(e.candidate.target for e in plan.attached if e.group not in off)
-            if sorted(probe.tracepoints) != planned:
-                probe.close()
-                raise MoetraceError(f"probe pagecache attached {sorted(probe.tracepoints)}, its attach plan "
-                                    f"says {planned}",
-                                    hint="probes/pagecache.c and its declaration in moetrace/record/spec.py "
-                                         "disagree (tests/test_probe_build.py checks them)")
-            attach_plan["pagecache"]["recorded"] = True
-            if off:
-                attach_plan["pagecache"]["compiled_out"] = {
-                    g: "TRACK_READS=0: the reads probe times every read call" for g in sorted(off)}
-            manifest["timings"]["pagecache_compile_attach_s"] = round(probe.compile_attach_s, 4)
-            manifest["knobs"] = {"pagecache": knobs}
-            if pmap is not None:
-                t = probe.table("inodes")
-                for ino, (base, n) in pmap.inodes.items():
-                    t[t.Key(ino)] = t.Leaf(base, n)
-            if opts.stream_events:
-                stats_t = probe.table("stats")
-                stream = EventStream(probe, "events", PAGE_EVENT_DTYPE.itemsize, "ring",
-                                     kernel_lost=lambda: stats_t[ctypes.c_int(RING_DROPS_SLOT)].value,
-                                     max_records=opts.stream_max_records)
-            manifest["bpf_prog_ids"] = sorted(i["id"] for i in (bpf_prog_info(f.fd) for f in probe.bpf.funcs.values())
-                                              if i is not None)
-            if knobs.get("EPOCHS"):
-                # the replay writes the epoch itself (moetrace.run.epochs.EpochWriter): an inherited
-                # fd of the one-entry epoch_now map, not a round trip per iteration
-                phase_fd = os.dup(probe.table("epoch_now").map_fd)
-                os.set_inheritable(phase_fd, True)
-            say(f"attached {len(probe.tracepoints)} tracepoints in {probe.compile_attach_s:.2f} s")
-
-        def skip(p: str, why: str) -> None:
-            """A probe that could not be loaded: an error under --missing-probes error."""
-            if opts.missing_probes == "error":
-                raise MoetraceError(f"probe {p} cannot be recorded: {why}",
-                                    hint="--missing-probes warn records without it; `moetrace doctor` explains")
-            attach_plan[p]["skip_reason"] = why
-            notes.append(f"probe {p} skipped: {why}")
-
-        for name in wanted:  # the further probes (moetrace.record.probe), before block
-            if name not in EXTRA_RECORDED or plans[name].status == "no":
-                continue
-            ctx = RecordContext(features=feats, plan=plans[name], pmap=pmap, run_dir=run_dir, log_dir=log_dir,
-                                stream=opts.stream_events, t0_ns=time.monotonic_ns(), notes=notes, say=say,
-                                stream_max_records=opts.stream_max_records, knobs=dict(opts.knobs.get(name, {})))
-            say(f"compiling and attaching {name} ...")
+                self.notes.append(f"--bpf-stats: run-time statistics unavailable ({e.strerror or e})")
+        t0 = time.perf_counter()
+        recording = tuple(p for p in self.wanted if p in RECORDED and self.plans[p].status != "no")
+        for name in recording:
+            ctx = RecordContext(features=self.feats, plan=self.plans[name], pmap=self.pmap, run_dir=self.run_dir,
+                                log_dir=self.log_dir, stream=opts.stream_events, t0_ns=time.monotonic_ns(),
+                                notes=self.notes, say=self.say, stream_max_records=opts.stream_max_records,
+                                knobs=dict(opts.knobs.get(name, {})), gated=True, recording=recording)
+            self.say(f"compiling and attaching {name} ...")
             rec = recorder_class(name)(ctx)
             try:
                 rec.open()
             except MoetraceError as e:
                 rec.abort()
-                skip(name, e.message)
+                if opts.missing_probes == "error":
+                    raise MoetraceError(f"probe {name} cannot be recorded: {e.message}",
+                                        hint="--missing-probes warn records without it; `moetrace doctor` "
+                                             "explains") from None
+                self.attach_plan[name]["skip_reason"] = e.message
+                self.notes.append(f"probe {name} skipped: {e.message}")
                 continue
-            extras.append(rec)
-            attach_plan[name]["recorded"] = True
+            self.recorders.append(rec)
+            self.attach_plan[name]["recorded"] = True
+            if getattr(rec, "compiled_out", None):
+                self.attach_plan[name]["compiled_out"] = dict(rec.compiled_out)
             if rec.compile_attach_s is not None:
                 manifest["timings"][f"{name}_compile_attach_s"] = round(rec.compile_attach_s, 4)
             manifest.setdefault("knobs", {})[name] = dict(rec.knobs)
-            say(f"attached {name}" + (f" in {rec.compile_attach_s:.2f} s" if rec.compile_attach_s else ""))
-        # block last: the pool disk's /proc/diskstats is read right after it attaches and right
-        # before it detaches, so the two windows match (clang reading headers is outside both)
-        if "reclaim" in plans and plans["reclaim"].status != "no":
-            from moetrace.record.probes.reclaim import ReclaimRecorder
+            rec.describe(manifest)
+            self.say(f"attached {name}" + (f" in {rec.compile_attach_s:.2f} s" if rec.compile_attach_s else ""))
+        manifest["bpf_prog_ids"] = sorted(i for r in self.recorders for i in r.prog_ids())
+        manifest["timings"]["probes_attach_s"] = round(time.perf_counter() - t0, 4)
+        rd.write_manifest(self.run_dir, manifest)
 
-            say("compiling and attaching reclaim ...")
-            rcl = ReclaimRecorder(features=feats, plan=plans["reclaim"]).open()
-            attach_plan["reclaim"]["recorded"] = True
-            manifest["timings"]["reclaim_compile_attach_s"] = round(rcl.compile_s + rcl.attach_s, 4)
-            manifest.setdefault("knobs", {})["reclaim"] = dict(rcl.knobs)
-            say(f"attached reclaim ({len(rcl.attach)} tracepoints) in {rcl.compile_s + rcl.attach_s:.2f} s")
-        if "block" in plans and plans["block"].status != "no":
-            from moetrace.record.probes.block import BlockRecorder
-            from moetrace.errors import InputError
-            from moetrace.kernel.extents import pool_extents
+    def arm_all(self, on: bool) -> None:
+        """Every probe at once, microseconds apart: the probes of one recording count over the
+        same interval (and the oracles' snapshots are taken right inside it)."""
+        iv = self.manifest.setdefault("interval", {
+            "note": "every probe counts from armed_ns to disarmed_ns (armed together after all attached, "
+                    "disarmed together before any is read); armed_done_ns / disarm_start_ns bound the "
+                    "microseconds the (dis)arming took"})
+        iv["armed_ns" if on else "disarm_start_ns"] = time.monotonic_ns()
+        for r in self.recorders:
+            r.arm(on)
+        iv["armed_done_ns" if on else "disarmed_ns"] = time.monotonic_ns()
+        iv["gated"] = {r.name: r.gated() for r in self.recorders}
 
-            idx = None
-            try:
-                if pmap is not None:
-                    idx = pool_extents(pmap.pool)
-                    disk = idx.device.disk
-                    if idx.problems:
-                        notes.append(f"block: {len(idx.problems)} experts have extents whose device bytes are "
-                                     f"unknowable (first: {next(iter(idx.problems.items()))})")
-                else:
-                    notes.append("block: no pool, device reads of every disk are counted, none attributed")
-                say("compiling and attaching block ...")
-                blk = BlockRecorder(idx, dev=None if idx is not None else 0, stream=idx is not None,
-                                    features=feats, plan=plans["block"]).open()
-                if disk is not None:
-                    pool_disk = {"disk": disk, "pre": read_diskstats(device=disk)}
-            except InputError as e:
-                skip("block", f"the pool's extents cannot be mapped to a disk: {e.message}")
-            else:
-                attach_plan["block"]["recorded"] = True
-                manifest["timings"]["block_compile_attach_s"] = round(blk.compile_s + blk.attach_s, 4)
-                manifest.setdefault("knobs", {})["block"] = dict(blk.knobs)
-                if idx is not None:
-                    manifest["block_device"] = {"disk": disk, "tp_dev": idx.device.tp_dev,
-                                                "tp_dev_text": f"{idx.device.disk_major}:{idx.device.disk_minor}",
-                                                "partition": idx.device.fs_name if idx.device.partitioned else None,
-                                                "part_start_sector": idx.device.part_start, "extents": len(idx)}
-                say(f"attached block ({blk.attach['bytes']}) in {blk.compile_s + blk.attach_s:.2f} s")
-        ids = list(manifest.get("bpf_prog_ids") or [])
-        for r in (blk, rcl):
-            if r is not None:
-                ids += [i["id"] for i in (bpf_prog_info(f.fd) for f in r.bpf.funcs.values()) if i is not None]
-        for r in extras:
-            ids += r.prog_ids()
-        manifest["bpf_prog_ids"] = sorted(ids)
-        manifest["timings"]["probes_attach_s"] = round(time.perf_counter() - t_attach0, 4)
-        rd.write_manifest(run_dir, manifest)
+    # -- 3. the command ------------------------------------------------------------------------
+    def run_command(self) -> None:
+        import resource
+
         from moetrace.kernel.procfs import take_snapshot
 
-        snaps = {"pre": take_snapshot("pre")}
-        if pool_disk is not None:
-            snaps["pool_disk"] = pool_disk
+        opts, manifest, state = self.opts, self.manifest, self.state
+        self.arm_all(True)
+        self.snaps["pre"] = take_snapshot("pre")
 
         def on_signal(signum, frame):
             state.signals.append(signum)
@@ -681,230 +449,168 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
                     pass
 
         for s in (signal.SIGINT, signal.SIGTERM):
-            old[s] = signal.signal(s, on_signal)
+            self.old_handlers[s] = signal.signal(s, on_signal)
         env = dict(os.environ)
-        env["MOETRACE_RUN_DIR"] = str(replay_dir.resolve())
-        if phase_fd is not None:
-            from moetrace.run.epochs import EPOCH_MAP_FD_ENV, EPOCHS_ENV
-
-            env[EPOCH_MAP_FD_ENV] = str(phase_fd)
-            env[EPOCHS_ENV] = str(knobs["EPOCHS"])
-        t_start = time.monotonic_ns()
-        import resource
-
+        env["MOETRACE_RUN_DIR"] = str(self.replay_dir.resolve())
+        for r in self.recorders:
+            env.update(r.child_env())
+        self.t_start = time.monotonic_ns()
         ru0 = resource.getrusage(resource.RUSAGE_SELF)
-        pid, gate = _spawn(list(opts.command), env, cgroup_procs)
-        if phase_fd is not None:
-            os.close(phase_fd)
-            phase_fd = None
+        pid, gate = _spawn(list(opts.command), env, self.cgroup_procs)
         state.child = pid
-        if probe is not None:
-            tg = probe.table("tgids")
-            tg[tg.Key(pid)] = tg.Leaf(1)
-        for r in extras:
+        for r in self.recorders:
+            r.child_started()
             r.follow(pid)
         os.write(gate, b"g")
         os.close(gate)
         manifest["child_pid"] = pid
-        status = None
-        pollers = [r for r in extras if r.needs_poll]
-        # one round of the loop waits POLL_ROUND_MS in all, shared by the pollers (each returns
-        # early on its own events); per-page streams are drained more often than counters
-        round_ms = POLL_ROUND_STREAM_MS if opts.stream_events else POLL_ROUND_MS
-        share = round_ms // max(1, len(pollers) + (stream is not None))
-        while status is None:
-            if stream is not None or pollers:
-                if stream is not None:
-                    stream.poll(share)
+        status = self._wait(pid)
+        self.t_end = time.monotonic_ns()
+        self.exit_status = manifest["exit_status"] = _exit_status(status)
+        ru1 = resource.getrusage(resource.RUSAGE_SELF)
+        manifest["timings"].update(command_start_ns=self.t_start, command_end_ns=self.t_end,
+                                   command_wall_s=round((self.t_end - self.t_start) / 1e9, 6),
+                                   # the recorder's own CPU while the command ran (polling rings, samplers)
+                                   recorder_user_s=round(ru1.ru_utime - ru0.ru_utime, 4),
+                                   recorder_system_s=round(ru1.ru_stime - ru0.ru_stime, 4))
+        for r in self.recorders:
+            r.settle()
+        self.arm_all(False)
+        self.snaps["post"] = take_snapshot("post")  # the oracles' window: [pre after arming, post after disarming]
+
+    def _wait(self, pid: int) -> int:
+        """waitpid, draining the pollers meanwhile; one round waits POLL_ROUND_MS in all, shared
+        by the pollers (each returns early on its own events); per-page streams more often."""
+        pollers = [r for r in self.recorders if r.needs_poll]
+        round_ms = POLL_ROUND_STREAM_MS if self.opts.stream_events else POLL_ROUND_MS
+        share = round_ms // max(1, len(pollers))
+        while True:
+            if pollers:
                 for r in pollers:
                     r.poll(share)
                 p, st = os.waitpid(pid, os.WNOHANG)
             else:
                 p, st = os.waitpid(pid, 0)
             if p == pid:
-                status = st
-        t_end = time.monotonic_ns()
-        exit_status = _exit_status(status)
-        manifest["exit_status"] = exit_status
-        ru1 = resource.getrusage(resource.RUSAGE_SELF)
-        manifest["timings"].update(command_start_ns=t_start, command_end_ns=t_end,
-                                   command_wall_s=round((t_end - t_start) / 1e9, 6),
-                                   # the recorder's own CPU while the command ran (polling rings, samplers)
-                                   recorder_user_s=round(ru1.ru_utime - ru0.ru_utime, 4),
-                                   recorder_system_s=round(ru1.ru_stime - ru0.ru_stime, 4))
-        # -- collect, then detach
-        if pool_disk is not None:
-            pool_disk["post"] = read_diskstats(device=disk)
-        manifest["bpf_runtime"] = _runtime(probe, blk, rcl, extras, stats_fd is not None, t_end - t_start)
-        for r in extras:
+                return st
+
+    # -- 4. read everything, then detach --------------------------------------------------------
+    def collect(self) -> None:
+        """Read every probe's data, then detach: a forked child holds every fd meanwhile, so
+        the detaches only drop references, and the kernel's slow part (RCU grace periods per
+        tracepoint) runs when the child exits, while the tables are written."""
+        from moetrace.kernel.bpf import release_in_child
+
+        self.manifest["bpf_runtime"] = _runtime(self.recorders, self.stats_fd is not None,
+                                                self.t_end - self.t_start)
+        t0 = time.perf_counter()
+        self.releaser = release_in_child()
+        for r in self.recorders:
+            r.ctx.command_start_ns, r.ctx.command_end_ns = self.t_start, self.t_end
             try:
                 r.close()
             except MoetraceError as e:
-                notes.append(f"probe {r.name}: collecting failed: {e.message}")
+                self.notes.append(f"probe {r.name}: collecting failed: {e.message}")
                 r.abort()
-        bres = rres = None
-        if blk is not None:
-            bres = blk.close()
-        if rcl is not None:
-            rres = rcl.close()
-        if bres is not None or rres is not None:
-            _write_block_reclaim(run_dir, manifest, bres, rres, snaps.get("pool_disk"), disk)
-        counts = None
-        if probe is not None:
-            if stream is not None:
-                stream.finish()
-            from moetrace.run.epochs import read_array
+        self.releaser.release()
+        self.manifest["detached"] = True
+        self.manifest["timings"]["collect_detach_s"] = round(time.perf_counter() - t0, 4)
 
-            ec_dtype = PAGECACHE.struct("expert_counts").dtype()
-            cv = read_array(probe.table("counts"), ec_dtype)
-            counts = list(zip(cv["added_pages"].tolist(), cv["evicted_pages"].tolist(),
-                              cv["re_added_pages"].tolist()))
-            epoch_df = epochs_meta = None
-            if knobs.get("EPOCHS"):
-                from moetrace.run.epochs import epochs_from_replay
-
-                rdoc = None
-                try:
-                    rdoc = json.loads((log_dir / "replay.json").read_text())
-                except (OSError, json.JSONDecodeError):
-                    pass
-                eps = epochs_from_replay(rdoc, t_start, t_end)
-                if eps:
-                    arr = read_array(probe.table("epoch_counts"), ec_dtype)
-                    epoch_df, epochs_meta = epoch_tables(arr, eps, pmap)
-                ep_doc = (rdoc or {}).get("epochs") or {}
-                manifest["epochs"] = {"mode": ep_doc.get("mode"), "slots": knobs["EPOCHS"],
-                                      "epochs": len(eps) if eps else 0,
-                                      "errors": [ep_doc["error"]] if ep_doc.get("error") else [],
-                                      "source": "the replay's epoch writes (replay.json epochs.assigned)" if eps
-                                      else "no replay wrote epochs: totals only",
-                                      "by_phase": epoch_phase_totals(epoch_df, epochs_meta)}
-            svals = [int(v.value) for v in array_values(probe.table("stats"))]
-            stats = dict(zip(PAGECACHE.stats, svals))
-            from moetrace.kernel.bpf import recursion_misses
-
-            misses = recursion_misses(probe.bpf)
-            manifest["stats"]["pagecache"] = stats
-            manifest["lost"]["pagecache"] = {
-                "counters_recursion_misses": misses,
-                "counters_lost_events": sum(v for v in misses.values() if v) if misses else None,
-                "unprocessed_pages": stats["unprocessed_pages"],
-                "stream": None if stream is None else {
-                    "records": stream.kept, "lost_kernel": stream.lost_kernel, "lost_user": stream.lost_user,
-                    "intervals": len(stream.intervals)},
-            }
-            if stats.get("dev_mismatch_events"):
-                notes.append(f"{stats['dev_mismatch_events']} events hit pool inodes on another device than "
-                             f"s_dev {pool_doc and pool_doc['s_dev_text']}: check the pool's filesystem")
-            events_raw = stream.records() if stream is not None else None
-            intervals = stream.intervals if stream is not None else None
-            probe.close()
-            manifest["detached"] = True
-            snaps["post"] = take_snapshot("post")
+    # -- 5. the run directory -----------------------------------------------------------------
+    def write(self) -> RecordResult:
+        manifest, run_dir = self.manifest, self.run_dir
+        by = {r.name: r for r in self.recorders if r.collected}
+        pc, blk = by.get("pagecache"), by.get("block")
+        result_df = None
+        if pc is not None or blk is not None:
             req_b = req_p = None
-            if pmap is not None:
-                req_b, req_p, how = requested_from_replay(log_dir, pmap.pool)
+            if self.pmap is not None and pc is not None:
+                req_b, req_p, how = requested_from_replay(self.log_dir, self.pmap.pool)
             else:
-                how = "no pool: nothing to attribute requests to"
+                how = "no pool: nothing to attribute requests to" if self.pmap is None else "pagecache not recorded"
             manifest["requested"] = {"source": how, "available": req_p is not None}
-            result_df = experts_table(pmap, counts, req_b, req_p, bres)
-            rd.write_table(run_dir, PAGECACHE.table, result_df)
-            manifest["tables"][PAGECACHE.table] = {c.name: {"dtype": c.dtype, "unit": c.unit, "doc": c.doc}
-                                                   for c in PAGECACHE.schema + BLOCK.schema}
-            e = result_df[result_df["kind"] == "expert"]
-            u = result_df[result_df["kind"] == "unattributed"].iloc[0]
-            manifest["totals"] = {
-                "experts_added_pages": int(e["added_pages"].sum()),
-                "experts_evicted_pages": int(e["evicted_pages"].sum()),
-                "experts_re_added_pages": int(e["re_added_pages"].sum()),
-                "experts_requested_pages": int(e["requested_pages"].sum()) if req_p is not None else None,
-                "experts_requested_bytes": int(e["requested_bytes"].sum()) if req_b is not None else None,
-                "experts_hit_pages": int(e["hit_pages"].sum()) if req_p is not None else None,
-                "unattributed_added_pages": int(u["added_pages"]),
-                "unattributed_evicted_pages": int(u["evicted_pages"]),
-                "syscall_read_bytes_tracked_all_files": stats["read_bytes"] if knobs.get("TRACK_READS") else None,
-            }
-            if epoch_df is not None:
-                for tname, tdf in (("expert_epochs", epoch_df), ("epochs", epochs_meta)):
-                    rd.write_table(run_dir, tname, tdf)
-                    manifest["tables"][tname] = {c.name: {"dtype": c.dtype, "unit": c.unit, "doc": c.doc}
-                                                 for c in PAGECACHE.tables()[tname]}
-            if events_raw is not None:
-                ev = pd.DataFrame(np.frombuffer(events_raw, PAGE_EVENT_DTYPE))
-                ev["kind"] = ev["kind"].map({0: "add", 1: "delete"}).astype("string")
-                ev = ev.rename(columns={"first_page": "first_page_index", "pages": "pages",
-                                        "re_added": "re_added_pages"})
-                rd.write_table(run_dir, "page_events", ev)
-                rd.write_table(run_dir, "stream_intervals", pd.DataFrame(
-                    [vars(i) for i in intervals]).rename(columns={"records": "records", "lost_kernel": "lost_kernel_records",
-                                                                  "lost_user": "lost_user_records"}))
-        else:
-            snaps["post"] = take_snapshot("post")
-            if bres is not None:  # block without pagecache: the experts table still carries the device bytes
-                result_df = experts_table(pmap, None, None, None, bres)
-                rd.write_table(run_dir, BLOCK.table, result_df)
-                manifest["tables"][BLOCK.table] = {c.name: {"dtype": c.dtype, "unit": c.unit, "doc": c.doc}
-                                                   for c in PAGECACHE.schema + BLOCK.schema}
-        if bres is not None and result_df is not None:
-            e = result_df[result_df["kind"] == "expert"]
-            manifest.setdefault("totals", {}).update(
-                experts_device_read_bytes=int(e["device_read_bytes"].sum()),
-                unattributed_device_read_bytes=int(
-                    result_df.loc[result_df["kind"] == "unattributed", "device_read_bytes"].iloc[0]))
-        for r in extras:
+            from moetrace.record.probes.pagecache import experts_table, experts_totals
+
+            result_df = experts_table(self.pmap, pc.expert_counts() if pc else None, req_b, req_p,
+                                      blk.result if blk else None, pc.evictors if pc else None)
+            rd.write_table(run_dir, "experts", result_df)
+            manifest["tables"]["experts"] = {c.name: {"dtype": c.dtype, "unit": c.unit, "doc": c.doc}
+                                             for c in PROBES["pagecache"].schema + PROBES["block"].schema}
+            if pc is not None:
+                manifest["totals"] = experts_totals(result_df, req_p is not None,
+                                                    pc.stats["read_bytes"] if pc.knobs.get("TRACK_READS") else None)
+            if blk is not None:
+                e = result_df[result_df["kind"] == "expert"]
+                u = result_df[result_df["kind"] == "unattributed"].iloc[0]
+                manifest.setdefault("totals", {}).update(
+                    experts_device_read_bytes=int(e["device_read_bytes"].sum()),
+                    unattributed_device_read_bytes=int(u["device_read_bytes"]))
+        for r in self.recorders:
             if r.collected:
                 r.write(run_dir, manifest)
-        _write_snapshots(run_dir, snaps)
-        rsum = log_dir / "replay.json"
-        if rsum.exists():
-            try:
-                rs = json.loads(rsum.read_text())
-                manifest["plan"] = rs.get("plan")
-                manifest["replay_complete"] = rs.get("complete")
-            except (OSError, json.JSONDecodeError):
-                notes.append("replay.json unreadable")
-        interrupted = bool(state.signals) or (manifest.get("replay_complete") is False)
-        if state.signals:
-            manifest["interrupted_by"] = signal.Signals(state.signals[0]).name
+        if blk is not None and blk.pool_disk is not None:
+            self.snaps["pool_disk"] = blk.pool_disk
+        _write_snapshots(run_dir, self.snaps)
+        rs = read_replay_summary(self.log_dir)
+        if rs is not None:
+            manifest["plan"] = rs.get("plan")
+            manifest["replay_complete"] = rs.get("complete")
+        elif (self.log_dir / "replay.json").exists():
+            self.notes.append("replay.json unreadable")
+        interrupted = bool(self.state.signals) or (manifest.get("replay_complete") is False)
+        if self.state.signals:
+            manifest["interrupted_by"] = signal.Signals(self.state.signals[0]).name
         manifest["complete"] = not interrupted
-        return RecordResult(run_dir, exit_status, manifest["complete"], manifest, result_df)
-    finally:
-        for s, h in old.items():
+        return RecordResult(run_dir, self.exit_status, manifest["complete"], manifest, result_df)
+
+    def cleanup(self) -> None:
+        """Always: handlers back, fds closed, every probe detached, the manifest written, the
+        detaching child reaped."""
+        for s, h in self.old_handlers.items():
             signal.signal(s, h)
-        if phase_fd is not None:
-            os.close(phase_fd)
-        if stats_fd is not None:
-            os.close(stats_fd)  # run-time statistics off again
-        for r in extras:
+        if self.stats_fd is not None:
+            os.close(self.stats_fd)  # run-time statistics off again
+        for r in self.recorders:
             r.abort()
-        for r in (blk, rcl):  # idempotent; detaches on errors and signals too
-            if r is not None and r.bpf is not None:
-                try:
-                    r.close()
-                except MoetraceError as e:
-                    notes.append(f"closing a probe: {e.message}")
-        if probe is not None and not probe.closed:
-            probe.close()
-            manifest["detached"] = True
-        if state.signals and manifest.get("interrupted_by") is None:
-            manifest["interrupted_by"] = signal.Signals(state.signals[0]).name
-        rd.write_manifest(run_dir, manifest)
+        if self.state.signals and self.manifest.get("interrupted_by") is None:
+            self.manifest["interrupted_by"] = signal.Signals(self.state.signals[0]).name
+        rd.write_manifest(self.run_dir, self.manifest)
+        rel = getattr(self, "releaser", None)
+        if rel is not None:
+            t0 = time.perf_counter()
+            rel.wait()
+            self.manifest["timings"]["detach_release_wait_s"] = round(time.perf_counter() - t0, 4)
+            rd.write_manifest(self.run_dir, self.manifest)
 
 
-def _runtime(probe, blk, rcl, extras, enabled: bool, wall_ns: int) -> dict[str, Any]:
+def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) -> RecordResult:
+    """Run ``opts.command`` under the probes; write the run directory; return the result.
+
+    The child's exit status is returned (128 + signal when it was killed), never
+    raised. ``on_event`` receives short progress lines ("attached ...")."""
+    rec = _Recording(opts, on_event or (lambda s: None))
+    rec.resolve()
+    rec.open_pool()
+    rec.create_run()
+    try:
+        rec.open_probes()
+        rec.run_command()
+        rec.collect()
+        return rec.write()
+    finally:
+        rec.cleanup()
+
+
+def _runtime(recorders, enabled: bool, wall_ns: int) -> dict[str, Any]:
     """Per probe: its BPF programs' run counts and run time over the recording (the kernel
     counts run time only while statistics are on: ``record --bpf-stats``)."""
     from moetrace.kernel.bpf import prog_runtime
 
     progs: dict[str, Any] = {}
-    if probe is not None and not probe.closed:
-        progs["pagecache"] = prog_runtime(probe.bpf)
-    for name, r in (("block", blk), ("reclaim", rcl)):
-        if r is not None and r.bpf is not None:
-            progs[name] = prog_runtime(r.bpf)
-    for r in extras:
-        if r.probe is not None and not r.probe.closed:
-            progs[r.name] = prog_runtime(r.probe.bpf)
+    for r in recorders:
+        b = r.bpf_handle()
+        if b is not None:
+            progs[r.name] = prog_runtime(b)
     per = {p: sum(v["run_time_ns"] or 0 for v in fns.values()) for p, fns in progs.items()}
     runs = {p: sum(v["run_cnt"] or 0 for v in fns.values()) for p, fns in progs.items()}
     total = sum(per.values())
@@ -922,57 +628,3 @@ def _write_snapshots(run_dir: Path, snaps: dict[str, Any]) -> None:
 
     text = json.dumps(snaps, default=json_default) + "\n"
     rd._atomic(run_dir / "snapshots.json", lambda t: Path(t).write_text(text))
-
-
-def _write_block_reclaim(run_dir: Path, manifest: dict[str, Any], bres, rres, pool_disk: dict | None,
-                         disk: str | None) -> None:
-    """block_latency / block_device / reclaim / reclaim_histogram (/ reclaim_timeline) tables,
-    the probes' summaries and lost counts into the manifest."""
-    def schema(spec, table):
-        manifest["tables"][table] = {c.name: {"dtype": c.dtype, "unit": c.unit, "doc": c.doc}
-                                     for c in spec.tables()[table]}
-
-    if bres is not None:
-        disk_delta = None
-        if pool_disk is not None and "post" in pool_disk:
-            disk_delta = (pool_disk["post"]["sectors_read"] - pool_disk["pre"]["sectors_read"]) * 512
-        name = disk if disk is not None else ("all" if bres.dev == 0 else None)
-        lat = bres.latency.copy()
-        lat.insert(0, "disk", pd.array([name] * len(lat), dtype="string"))
-        lat.insert(0, "dev", np.full(len(lat), bres.dev, dtype=np.int64))
-        lat["slot"] = lat["slot"].astype("int32")
-        rd.write_table(run_dir, "block_latency", lat[[c.name for c in BLOCK.tables()["block_latency"]]])
-        schema(BLOCK, "block_latency")
-        st = bres.stats
-        dev_row = pd.DataFrame({
-            "dev": [bres.dev], "disk": pd.array([name], dtype="string"), "read_bytes": [st["read_bytes"]],
-            "bios": [st["read_bios"]], "issues": [st["issues"]], "issue_bytes": [st["issue_bytes"]],
-            "requeues": [st["requeues"]], "requeue_bytes": [st["requeue_bytes"]], "completes": [st["completes"]],
-            "complete_matched": [st["complete_matched"]], "latency_ns_sum": [st["latency_ns"]],
-            "diskstats_read_bytes": pd.array([disk_delta], dtype="Int64")})
-        rd.write_table(run_dir, "block_device", dev_row)
-        schema(BLOCK, "block_device")
-        summ = bres.summary()
-        summ["diskstats_read_bytes"] = disk_delta
-        summ["device_vs_diskstats_rel"] = (None if not disk_delta else
-                                           (summ["attributed_bytes"] + summ["unattributed_bytes"] - disk_delta)
-                                           / disk_delta)
-        manifest.setdefault("summaries", {})["block"] = summ
-        manifest["stats"]["block"] = dict(st)
-        manifest["lost"]["block"] = {"ring_lost_bios": bres.lost_events, "recursion_misses": bres.recursion_misses,
-                                     "inflight_left": bres.inflight_left, "inflight_full": st["inflight_full"],
-                                     "note": "bytes are counted at the bytes tracepoint; recursion misses of "
-                                             "rq_complete (IRQ context) only lose latency samples"}
-    if rres is not None:
-        rd.write_table(run_dir, RECLAIM.table, rres.per_kind)
-        schema(RECLAIM, RECLAIM.table)
-        rd.write_table(run_dir, "reclaim_histogram", rres.histogram)
-        schema(RECLAIM, "reclaim_histogram")
-        if rres.bucket_ns > 0:
-            rd.write_table(run_dir, "reclaim_timeline", rres.timeline)
-            schema(RECLAIM, "reclaim_timeline")
-        manifest.setdefault("summaries", {})["reclaim"] = rres.summary()
-        manifest["stats"]["reclaim"] = dict(rres.stats)
-        manifest["lost"]["reclaim"] = {"lost_events": 0, "recursion_misses": rres.recursion_misses,
-                                       "open_windows": rres.open_windows,
-                                       "note": "aggregated in the kernel: no stream to lose"}

@@ -424,6 +424,44 @@ def _bcc_tp(target: str, note: str = "", fields: tuple[str, ...] = (),
 _FOLIO_FIELDS = ("i_ino", "index", "s_dev")
 _ORDER = (("order", "HAVE_ORDER"),)
 _READ_EXITS = ("pread64", "preadv", "preadv2", "read")
+#: who deleted a pool page: probes/moetrace.h EVICTOR_*, in slot order
+EVICTORS = ("kswapd", "direct", "memcg", "proactive", "damon", "fadvise", "truncate", "drop_caches", "other")
+EVICTOR_DOCS = {
+    "kswapd": "the kswapd kernel thread (global background reclaim)",
+    "direct": "direct reclaim in an allocating task (global)",
+    "memcg": "memcg limit / high reclaim in a charging task",
+    "proactive": "memory.reclaim (memcg reclaim inside a write(2) of <= 64 bytes) or madvise(MADV_PAGEOUT)",
+    "damon": "a kdamond thread (DAMOS pageout, DAMON_RECLAIM)",
+    "fadvise": "fadvise64(2) of any process (POSIX_FADV_DONTNEED)",
+    "truncate": "truncate, ftruncate, fallocate, unlink, unlinkat",
+    "drop_caches": "a write(2) outside reclaim: drop_caches (or an O_DIRECT write invalidating cached pages)",
+    "other": "any other context (inode eviction at the last close, umount, migration, ...)",
+}
+_CTX_INVALIDATE = ("fadvise64", "truncate", "ftruncate", "fallocate", "unlink", "unlinkat", "madvise")
+
+
+def _evictor_cols() -> tuple[Column, ...]:
+    return tuple(Column(f"evicted_by_{e}_pages", "Int64", "pages", f"pages deleted by {d}")
+                 for e, d in EVICTOR_DOCS.items())
+
+
+def _ctx_groups() -> tuple[AttachGroup, ...]:
+    """The evictor-context groups of pagecache: syscall and reclaim-window entry/exit pairs."""
+    out = [_g(f"ctx_{d}_write", _bcc_tp(f"syscalls:sys_{d}_write", fields=("count",) if d == "enter" else (),
+                                        note="a write(2) in flight: drop_caches, or memory.reclaim when small"),
+              required=False, knob="MOE_CTX_WRITE") for d in ("enter", "exit")]
+    for sc in _CTX_INVALIDATE:
+        for d in ("enter", "exit"):
+            fields = ("behavior",) if (sc == "madvise" and d == "enter") else ()
+            out.append(_g(f"ctx_{d}_{sc}", _bcc_tp(f"syscalls:sys_{d}_{sc}", fields=fields,
+                                                    note="an invalidating syscall in flight (evictor class)"),
+                          required=False, knob="MOE_CTX_INVALIDATE"))
+    for w in ("direct", "memcg"):
+        for d in ("begin", "end"):
+            out.append(_g(f"ctx_{w}_{d}", _bcc_tp(f"vmscan:mm_vmscan_{w}_reclaim_{d}",
+                                                   note=f"a {w} reclaim window open on the task (evictor class)"),
+                          required=False, knob="MOE_CTX_RECLAIM"))
+    return tuple(out)
 
 #: probes/pagecache.c. Reads only tracepoint arguments (layout-safe with mismatched headers).
 PAGECACHE = ProbeSpec(
@@ -448,7 +486,7 @@ PAGECACHE = ProbeSpec(
         _g("newtask", _bcc_tp("task:task_newtask", fields=("pid", "clone_flags"),
                               note="follow the command's child processes (threads share the tgid)"),
            required=False, knob="FOLLOW_FORKS"),
-    ),
+    ) + _ctx_groups(),
     knobs=(
         Knob("POOL_DEV", 0, "s_dev of the pool's filesystem, kernel encoding (major << 20) | minor; 0: every device"),
         Knob("N_EXPERTS", 0, "experts in the pool (counts has N_EXPERTS + 1 slots: the last is unattributed)"),
@@ -462,6 +500,10 @@ PAGECACHE = ProbeSpec(
         Knob("RING_PAGES", 256, "ring buffer size in pages (power of two) when streaming"),
         Knob("EPOCHS", 0, "0: totals only; > 0: per-epoch counters too (EPOCHS x (N_EXPERTS + 1) slots; "
                           "the replay writes one epoch per iteration into epoch_now)"),
+        Knob("MOE_CTX_WRITE", 1, "1: the write(2) evictor context (drop_caches; memory.reclaim when small)"),
+        Knob("MOE_CTX_INVALIDATE", 1, "1: the fadvise64 / truncate-family / madvise evictor contexts"),
+        Knob("MOE_CTX_RECLAIM", 1, "1: the direct / memcg reclaim windows (evictor context)"),
+        Knob("MOE_MAX_TASKS", 16384, "task -> evictor context entries (LRU hash)"),
     ),
     table="experts",
     schema=(
@@ -476,7 +518,7 @@ PAGECACHE = ProbeSpec(
                "bytes the replay read (its plan accounting; NA without a replay log)"),
         Column("requested_pages", "Int64", "pages", "pages the replay's reads cover (NA without a replay log)"),
         Column("hit_pages", "Int64", "pages", "requested_pages - added_pages (negative: readahead charged here)"),
-    ),
+    ) + _evictor_cols(),
     more_tables=(
         ("expert_epochs", (
             Column("epoch", "int32", "", "epochs.parquet row: one per replay iteration (or per phase)"),
@@ -491,15 +533,18 @@ PAGECACHE = ProbeSpec(
             Column("iteration", "Int32", "", "plan iteration (NA for setup/after and per-phase epochs)"),
             Column("start_ns", "Int64", "ns", "CLOCK_MONOTONIC when the epoch began"),
             Column("end_ns", "Int64", "ns", "when the next began (or the recording ended)"),
-            Column("folded", "boolean", "", "later epochs beyond the array were counted here too"))),
+            Column("folded", "boolean", "", "later epochs beyond the array were counted here too"))
+            + tuple(Column(c.name, c.dtype, c.unit, c.doc + " (pool experts, this epoch)") for c in _evictor_cols())),
     ),
     stats=("add_events", "delete_events", "pool_dev_add_events", "pool_dev_delete_events", "unprocessed_pages",
-           "read_bytes", "read_calls", "tgid_map_full", "ring_drops", "bitmap_misses", "dev_mismatch_events"),
+           "read_bytes", "read_calls", "tgid_map_full", "ring_drops", "bitmap_misses", "dev_mismatch_events",
+           "add_runs"),
     structs=(
         Struct("expert_counts", (("added_pages", "u64"), ("evicted_pages", "u64"), ("re_added_pages", "u64"))),
         Struct("ino_val", (("base", "u32"), ("n", "u32"))),
         Struct("page_event", (("ts_ns", "u64"), ("expert_id", "u32"), ("kind", "u32"), ("first_page", "u32"),
-                              ("pages", "u32"), ("re_added", "u32"), ("tgid", "u32"))),
+                              ("pages", "u32"), ("re_added", "u32"), ("tgid", "u32"), ("evictor", "u32"),
+                              ("reserved", "u32"))),
     ),
 )
 
@@ -604,11 +649,12 @@ _SHRINK_INACTIVE_FIELDS = ("nr_scanned", "nr_reclaimed", "nr_dirty", "nr_writeba
 #: probes/reclaim.c. Reads only tracepoint arguments; aggregated in the kernel (no stream).
 RECLAIM = ProbeSpec(
     name="reclaim",
-    description="who reclaimed (memcg limit, direct, kswapd, other), scan/steal, shrink_active, isolate, "
-                "invocation durations; all aggregated in the kernel",
+    description="who reclaimed (memcg limit, direct, kswapd, damon, proactive = memory.reclaim, other), "
+                "scan/steal, shrink_active, isolate, invocation durations; all aggregated in the kernel",
     attach=(
         _g("memcg_begin", _tp("vmscan:mm_vmscan_memcg_reclaim_begin",
-                              note="memcg limit reclaim (try_to_free_mem_cgroup_pages) opens a window")),
+                              note="memcg limit reclaim (try_to_free_mem_cgroup_pages) opens a window; "
+                                   "proactive when it opens inside a small write(2): memory.reclaim")),
         _g("memcg_end", _tp("vmscan:mm_vmscan_memcg_reclaim_end", fields=("nr_reclaimed",))),
         _g("direct_begin", _tp("vmscan:mm_vmscan_direct_reclaim_begin"), required=False, knob="MOE_HAVE_DIRECT"),
         _g("direct_end", _tp("vmscan:mm_vmscan_direct_reclaim_end", fields=("nr_reclaimed",)), required=False,
@@ -625,20 +671,29 @@ RECLAIM = ProbeSpec(
         _g("isolate", _tp("vmscan:mm_vmscan_lru_isolate",
                           fields=("nr_requested", "nr_scanned", "nr_skipped", "nr_taken")),
            required=False, knob="MOE_HAVE_ISOLATE"),
+        _g("ctx_enter_write", _tp("syscalls:sys_enter_write", fields=("count",),
+                                  note="a write(2) of <= 64 bytes in flight: a memcg window it opens is "
+                                       "memory.reclaim (proactive)"),
+           required=False, knob="MOE_CTX_WRITE"),
+        _g("ctx_exit_write", _tp("syscalls:sys_exit_write"), required=False, knob="MOE_CTX_WRITE"),
     ),
     knobs=(
         Knob("MOE_HAVE_DIRECT", 1, "1: compile direct_reclaim_begin/end (set from the attach plan)"),
         Knob("MOE_HAVE_KSWAPD", 1, "1: compile kswapd_wake/sleep (set from the attach plan)"),
         Knob("MOE_HAVE_SHRINK_ACTIVE", 1, "1: compile lru_shrink_active (set from the attach plan)"),
         Knob("MOE_HAVE_ISOLATE", 1, "1: compile lru_isolate (set from the attach plan)"),
-        Knob("MOE_MAX_TASKS", 16384, "tid -> open reclaim window entries"),
+        Knob("MOE_CTX_WRITE", 1, "1: compile sys_enter/exit_write: the small-write context that makes a memcg "
+                                 "window proactive (memory.reclaim; set from the attach plan)"),
+        Knob("MOE_MAX_TASKS", 16384, "tid -> open reclaim window entries (and tid -> write context entries)"),
         Knob("MOE_BUCKET_NS", 0, "per-time-bucket counters: bucket width in ns (0: off)"),
         Knob("MOE_MAX_BUCKETS", 4096, "time buckets kept; later events land in the last one"),
         Knob("MOE_T0_NS", 0, "bpf_ktime_get_ns() (CLOCK_MONOTONIC) of bucket 0"),
     ),
     table="reclaim",
     schema=(
-        Column("kind", "string", "", "reclaimer: memcg (limit reclaim), direct, kswapd, other (no open window)"),
+        Column("kind", "string", "", "reclaimer: memcg (limit reclaim), direct, kswapd, damon (a kdamond thread), "
+                                     "proactive (memory.reclaim: memcg reclaim inside a write(2) of <= 64 bytes), "
+                                     "other (no open window)"),
         Column("invocations", _I64, "", "*_reclaim_begin / kswapd_wake events"),
         Column("completed", _I64, "", "invocations closed by their end / sleep"),
         _pages("scanned_pages", "shrink_inactive nr_scanned (== pgscan_anon + pgscan_file)"),

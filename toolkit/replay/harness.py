@@ -63,12 +63,12 @@ from moetrace import __version__
 from moetrace.jsonutil import json_default
 from moetrace.errors import InputError, MoetraceError, ReplayInterrupted, SignalReceived, UsageError
 from moetrace.inputs.geometry import format_bytes
+from moetrace.inputs.plan import FlatPlan, load_flat_plan  # noqa: F401  (re-exported)
 
 MODES = ("pagecache", "mmap", "direct", "pinned", "hybrid")
 PREFETCH = ("none", "fadvise", "pread")
 REPLAY_SCHEMA = "moetrace.replay/1"
-ITERATIONS_FILE = "iterations.parquet"
-SUMMARY_FILE = "replay.json"
+from moetrace.run.replaylog import ITERATIONS_FILE, SUMMARY_FILE  # noqa: E402  (the run directory contract)
 RUN_DIR_ENV = "MOETRACE_RUN_DIR"
 PDEATHSIG_ENV = "MOETRACE_PDEATHSIG"
 PAGE = mmap.PAGESIZE
@@ -150,124 +150,6 @@ def set_pdeathsig(sig: int = signal.SIGKILL) -> None:
         raise MoetraceError(str(e)) from None
     if ppid == 1 or os.getppid() != ppid:
         os._exit(1)
-
-
-# ---------------------------------------------------------------------------
-# the plan, flattened for replay
-
-
-@dataclass
-class FlatPlan:
-    """A whole plan in memory, flattened into slots (one per non-empty (pass, layer)).
-
-    ids: global expert ids of every read in replay order; slot_bounds[s]..[s+1]
-    spans slot s in ids; hint_ids / hint_bounds the same for the hint set slot s
-    issues (global ids of the slot it targets); iter_bounds[i]..[i+1] the slots
-    of iteration i. Held in memory so that the measured interval reads nothing
-    but pool bytes (no plan-file I/O).
-    """
-
-    path: str
-    header: object
-    ids: np.ndarray
-    slot_bounds: np.ndarray
-    hint_ids: np.ndarray
-    hint_bounds: np.ndarray
-    iter_bounds: np.ndarray
-    iterations: np.ndarray
-    steps: np.ndarray
-    plan_passes: np.ndarray
-
-    @property
-    def n_iterations(self) -> int:
-        return int(self.iterations.size)
-
-    @property
-    def n_reads(self) -> int:
-        return int(self.ids.size)
-
-    @property
-    def n_hint_sets(self) -> int:
-        """Non-empty hint sets per pass over the plan (what the advisor is given)."""
-        return int(np.count_nonzero(np.diff(self.hint_bounds)))
-
-    def counts(self, n_total: int) -> np.ndarray:
-        """Accesses per expert_id over the whole plan (the oracle frequency table)."""
-        return np.bincount(self.ids, minlength=n_total)
-
-
-def load_flat_plan(path: str | os.PathLike) -> FlatPlan:
-    """Read and verify a whole plan (every block CRC) into a FlatPlan."""
-    from moetrace.inputs.plan import open_plan
-
-    spath = os.fspath(path)
-    if not os.path.exists(spath):
-        raise InputError("no such plan", path=spath, hint="compile one with `moetrace plan compile`")
-    with open_plan(spath) as r:
-        h = r.header
-        L, E = h.n_layers, h.n_experts
-        ids = np.empty(h.n_reads, np.int64)
-        hint_chunks: list[np.ndarray] = []
-        slot_sizes: list[np.ndarray] = []
-        hint_sizes: list[np.ndarray] = []
-        pass_first_slot: list[int] = []
-        pass_iter: list[int] = []
-        it_passes = np.zeros(h.n_iterations, np.int32)
-        steps = np.zeros(h.n_iterations, np.int64)
-        q = 0
-        n_slots = 0
-        pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # per pass: nz layers, counts, hints split
-        for ps in r.passes():
-            cnt = ps.counts.astype(np.int64)
-            nz = np.flatnonzero(cnt)
-            lay = np.repeat(np.arange(L, dtype=np.int64), cnt)
-            ids[q:q + ps.n_reads] = lay * E + ps.experts
-            q += ps.n_reads
-            slot_sizes.append(cnt[nz])
-            pass_first_slot.append(n_slots)
-            pass_iter.append(ps.iteration)
-            n_slots += nz.size
-            it_passes[ps.iteration] += 1
-            steps[ps.iteration] = ps.step
-            hb = ps.hints_by_layer() if h.has_hints else None
-            pending.append((nz, hb))
-        # hints: slot nz[a] of a pass targets nz[a+1]; the last slot targets the next pass's first slot
-        first_layer = [int(nz[0]) if nz.size else -1 for nz, _ in pending]
-        nxt_first = [-1] * len(pending)
-        nf = -1
-        for j in range(len(pending) - 1, -1, -1):
-            nxt_first[j] = nf
-            if first_layer[j] >= 0:
-                nf = first_layer[j]
-        for j, (nz, hb) in enumerate(pending):
-            if hb is None:
-                hint_sizes.append(np.zeros(nz.size, np.int64))
-                continue
-            sizes = np.zeros(nz.size, np.int64)
-            for a, layer in enumerate(nz):
-                target = int(nz[a + 1]) if a + 1 < nz.size else nxt_first[j]
-                hx = hb[int(layer)]
-                if target < 0 or hx.size == 0:
-                    continue
-                hint_chunks.append(target * E + hx.astype(np.int64))
-                sizes[a] = hx.size
-            hint_sizes.append(sizes)
-        # an iteration's slots: passes are stored in iteration order
-        slot_bounds = np.zeros(n_slots + 1, np.int64)
-        if n_slots:
-            np.cumsum(np.concatenate(slot_sizes), out=slot_bounds[1:])
-        hint_bounds = np.zeros(n_slots + 1, np.int64)
-        if n_slots:
-            np.cumsum(np.concatenate(hint_sizes), out=hint_bounds[1:])
-        iter_bounds = np.zeros(h.n_iterations + 1, np.int64)
-        pf = np.asarray(pass_first_slot + [n_slots], np.int64)
-        pi = np.asarray(pass_iter, np.int64)
-        # first slot of iteration i = first slot of its first pass (or of the next non-empty one)
-        first_pass = np.searchsorted(pi, np.arange(h.n_iterations + 1), side="left")
-        iter_bounds[:] = pf[first_pass]
-    hint_ids = np.concatenate(hint_chunks) if hint_chunks else np.zeros(0, np.int64)
-    return FlatPlan(spath, h, ids, slot_bounds, hint_ids, hint_bounds, iter_bounds,
-                    np.arange(h.n_iterations, dtype=np.int64), steps, it_passes)
 
 
 def frequency_table(source: str, plan: FlatPlan, n_layers: int, n_experts: int) -> np.ndarray:
@@ -1164,7 +1046,7 @@ def run_replay(plan_path: str | os.PathLike, pool_dir: str | os.PathLike, opts: 
     try:
         try:
             rep.prepare()
-            from moetrace.run.epochs import EpochWriter
+            from moetrace.replay.epochs import EpochWriter
 
             rep.phase_channel = EpochWriter.from_env()
             if rep.phase_channel is not None:

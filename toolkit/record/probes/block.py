@@ -36,6 +36,7 @@ from moetrace.errors import ProbeError
 from moetrace.kernel.extents import SECTOR, ExpertExtents
 
 from moetrace.record.spec import PROBES
+from moetrace.record.probe import ProbeRecorder, schema_doc
 
 #: the one declaration of probes/block.c (attach candidates, knobs, stats slots, ring record)
 SPEC = PROBES["block"]
@@ -117,7 +118,7 @@ def _import_bcc():
                                    "`/usr/bin/python3 -m venv --system-site-packages`") from None
 
 
-from moetrace.kernel.bpf import percpu_sums, prog_fdinfo, recursion_misses  # noqa: E402,F401  (prog_fdinfo re-exported)
+from moetrace.kernel.bpf import arm, percpu_sums, prog_fdinfo, recursion_misses  # noqa: E402,F401  (prog_fdinfo re-exported)
 
 
 def block_cflags(dev: int, bytes_tp: int, ring_pages: int = 64, stream: bool = True,
@@ -168,7 +169,8 @@ class BlockRecorder:
 
     def __init__(self, index: ExpertExtents | None = None, dev: int | None = None,
                  bytes_tp: str | None = None, ring_pages: int = 256, stream: bool = True,
-                 features=None, extra_cflags: tuple[str, ...] = QUIET_CFLAGS, plan=None):
+                 features=None, extra_cflags: tuple[str, ...] = QUIET_CFLAGS, plan=None, gated: bool = True,
+                 arm_at_open: bool = True):
         if dev is None:
             if index is None or index.device is None:
                 raise ValueError("BlockRecorder needs an index with a device, or dev=")
@@ -179,6 +181,12 @@ class BlockRecorder:
         self.stream = stream
         self.features = features
         self.extra_cflags = tuple(extra_cflags)
+        #: compiled with MOE_GATED=1: counts only while armed. Standalone (arm_at_open) it is armed
+        #: once attached and disarmed first thing in close(), so the ring and the counters cover
+        #: the same interval (a bio between draining the ring and reading the counters would be
+        #: in one and not the other); `moetrace record` arms it with every other probe.
+        self.gated = gated
+        self.arm_at_open = arm_at_open
         self._bytes_tp = bytes_tp
         self._plan = plan
         self.attach: dict[str, str] = {}
@@ -225,7 +233,9 @@ class BlockRecorder:
         # MOE_BYTES_TP comes from the chosen candidate's ``sets`` in the declaration
         cflags = block_cflags(self.dev, dict(cands["bytes"].sets)["MOE_BYTES_TP"], self.ring_pages, self.stream)
         self.knobs = {f[2:].split("=")[0]: int(f.split("=")[1]) for f in cflags}
-        cflags += list(self.extra_cflags)
+        from moetrace.probes import PROBES_DIR
+
+        cflags += [f"-I{PROBES_DIR}"] + list(self.extra_cflags) + (["-DMOE_GATED=1"] if self.gated else [])
         t0 = time.perf_counter()
         try:
             self.bpf = bcc.BPF(src_file=str(SOURCE).encode(), cflags=cflags)
@@ -246,7 +256,14 @@ class BlockRecorder:
         if self.stream:
             self._thread = threading.Thread(target=self._poll_loop, name="moetrace-block-ring", daemon=True)
             self._thread.start()
+        if self.gated and self.arm_at_open:
+            arm(self.bpf, True)
         return self
+
+    def arm(self, on: bool = True) -> None:
+        """Start / stop counting (MOE_GATED=1)."""
+        if self.bpf is not None and self.gated:
+            arm(self.bpf, on)
 
     def __enter__(self) -> "BlockRecorder":
         return self.open()
@@ -296,6 +313,8 @@ class BlockRecorder:
         if self.bpf is None:
             return self.result
         try:
+            if self.gated:
+                arm(self.bpf, False)  # nothing counts from here on: ring and counters agree
             self._stop.set()
             if self._thread is not None:
                 self._thread.join(timeout=10)
@@ -336,3 +355,131 @@ class BlockRecorder:
                            attach=dict(self.attach), dev=self.dev, start_s=self._t0,
                            duration_s=time.time() - self._t0, knobs=dict(self.knobs),
                            compile_s=self.compile_s, attach_s=self.attach_s, index_used=self.index is not None)
+
+
+# -- the probe interface (moetrace record) -----------------------------------------------------
+
+class BlockProbe(ProbeRecorder):
+    """The block probe in a recording: the pool's FIEMAP extents, :class:`BlockRecorder` (the
+    bcc program and its ring consumer), /proc/diskstats of the pool's disk over the armed
+    interval, and the block_latency / block_device tables."""
+
+    name = "block"
+    spec = SPEC
+    error = ProbeError
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.engine: BlockRecorder | None = None
+        self.result: BlockResult | None = None
+        self.index = None
+        self.disk: str | None = None
+        self.pool_disk: dict[str, Any] | None = None
+
+    def open(self) -> "BlockProbe":
+        from moetrace.errors import InputError
+        from moetrace.kernel.extents import pool_extents
+
+        self.require_plan()
+        pmap = self.ctx.pmap
+        if pmap is not None:
+            try:
+                self.index = pool_extents(pmap.pool)
+            except InputError as e:
+                raise ProbeError(f"the pool's extents cannot be mapped to a disk: {e.message}") from None
+            self.disk = self.index.device.disk
+            if self.index.problems:
+                self.ctx.notes.append(f"block: {len(self.index.problems)} experts have extents whose device bytes "
+                                      f"are unknowable (first: {next(iter(self.index.problems.items()))})")
+        else:
+            self.ctx.notes.append("block: no pool, device reads of every disk are counted, none attributed")
+        idx = self.index
+        self.engine = BlockRecorder(idx, dev=None if idx is not None else 0, stream=idx is not None,
+                                    features=self.ctx.features, plan=self.ctx.plan, gated=self.ctx.gated,
+                                    arm_at_open=not self.ctx.gated).open()
+        self.knobs = dict(self.engine.knobs)
+        self.compile_attach_s = self.engine.compile_s + self.engine.attach_s
+        if self.disk is not None:
+            self.pool_disk = {"disk": self.disk}
+        return self
+
+    def describe(self, manifest: dict[str, Any]) -> None:
+        if self.index is not None:
+            d = self.index.device
+            manifest["block_device"] = {"disk": self.disk, "tp_dev": d.tp_dev,
+                                        "tp_dev_text": f"{d.disk_major}:{d.disk_minor}",
+                                        "partition": d.fs_name if d.partitioned else None,
+                                        "part_start_sector": d.part_start, "extents": len(self.index)}
+
+    def arm(self, on: bool = True) -> None:
+        """Counting and the pool disk's /proc/diskstats window start and stop together."""
+        from moetrace.kernel.procfs import read_diskstats
+
+        if self.engine is None:
+            return
+        if not on:
+            self.engine.arm(False)
+        if self.pool_disk is not None:
+            self.pool_disk["pre" if on else "post"] = read_diskstats(device=self.disk)
+        if on:
+            self.engine.arm(True)
+        self.armed = on
+
+    def gated(self) -> bool:
+        return self.engine is not None and self.engine.gated
+
+    def bpf_handle(self):
+        return self.engine.bpf if self.engine is not None else None
+
+    def close(self) -> None:
+        if self.engine is not None and self.result is None:
+            self.result = self.engine.close()
+            self.collected = self.result is not None
+        self.closed = True
+
+    def abort(self) -> None:
+        try:
+            if self.engine is not None and self.engine.bpf is not None:
+                self.engine._stop.set()
+                self.engine._cleanup()
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass
+        self.closed = True
+
+    def write(self, run_dir: Path, manifest: dict[str, Any]) -> None:
+        """block_latency / block_device, the summary (device bytes vs diskstats) and lost counts."""
+        from moetrace.run import directory as rd
+
+        bres, pool_disk = self.result, self.pool_disk
+        disk_delta = None
+        if pool_disk is not None and "post" in pool_disk and "pre" in pool_disk:
+            disk_delta = (pool_disk["post"]["sectors_read"] - pool_disk["pre"]["sectors_read"]) * 512
+        name = self.disk if self.disk is not None else ("all" if bres.dev == 0 else None)
+        lat = bres.latency.copy()
+        lat.insert(0, "disk", pd.array([name] * len(lat), dtype="string"))
+        lat.insert(0, "dev", np.full(len(lat), bres.dev, dtype=np.int64))
+        lat["slot"] = lat["slot"].astype("int32")
+        tables = manifest.setdefault("tables", {})
+        rd.write_table(run_dir, "block_latency", lat[[c.name for c in SPEC.tables()["block_latency"]]])
+        tables["block_latency"] = schema_doc(SPEC, "block_latency")
+        st = bres.stats
+        dev_row = pd.DataFrame({
+            "dev": [bres.dev], "disk": pd.array([name], dtype="string"), "read_bytes": [st["read_bytes"]],
+            "bios": [st["read_bios"]], "issues": [st["issues"]], "issue_bytes": [st["issue_bytes"]],
+            "requeues": [st["requeues"]], "requeue_bytes": [st["requeue_bytes"]], "completes": [st["completes"]],
+            "complete_matched": [st["complete_matched"]], "latency_ns_sum": [st["latency_ns"]],
+            "diskstats_read_bytes": pd.array([disk_delta], dtype="Int64")})
+        rd.write_table(run_dir, "block_device", dev_row)
+        tables["block_device"] = schema_doc(SPEC, "block_device")
+        summ = bres.summary()
+        summ["diskstats_read_bytes"] = disk_delta
+        summ["device_vs_diskstats_rel"] = (None if not disk_delta else
+                                           (summ["attributed_bytes"] + summ["unattributed_bytes"] - disk_delta)
+                                           / disk_delta)
+        manifest.setdefault("summaries", {})["block"] = summ
+        manifest.setdefault("stats", {})["block"] = dict(st)
+        manifest.setdefault("lost", {})["block"] = {
+            "ring_lost_bios": bres.lost_events, "recursion_misses": bres.recursion_misses,
+            "inflight_left": bres.inflight_left, "inflight_full": st["inflight_full"],
+            "note": "bytes are counted at the bytes tracepoint; recursion misses of rq_complete (IRQ context) "
+                    "only lose latency samples"}

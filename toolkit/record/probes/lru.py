@@ -297,6 +297,7 @@ class LruRecorder(ProbeRecorder):
         self.misses: dict[str, int | None] = {}
         self.vmstat: dict[str, int] | None = None
         self._vm0: dict[str, int] | None = None
+        self._vm1: dict[str, int] | None = None
         self._t_open = 0.0
 
     def _format_text(self) -> str | None:
@@ -338,6 +339,21 @@ class LruRecorder(ProbeRecorder):
         self._t_open = time.monotonic()
         return self
 
+    def arm(self, on: bool = True) -> None:
+        """Counting starts / stops: the vmstat oracle's window is the same interval."""
+        if on:
+            self._vm0 = read_vmstat()
+            super().arm(True)
+        else:
+            super().arm(False)
+            self._vm1 = read_vmstat()
+
+    def settle(self) -> None:
+        """Drain the per-CPU LRU batches while the probes still count (their insertions
+        belong to the recording)."""
+        if self.drain and self.drained is None and self.probe is not None and not self.probe.closed:
+            self.drained = drain_lru_batches()
+
     def close(self) -> None:
         """Drain the LRU batches, read counters, histograms, stats and recursion misses,
         then detach (idempotent; safe after a failed open)."""
@@ -349,9 +365,9 @@ class LruRecorder(ProbeRecorder):
         from moetrace.kernel.bpf import array_values
 
         try:
-            if self.drain:
+            if self.drain and self.drained is None:
                 self.drained = drain_lru_batches()
-            vm1 = read_vmstat()
+            vm1 = self._vm1 if self._vm1 is not None else read_vmstat()
             self.vmstat = {k: vm1[k] - self._vm0[k] for k in vm1 if self._vm0 and k in self._vm0}
             vals = array_values(self.probe.table("counts"))
             counts = np.array([[getattr(v, f) for f in FIELDS] for v in vals], dtype=np.uint64).astype(np.int64)

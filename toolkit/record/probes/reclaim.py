@@ -5,7 +5,7 @@
     with ReclaimRecorder() as rec:
         ...                        # the workload
     res = rec.result               # ReclaimResult (also returned by rec.close())
-    res.per_kind                   # one row per reclaimer kind: memcg, direct, kswapd, other
+    res.per_kind                   # one row per reclaimer kind: memcg, direct, kswapd, damon, proactive, other
     res.histogram                  # kind, slot, lo_ns, hi_ns, invocations (log2 ns durations)
     res.timeline                   # per time bucket and kind (bucket_ns > 0 only)
     res.summary()                  # scalars for the run manifest
@@ -14,8 +14,11 @@ Everything is aggregated in the kernel (no event stream, so nothing can be lost)
 reclaimer kind the invocations (``*_reclaim_begin`` / ``kswapd_wake``) and their durations
 (to the matching end on the same task), the pages ``lru_shrink_inactive`` scanned and
 reclaimed (steal), ``lru_shrink_active`` and ``lru_isolate`` counts. The kind of a
-shrink event is the open begin/end window of its task (kswapd by comm when attached
-mid-window; "other" when no window is open: node/soft-limit reclaim, reclaim_pages).
+shrink event is the open begin/end window of its task; with no window open, kswapd or
+damon by the kernel thread's comm (kswapd attached mid-window; a kdamond thread), else
+"other" (node/soft-limit reclaim, reclaim_pages). A memcg window that opens inside a
+write(2) of at most 64 bytes is "proactive" (memory.reclaim; the probe follows small
+writes with sys_enter/exit_write, knob MOE_CTX_WRITE).
 
 Oracle: shrink_inactive's nr_scanned / nr_reclaimed are what the kernel adds to
 ``pgscan_anon + pgscan_file`` / ``pgsteal_anon + pgsteal_file`` in /proc/vmstat for every
@@ -46,12 +49,13 @@ from moetrace.kernel import procfs
 from moetrace.kernel.procfs import delta as vmstat_delta
 
 from moetrace.record.spec import PROBES
+from moetrace.record.probe import ProbeRecorder, schema_doc
 
 #: the one declaration of probes/reclaim.c (attach groups, knobs, stats slots, schema)
 SPEC = PROBES["reclaim"]
 SOURCE = SPEC.source_path
 #: reclaimer kinds of probes/reclaim.c, in KIND_* order
-KINDS = ("memcg", "direct", "kswapd", "other")
+KINDS = ("memcg", "direct", "kswapd", "damon", "proactive", "other")
 #: per-kind counter fields of probes/reclaim.c, in F_* order (a test checks the two agree)
 FIELDS = ("invocations", "completed", "duration_ns", "end_reclaimed", "inactive_calls", "scanned", "reclaimed",
           "scanned_file", "reclaimed_file", "dirty", "writeback", "congested", "immediate", "activate_anon",
@@ -223,11 +227,14 @@ class ReclaimRecorder:
     bucket_ns > 0 also keeps per-time-bucket counters (``max_buckets`` buckets from the
     moment of open(); later events land in the last bucket and are counted in
     ``stats["timeline_overflow"]``). features: a :class:`moetrace.kernel.features.Features`
-    (default: the live kernel). Use as a context manager: probes detach on exit, also on
-    exceptions; :attr:`result` holds the :class:`ReclaimResult`."""
+    (default: the live kernel). gated: compile with MOE_GATED=1, so that nothing is counted
+    until :func:`moetrace.kernel.bpf.arm` (``moetrace record`` arms every probe at once).
+    Use as a context manager: probes detach on exit, also on exceptions; :attr:`result`
+    holds the :class:`ReclaimResult`."""
 
     def __init__(self, bucket_ns: int = 0, max_buckets: int = 4096, max_tasks: int = 16384, features=None,
-                 vmstat_root: str | os.PathLike = "/", extra_cflags: tuple[str, ...] = QUIET_CFLAGS, plan=None):
+                 vmstat_root: str | os.PathLike = "/", extra_cflags: tuple[str, ...] = QUIET_CFLAGS, plan=None,
+                 gated: bool = False):
         reclaim_cflags(bucket_ns=bucket_ns, max_buckets=max_buckets, max_tasks=max_tasks)  # validate
         self.bucket_ns = int(bucket_ns)
         self.max_buckets = int(max_buckets)
@@ -236,6 +243,7 @@ class ReclaimRecorder:
         self._plan = plan
         self.vmstat_root = vmstat_root
         self.extra_cflags = tuple(extra_cflags)
+        self.gated = gated  # compiled with MOE_GATED=1: counts nothing until armed (moetrace.kernel.bpf.arm)
         self.attach: dict[str, str] = {}
         self.unavailable: dict[str, str] = {}
         self.knobs: dict[str, int] = {}
@@ -261,9 +269,12 @@ class ReclaimRecorder:
         self._t0_ns = time.monotonic_ns()  # bpf_ktime_get_ns() is CLOCK_MONOTONIC
         cflags = reclaim_cflags(have, self.bucket_ns, self.max_buckets, self._t0_ns, self.max_tasks)
         self.knobs = {f[2:].split("=")[0]: int(f.split("=")[1]) for f in cflags}
+        from moetrace.probes import PROBES_DIR
+
+        cflags = cflags + [f"-I{PROBES_DIR}"] + list(self.extra_cflags) + (["-DMOE_GATED=1"] if self.gated else [])
         t0 = time.perf_counter()
         try:
-            self.bpf = bcc.BPF(src_file=str(SOURCE).encode(), cflags=cflags + list(self.extra_cflags))
+            self.bpf = bcc.BPF(src_file=str(SOURCE).encode(), cflags=cflags)
         except Exception as e:  # bcc raises bare Exception on compile/load errors
             msg = str(e).strip().splitlines()
             raise ProbeError(f"cannot compile/load {SOURCE.name}: {msg[-1] if msg else type(e).__name__}",
@@ -277,8 +288,22 @@ class ReclaimRecorder:
             raise ProbeError(f"cannot attach the reclaim probe: {e}") from None
         self.compile_s, self.attach_s = t1 - t0, time.perf_counter() - t1
         self._vm0 = read_vmstat(self.vmstat_root)
+        self._vm1 = None
         self._t0 = time.time()
         return self
+
+    def arm(self, on: bool = True) -> None:
+        """Start / stop counting (MOE_GATED=1); the vmstat oracle's window is the same interval."""
+        from moetrace.kernel.bpf import arm
+
+        if self.bpf is None:
+            return
+        if on:
+            self._vm0 = read_vmstat(self.vmstat_root)
+            arm(self.bpf, True)
+        else:
+            arm(self.bpf, False)
+            self._vm1 = read_vmstat(self.vmstat_root)
 
     def __enter__(self) -> "ReclaimRecorder":
         return self.open()
@@ -298,7 +323,7 @@ class ReclaimRecorder:
         if self.bpf is None:
             return self.result
         try:
-            vm1 = read_vmstat(self.vmstat_root)
+            vm1 = self._vm1 if getattr(self, "_vm1", None) is not None else read_vmstat(self.vmstat_root)
             self.result = self._collect(vmstat_delta(self._vm0, vm1))
         finally:
             self._cleanup()
@@ -378,3 +403,72 @@ class ReclaimRecorder:
             "nr_scanned_pages": tl[b, k, 0], "nr_reclaimed_pages": tl[b, k, 1],
             "invocations": tl[b, k, 2], "duration_ns": tl[b, k, 3],
         })
+
+
+# -- the probe interface (moetrace record) -----------------------------------------------------
+
+class ReclaimProbe(ProbeRecorder):
+    """The reclaim probe in a recording: :class:`ReclaimRecorder` (the bcc program, aggregated
+    in the kernel), armed with the others; the reclaim / reclaim_histogram (/ reclaim_timeline)
+    tables and the vmstat cross-check over the same interval."""
+
+    name = "reclaim"
+    spec = SPEC
+    error = ProbeError
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.engine: ReclaimRecorder | None = None
+        self.result: ReclaimResult | None = None
+
+    def open(self) -> "ReclaimProbe":
+        self.require_plan()
+        self.engine = ReclaimRecorder(features=self.ctx.features, plan=self.ctx.plan, gated=self.ctx.gated).open()
+        if self.ctx.gated:
+            pass  # armed with the others (moetrace.record.recorder)
+        self.knobs = dict(self.engine.knobs)
+        self.compile_attach_s = self.engine.compile_s + self.engine.attach_s
+        return self
+
+    def arm(self, on: bool = True) -> None:
+        if self.engine is not None:
+            self.engine.arm(on)
+        self.armed = on
+
+    def gated(self) -> bool:
+        return self.engine is not None and self.engine.gated
+
+    def bpf_handle(self):
+        return self.engine.bpf if self.engine is not None else None
+
+    def close(self) -> None:
+        if self.engine is not None and self.result is None:
+            self.result = self.engine.close()
+            self.collected = self.result is not None
+        self.closed = True
+
+    def abort(self) -> None:
+        try:
+            if self.engine is not None:
+                self.engine._cleanup()
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass
+        self.closed = True
+
+    def write(self, run_dir: Path, manifest: dict[str, Any]) -> None:
+        from moetrace.run import directory as rd
+
+        rres = self.result
+        tables = manifest.setdefault("tables", {})
+        rd.write_table(run_dir, SPEC.table, rres.per_kind)
+        tables[SPEC.table] = schema_doc(SPEC, SPEC.table)
+        rd.write_table(run_dir, "reclaim_histogram", rres.histogram)
+        tables["reclaim_histogram"] = schema_doc(SPEC, "reclaim_histogram")
+        if rres.bucket_ns > 0:
+            rd.write_table(run_dir, "reclaim_timeline", rres.timeline)
+            tables["reclaim_timeline"] = schema_doc(SPEC, "reclaim_timeline")
+        manifest.setdefault("summaries", {})["reclaim"] = rres.summary()
+        manifest.setdefault("stats", {})["reclaim"] = dict(rres.stats)
+        manifest.setdefault("lost", {})["reclaim"] = {"lost_events": 0, "recursion_misses": rres.recursion_misses,
+                                                      "open_windows": rres.open_windows,
+                                                      "note": "aggregated in the kernel: no stream to lose"}

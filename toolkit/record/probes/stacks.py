@@ -231,7 +231,7 @@ class StacksRecorder(ProbeRecorder):
         check_knobs(knobs, self.root)
         self.knobs = {k: int(v) for k, v in knobs.items()}
         t0 = time.perf_counter()
-        self.probe = load_probe(self.name, self.knobs)
+        self.probe = load_probe(self.name, self.knobs, gated=self.ctx.gated)
         try:
             from bcc import PerfSWConfig, PerfType
 

@@ -1,0 +1,135 @@
+"""An independent watcher of a pool's page-cache pages for live tests.
+
+The page cache is never quiet here: this machine's DAMON kdamond evicts clean page-cache
+folios seconds after they were read, counted nowhere in /proc/vmstat (../shared/docs/
+environment.md). A test that asserts "the second pass adds nothing" must know whether
+anybody evicted pool pages in between. :class:`PageWatcher` is a second, ungated instance of
+the pagecache probe on the pool's inodes, started before the test drops the pool and stopped
+after its final mincore, streaming every add and delete (with its evictor class) through a
+ring buffer polled by a thread. From its stream a test gets the pages added / deleted in any
+interval (e.g. a recording's armed interval from its manifest) and every page's residency at
+any moment, to hold the recordings against.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+
+class PageWatcher:
+    def __init__(self, pool_dir: Path, ring_pages: int = 1024):
+        from moetrace.inputs.pool import open_pool
+        from moetrace.kernel.bpf import EventStream, load_probe
+        from moetrace.record.recorder import pool_map
+        from moetrace.record.spec import EVICTORS, PROBES, resolve
+
+        spec = PROBES["pagecache"]
+        self.evictors = EVICTORS
+        self.pool = open_pool(pool_dir)
+        self.pmap = pool_map(self.pool)
+        plan = resolve(spec)
+        knobs = spec.knob_values(**dict(plan.knobs))
+        knobs.update(POOL_DEV=self.pmap.pool_dev, N_EXPERTS=self.pmap.n_total, PPE=self.pmap.pages_per_expert,
+                     WPE=self.pmap.words_per_expert, TRACK_READS=0, FOLLOW_FORKS=0, STREAM_EVENTS=1,
+                     RING_PAGES=ring_pages, EPOCHS=0)
+        self.dtype = spec.struct("page_event").dtype()
+        self.probe = load_probe("pagecache", {k: int(v) for k, v in knobs.items()})  # not gated: always counting
+        t = self.probe.table("inodes")
+        for ino, (base, n) in self.pmap.inodes.items():
+            t[t.Key(ino)] = t.Leaf(base, n)
+        stats = self.probe.table("stats")
+        slot = spec.stats.index("ring_drops")
+        self.stream = EventStream(self.probe, "events", self.dtype.itemsize, "ring",
+                                  kernel_lost=lambda: stats[ctypes.c_int(slot)].value)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+        self.started_ns = time.monotonic_ns()
+        self.events: pd.DataFrame | None = None
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            self.stream.poll(50)
+
+    def stop(self) -> pd.DataFrame:
+        """Stop, detach, and return the events (ring order): ts_ns, expert_id, kind (0 add,
+        1 delete), first_page, pages, evictor (name, deletes only)."""
+        if self.events is not None:
+            return self.events
+        self._stop.set()
+        self._thread.join()
+        self.stream.poll(0)
+        self.stream.finish()
+        self.lost = self.stream.lost_kernel + self.stream.lost_user
+        raw = self.stream.records()
+        self.probe.close()
+        ev = pd.DataFrame(np.frombuffer(raw, self.dtype))
+        if ev.empty:
+            ev = pd.DataFrame({c: pd.Series(dtype="int64") for c in self.dtype.names})
+        ev["evictor_name"] = [self.evictors[i] if k == 1 else None for i, k in zip(ev["evictor"], ev["kind"])]
+        self.events = ev.reset_index(drop=True)
+        return self.events
+
+    def pool_events(self) -> pd.DataFrame:
+        ev = self.stop()
+        return ev[ev["expert_id"] < self.pmap.n_total]
+
+    def pages(self, kind: int, t0: int | None = None, t1: int | None = None) -> np.ndarray:
+        """Pages added (kind 0) or deleted (1) per expert with t0 < ts <= t1."""
+        ev = self.pool_events()
+        ev = ev[ev["kind"] == kind]
+        if t0 is not None:
+            ev = ev[ev["ts_ns"] > t0]
+        if t1 is not None:
+            ev = ev[ev["ts_ns"] <= t1]
+        return np.bincount(ev["expert_id"].to_numpy(np.int64), weights=ev["pages"].to_numpy(np.int64),
+                           minlength=self.pmap.n_total).astype(np.int64)
+
+    def deleted_by(self, t0: int | None = None, t1: int | None = None) -> dict[str, int]:
+        """Pool pages deleted per evictor class with t0 < ts <= t1."""
+        ev = self.pool_events()
+        ev = ev[ev["kind"] == 1]
+        if t0 is not None:
+            ev = ev[ev["ts_ns"] > t0]
+        if t1 is not None:
+            ev = ev[ev["ts_ns"] <= t1]
+        return {k: int(v) for k, v in ev.groupby("evictor_name")["pages"].sum().items()}
+
+    def resident(self, at_ns: int | None = None, since_ns: int | None = None) -> np.ndarray:
+        """Resident pages per expert at ``at_ns`` (default: the end), replaying the stream in
+        ring order from ``since_ns`` (default: the start), when every pool page is taken as
+        absent (the test dropped the pool right after the watcher started)."""
+        ev = self.pool_events()
+        if since_ns is not None:
+            ev = ev[ev["ts_ns"] > since_ns]
+        if at_ns is not None:
+            ev = ev[ev["ts_ns"] <= at_ns]
+        ppe = self.pmap.pages_per_expert
+        bits = np.zeros((self.pmap.n_total, ppe), bool)
+        for eid, kind, first, n in zip(ev["expert_id"], ev["kind"], ev["first_page"], ev["pages"]):
+            bits[eid, first:first + n] = kind == 0
+        return bits.sum(axis=1)
+
+
+def armed_interval(manifest: dict) -> tuple[tuple[int, int], tuple[int, int]]:
+    """A recording's counting interval (CLOCK_MONOTONIC ns) from its manifest: (inner, outer),
+    the probes counted at least over inner and at most over outer (arming takes microseconds)."""
+    iv = manifest["interval"]
+    return ((int(iv["armed_done_ns"]), int(iv["disarm_start_ns"])), (int(iv["armed_ns"]), int(iv["disarmed_ns"])))
+
+
+def check_recorded(w: PageWatcher, manifest: dict, added, evicted) -> None:
+    """A recording's per-expert added / evicted pages lie between what the watcher saw over the
+    recording's inner and outer interval (exactly equal unless an event fell into the
+    microseconds of arming)."""
+    (i0, i1), (o0, o1) = armed_interval(manifest)
+    for kind, got in ((0, added), (1, evicted)):
+        lo, hi = w.pages(kind, i0, i1), w.pages(kind, o0, o1)
+        got = np.asarray(got, np.int64)
+        assert ((lo <= got) & (got <= hi)).all(), (kind, got.tolist(), lo.tolist(), hi.tolist())

@@ -1,0 +1,343 @@
+"""The pagecache probe's recorder (probes/pagecache.c): per-expert pages added (misses),
+evicted (by evictor class) and re-added (exact, per page), per epoch when the replay moves
+the epoch, and the per-page event stream with ``--stream-events``.
+
+It feeds the run's ``experts`` table (with block's device bytes: :func:`experts_table`),
+``epochs`` / ``expert_epochs`` and ``page_events`` / ``stream_intervals``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from moetrace.errors import ProbeError
+from moetrace.record.probe import ProbeRecorder, schema_doc
+from moetrace.record.spec import EVICTORS, PROBES
+
+SPEC = PROBES["pagecache"]
+PAGE_EVENT_DTYPE = SPEC.struct("page_event").dtype()
+EXPERT_COUNTS_DTYPE = SPEC.struct("expert_counts").dtype()
+RING_DROPS_SLOT = SPEC.stats.index("ring_drops")
+U64 = np.dtype("<u8")
+
+
+def pagecache_knobs(plan_knobs: dict[str, int], pmap, stream: bool, reads_recorded: bool) -> dict[str, int]:
+    """Every -D knob: the declaration's defaults, the attach plan's, then the pool's."""
+    from moetrace.run.epochs import epochs_for
+
+    over: dict[str, int] = dict(plan_knobs)
+    if pmap is not None:
+        over.update(POOL_DEV=pmap.pool_dev, N_EXPERTS=pmap.n_total, PPE=pmap.pages_per_expert,
+                    WPE=pmap.words_per_expert, EPOCHS=epochs_for(pmap.n_total + 1))
+    over["STREAM_EVENTS"] = int(stream)
+    if reads_recorded:
+        over["TRACK_READS"] = 0  # the reads probe counts every read call: not twice
+    return {k: int(v) for k, v in SPEC.knob_values(**over).items()}
+
+
+class PagecacheRecorder(ProbeRecorder):
+    name = "pagecache"
+    spec = SPEC
+    error = ProbeError
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.stream = None
+        self.epoch_fd: int | None = None
+        self.counts = self.evictors = None
+        self.epoch_counts = self.epoch_evictors = None
+        self.stats: dict[str, int] = {}
+        self.misses: dict[str, int | None] = {}
+        self.events_raw: bytes | None = None
+        self.intervals = None
+
+    @property
+    def needs_poll(self) -> bool:  # type: ignore[override]
+        return self.stream is not None
+
+    def open(self) -> "PagecacheRecorder":
+        from moetrace.kernel.bpf import EventStream
+
+        plan = self.require_plan()
+        knobs = pagecache_knobs(plan.knobs, self.ctx.pmap, self.ctx.stream,
+                                reads_recorded="reads" in self.ctx.recording)
+        self.knobs = knobs
+        if not knobs["HAVE_ORDER"]:
+            self.ctx.notes.append("add/delete tracepoints carry no folio order: every event counts one page")
+        self.load_planned(knobs)
+        off = {g.name for g in SPEC.attach if g.knob is not None and not knobs.get(g.knob, 1)}
+        if off and not knobs["TRACK_READS"]:
+            self.compiled_out = {g: "TRACK_READS=0: the reads probe times every read call"
+                                 for g in sorted(off) if g.startswith("exit_")}
+        pmap = self.ctx.pmap
+        if pmap is not None:
+            t = self.probe.table("inodes")
+            for ino, (base, n) in pmap.inodes.items():
+                t[t.Key(ino)] = t.Leaf(base, n)
+        if self.ctx.stream:
+            stats_t = self.probe.table("stats")
+            self.stream = EventStream(self.probe, "events", PAGE_EVENT_DTYPE.itemsize, "ring",
+                                      kernel_lost=lambda: stats_t[ctypes.c_int(RING_DROPS_SLOT)].value,
+                                      max_records=self.ctx.stream_max_records)
+        if knobs.get("EPOCHS"):
+            # the replay writes the epoch itself (moetrace.replay.epochs.EpochWriter): an inherited
+            # fd of the one-entry epoch_now map, not a round trip per iteration
+            self.epoch_fd = os.dup(self.probe.table("epoch_now").map_fd)
+            os.set_inheritable(self.epoch_fd, True)
+        return self
+
+    def child_env(self) -> dict[str, str]:
+        """What the command inherits: the epoch map's fd and slots."""
+        if self.epoch_fd is None:
+            return {}
+        from moetrace.run.epochs import EPOCH_MAP_FD_ENV, EPOCHS_ENV
+
+        return {EPOCH_MAP_FD_ENV: str(self.epoch_fd), EPOCHS_ENV: str(self.knobs["EPOCHS"])}
+
+    def child_started(self) -> None:
+        """The command has the epoch fd; ours is not needed any more."""
+        if self.epoch_fd is not None:
+            os.close(self.epoch_fd)
+            self.epoch_fd = None
+
+    def follow(self, pid: int) -> None:
+        tg = self.probe.table("tgids")
+        tg[tg.Key(pid)] = tg.Leaf(1)
+
+    def poll(self, timeout_ms: int = 0) -> None:
+        if self.stream is not None:
+            self.stream.poll(timeout_ms)
+
+    def close(self) -> None:
+        """Read the counters (totals, evictors, epochs, stats), finish the stream, detach."""
+        from moetrace.kernel.bpf import array_values, read_array
+
+        if self.closed:
+            return
+        if self.probe is None or self.probe.closed:
+            self.closed = True
+            return
+        try:
+            if self.stream is not None:
+                self.stream.finish()
+                self.events_raw = self.stream.records()
+                self.intervals = self.stream.intervals
+            self.counts = read_array(self.probe.table("counts"), EXPERT_COUNTS_DTYPE)
+            self.evictors = read_array(self.probe.table("evictors"), U64).astype(np.int64).reshape(-1, len(EVICTORS))
+            if self.knobs.get("EPOCHS"):
+                self.epoch_counts = read_array(self.probe.table("epoch_counts"), EXPERT_COUNTS_DTYPE)
+                self.epoch_evictors = read_array(self.probe.table("epoch_evictors"), U64).astype(
+                    np.int64).reshape(-1, len(EVICTORS))
+            self.stats = dict(zip(SPEC.stats, (int(v.value) for v in array_values(self.probe.table("stats")))))
+            self.misses = self.recursion_misses()
+        except Exception as e:  # noqa: BLE001 - a read failure must still detach
+            self.abort()
+            raise ProbeError(f"reading the pagecache probe's maps failed: {e}") from None
+        self.abort()
+        self.collected = True
+
+    def abort(self) -> None:
+        if self.epoch_fd is not None:
+            try:
+                os.close(self.epoch_fd)
+            except OSError:
+                pass
+            self.epoch_fd = None
+        super().abort()
+
+    # -- tables -------------------------------------------------------------------------------
+    def expert_counts(self) -> list[tuple[int, int, int]] | None:
+        if self.counts is None:
+            return None
+        c = self.counts
+        return list(zip(c["added_pages"].tolist(), c["evicted_pages"].tolist(), c["re_added_pages"].tolist()))
+
+    def write(self, run_dir: Path, manifest: dict[str, Any]) -> None:
+        """epochs / expert_epochs / page_events tables and the manifest's stats, lost and epochs
+        sections (the experts table is the recorder's: it joins block's columns)."""
+        from moetrace.run import directory as rd
+        from moetrace.run.epochs import epochs_from_replay
+        from moetrace.run.replaylog import read_replay_summary
+
+        st = self.stats
+        manifest.setdefault("stats", {})[self.name] = st
+        misses = self.misses
+        s = self.stream
+        manifest.setdefault("lost", {})[self.name] = {
+            "counters_recursion_misses": misses,
+            "counters_lost_events": sum(v for v in misses.values() if v) if misses else None,
+            "unprocessed_pages": st["unprocessed_pages"],
+            "stream": None if s is None else {"records": s.kept, "lost_kernel": s.lost_kernel,
+                                              "lost_user": s.lost_user, "intervals": len(s.intervals)},
+        }
+        if st.get("dev_mismatch_events"):
+            pool = manifest.get("pool") or {}
+            self.ctx.notes.append(f"{st['dev_mismatch_events']} events hit pool inodes on another device than "
+                                  f"s_dev {pool.get('s_dev_text')}: check the pool's filesystem")
+        tables = manifest.setdefault("tables", {})
+        if self.knobs.get("EPOCHS") and self.ctx.pmap is not None:
+            rdoc = read_replay_summary(self.ctx.log_dir)
+            eps = epochs_from_replay(rdoc, self.ctx.command_start_ns, self.ctx.command_end_ns)
+            epoch_df = meta = None
+            if eps:
+                epoch_df, meta = epoch_tables(self.epoch_counts, eps, self.ctx.pmap, self.epoch_evictors)
+                for tname, tdf in (("expert_epochs", epoch_df), ("epochs", meta)):
+                    rd.write_table(run_dir, tname, tdf)
+                    tables[tname] = schema_doc(SPEC, tname)
+            ep_doc = (rdoc or {}).get("epochs") or {}
+            manifest["epochs"] = {"mode": ep_doc.get("mode"), "slots": self.knobs["EPOCHS"],
+                                  "epochs": len(eps) if eps else 0,
+                                  "errors": [ep_doc["error"]] if ep_doc.get("error") else [],
+                                  "source": "the replay's epoch writes (replay.json epochs.assigned)" if eps
+                                  else "no replay wrote epochs: totals only",
+                                  "by_phase": epoch_phase_totals(epoch_df, meta)}
+        if self.events_raw is not None:
+            ev = pd.DataFrame(np.frombuffer(self.events_raw, PAGE_EVENT_DTYPE))
+            ev["kind"] = ev["kind"].map({0: "add", 1: "delete"}).astype("string")
+            ev["evictor"] = pd.Categorical.from_codes(ev["evictor"].astype(np.int64), EVICTORS).astype("string")
+            ev.loc[ev["kind"] == "add", "evictor"] = pd.NA
+            ev = ev.drop(columns=["reserved"]).rename(columns={"first_page": "first_page_index",
+                                                               "re_added": "re_added_pages"})
+            rd.write_table(run_dir, "page_events", ev)
+            rd.write_table(run_dir, "stream_intervals", pd.DataFrame([vars(i) for i in self.intervals]).rename(
+                columns={"lost_kernel": "lost_kernel_records", "lost_user": "lost_user_records"}))
+
+
+# -- the experts table (pagecache + block columns) -------------------------------------------------
+
+def experts_table(pmap, counts: list[tuple[int, int, int]] | None, req_bytes: np.ndarray | None,
+                  req_pages: np.ndarray | None, block=None, evictors: np.ndarray | None = None) -> pd.DataFrame:
+    """experts.parquet: one row per expert (in expert_id order) + the unattributed row.
+
+    Columns: the pagecache declaration's schema (NA when ``counts`` is None: the probe
+    was not recorded), then the block declaration's (``block``: a
+    :class:`moetrace.record.probes.block.BlockResult`, or None: NA). The unattributed row's
+    device_read_bytes is the bytes of no expert (every disk's when no pool was named),
+    its bios NA (not counted apart). ``evictors``: the probe's (experts + 1) x EVICTORS
+    array of pages deleted per evictor class (NA columns when None)."""
+    block_spec = PROBES["block"]
+    n = pmap.n_total if pmap is not None else 0
+    c = np.full((n + 1, 3), -1, np.int64) if counts is None else np.asarray(counts, np.int64).reshape(-1, 3)
+    E = pmap.pool.geometry.n_experts if pmap is not None else 1
+    eid = np.arange(n, dtype=np.int64)
+
+    def ia(x, dtype="Int64"):
+        return pd.array(x, dtype=dtype)
+
+    na = [pd.NA]
+    df = pd.DataFrame({
+        "kind": pd.array(["expert"] * n + ["unattributed"], dtype="string"),
+        "layer": ia(list(eid // E) + na, "Int32"),
+        "expert": ia(list(eid % E) + na, "Int32"),
+        "expert_id": ia(list(eid) + na),
+        "added_pages": ia(c[:, 0].tolist()),
+        "evicted_pages": ia(c[:, 1].tolist()),
+        "re_added_pages": ia(c[:n, 2].tolist() + na),
+        "requested_bytes": ia((req_bytes.tolist() if req_bytes is not None else na * n) + na),
+        "requested_pages": ia((req_pages.tolist() if req_pages is not None else na * n) + na),
+    })
+    if counts is None:
+        for col in ("added_pages", "evicted_pages", "re_added_pages"):
+            df[col] = pd.array([pd.NA] * (n + 1), dtype="Int64")
+    df["hit_pages"] = df["requested_pages"] - df["added_pages"]
+    for i, ev in enumerate(EVICTORS):
+        df[f"evicted_by_{ev}_pages"] = pd.array(
+            evictors[: n + 1, i].tolist() if evictors is not None else [pd.NA] * (n + 1), dtype="Int64")
+    if block is not None:
+        per = block.per_expert.set_index("expert_id").reindex(range(n))
+        unattr = block.unattributed_bytes if block.index_used else block.kernel_read_bytes
+        df["device_read_bytes"] = pd.array(per["device_read_bytes"].tolist() + [unattr], dtype="Int64")
+        df["bios"] = pd.array(per["bios"].tolist() + [pd.NA], dtype="Int64")
+    else:
+        df["device_read_bytes"] = pd.array([pd.NA] * (n + 1), dtype="Int64")
+        df["bios"] = pd.array([pd.NA] * (n + 1), dtype="Int64")
+    return df[[col.name for col in SPEC.schema + block_spec.schema]]
+
+
+def experts_totals(df: pd.DataFrame, requested: bool, read_bytes: int | None) -> dict[str, Any]:
+    """The manifest's totals of an experts table."""
+    e = df[df["kind"] == "expert"]
+    u = df[df["kind"] == "unattributed"].iloc[0]
+    return {
+        "experts_added_pages": int(e["added_pages"].sum()),
+        "experts_evicted_pages": int(e["evicted_pages"].sum()),
+        "experts_re_added_pages": int(e["re_added_pages"].sum()),
+        "experts_requested_pages": int(e["requested_pages"].sum()) if requested else None,
+        "experts_requested_bytes": int(e["requested_bytes"].sum()) if requested else None,
+        "experts_hit_pages": int(e["hit_pages"].sum()) if requested else None,
+        "unattributed_added_pages": int(u["added_pages"]),
+        "unattributed_evicted_pages": int(u["evicted_pages"]),
+        "experts_evicted_by": {ev: int(e[f"evicted_by_{ev}_pages"].sum()) for ev in EVICTORS},
+        "unattributed_evicted_by": {ev: int(u[f"evicted_by_{ev}_pages"]) for ev in EVICTORS},
+        "syscall_read_bytes_tracked_all_files": read_bytes,
+    }
+
+
+def epoch_tables(arr: np.ndarray, epochs: list, pmap, evictors: np.ndarray | None = None
+                 ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(expert_epochs, epochs) from the probe's epoch_counts array and the epochs the replay
+    assigned (:func:`moetrace.run.epochs.epochs_from_replay`).
+
+    expert_epochs keeps the rows with a nonzero count only (an absent (epoch, expert) is
+    zero: the array is read whole, nothing is missing)."""
+    n1 = pmap.n_total + 1
+    used = len(epochs)
+    a = arr[: used * n1]
+    tot = a["added_pages"].astype(np.int64) + a["evicted_pages"] + a["re_added_pages"]
+    nz = np.flatnonzero(tot)
+    ep, eid = nz // n1, nz % n1
+    E = pmap.pool.geometry.n_experts
+    is_exp = eid < pmap.n_total
+
+    def ia(x, dt="Int64"):
+        return pd.array(x, dtype=dt)
+
+    df = pd.DataFrame({
+        "epoch": ep.astype(np.int32),
+        "kind": pd.array(np.where(is_exp, "expert", "unattributed"), dtype="string"),
+        "layer": ia(np.where(is_exp, eid // E, 0), "Int32"),
+        "expert": ia(np.where(is_exp, eid % E, 0), "Int32"),
+        "expert_id": ia(eid),
+        "added_pages": ia(a["added_pages"][nz].astype(np.int64)),
+        "evicted_pages": ia(a["evicted_pages"][nz].astype(np.int64)),
+        "re_added_pages": ia(a["re_added_pages"][nz].astype(np.int64)),
+    })
+    for c in ("layer", "expert", "expert_id"):
+        df.loc[~is_exp, c] = pd.NA
+    meta = pd.DataFrame({
+        "epoch": np.array([e.epoch for e in epochs], np.int32),
+        "phase": pd.array([e.phase for e in epochs], dtype="string"),
+        "repeat": pd.array([e.repeat for e in epochs], dtype="Int32"),
+        "iteration": pd.array([e.iteration for e in epochs], dtype="Int32"),
+        "start_ns": pd.array([e.start_ns for e in epochs], dtype="Int64"),
+        "end_ns": pd.array([e.end_ns for e in epochs], dtype="Int64"),
+        "folded": pd.array([e.folded for e in epochs], dtype="boolean"),
+    })
+    for i, ev in enumerate(EVICTORS):  # pool pages deleted in the epoch, by evictor class
+        meta[f"evicted_by_{ev}_pages"] = pd.array(
+            evictors[: used, i].tolist() if evictors is not None else [pd.NA] * used, dtype="Int64")
+    return df, meta
+
+
+def epoch_phase_totals(df: pd.DataFrame | None, meta: pd.DataFrame | None) -> dict[str, dict[str, Any]] | None:
+    """{phase: {added_pages, evicted_pages, re_added_pages, evicted_by}} of the experts
+    (unattributed apart, as ``<phase>_unattributed``)."""
+    if df is None or meta is None:
+        return None
+    m = df.merge(meta[["epoch", "phase"]], on="epoch")
+    out: dict[str, dict[str, Any]] = {}
+    for ph in meta["phase"].unique():
+        for kind in ("expert", "unattributed"):
+            sub = m[(m["phase"] == ph) & (m["kind"] == kind)]
+            key = str(ph) if kind == "expert" else f"{ph}_unattributed"
+            out[key] = {c: int(sub[c].sum()) for c in ("added_pages", "evicted_pages", "re_added_pages")}
+        if f"evicted_by_{EVICTORS[0]}_pages" in meta:
+            rows = meta[meta["phase"] == ph]
+            out[str(ph)]["evicted_by"] = {ev: int(rows[f"evicted_by_{ev}_pages"].fillna(0).sum()) for ev in EVICTORS}
+    return out

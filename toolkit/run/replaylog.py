@@ -1,0 +1,70 @@
+"""The replay's log in a run directory: what a recorder or an analysis reads of it.
+
+The replay (:mod:`moetrace.replay.harness`) writes ``replay.json`` (summary, plan and pool
+identity, the epochs it assigned) and ``iterations.parquet`` (one row per iteration and
+pass) into its run directory; the recorder reads them through here, never through the
+replay's code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from moetrace.errors import MoetraceError
+
+ITERATIONS_FILE = "iterations.parquet"
+SUMMARY_FILE = "replay.json"
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def read_replay_summary(log_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """replay.json of a replay log directory, or None (absent or unreadable)."""
+    try:
+        return json.loads((Path(log_dir) / SUMMARY_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def requested_from_replay(replay_dir: Path, pool) -> tuple[np.ndarray | None, np.ndarray | None, str]:
+    """(requested bytes, requested pages) per expert_id from the replay's log, and how.
+
+    Requested bytes per expert cannot be taken from the read syscalls without
+    fd -> inode (kernel structs, unsafe with mismatched headers), so they come
+    from the replay's plan accounting: every logged iteration row (warm-up and
+    measured) contributes the plan's reads of that iteration x expert bytes.
+    None (with the reason) when there is no usable log."""
+    from moetrace.inputs.plan import load_flat_plan
+
+    sp, ip = Path(replay_dir) / SUMMARY_FILE, Path(replay_dir) / ITERATIONS_FILE
+    if not sp.exists() or not ip.exists():
+        return None, None, "no replay log (the command wrote no replay.json / iterations.parquet)"
+    try:
+        summary = json.loads(sp.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        return None, None, f"replay.json unreadable ({e})"
+    mode = summary.get("mode")
+    if mode not in ("pagecache", "mmap"):
+        return None, None, (f"replay mode {mode}: its reads do not all go through the page cache "
+                            "(O_DIRECT or an mlocked arena), requested pages are not derived")
+    if summary.get("pool", {}).get("identity") != pool.manifest.get("checksum"):
+        return None, None, "the replay used another pool than the recorded one"
+    try:
+        plan = load_flat_plan(summary["plan"]["path"])
+    except (MoetraceError, KeyError, OSError) as e:
+        return None, None, f"the replay's plan is unreadable ({e})"
+    it = pd.read_parquet(ip, columns=["iteration"])
+    n_it = plan.n_iterations
+    occ = np.bincount(it["iteration"].to_numpy(np.int64), minlength=n_it)[:n_it]
+    reads_per_it = plan.slot_bounds[plan.iter_bounds[1:]] - plan.slot_bounds[plan.iter_bounds[:-1]]
+    weight = np.repeat(occ, reads_per_it)
+    reads = np.bincount(plan.ids, weights=weight, minlength=pool.n_total).astype(np.int64)
+    eb = pool.geometry.expert_bytes
+    how = (f"replay plan accounting: {len(it)} logged iteration rows x the plan's reads per iteration x "
+           f"{eb} expert bytes ({-(-eb // PAGE)} pages) per read; interrupted iterations are not logged")
+    return reads * eb, reads * -(-eb // PAGE), how
