@@ -12,7 +12,7 @@
 // Sectors and dev are the whole disk's: dev is the kernel encoding
 // (major << 20) | minor.
 //
-// Configured only with -D knobs (toolkit/record/spec.py declares the probe; the
+// Configured only with -D knobs (toolkit/record/probes/block.py declares the probe; the
 // knobs below all have defaults, so the file compiles as is):
 //   MOE_DEV            tracepoint dev of the pool's disk; 0 = every device
 //   MOE_BYTES_TP       1: the bytes group attaches block:block_io_start,

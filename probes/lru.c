@@ -40,7 +40,7 @@
 // activate_locked, counted in PGACTIVATE too) and putbacks after isolation fire
 // neither tracepoint.
 //
-// Configured only with -D knobs (declared in toolkit/record/spec.py LRU):
+// Configured only with -D knobs (declared in toolkit/record/probes/lru.py LRU):
 //   POOL_DEV         s_dev of the pool's filesystem, (major << 20) | minor; 0 = every device
 //   N_EXPERTS        experts in the pool; counters have N_EXPERTS + 1 slots (the last:
 //                    unattributed = pool-device pages that belong to no expert)
@@ -122,7 +122,7 @@
 #define N_HIST 3
 #define HIST_SLOTS 64
 
-// stats slots (toolkit/record/spec.py LRU.stats names them, in order)
+// stats slots (toolkit/record/probes/lru.py LRU.stats names them, in order)
 #define STAT_ADD_EVENTS 0
 #define STAT_POOL_DEV_ADD_EVENTS 1
 #define STAT_INSERT_EVENTS 2

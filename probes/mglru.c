@@ -23,7 +23,7 @@
 //       kernel's own <linux/mmzone.h> (exact headers only): the generation it leaves
 // The other kprobes only count calls.
 //
-// Configured only with -D knobs (toolkit/record/spec.py MGLRU declares them):
+// Configured only with -D knobs (toolkit/record/probes/mglru.py MGLRU declares them):
 //   MOE_HAVE_EVICT_FOLIOS, MOE_HAVE_ISOLATE_FOLIOS, MOE_HAVE_SHOULD_RUN_AGING,
 //   MOE_HAVE_INC_MAX_SEQ, MOE_HAVE_FOLIO_INC_GEN, MOE_HAVE_LOOK_AROUND,
 //   MOE_HAVE_WS_EVICTION, MOE_HAVE_WS_REFAULT   1: compile that kprobe group
@@ -74,7 +74,7 @@
 #define AGING_INC_MAX_SEQ_CLONE 2
 #define SEQ_UNKNOWN 0xffffffffffffffffULL
 
-// stats slots (toolkit/record/spec.py MGLRU.stats names them, in order)
+// stats slots (toolkit/record/probes/mglru.py MGLRU.stats names them, in order)
 #define STAT_EVICT_FOLIOS 0
 #define STAT_ISOLATE_FOLIOS 1
 #define STAT_SHOULD_RUN_AGING 2

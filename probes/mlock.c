@@ -29,7 +29,7 @@
 // munlock_folio | munlock_page — per-folio events of the followed tgids, counted in
 // stats slots (a large folio, PG_head set in folio->flags, counted apart).
 //
-// Configured only with -D knobs (toolkit/record/spec.py MLOCK declares them with the
+// Configured only with -D knobs (toolkit/record/probes/mlock.py MLOCK declares them with the
 // attach groups, stats slots and the ring struct; tests/test_probe_build.py checks
 // that both sides agree):
 //   MOE_HAVE_MLOCK2       1: compile mlock2 enter/exit
@@ -120,7 +120,7 @@
 #define TG_FOLLOWED 1
 #define TG_LOCKED 2
 
-// stats slots (toolkit/record/spec.py MLOCK.stats names them, in order)
+// stats slots (toolkit/record/probes/mlock.py MLOCK.stats names them, in order)
 #define STAT_CALLS 0            // ring records submitted
 #define STAT_RING_LOST 1        // records the ring had no room for (lost calls)
 #define STAT_PENDING_FULL 2     // enter not stored (tid map full): the call is lost

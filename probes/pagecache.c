@@ -18,7 +18,7 @@
 // proactive; fadvise64, truncate-family syscalls; a write(2) outside reclaim
 // (drop_caches); else other. Counted per expert (`evictors`) and per epoch.
 //
-// Configured only with -D knobs (declared in toolkit/record/spec.py PAGECACHE,
+// Configured only with -D knobs (declared in toolkit/record/probes/pagecache.py PAGECACHE,
 // with the attach groups, stats slots and shared structs; tests/test_probe_build.py
 // checks that both sides agree):
 //   POOL_DEV        s_dev of the pool's filesystem, kernel encoding
@@ -117,7 +117,7 @@
 
 #define CLONE_THREAD_FLAG 0x00010000UL
 
-// stats slots (toolkit/record/spec.py PAGECACHE.stats names them, in order)
+// stats slots (toolkit/record/probes/pagecache.py PAGECACHE.stats names them, in order)
 #define STAT_ADD_EVENTS 0
 #define STAT_DELETE_EVENTS 1
 #define STAT_POOL_DEV_ADD_EVENTS 2

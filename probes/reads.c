@@ -33,7 +33,7 @@
 // command runs (and reading gen/epoch back from `fdgen` / `tgids`, whose value is the epoch); the first
 // page added during a call also records the call's inode here (`ino`, `dev`).
 //
-// Configured only with -D knobs (declared in toolkit/record/spec.py READS, with the
+// Configured only with -D knobs (declared in toolkit/record/probes/reads.py READS, with the
 // attach groups, stats slots and shared structs; tests/test_probe_build.py checks
 // that both sides agree):
 //   MOE_HAVE_PREADV / MOE_HAVE_PREADV2 / MOE_HAVE_READ   compile that syscall's
@@ -142,7 +142,7 @@
 // holds every longer call (2^38 ns is over 4 minutes)
 #define HIST_SLOTS 40
 
-// stats slots (toolkit/record/spec.py READS.stats names them, in order)
+// stats slots (toolkit/record/probes/reads.py READS.stats names them, in order)
 #define STAT_CALLS_PREAD64 0
 #define STAT_CALLS_PREADV 1
 #define STAT_CALLS_PREADV2 2

@@ -41,7 +41,7 @@
 // per-reclaimer pgscan_kswapd/direct only for global reclaim: memcg limit
 // reclaim is counted there only in the memcg's own v2 memory.stat).
 //
-// Configured only with -D knobs (toolkit/record/spec.py declares the probe; every
+// Configured only with -D knobs (toolkit/record/probes/reclaim.py declares the probe; every
 // knob has a default, so the file compiles as is on a kernel with all events):
 //   MOE_HAVE_DIRECT          1: compile direct_reclaim_begin/end
 //   MOE_HAVE_KSWAPD          1: compile kswapd_wake/sleep

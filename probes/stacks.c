@@ -22,7 +22,7 @@
 // recorder symbolizes the stack ids in user space (kallsyms, ELF symbol tables),
 // so no raw kernel address ever reaches the run directory.
 //
-// Configured only with -D knobs (declared in toolkit/record/spec.py STACKS, with
+// Configured only with -D knobs (declared in toolkit/record/probes/stacks.py STACKS, with
 // the attach groups and stats slots; tests/test_probe_build.py checks both sides):
 //   MOE_SAMPLE_HZ      samples per second per CPU; the recorder passes it to
 //                      perf_event_open as sample_freq (cpu-clock turns it into a
@@ -63,7 +63,7 @@
 #define E_FAULT 14
 #define E_EXIST 17
 
-// stats slots (toolkit/record/spec.py STACKS.stats names them, in order)
+// stats slots (toolkit/record/probes/stacks.py STACKS.stats names them, in order)
 #define STAT_TICKS 0
 #define STAT_IDLE_TICKS 1
 #define STAT_SAMPLES 2

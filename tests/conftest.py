@@ -39,10 +39,16 @@ def io_lock():
 
 
 def _live_reason() -> str | None:
+    """Why live kernel tests cannot run here (None: they can). Decided once per session:
+    root, cgroups, and bcc (every live and probe-build test loads probes)."""
     if os.geteuid() != 0:
         return "live tests need root"
     if not os.path.exists("/sys/fs/cgroup"):
         return "no /sys/fs/cgroup"
+    import importlib.util
+
+    if importlib.util.find_spec("bcc") is None:
+        return "bcc (python3-bpfcc) is not importable from this Python (make a venv with --system-site-packages)"
     return None
 
 

@@ -27,7 +27,9 @@ class PageWatcher:
         from moetrace.inputs.pool import open_pool
         from moetrace.kernel.bpf import EventStream, load_probe
         from moetrace.record.recorder import pool_map
-        from moetrace.record.spec import EVICTORS, PROBES, resolve
+        from moetrace.record.spec import resolve
+        from moetrace.record.probes.pagecache import EVICTORS
+        from moetrace.record.probes import PROBES
 
         spec = PROBES["pagecache"]
         self.evictors = EVICTORS

@@ -25,7 +25,7 @@ from moetrace.record.probes.block import BIO_EVENT_DTYPE, BYTES_TP, STATS, Block
 from moetrace.kernel.extents import SECTOR, block_device_of, pool_extents
 from moetrace.inputs.geometry import Geometry
 from moetrace.inputs.pool import create_pool
-from moetrace.record.spec import PROBES
+from moetrace.record.probes import PROBES
 
 SRC = blockattr.SOURCE.read_text()
 from conftest import io_lock as shared_io_lock  # noqa: E402
@@ -88,7 +88,6 @@ def _bytes_tps() -> list[str]:
 @pytest.mark.probe_build
 @pytest.mark.parametrize("bytes_tp", list(BYTES_TP))
 def test_block_probe_compiles_loads_and_detaches(live, bytes_tp):
-    pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
     if bytes_tp not in _bytes_tps():
         pytest.skip(f"no tracepoint {bytes_tp} on this kernel")
     dev = block_device_of("/tmp").tp_dev if os.path.exists("/tmp") else 0
@@ -110,7 +109,7 @@ def test_block_probe_compiles_loads_and_detaches(live, bytes_tp):
 @pytest.mark.probe_build
 def test_block_probe_compiles_as_is(live):
     """No -D flags at all: every knob has a default."""
-    bcc = pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
+    bcc = __import__("bcc")
     from moetrace.probes import PROBES_DIR
 
     b = bcc.BPF(src_file=str(blockattr.SOURCE).encode(), cflags=[f"-I{PROBES_DIR}", *blockattr.QUIET_CFLAGS])
@@ -131,7 +130,6 @@ def test_attach_resolved_from_declaration(live):
 
 @pytest.mark.probe_build
 def test_detaches_on_exception(live):
-    pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
     with pytest.raises(RuntimeError, match="boom"):
         with BlockRecorder(dev=0) as rec:
             ids = [blockattr.prog_fdinfo(f.fd)["prog_id"] for f in rec.bpf.funcs.values()]
@@ -219,7 +217,6 @@ def test_known_workload_io_start_never_overcounts(live, io_lock, tmp_path, layou
 
 
 def _known_workload(tmp_path, layout: str, direct: bool, bytes_tp: str, exact: bool = True) -> None:
-    pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
     pool = create_pool(tmp_path / "pool", Geometry(n_layers=1, n_experts=N, k=2, expert_bytes=MiB),
                        layout=layout)
     idx = pool_extents(pool)
@@ -274,7 +271,6 @@ class _StalledRecorder(BlockRecorder):
 
 @pytest.mark.live
 def test_ring_overflow_is_counted(live, io_lock, tmp_path):
-    pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
     p = tmp_path / "small.bin"
     p.write_bytes(os.urandom(8 * MiB))
     dev = block_device_of(p)

@@ -92,7 +92,16 @@ def test_cell_pool_fits_reads_nothing_measured(fits_and_quarter, small_pool):
 
     touched = len(set(read_accesses(small_pool / "plan.bin").expert_id.tolist())) * MIB
     assert whole_cell_bytes >= 0.95 * touched  # the warm-up read every touched expert once
-    assert res["device_bytes"] <= 1 * MIB, res["device_bytes"]
+    # pages someone else (this machine's DAMON) evicted after the warm-up read them are read
+    # again in the measured pass: the cell's watcher counts them (warm-up + measured, not memcg)
+    w = res["watch"]
+    assert w.get("error") is None and res["outside_evictions"]["pages"] is not None, w
+    outside = sum(v for ph in ("warmup_pages", "measured_pages") for k, v in (w[ph].get("evicted_by") or {}).items()
+                  if k != "memcg")
+    print(f"\npool-fits cell: measured device bytes {res['device_bytes']}, outside evictions (warm-up + measured) "
+          f"{outside} pages, flags {res.get('flags')}")
+    assert res["device_bytes"] <= 1 * MIB + outside * 4096, (res["device_bytes"], outside)
+    assert w["measured_pages"]["evicted_by"]["memcg"] == 0  # the pool fits: the wall evicted nothing
     assert res["simulated"]["misses"] == 0 and res["amplification"] is None
     assert res["vmlck_at_loop_entry_bytes"] == 0
     assert res["peak_memory_bytes"] <= res["scope"]["limit_bytes"]

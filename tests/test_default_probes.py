@@ -17,9 +17,10 @@ import pytest
 
 from moetrace.kernel import bpf
 from moetrace.record import spec as probespec
+from moetrace.record import probes as probe_registry
 from moetrace.record import recorder
 from moetrace.run import directory as rundir
-from moetrace.record.spec import DEFAULT_PROBES, PROBES
+from moetrace.record.probes import DEFAULT_PROBES, PROBES
 
 RECORD = [sys.executable, "-c", "from moetrace.cli.record import record; record.main(prog_name='moetrace record')"]
 # --mount: record unmounts the debugfs it mounted; doctor must see the same tracefs (the session fixture
@@ -42,10 +43,9 @@ def test_every_bpf_probe_has_its_c_file():
 
 @pytest.fixture(scope="module")
 def plans(live):
-    pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
     from moetrace.kernel.features import Features
 
-    return probespec.resolve_all(Features("/", mount=True))
+    return probe_registry.resolve_all(Features("/", mount=True))
 
 
 @pytest.mark.probe_build
@@ -84,7 +84,6 @@ def test_default_set_attaches_or_doctor_says_why(live, tmp_path):
     """`moetrace record` with the default set around a command that reads a file: each default
     probe is recorded, or skipped with the same reason `moetrace doctor --json` gives; the run
     directory holds no raw kernel address (acceptance 5: stacks are symbolized)."""
-    pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
     from moetrace.kernel.symbolize import find_kernel_addresses
 
     data = tmp_path / "data.bin"
@@ -118,7 +117,6 @@ def test_default_set_attaches_or_doctor_says_why(live, tmp_path):
 def test_bpf_stats_count_each_probe_and_switch_off_again(live, tmp_path):
     """--bpf-stats: per-program run counts equal the probe's own event counters (the add
     program runs once per add event), run time is nonzero, and the statistics are off again."""
-    pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
     before = open("/proc/sys/kernel/bpf_stats_enabled").read().strip()
     data = tmp_path / "data.bin"
     data.write_bytes(os.urandom(4 << 20))

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from moetrace.kernel import features as F
 from moetrace.cli.doctor import doctor, doctor_report
-from moetrace.record.spec import PROBES, resolve_all
+from moetrace.record.probes import PROBES, resolve_all
 
 from test_features import make_tree  # noqa: E402  (tests/ is on sys.path under pytest)
 

@@ -24,7 +24,8 @@ import pytest
 
 from conftest import io_lock, moetrace_cli
 
-from moetrace.record.spec import EVICTORS, PROBES
+from moetrace.record.probes.pagecache import EVICTORS
+from moetrace.record.probes import PROBES
 
 PROBES_DIR = Path(__file__).resolve().parents[1] / "probes"
 N, PAGES = 8, 256  # 8 experts x 1 MiB
@@ -117,7 +118,6 @@ def epool(tmp_path_factory):
 def test_fadvise_truncate_drop_caches_from_another_process(live, epool, tmp_path):
     """Experts 0-2 fadvise(DONTNEED)d, expert 3 truncated to half, then drop_caches — all by
     this test process, while a recording holds the pool: each deletion lands in its class."""
-    pytest.importorskip("bcc")
     from test_record import _drop
 
     files = sorted(epool.rglob("*.bin"))
@@ -182,7 +182,6 @@ def _damon_scheme():
 def test_damon_pageout_is_attributed_to_damon(live, epool, tmp_path):
     """This machine's kdamond pageout scheme evicts freshly read pool pages while the recorded
     command sits idle: every pool page that mincore sees leave is in evicted_by_damon."""
-    pytest.importorskip("bcc")
     schemes = _damon_scheme()
     if not schemes:
         reason = "no active DAMON pageout scheme over physical memory on this machine"

@@ -32,7 +32,6 @@ def test_record_run_example(live, tmp_path):
     warm-up iteration's epoch, the other iterations add none, the pool is removed after."""
     import pytest
 
-    pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
     from conftest import io_lock
 
     from moetrace.run import directory as rundir

@@ -8,8 +8,8 @@ import pytest
 
 from moetrace.kernel import features as F
 from moetrace.kernel.features import FieldSpec, Features
-from moetrace.record.spec import (PROBES, AttachCandidate, AttachGroup, Column, Knob, ProbeSpec, resolve,
-                                resolve_all)
+from moetrace.record.spec import AttachCandidate, AttachGroup, Column, Knob, ProbeSpec, resolve
+from moetrace.record.probes import PROBES, resolve_all
 
 # Real format files, read from this project's 6.18 kernel (tracefs mounted).
 ADD_TO_PAGE_CACHE_FORMAT = """\

@@ -185,7 +185,6 @@ KNOB_SETS = [
 @pytest.mark.probe_build
 @pytest.mark.parametrize("knobs", KNOB_SETS, ids=["files-1MiB", "pool-4KiB", "no-activate", "no-pool"])
 def test_lru_compiles_loads_and_detaches(live, knobs):
-    pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
     from moetrace.kernel.bpf import prog_id_exists, prog_info
 
     full = {k: int(v) for k, v in SPEC.knob_values(**knobs).items()}
@@ -248,7 +247,6 @@ def _common_checks(doc: dict) -> None:
 @pytest.mark.parametrize("layout", ["files", "pool"])
 def test_insertions_equal_additions_then_activations_then_nothing(live, pools, layout, tmp_path):
     """Cold 2-pass replay, then one more pass of the cached pool, each recorded end to end."""
-    pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
     pool, plan = pools[layout], pools["plan"]
     replay = [*REPLAY, str(plan), "--pool", str(pool), "--warmup", "0", "--threads", "4"]
     from pagewatch import PageWatcher, armed_interval, check_recorded
@@ -348,7 +346,6 @@ def pressure_pool(tmp_path_factory):
 def test_dwell_under_a_memory_limit(live, pressure_pool, tmp_path):
     """3 passes of a pool 3x the cache: every eviction of a page added in the recording has
     its insertion time; evictions equal the pagecache probe's per expert."""
-    pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
     from moetrace.capacity.scope import Scope, ScopeError, find_memory_controller, remove_stale_scopes
 
     try:
@@ -359,15 +356,22 @@ def test_dwell_under_a_memory_limit(live, pressure_pool, tmp_path):
     files = sorted(pool.rglob("*.bin"))
     run = tmp_path / "run"
     replay = [*REPLAY, str(plan), "--pool", str(pool), "--warmup", "0", "--passes", "3", "--threads", "4"]
+    from pagewatch import PageWatcher, armed_interval, check_recorded
+
     with io_lock():
         remove_stale_scopes("lrupressure", ctrl)
         scope = Scope("lrupressure", ctrl).create(HEADROOM_BYTES + CACHE_BYTES)
+        w = PageWatcher(pool)  # outside evictions (this machine's DAMON), from the drop to the mincore
         try:
             _drop(pool)
+            t_drop = time.monotonic_ns()
             r = _record(run, replay, "--cgroup", str(scope.path), timeout=300)
             oom = scope.oom_killed()
+            t_m0 = time.monotonic_ns()
             resident = [_resident_pages(p) for p in files]
+            t_m1 = time.monotonic_ns()
         finally:
+            w.stop()
             assert scope.remove(kill=True), f"scope {scope.path} not removed"
     assert r.returncode == 0, r.stderr
     assert oom == 0, "OOM in the scope: raise HEADROOM_BYTES"
@@ -395,7 +399,17 @@ def test_dwell_under_a_memory_limit(live, pressure_pool, tmp_path):
     assert e["inserted_pages"].tolist() == e["added_pages"].tolist()
     assert e["evicted_joined_pages"].tolist() == e["evicted_pages"].tolist()
     assert e["dwell_count"].tolist() == e["evicted_pages"].tolist()
-    assert (e["added_pages"] - e["evicted_pages"]).tolist() == resident
+    # what is left = added - evicted, less what others evicted after the probes stopped counting
+    # (the watcher: recording and watcher agree over the armed interval, watcher and mincore after)
+    assert w.lost == 0
+    check_recorded(w, doc, pc["added_pages"], pc["evicted_pages"])
+    res = np.asarray(resident)
+    assert ((w.resident(t_m1, t_drop) <= res) & (res <= w.resident(t_m0, t_drop))).all()
+    later = w.pages(1, armed_interval(doc)[1][1], t_m1)
+    gap = (e["added_pages"] - e["evicted_pages"]).to_numpy() - res
+    assert ((gap >= 0) & (gap <= later)).all(), (gap.tolist(), later.tolist())
+    if not later.any():
+        assert (e["added_pages"] - e["evicted_pages"]).tolist() == resident
     st = doc["stats"]["lru"]
     assert st["delete_unjoined"] == 0 and st["delete_stale"] == 0 and st["insert_repeated"] == 0
     # the histogram holds every dwell and brackets the sums

@@ -25,7 +25,8 @@ import pytest
 
 from moetrace.kernel import lru_gen
 from moetrace.errors import InputError
-from moetrace.record.spec import PROBES, resolve
+from moetrace.record.spec import resolve
+from moetrace.record.probes import PROBES
 
 SPEC = PROBES["mglru"]
 FIX = Path(__file__).parent / "data" / "lru_gen"
@@ -315,7 +316,6 @@ def test_knobs_and_declaration():
 
 @pytest.mark.probe_build
 def test_mglru_c_compiles_with_kprobes_off_and_its_kprobes_verify(live):
-    pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
     from bcc import BPF
 
     from moetrace.kernel import bpf
@@ -351,7 +351,6 @@ def test_mglru_c_compiles_with_kprobes_off_and_its_kprobes_verify(live):
 
 
 def test_record_mglru_on_this_host(live, tmp_path):
-    pytest.importorskip("bcc")
     from moetrace.run import directory as rundir
     from moetrace.kernel.features import mglru_state
 

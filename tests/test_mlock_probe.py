@@ -28,7 +28,7 @@ import pandas as pd
 import pytest
 
 from moetrace.record.probes import mlock as ml
-from moetrace.record.spec import PROBES
+from moetrace.record.probes import PROBES
 
 SPEC = PROBES["mlock"]
 PAGE = mmap.PAGESIZE
@@ -192,7 +192,6 @@ def _features():
 
 @pytest.mark.probe_build
 def test_mlock_compiles_loads_and_detaches(live):
-    pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
     from bcc import BPF
 
     from moetrace.kernel import bpf
@@ -292,7 +291,6 @@ do("mlock", base, P, key=[base, P])
 
 
 def test_probe_locked_bytes_equal_vmlck_after_each_call(live):
-    pytest.importorskip("bcc")
     from moetrace.kernel.features import Features
     from moetrace.record.probe import RecordContext
     from moetrace.record.spec import resolve
@@ -384,7 +382,6 @@ def pinned_pool():
 
 
 def test_record_pinned_replay_locked_bytes_at_loop_entry_equal_vmlck(live, pinned_pool, tmp_path):
-    pytest.importorskip("bcc")
     from moetrace.run import directory as rundir
 
     d = pinned_pool

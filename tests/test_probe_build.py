@@ -8,7 +8,7 @@ import re
 import pytest
 
 from moetrace.kernel import bpf
-from moetrace.record.spec import PROBES
+from moetrace.record.probes import PROBES
 from moetrace.kernel.bpf import prog_id_exists, prog_info
 from moetrace.record.recorder import PAGE_EVENT_DTYPE
 
@@ -154,7 +154,6 @@ KNOB_SETS = [
 @pytest.mark.probe_build
 @pytest.mark.parametrize("knobs", KNOB_SETS, ids=["files-1MiB", "pool-4KiB", "stream", "no-order"])
 def test_pagecache_compiles_loads_and_detaches(live, knobs):
-    pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
     full = PAGECACHE.knob_values(**knobs)
     probe = bpf.load_probe("pagecache", full)
     try:

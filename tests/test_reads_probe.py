@@ -25,7 +25,8 @@ import pandas as pd
 import pytest
 
 from moetrace.run import directory as rundir
-from moetrace.record.spec import PROBES, resolve
+from moetrace.record.spec import resolve
+from moetrace.record.probes import PROBES
 from moetrace.record.probes.reads import (CLASSES, FD_FIELDS, HIST_SLOTS, NOPOS, READ_CALL_DTYPE, UNATTRIBUTED, Collected,
                                FdResolver, PoolIndex, Resolution, build, calls_table, kernel_dev, reads_knobs,
                                replay_oracle)
@@ -244,7 +245,6 @@ KNOB_SETS = {
 @pytest.mark.probe_build
 @pytest.mark.parametrize("name", list(KNOB_SETS))
 def test_reads_compiles_loads_and_detaches(live, name):
-    pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
     from moetrace.kernel import bpf
     from moetrace.kernel.bpf import prog_id_exists, prog_info
 
@@ -273,7 +273,6 @@ def test_reads_compiles_loads_and_detaches(live, name):
 def test_recorder_open_close_abort_are_idempotent(live, tmp_path):
     """The recorder's own path (knobs from the live attach plan), a pid of our own followed:
     our preads are counted and classed; close() and abort() leave no program behind."""
-    pytest.importorskip("bcc")
     from moetrace.kernel.features import Features
     from moetrace.record.probe import RecordContext
     from moetrace.record.probes.reads import ReadsRecorder
@@ -345,7 +344,6 @@ def test_cold_pass_misses_then_hot_pass_hits(live, pools, layout, tmp_path):
     iteration log's own time windows) the calls and bytes equal the replay's; every call of
     the cold pass is a miss adding exactly 256 pages, every call of the hot pass is hit-only.
     The pool file is read with POSIX_FADV_RANDOM so that no readahead crosses an extent."""
-    pytest.importorskip("bcc")
     replay = [*REPLAY, str(pools["plan"]), "--pool", str(pools[layout]), "--warmup", "1", "--passes", "1",
               "--threads", "4", *(["--fadvise-random"] if layout == "pool" else [])]
     with io_lock():
@@ -395,7 +393,6 @@ def test_end_to_end_cli_chunked_reads(live, pools, tmp_path):
     pool file with readahead on and 256 KiB read calls: 4 calls per expert access; calls and
     bytes equal the replay log's exactly; the pages added during the calls equal the pagecache
     probe's in total (readahead charges the calling expert, the pagecache probe the page's)."""
-    pytest.importorskip("bcc")
     moetrace, replay = BIN / "moetrace", BIN / "replay"
     if not moetrace.exists() or not replay.exists():
         pytest.skip("moetrace / replay console scripts not installed in this environment")
@@ -434,7 +431,6 @@ def test_fd_reuse_errors_read_and_forks(live, pools, tmp_path):
     expert 3's extent, then the same fd number reopened on a file outside the pool (close in
     between: a new identity), a pread on the closed fd (EBADF), a pread past the last extent,
     read() of the pool file (no position), and a forked child reading expert 7."""
-    pytest.importorskip("bcc")
     from moetrace.inputs.pool import open_pool
 
     pf = str(pools["pool"] / "pool.bin")
@@ -498,7 +494,6 @@ def test_files_layout_fd_reuse_and_close_range(live, pools, tmp_path):
     retired to `fds` by close() (a new generation) and by the first call after the
     process's epoch changed (close_range closes without close()): one fd number reused for
     three experts attributes each call to its own expert."""
-    pytest.importorskip("bcc")
     from moetrace.inputs.pool import open_pool
 
     fp = open_pool(pools["files"])

@@ -79,18 +79,19 @@ def test_tracefs_refusal_says_the_mount_command(tmp_path):
 def test_recorder_uses_the_one_declaration():
     """No second declaration: the recorder's probe is probespec's, its ring dtype is the declared struct."""
     from moetrace.record import spec as probespec
+    from moetrace.record import probes as probe_registry
     from moetrace.record import recorder
 
     from moetrace.record.probe import recorder_class
 
-    assert recorder_class("pagecache").spec is probespec.PROBES["pagecache"]
+    assert recorder_class("pagecache").spec is probe_registry.PROBES["pagecache"]
     assert not hasattr(recorder, "ProbeDecl") and not hasattr(recorder, "resolve_attach")
     # every recorded probe goes through the one interface
     from moetrace.record.probe import ProbeRecorder
 
     assert all(issubclass(recorder_class(p), ProbeRecorder) for p in recorder.RECORDED)
-    assert recorder.PAGE_EVENT_DTYPE == probespec.PROBES["pagecache"].struct("page_event").dtype()
-    assert set(recorder.RECORDED) <= set(probespec.PROBES)
+    assert recorder.PAGE_EVENT_DTYPE == probe_registry.PROBES["pagecache"].struct("page_event").dtype()
+    assert set(recorder.RECORDED) <= set(probe_registry.PROBES)
 
 
 def test_unknown_probes_are_refused():
@@ -200,7 +201,6 @@ def _experts(run: Path):
 
 @pytest.mark.parametrize("layout", ["files", "pool"])
 def test_acceptance_cold_pass_then_all_hits(live, pools, layout, tmp_path):
-    pytest.importorskip("bcc")
     pool, plan = pools[layout], pools["plan"]
     replay = [*REPLAY, str(plan), "--pool", str(pool), "--warmup", "0", "--passes", "1", "--threads", "4"]
     from pagewatch import PageWatcher, armed_interval, check_recorded
@@ -301,7 +301,6 @@ def test_acceptance_cold_pass_then_all_hits(live, pools, layout, tmp_path):
 
 def test_attribution_and_exact_re_adds(live, pools, tmp_path):
     """Read all, evict all, re-read experts 3, 7 and 22: only those are re-added (exactly)."""
-    pytest.importorskip("bcc")
     pool = pools["pool"]
     pf = pool / "pool.bin"
     drop = (f"import os; fd=os.open('{pf}', os.O_RDONLY); os.fsync(fd); "
@@ -322,7 +321,6 @@ def test_attribution_and_exact_re_adds(live, pools, tmp_path):
 
 
 def test_exit_status_is_propagated(live, tmp_path):
-    pytest.importorskip("bcc")
     r = _record(tmp_path / "f", ["false"])
     assert r.returncode == 1, r.stderr
     r = _record(tmp_path / "s", ["sh", "-c", "exit 7"])
@@ -336,7 +334,6 @@ def test_exit_status_is_propagated(live, tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_killed_record_detaches_and_stays_loadable(live, pools, tmp_path, sig):
-    pytest.importorskip("bcc")
     from moetrace.kernel.bpf import prog_id_exists
 
     run = tmp_path / "k"
@@ -382,7 +379,6 @@ def test_killed_record_detaches_and_stays_loadable(live, pools, tmp_path, sig):
 
 def test_refuses_without_privileges(live, tmp_path):
     """As an unprivileged user, record stops before loading anything and names the need."""
-    pytest.importorskip("bcc")
     if subprocess.run(["which", "setpriv"], capture_output=True).returncode:
         pytest.skip("setpriv not installed")
     tmp_path.chmod(0o777)
@@ -397,7 +393,6 @@ def test_refuses_without_privileges(live, tmp_path):
 def test_page_event_stream_matches_counters(live, pools, tmp_path):
     """--stream-events: per-(event, expert) ring records sum to the in-kernel counters;
     lost records are counted per interval (zero here)."""
-    pytest.importorskip("bcc")
     pool = pools["pool"]
     replay = [*REPLAY, str(pools["plan"]), "--pool", str(pool), "--warmup", "0", "--passes", "1"]
     with _io_lock():
@@ -451,7 +446,6 @@ def test_record_unmounts_the_tracefs_it_mounted(live, tmp_path):
 def test_record_around_any_command_attributes_only_the_pool(live, pools, layout, tmp_path):
     """`moetrace record --pool P -- dd ...`: what dd reads of one expert is attributed to it, a file
     outside the pool is not, and requested pages are NA (no replay log) with the reason."""
-    pytest.importorskip("bcc")
     from moetrace.inputs.pool import open_pool
 
     pool = open_pool(pools[layout])

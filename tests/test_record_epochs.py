@@ -113,7 +113,6 @@ def _moetrace(*args):
 
 
 def test_cold_warmup_then_measured_hits_per_iteration(live, tmp_path):
-    pytest.importorskip("bcc")
     pool, plan = tmp_path / "pool", tmp_path / "plan.bin"
     _moetrace("pool", "create", str(pool), "--layers", "1", "--experts", str(N), "--k", str(N),
               "--expert-bytes", "1MiB", "--layout", "files")

@@ -37,9 +37,11 @@ import ctypes
 import json
 import os
 import subprocess
+import time
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from moetrace.run import directory as rundir
@@ -80,7 +82,6 @@ def _rel(a: int, b: int) -> float:
 
 
 def test_eviction_under_a_memory_limit(live, pressure_pool, tmp_path):
-    pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
     from moetrace.capacity.scope import Scope, ScopeError, find_memory_controller, remove_stale_scopes
 
     try:
@@ -92,19 +93,26 @@ def test_eviction_under_a_memory_limit(live, pressure_pool, tmp_path):
     assert len(files) == L * E
     run = tmp_path / "run"
     replay = [*REPLAY, str(plan), "--pool", str(pool), "--warmup", "0", "--passes", "3", "--threads", "4"]
+    from pagewatch import PageWatcher, armed_interval, check_recorded
+
     with _io_lock():
         remove_stale_scopes("recpressure", ctrl)
         scope = Scope("recpressure", ctrl).create(HEADROOM_BYTES + CACHE_BYTES)
+        w = PageWatcher(pool)  # outside evictions (this machine's DAMON), from the drop to the mincore
         try:
             _drop(pool)
+            t_drop = time.monotonic_ns()
             v0 = _vmstat()
             r = subprocess.run([*RECORD, "--out", str(run), "--pool", str(pool), "--cgroup", str(scope.path),
                                 "--", *replay], capture_output=True, text=True, timeout=300)
             v1 = _vmstat()
             memcg = scope.memory_stat()
             oom = scope.oom_killed()
+            t_m0 = time.monotonic_ns()
             resident = [_resident_pages(p) for p in files]
+            t_m1 = time.monotonic_ns()
         finally:
+            w.stop()
             assert scope.remove(kill=True), f"scope {scope.path} not removed"
     assert r.returncode == 0, r.stderr
     assert oom == 0, f"OOM in the scope: raise HEADROOM_BYTES ({memcg})"
@@ -157,8 +165,21 @@ def test_eviction_under_a_memory_limit(live, pressure_pool, tmp_path):
     # lost events: zero, and said so in the manifest
     assert lost["counters_lost_events"] == 0 and lost["unprocessed_pages"] == 0, lost
     assert doc["stats"]["pagecache"]["dev_mismatch_events"] == 0
-    # what is left in the cache is exactly added - evicted, per expert
-    assert (e["added_pages"] - e["evicted_pages"]).tolist() == resident, figures
+    # the recording against the independent watcher over its armed interval, and the watcher's
+    # residency against mincore; then what is left in the cache is exactly added - evicted,
+    # per expert, less what others evicted after the recording stopped counting
+    assert w.lost == 0
+    check_recorded(w, doc, e["added_pages"], e["evicted_pages"])
+    lo_res, hi_res = w.resident(t_m1, t_drop), w.resident(t_m0, t_drop)
+    assert ((lo_res <= np.asarray(resident)) & (np.asarray(resident) <= hi_res)).all(), (resident, lo_res, hi_res)
+    (_i, (_o0, o1)) = armed_interval(doc)
+    later = w.pages(1, o1, t_m1)  # pool pages deleted after the probes stopped counting
+    print(f"pool pages deleted after the recording by {w.deleted_by(o1, t_m1) or 'nobody'}; during it, outside "
+          f"the memcg: {({k: v for k, v in doc['totals']['experts_evicted_by'].items() if k != 'memcg' and v})}")
+    gap = (e["added_pages"] - e["evicted_pages"]).to_numpy() - np.asarray(resident)
+    assert ((gap >= 0) & (gap <= later)).all(), (gap.tolist(), later.tolist())
+    if not later.any():
+        assert (e["added_pages"] - e["evicted_pages"]).tolist() == resident, figures
     # the oracles, within 2 %
     assert _rel(re_added, refault) <= TOL, figures
     assert _rel(evicted, steal) <= TOL, figures
@@ -177,7 +198,6 @@ def test_eviction_under_a_memory_limit(live, pressure_pool, tmp_path):
 def test_cell_record_wraps_the_replay(live, pressure_pool, tmp_path):
     """`moetrace cell --record`: the cell's replay (warm-up + measured) is recorded into
     <cell dir>/run; the recorder stays outside the scope, the replay is the scope's task."""
-    pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
     from moetrace.capacity.scope import find_memory_controller
 
     out = tmp_path / "cell"
@@ -212,5 +232,11 @@ def test_cell_record_wraps_the_replay(live, pressure_pool, tmp_path):
     after = rec["measured_pages"]["re_added_pages"] + (doc["epochs"]["by_phase"].get("after") or {}).get(
         "re_added_pages", 0)
     oracle = cell["refault_file_pages"]
-    assert oracle > 0 and abs(after - oracle) <= 0.02 * oracle + 64, (after, oracle)
+    # measured cause of a gap: the kernel's shadow-node shrinker dropped eviction history (vmstat
+    # workingset_nodereclaim, up to 64 shadows a node: 128 nodes, 3,345 pages fewer refaults than
+    # re-reads in one run here); re-reads of those pages are no refaults, the bitmap still sees them
+    lost = 64 * cell["shadow_nodes_reclaimed"]["cell"]
+    print(f"\nmeasured re-adds {after}, kernel refaults {oracle}, shadow nodes reclaimed "
+          f"{cell['shadow_nodes_reclaimed']}")
+    assert oracle > 0 and -(0.02 * oracle + 64) <= after - oracle <= 0.02 * oracle + 64 + lost, (after, oracle, lost)
     assert int(e["re_added_pages"].sum()) == sum(v["re_added_pages"] for v in doc["epochs"]["by_phase"].values())

@@ -36,7 +36,7 @@ import pytest
 from moetrace.run import directory as rundir
 from moetrace.record.probes import stacks as stacksrec
 from moetrace.kernel import symbolize
-from moetrace.record.spec import PROBES
+from moetrace.record.probes import PROBES
 from moetrace.kernel.symbolize import Kallsyms, Mapping, ProcMaps, Symbolizer, find_kernel_addresses, parse_maps
 
 from conftest import io_lock  # noqa: E402
@@ -284,7 +284,6 @@ def _ctx():
 @pytest.mark.parametrize("knobs", [{}, {"MOE_FOLLOW_FORKS": 0, "MOE_SAMPLE_HZ": 49, "MOE_STACK_ENTRIES": 1024}],
                          ids=["recorder-defaults", "no-forks-small"])
 def test_stacks_compiles_loads_and_detaches(live, knobs):
-    pytest.importorskip("bcc", reason="bcc (python3-bpfcc) not importable")
     from moetrace.kernel.bpf import prog_id_exists
 
     before = _perf_fds()
@@ -394,7 +393,6 @@ def _check_rate(doc: dict, cpu: dict, hz: int) -> None:
 
 def test_live_record_replay_default_rate(live, pool, tmp_path):
     """Default knobs (99 Hz): cold pass then 59 hot passes."""
-    pytest.importorskip("bcc")
     run = tmp_path / "run"
     doc, cpu = _record_replay(pool, run, passes=60)
     summ, st = doc["summaries"]["stacks"], doc["stats"]["stacks"]
@@ -426,7 +424,6 @@ def test_live_record_replay_default_rate(live, pool, tmp_path):
 
 def test_live_cold_pass_shows_readahead_at_999hz(live, pool, tmp_path):
     """MOE_SAMPLE_HZ=999 through the environment; one cold pass: readahead shows up."""
-    pytest.importorskip("bcc")
     run = tmp_path / "run"
     doc, cpu = _record_replay(pool, run, passes=1, env_knobs="MOE_SAMPLE_HZ=999")
     assert doc["knobs"]["stacks"]["MOE_SAMPLE_HZ"] == 999

@@ -151,6 +151,59 @@ def run_recorded(cmd: list[str], run_dir: Path, stream: bool, bpf_stats: bool = 
     return doc, man, startup
 
 
+def _one_lifecycle(run_dir: Path, pythonpath: str | None) -> dict[str, float]:
+    env = _env()
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
+    rec = [sys.executable, "-m", "moetrace.cli.record", "--out", str(run_dir)]
+    if PROBES:
+        rec += ["--probes", PROBES]
+    t0 = time.monotonic_ns()
+    out = subprocess.run(rec + ["--", "true"], env=env, capture_output=True, text=True)
+    t1 = time.monotonic_ns()
+    if out.returncode != 0:
+        raise RuntimeError(f"record exited {out.returncode}: {out.stderr.strip()[-2000:]}")
+    tm = json.loads((run_dir / "manifest.json").read_text())["timings"]
+    shutil.rmtree(run_dir, ignore_errors=True)
+    row = {"startup_s": (tm["command_start_ns"] - t0) / 1e9, "attach_s": tm["probes_attach_s"],
+           "teardown_s": (t1 - tm["command_end_ns"]) / 1e9, "total_s": (t1 - t0) / 1e9}
+    for k in ("collect_detach_s", "detach_release_wait_s"):
+        if k in tm:
+            row[k] = tm[k]
+    row.update({k: v for k, v in tm.items() if k.endswith("_compile_attach_s")})
+    return row
+
+
+def lifecycle(n: int, baselines: list[str]) -> int:
+    """Start-up and tear-down of `record -- true`, this tree and each baseline interleaved."""
+    trees = [("this tree", None)] + [tuple(b.split("=", 1)) for b in baselines]  # type: ignore[misc]
+    rows: dict[str, list[dict[str, float]]] = {label: [] for label, _ in trees}
+    d = Path(tempfile.mkdtemp(prefix="moetrace-bench-lifecycle-", dir="/var/tmp"))
+    try:
+        for i in range(n):
+            for label, pp in (trees if i % 2 == 0 else trees[::-1]):
+                r = _one_lifecycle(d / f"run-{i}-{len(rows[label])}", pp)
+                rows[label].append(r)
+                print(f"  {i} {label}: start-up {r['startup_s']:.2f} s (attach {r['attach_s']:.2f}), tear-down "
+                      f"{r['teardown_s']:.2f} s" + (f" (collect + detach {r['collect_detach_s']:.2f}, kernel "
+                                                      f"release waited {r['detach_release_wait_s']:.2f})"
+                                                      if "collect_detach_s" in r else ""), flush=True)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    print()
+    for label, rs in rows.items():
+        med = {k: statistics.median(r[k] for r in rs) for k in rs[0] if all(k in r for r in rs)}
+        rng = {k: (min(r[k] for r in rs), max(r[k] for r in rs)) for k in ("startup_s", "teardown_s")}
+        per = ", ".join(f"{k[: -len('_compile_attach_s')]} {v:.2f}" for k, v in med.items()
+                        if k.endswith("_compile_attach_s"))
+        print(f"{label}: {len(rs)} runs; start-up median {med['startup_s']:.2f} s (range {rng['startup_s'][0]:.2f}-"
+              f"{rng['startup_s'][1]:.2f}; compile + attach {med['attach_s']:.2f}: {per}); tear-down median "
+              f"{med['teardown_s']:.2f} s (range {rng['teardown_s'][0]:.2f}-{rng['teardown_s'][1]:.2f})"
+              + (f"; collect + detach {med['collect_detach_s']:.2f} s, kernel release waited "
+                 f"{med['detach_release_wait_s']:.2f} s" if "collect_detach_s" in med else ""))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, default=4)
@@ -166,12 +219,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bpf-stats-runs", type=int, default=3,
                     help="recorded runs with --bpf-stats after the pairs: the probes' own kernel CPU time "
                          "(0: skip)")
+    ap.add_argument("--lifecycle", type=int, default=0, metavar="N",
+                    help="instead of the pairs: N recordings of `true` with the default set, interleaved "
+                         "with N of each --lifecycle-baseline; start-up (launch -> child start, per-probe "
+                         "compile + attach) and tear-down (child exit -> record exit, collect + detach, the "
+                         "kernel's release)")
+    ap.add_argument("--lifecycle-baseline", action="append", default=[], metavar="LABEL=PYTHONPATH",
+                    help="another moetrace source tree to time the same way (e.g. before=/tmp/old), put first on "
+                         "PYTHONPATH; repeatable")
     a = ap.parse_args(argv)
     global PROBES
     PROBES = a.probes
     if os.geteuid() != 0:
         print("bench_record needs root (the probes); run it with sudo", file=sys.stderr)
         return 2
+    if a.lifecycle:
+        with io_lock():
+            return lifecycle(a.lifecycle, a.lifecycle_baseline)
     d = Path(tempfile.mkdtemp(prefix="moetrace-bench-record-", dir="/var/tmp"))
     try:
         with io_lock():

@@ -229,7 +229,7 @@ def _record_argv(spec: CellSpec, run: Path, scope_path: Path, probes: str | None
             "--cgroup", str(scope_path), *(["--probes", probes] if probes else []), "--"]
 
 
-#: the evictor classes a capacity mechanism itself causes (record/spec.py EVICTORS)
+#: the evictor classes a capacity mechanism itself causes (record/probes/pagecache.py EVICTORS)
 OWN_EVICTORS = {"cgroup": ("memcg",), "balloon": ("kswapd", "direct")}
 
 
@@ -639,6 +639,17 @@ def _finish(result: dict, spec: CellSpec, snaps: dict, run_dir: Path, pool, curv
         result["vmstat_pgpgin_bytes"] = (post["vmstat"].get("pgpgin", 0) - le["vmstat"].get("pgpgin", 0)) * 1024
         result["refault_file_pages"] = (post["vmstat"].get("workingset_refault_file", 0)
                                         - le["vmstat"].get("workingset_refault_file", 0))
+        # shadow entries the kernel dropped (the workingset shadow-node shrinker, up to 64 a node):
+        # a page evicted with its shadow gone is re-read without a refault, so the kernel's
+        # refault count undercounts re-reads by up to 64 x this (the recording's re-adds do not)
+        pre = snaps.get("pre") or le
+        result["shadow_nodes_reclaimed"] = {
+            "cell": post["vmstat"].get("workingset_nodereclaim", 0) - pre["vmstat"].get("workingset_nodereclaim", 0),
+            "measured": post["vmstat"].get("workingset_nodereclaim", 0) - le["vmstat"].get("workingset_nodereclaim", 0)}
+        if result["shadow_nodes_reclaimed"]["cell"]:
+            result["notes"].append(
+                f"the kernel reclaimed {result['shadow_nodes_reclaimed']['cell']} workingset shadow nodes during the "
+                f"cell: refault_file_pages undercounts re-reads by up to 64 pages a node")
         a, b = (le.get("scope") or {}).get("stat", {}), (post.get("scope") or {}).get("stat", {})
         if "pgpgin" in a and "pgpgin" in b:
             result["memcg_pgpgin_pages"] = b["pgpgin"] - a["pgpgin"]

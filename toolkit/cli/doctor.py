@@ -135,7 +135,7 @@ def doctor_report(root: str = "/", mount: bool | str = "temporary") -> dict[str,
     unmounts them again; True mounts and leaves them; False checks what is mounted now."""
     from moetrace.kernel.damon import read_damon
     from moetrace.kernel.features import Features, unmount_ours
-    from moetrace.record.spec import resolve_all
+    from moetrace.record.probes import resolve_all
 
     feats = Features(root, mount=bool(mount))
     plans = resolve_all(feats)

@@ -382,7 +382,7 @@ def take_snapshot(label: str, root: str | os.PathLike = "/", device: str | None 
         "monotonic_ns": time.clock_gettime_ns(time.CLOCK_MONOTONIC),
         "realtime_ns": time.time_ns(),
         "diskstats": read_diskstats(root, device) if device else read_diskstats(root),
-        "vmstat": read_vmstat(root),
+        "vmstat": read_vmstat(root, refresh=True),
         "meminfo": read_meminfo(root),
         "psi": read_psi(root),
         "lru_gen": read_lru_gen(root),

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from moetrace.errors import MoetraceError, ProbeError
-from moetrace.record.spec import PROBES, AttachPlan
+from moetrace.record.spec import AttachPlan, ProbeSpec
 
 
 @dataclass
@@ -81,12 +81,13 @@ class ProbeRecorder:
     """Base class: one instance per recording of one probe. Subclasses set ``name``."""
 
     name: str = ""
+    #: the probe's declaration (its module's SPEC)
+    spec: ProbeSpec
     #: True when poll() must be called while the command runs (rings, samplers)
     needs_poll: bool = False
 
     def __init__(self, ctx: RecordContext):
         self.ctx = ctx
-        self.spec = PROBES[self.name]
         self.compiled_out: dict[str, str] = {}
         self.probe = None  # moetrace.kernel.bpf.LoadedProbe, when BPF is used
         self.knobs: dict[str, int] = {}
@@ -184,7 +185,7 @@ class ProbeRecorder:
         if got != planned:
             self.probe.close()
             raise self.error(f"probe {self.name} attached {got}, its attach plan says {planned}",
-                             hint=f"probes/{self.name}.c and its declaration in moetrace/record/spec.py disagree "
+                             hint=f"probes/{self.name}.c and its declaration in moetrace/record/probes/{self.name}.py disagree "
                                   "(tests/test_probe_build.py checks them)")
         self.kprobes: dict[str, str] = {}
         try:
@@ -229,6 +230,45 @@ class ProbeRecorder:
 
         b = self.bpf_handle()
         return {} if b is None else recursion_misses(b)
+
+
+class EngineProbe(ProbeRecorder):
+    """A probe whose bcc program and readers live in an engine object that also runs on its own
+    (block's BlockRecorder, reclaim's ReclaimRecorder): the interface delegates to it."""
+
+    def __init__(self, ctx: RecordContext):
+        super().__init__(ctx)
+        self.engine: Any = None
+        self.result: Any = None
+
+    def arm(self, on: bool = True) -> None:
+        if self.engine is not None:
+            self.engine.arm(on)
+        self.armed = on
+
+    def gated(self) -> bool:
+        return self.engine is not None and bool(self.engine.gated)
+
+    def bpf_handle(self):
+        return None if self.engine is None else self.engine.bpf
+
+    def close(self) -> None:
+        """The engine reads the kernel's data and detaches (idempotent)."""
+        if self.engine is not None and self.result is None:
+            self.result = self.engine.close()
+            self.collected = self.result is not None
+        self.closed = True
+
+    def abort(self) -> None:
+        try:
+            if self.engine is not None and self.engine.bpf is not None:
+                stop = getattr(self.engine, "_stop", None)
+                if stop is not None:
+                    stop.set()
+                self.engine._cleanup()
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass
+        self.closed = True
 
 
 def schema_doc(spec, table: str) -> dict[str, dict[str, str]]:

@@ -43,7 +43,8 @@ import pandas as pd
 from moetrace.run import directory as rd
 from moetrace.errors import MoetraceError, UsageError
 from moetrace.record.probe import ProbeRecorder, RecordContext, available as available_recorders, recorder_class
-from moetrace.record.spec import DEFAULT_PROBES, PROBES, resolve
+from moetrace.record.spec import resolve
+from moetrace.record.probes import DEFAULT_PROBES, PROBES
 from moetrace.run.replaylog import read_replay_summary, requested_from_replay
 from moetrace.kernel.syscalls import set_pdeathsig
 

@@ -13,11 +13,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pandas as pd
-
 from moetrace.errors import MoetraceError
 
+# imported by the replay: nothing heavy at module level (every MiB the replay process holds is
+# taken from a cell's headroom; pandas alone is ~70 MiB of RSS)
 ITERATIONS_FILE = "iterations.parquet"
 SUMMARY_FILE = "replay.json"
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -31,7 +30,7 @@ def read_replay_summary(log_dir: str | os.PathLike) -> dict[str, Any] | None:
         return None
 
 
-def requested_from_replay(replay_dir: Path, pool) -> tuple[np.ndarray | None, np.ndarray | None, str]:
+def requested_from_replay(replay_dir: Path, pool) -> tuple["np.ndarray | None", "np.ndarray | None", str]:
     """(requested bytes, requested pages) per expert_id from the replay's log, and how.
 
     Requested bytes per expert cannot be taken from the read syscalls without
@@ -39,6 +38,9 @@ def requested_from_replay(replay_dir: Path, pool) -> tuple[np.ndarray | None, np
     from the replay's plan accounting: every logged iteration row (warm-up and
     measured) contributes the plan's reads of that iteration x expert bytes.
     None (with the reason) when there is no usable log."""
+    import numpy as np
+    import pandas as pd
+
     from moetrace.inputs.plan import load_flat_plan
 
     sp, ip = Path(replay_dir) / SUMMARY_FILE, Path(replay_dir) / ITERATIONS_FILE

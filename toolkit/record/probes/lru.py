@@ -46,12 +46,103 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
+                                  AttachGroup, Column, Knob, ProbeSpec, Struct, bcc_tp, group, kp_cand, tp_cand)
 from moetrace.errors import ProbeError
 from moetrace.record.probe import ProbeRecorder, schema_doc
-from moetrace.record.spec import PROBES
 
 #: the one declaration of probes/lru.c (attach groups, knobs, stats, structs, tables)
-SPEC = PROBES["lru"]
+# -- the declaration: attach candidates, knobs, tables (probes/lru.c agrees: tests/test_probe_build.py)
+
+_LRU_FOLIO = ("pfn", "i_ino", "index", "s_dev")
+
+
+def _lru_pages(name: str, doc: str) -> Column:
+    return Column(name, "Int64", "pages", doc)
+
+
+#: probes/lru.c. Reads only tracepoint arguments; joins LRU events to expert pages on the pfn
+#: (the page-cache add gives pfn -> (inode, index, order)); aggregated per expert in the kernel.
+LRU = ProbeSpec(
+    name="lru",
+    description="classic LRU per expert: list at LRU insertion, activations, dwell from insertion to "
+                "activation / eviction (LRU events joined to pool pages on the pfn), in the kernel",
+    attach=(
+        group("add", bcc_tp("filemap:mm_filemap_add_to_page_cache", fields=_LRU_FOLIO, field_knobs=FOLIO_ORDER,
+                          note="opens the join: pfn -> (expert, page, folio pages = 1 << order, add time)")),
+        group("delete", bcc_tp("filemap:mm_filemap_delete_from_page_cache", fields=_LRU_FOLIO, field_knobs=FOLIO_ORDER,
+                             note="closes the join: an eviction; dwell = now - LRU insertion time")),
+        group("insertion", bcc_tp("pagemap:mm_lru_insertion", fields=("pfn", "lru", "flags"),
+                                note="lru_add() moving a batched new folio onto its list (once per folio, no "
+                                     "size: charged with the joined folio's pages); takes a folio since the folio "
+                                     "conversion (5.16); the C file includes <linux/mmzone.h> for enum lru_list")),
+        group("activate", bcc_tp("pagemap:mm_lru_activate", fields=("pfn",),
+                               note="lru_activate(): the inactive -> active move PGACTIVATE counts (reclaim's "
+                                    "activate_locked counts PGACTIVATE without it); folio-based since 5.16"),
+           required=False, knob="HAVE_ACTIVATE"),
+    ),
+    knobs=(
+        Knob("POOL_DEV", 0, "s_dev of the pool's filesystem, kernel encoding (major << 20) | minor; 0: every device"),
+        Knob("N_EXPERTS", 0, "experts in the pool (counters have N_EXPERTS + 1 slots: the last is unattributed)"),
+        Knob("PPE", 1, "pages per expert (the extent, in pages)"),
+        Knob("HAVE_ORDER", 1, "1: the add/delete formats carry the folio order (set from the format files)"),
+        Knob("HAVE_ACTIVATE", 1, "1: compile the mm_lru_activate program (activate group)"),
+        Knob("MAX_FOLIO_PAGES", 512, "largest folio split into expert pieces in full; the rest is unprocessed"),
+        Knob("MAX_INODES", 65536, "entries of the inode -> expert map"),
+        Knob("MAX_PFNS", 65536, "pfn -> expert-page join entries (LRU hash; the recorder sizes it to the pool)"),
+        Knob("MAX_UNATTR_PFNS", 16384, "pfn -> join entries of pool-device pages of no expert (LRU hash)"),
+        Knob("ANON_FLAG", 2, "the anonymous bit of mm_lru_insertion's flags (PAGEMAP_ANONYMOUS, from the format)"),
+    ),
+    table="lru",
+    schema=(
+        Column("kind", "string", "", "'expert' or 'unattributed' (pool-filesystem pages of no expert)"),
+        Column("layer", "Int32", "", "layer of the expert (NA for unattributed)"),
+        Column("expert", "Int32", "", "expert index within the layer"),
+        Column("expert_id", "Int64", "", "layer * n_experts + expert"),
+        _lru_pages("added_pages", "pages added to the page cache during the recording (the join's entries)"),
+        _lru_pages("inserted_pages", "LRU insertions of those pages (mm_lru_insertion, any list)"),
+        _lru_pages("inserted_inactive_pages", "... onto the inactive file list"),
+        _lru_pages("inserted_active_pages", "... onto the active file list (activated before reaching the list: a "
+                                            "workingset refault, or a second access while batched)"),
+        _lru_pages("inserted_unevictable_pages", "... onto the unevictable list (mlocked)"),
+        _lru_pages("inserted_other_pages", "... onto another list (anon lists: swap-backed file pages)"),
+        _lru_pages("activated_pages", "inactive -> active moves (mm_lru_activate; NA when not compiled)"),
+        Column("activation_dwell_ns_sum", "Int64", "ns",
+               "LRU insertion -> activation, summed over activated pages whose insertion was seen"),
+        Column("activation_dwell_count", "Int64", "", "pages activation_dwell_ns_sum is over"),
+        Column("activation_dwell_ns_mean", "Float64", "ns", "activation_dwell_ns_sum / activation_dwell_count"),
+        _lru_pages("evicted_pages", "pages deleted from the page cache (by inode and index: every deletion)"),
+        _lru_pages("evicted_joined_pages", "... of them added during the recording (their pfn was joined)"),
+        _lru_pages("evicted_activated_pages", "... of those activated (or inserted active) while cached"),
+        Column("dwell_ns_sum", "Int64", "ns", "LRU insertion -> eviction, summed over evicted pages whose "
+                                              "insertion was seen (page-weighted)"),
+        Column("dwell_count", "Int64", "", "pages dwell_ns_sum is over (evicted with a known insertion time)"),
+        Column("dwell_ns_mean", "Float64", "ns", "dwell_ns_sum / dwell_count"),
+    ),
+    more_tables=(
+        ("lru_dwell_histogram", (
+            Column("kind", "string", "", "insertion_to_eviction, insertion_to_activation, add_to_insertion "
+                                         "(page-cache add -> LRU insertion: time in the per-CPU batch)"),
+            Column("slot", "int32"), Column("lo_ns", "uint64", "ns"), Column("hi_ns", "uint64", "ns"),
+            _lru_pages("pages", "expert pages (pool-wide) whose interval is in [lo_ns, hi_ns)"))),
+    ),
+    stats=("add_events", "pool_dev_add_events", "insert_events", "insert_joined", "insert_repeated",
+           "insert_anon_stale", "activate_events", "activate_joined", "activate_uninserted", "delete_events",
+           "pool_dev_delete_events", "delete_joined", "delete_unjoined", "delete_stale", "add_stale",
+           "unprocessed_pages", "join_update_failed"),
+    structs=(
+        Struct("ino_val", (("base", "u32"), ("n", "u32"))),
+        Struct("lru_counts", tuple((f, "u64") for f in (
+            "added", "inserted", "inserted_inactive", "inserted_active", "inserted_unevictable", "inserted_other",
+            "activated", "activation_dwell_ns", "activation_dwell_count", "evicted", "evicted_joined",
+            "evicted_activated", "dwell_ns", "dwell_count"))),
+        Struct("pfn_val", (("add_ns", "u64"), ("insert_ns", "u64"), ("eid", "u32"), ("pstart", "u32"),
+                           ("elast", "u32"), ("pages", "u32"), ("lru", "u32"), ("activations", "u32"))),
+    ),
+    enrichment=True,
+)
+
+SPEC = LRU
 #: struct lru_counts fields, in F_* order (one counter slot per expert + unattributed)
 FIELDS: tuple[str, ...] = tuple(f for f, _t in SPEC.struct("lru_counts").fields)
 #: pool-wide histograms of probes/lru.c, in H_* order
@@ -283,6 +374,7 @@ class LruRecorder(ProbeRecorder):
     reads of the pool count (``follow`` is a no-op), as in the pagecache probe."""
 
     name = "lru"
+    spec = SPEC
     error = ProbeError
     needs_poll = False
 

@@ -28,12 +28,104 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
+                                  AttachGroup, Column, Knob, ProbeSpec, Struct, bcc_tp, group, kp_cand, tp_cand)
 from moetrace.kernel import lru_gen
 from moetrace.errors import InputError, ProbeError
 from moetrace.record.probe import ProbeRecorder, schema_doc
-from moetrace.record.spec import PROBES
 
-SPEC = PROBES["mglru"]
+# -- the declaration: attach candidates, knobs, tables (probes/mglru.c agrees: tests/test_probe_build.py)
+
+def _mglru_kp(name: str, knob: str, *cands: AttachCandidate) -> AttachGroup:
+    return group(name, *cands, required=False, knob=knob)
+
+
+_GEN_COLS = (Column("time_ns", "int64", "ns", "CLOCK_MONOTONIC when the sample was read"),
+             Column("sample", "int32", "", "sample index (0: at open, the last: at close)"),
+             Column("memcg_id", "int64"), Column("node", "int32"))
+
+#: probes/mglru.c (kprobes, lab only) + the lru_gen sampler (moetrace.record.probes.mglru, moetrace.kernel.lru_gen).
+MGLRU = ProbeSpec(
+    name="mglru",
+    description="MGLRU generations over time from <debugfs>/lru_gen (a sampler, no BPF: birth times, ages, "
+                "sizes per memcg / node / generation); where kprobes exist, aging attempts (a ring record "
+                "each), eviction / isolation / look-around / workingset counts and the generation a "
+                "promoted folio leaves",
+    attach=(
+        group("lru_gen", AttachCandidate("debugfs", "lru_gen", "",
+                                      "Python sampler of <debugfs>/lru_gen (MOE_LRU_GEN_FULL=1: lru_gen_full): "
+                                      "wherever MGLRU is built, no BPF")),
+        _mglru_kp("evict_folios", "MOE_HAVE_EVICT_FOLIOS",
+                  kp_cand("evict_folios", note="6.1: (lruvec, sc, swappiness, bool *need_swapping); 6.12 drops "
+                                           "need_swapping; only counted")),
+        _mglru_kp("isolate_folios", "MOE_HAVE_ISOLATE_FOLIOS", kp_cand("isolate_folios", note="only counted")),
+        _mglru_kp("should_run_aging", "MOE_HAVE_SHOULD_RUN_AGING",
+                  kp_cand("should_run_aging", note="6.1 only: gone from kallsyms by 6.12 (inlined)")),
+        _mglru_kp("inc_max_seq", "MOE_HAVE_INC_MAX_SEQ",
+                  kp_cand("try_to_inc_max_seq", note="6.1: (lruvec, max_seq, sc, can_swap, force_scan); 6.12: "
+                                                 "(lruvec, seq, can_swap, force_scan): PARM2 is the seq either way"),
+                  kp_cand("inc_max_seq", note="the aging step itself; 6.8+ returns bool and takes seq (not read)"),
+                  kp_cand("inc_max_seq.constprop.0", note="6.12 exports only a compiler clone: arguments not read")),
+        _mglru_kp("folio_inc_gen", "MOE_HAVE_FOLIO_INC_GEN",
+                  kp_cand("folio_inc_gen", needs="exact-headers",
+                      note="per-folio generation: reads folio->flags (LRU_GEN_MASK / LRU_GEN_PGOFF from the "
+                           "build's <linux/mmzone.h>)")),
+        _mglru_kp("look_around", "MOE_HAVE_LOOK_AROUND", kp_cand("lru_gen_look_around", note="6.12 returns bool")),
+        _mglru_kp("workingset_eviction", "MOE_HAVE_WS_EVICTION", kp_cand("workingset_eviction")),
+        _mglru_kp("workingset_refault", "MOE_HAVE_WS_REFAULT", kp_cand("workingset_refault")),
+    ),
+    knobs=(
+        Knob("MOE_HAVE_EVICT_FOLIOS", 0, "1: compile the evict_folios kprobe (set from the attach plan)"),
+        Knob("MOE_HAVE_ISOLATE_FOLIOS", 0, "1: compile the isolate_folios kprobe"),
+        Knob("MOE_HAVE_SHOULD_RUN_AGING", 0, "1: compile the should_run_aging kprobe"),
+        Knob("MOE_HAVE_INC_MAX_SEQ", 0, "1: compile the aging kprobes (+ the aging ring)"),
+        Knob("MOE_HAVE_FOLIO_INC_GEN", 0, "1: compile the folio_inc_gen kprobe (exact headers)"),
+        Knob("MOE_HAVE_LOOK_AROUND", 0, "1: compile the lru_gen_look_around kprobe"),
+        Knob("MOE_HAVE_WS_EVICTION", 0, "1: compile the workingset_eviction kprobe"),
+        Knob("MOE_HAVE_WS_REFAULT", 0, "1: compile the workingset_refault kprobe"),
+        Knob("MOE_RINGBUF_PAGES", 16, "aging ring size in pages (power of two)"),
+        Knob("MOE_LRU_GEN_PERIOD_MS", 1000, "lru_gen sampling period (the Python sampler; also one sample at "
+                                            "open and one at close)"),
+        Knob("MOE_LRU_GEN_FULL", 0, "1: sample lru_gen_full (adds the tier and walk tables)"),
+    ),
+    table="lru_gen",
+    schema=_GEN_COLS[:3] + (
+        Column("memcg_path", "string", "", "the memcg's cgroup path ('' without memcg)"),
+        Column("node", "int32"),
+        Column("seq", "int64", "", "generation number (min_seq .. max_seq); a new one is born by aging"),
+        Column("gen", "int32", "", "seq % MAX_NR_GENS (the folio flags' generation slot)"),
+        Column("age_ms", "int64", "ms", "ms since the generation's birth (jiffies resolution)"),
+        Column("birth_ns", "int64", "ns", "time_ns - age_ms: CLOCK_MONOTONIC of the generation's birth"),
+        Column("nr_anon_pages", "int64", "pages"), Column("nr_file_pages", "int64", "pages"),
+        Column("anon_evicted", "bool", "", "lru_gen_full's 'x': seq < min_seq[anon] (False in lru_gen)"),
+        Column("file_evicted", "bool", "", "lru_gen_full's 'x': seq < min_seq[file]"),
+    ),
+    more_tables=(
+        ("lru_gen_tiers", _GEN_COLS + (
+            Column("seq", "int64"), Column("tier", "int32"), Column("type", "string", "", "anon or file"),
+            Column("avg_refaulted_pages", "Int64", "pages", "max_seq only ('R')"),
+            Column("avg_total_pages", "Int64", "pages", "max_seq only ('T')"),
+            Column("refaulted_pages", "Int64", "pages", "history generations ('r')"),
+            Column("evicted_pages", "Int64", "pages", "('e')"),
+            Column("protected_pages", "Int64", "pages", "('p')"))),
+        ("lru_gen_walk", _GEN_COLS + (
+            Column("seq", "int64"), Column("leaf_total", "Int64"), Column("leaf_old", "Int64", "", "6.1 only"),
+            Column("leaf_young", "Int64"), Column("nonleaf_total", "Int64", "", "6.1 only"),
+            Column("nonleaf_found", "Int64"), Column("nonleaf_added", "Int64"))),
+        ("mglru_aging", (Column("time_ns", "int64", "ns", "CLOCK_MONOTONIC of the aging attempt"),
+                         Column("tgid", "int32", "", "who aged: kswapd, a reclaimer, a writer of lru_gen"),
+                         Column("kind", "string", "", "try_to_inc_max_seq, inc_max_seq, inc_max_seq.constprop.0"),
+                         Column("seq", "Int64", "", "the max_seq it was asked to grow (NA: not read)"))),
+        ("mglru_inc_gen", (Column("from_gen", "Int32", "", "generation slot a promoted folio left (NA: off MGLRU)"),
+                           Column("folios", "int64"))),
+    ),
+    stats=("evict_folios", "isolate_folios", "should_run_aging", "inc_max_seq", "folio_inc_gen", "look_around",
+           "workingset_eviction", "workingset_refault", "ring_lost"),
+    structs=(Struct("aging_event", (("ts_ns", "u64"), ("seq", "u64"), ("tgid", "u32"), ("kind", "u32"))),),
+    enrichment=True,
+)
+
+SPEC = MGLRU
 STATS = SPEC.stats
 AGING_DTYPE = SPEC.struct("aging_event").dtype()
 #: aging record kinds of probes/mglru.c, in AGING_* order
@@ -53,6 +145,7 @@ class MglruRecorder(ProbeRecorder):
     their own)."""
 
     name = "mglru"
+    spec = SPEC
     error = ProbeError
     needs_poll = True
 

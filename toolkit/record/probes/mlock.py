@@ -49,11 +49,120 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
+                                  AttachGroup, Column, Knob, ProbeSpec, Struct, bcc_tp, group, kp_cand, tp_cand)
 from moetrace.errors import ProbeError
 from moetrace.record.probe import ProbeRecorder, schema_doc
-from moetrace.record.spec import PROBES
 
-SPEC = PROBES["mlock"]
+# -- the declaration: attach candidates, knobs, tables (probes/mlock.c agrees: tests/test_probe_build.py)
+
+#: (syscall, enter fields read, group knob or None: required); probes/mlock.c
+_MLOCK_CALLS = (
+    ("mlock", ("start", "len"), None),
+    ("munlock", ("start", "len"), None),
+    ("mlock2", ("start", "len", "flags"), "MOE_HAVE_MLOCK2"),
+    ("mlockall", ("flags",), "MOE_HAVE_MLOCKALL"),
+    ("munlockall", (), "MOE_HAVE_MLOCKALL"),
+    ("munmap", ("addr", "len"), "MOE_TRACK_MUNMAP"),
+    ("mmap", ("len", "flags"), "MOE_TRACK_MMAP"),
+    ("mremap", ("addr", "old_len", "new_len", "flags"), "MOE_TRACK_MREMAP"),
+)
+_MLOCK_NOTES = {
+    "mlock2": "since 4.4 (MLOCK_ONFAULT); locks like mlock",
+    "mlockall": "MCL_CURRENT locks every mapping: the locked bytes are unknowable from arguments (NA until "
+                "munlockall)",
+    "munmap": "unmapping a locked range unlocks it; recorded only for a tgid that has locked something",
+    "mmap": "MAP_LOCKED maps locked; MAP_FIXED may replace a locked range (recorded only for a tgid that "
+            "locked)",
+    "mremap": "moving / growing a locked mapping moves / grows its locked pages (tgids that locked only)",
+}
+_MLOCK_INT = "int64"
+
+#: probes/mlock.c. Reads only syscall arguments; one ring record per call of the followed tgids
+#: (calls are rare), locked ranges rebuilt exactly in user space (moetrace.record.probes.mlock).
+MLOCK = ProbeSpec(
+    name="mlock",
+    description="every mlock-family call of the command (ring, bounded, lost counted); locked bytes over "
+                "time per process, exact (an interval set per tgid, page-rounded like the kernel)",
+    attach=tuple(
+        group(f"{sc}_{side}",
+           bcc_tp(f"syscalls:sys_{side}_{sc}", fields=fields if side == "enter" else ("ret",),
+                   note=_MLOCK_NOTES.get(sc, "")),
+           required=knob is None, knob=knob)
+        for sc, fields, knob in _MLOCK_CALLS for side in ("enter", "exit")
+    ) + (
+        group("newtask", bcc_tp("task:task_newtask", fields=("pid", "clone_flags"),
+                              note="follow the command's child processes (VM_LOCKED is not inherited)"),
+           required=False, knob="MOE_FOLLOW_FORKS"),
+        group("exit", bcc_tp("sched:sched_process_exit", field_knobs=(("group_dead", "MOE_EXIT_GROUP_DEAD"),),
+                           note="a process's end releases its locks; group_dead is newer than 6.12 (without "
+                                "it the leader's exit stands for the group's)"),
+           required=False, knob="MOE_TRACK_EXIT"),
+        group("exec", bcc_tp("sched:sched_process_exec", note="execve gives the process a new mm: nothing locked"),
+           required=False, knob="MOE_TRACK_EXEC"),
+        group("kp_mlock_folio", kp_cand("mlock_folio", needs="exact-headers",
+                                 note="a folio mlocked (reads folio->flags for PG_head); mlock_page before the "
+                                      "mlock folio conversion (6.1 already has mlock_folio)"),
+           required=False, knob="MOE_KP_MLOCK_FOLIO"),
+        group("kp_mlock_new", kp_cand("mlock_new_folio", needs="exact-headers",
+                               note="renamed from mlock_new_page by the mlock folio conversion (6.3)"),
+           kp_cand("mlock_new_page", needs="exact-headers", note="6.1 name"), required=False, knob="MOE_KP_MLOCK_NEW"),
+        group("kp_munlock", kp_cand("munlock_folio", needs="exact-headers", note="6.3+ name"),
+           kp_cand("munlock_page", needs="exact-headers", note="6.1 name"), required=False, knob="MOE_KP_MUNLOCK"),
+    ),
+    knobs=(
+        Knob("MOE_HAVE_MLOCK2", 1, "1: compile mlock2 enter/exit (set from the attach plan)"),
+        Knob("MOE_HAVE_MLOCKALL", 1, "1: compile mlockall/munlockall enter/exit (set from the attach plan)"),
+        Knob("MOE_TRACK_MUNMAP", 1, "1: compile munmap enter/exit (a locked range unmapped)"),
+        Knob("MOE_TRACK_MMAP", 1, "1: compile mmap enter/exit (MAP_LOCKED, MAP_FIXED over a locked range)"),
+        Knob("MOE_TRACK_MREMAP", 1, "1: compile mremap enter/exit (a locked mapping moved or resized)"),
+        Knob("MOE_FOLLOW_FORKS", 1, "1: a followed tgid's new processes are followed too (newtask group)"),
+        Knob("MOE_TRACK_EXIT", 1, "1: compile sched_process_exit (a process's end releases its locks)"),
+        Knob("MOE_EXIT_GROUP_DEAD", 1, "1: sched_process_exit carries group_dead (set from the format file)"),
+        Knob("MOE_TRACK_EXEC", 1, "1: compile sched_process_exec (execve: a new mm, nothing locked)"),
+        Knob("MOE_KP_MLOCK_FOLIO", 0, "1: compile the mlock_folio kprobe (exact headers; set from the plan)"),
+        Knob("MOE_KP_MLOCK_NEW", 0, "1: compile the mlock_new_folio / mlock_new_page kprobe"),
+        Knob("MOE_KP_MUNLOCK", 0, "1: compile the munlock_folio / munlock_page kprobe"),
+        Knob("MOE_MAX_TASKS", 4096, "tid -> call in flight entries"),
+        Knob("MOE_MAX_TGIDS", 1024, "followed processes"),
+        Knob("MOE_RINGBUF_PAGES", 16, "ring buffer size in pages (power of two)"),
+    ),
+    table="mlock",
+    schema=(
+        Column("time_ns", _MLOCK_INT, "ns", "CLOCK_MONOTONIC at the call's exit (the replay's clock)"),
+        Column("tgid", "int32"), Column("tid", "int32"),
+        Column("call", "string", "", "mlock, mlock2, munlock, mlockall, munlockall, munmap, mmap, mremap; "
+                                     "exit / exec: the process ended / exec'd (not calls: its locks went)"),
+        Column("start", "uint64", "", "the call's start / addr argument (a user-space address)"),
+        Column("len_bytes", _MLOCK_INT, "bytes", "the len argument (mremap: old_len)"),
+        Column("new_len_bytes", "Int64", "bytes", "mremap's new_len (NA for the other calls)"),
+        Column("flags", "int64", "", "mlock2 / mlockall / mmap / mremap flags (0 for the others)"),
+        Column("ret", "int64", "", "the return value (negative errno; mmap / mremap: the mapping's address)"),
+        Column("latency_ns", _MLOCK_INT, "ns", "enter -> exit"),
+        Column("delta_bytes", "Int64", "bytes",
+               "change of the process's locked bytes by this call (NA while unknowable, after mlockall)"),
+        Column("locked_bytes", "Int64", "bytes",
+               "the process's locked bytes after the call (== VmLck; NA while unknowable)"),
+    ),
+    more_tables=(
+        ("mlock_timeline", (
+            Column("time_ns", _MLOCK_INT, "ns", "CLOCK_MONOTONIC of a change"),
+            Column("tgid", "int32"),
+            Column("call", "string"),
+            Column("locked_bytes", "Int64", "bytes", "this process's locked bytes from time_ns on (NA: unknowable)"),
+            Column("total_locked_bytes", "Int64", "bytes",
+                   "all followed processes' locked bytes from time_ns on (NA when one is unknowable)"),
+        )),
+    ),
+    stats=("calls", "ring_lost", "pending_full", "unmatched_exits", "tgid_map_full", "kp_mlock_folio",
+           "kp_mlock_new", "kp_munlock", "kp_large"),
+    structs=(Struct("mlock_event", (("ts_ns", "u64"), ("tgid", "u32"), ("tid", "u32"), ("call", "u32"),
+                                    ("flags", "u32"), ("start", "u64"), ("len", "u64"), ("len2", "u64"),
+                                    ("ret", "s64"), ("latency_ns", "u64"))),),
+    enrichment=True,
+)
+
+SPEC = MLOCK
 #: call codes of probes/mlock.c, in CALL_* order
 CALLS = ("mlock", "mlock2", "munlock", "mlockall", "munlockall", "munmap", "mmap", "mremap", "exit", "exec")
 EVENT_DTYPE = SPEC.struct("mlock_event").dtype()
@@ -331,6 +440,7 @@ class MlockRecorder(ProbeRecorder):
     rebuilds the locked ranges (:func:`apply_calls`)."""
 
     name = "mlock"
+    spec = SPEC
     error = ProbeError
     needs_poll = True
 

@@ -16,11 +16,140 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
+                                  AttachGroup, Column, Knob, ProbeSpec, Struct, bcc_tp, group, kp_cand, tp_cand)
 from moetrace.errors import ProbeError
 from moetrace.record.probe import ProbeRecorder, schema_doc
-from moetrace.record.spec import EVICTORS, PROBES
 
-SPEC = PROBES["pagecache"]
+# -- the declaration: attach candidates, knobs, tables (probes/pagecache.c agrees: tests/test_probe_build.py)
+
+_FOLIO_FIELDS = ("i_ino", "index", "s_dev")
+_READ_EXITS = ("pread64", "preadv", "preadv2", "read")
+#: who deleted a pool page: probes/moetrace.h EVICTOR_*, in slot order
+EVICTORS = ("kswapd", "direct", "memcg", "proactive", "damon", "fadvise", "truncate", "drop_caches", "other")
+EVICTOR_DOCS = {
+    "kswapd": "the kswapd kernel thread (global background reclaim)",
+    "direct": "direct reclaim in an allocating task (global)",
+    "memcg": "memcg limit / high reclaim in a charging task",
+    "proactive": "memory.reclaim (memcg reclaim inside a write(2) of <= 64 bytes) or madvise(MADV_PAGEOUT)",
+    "damon": "a kdamond thread (DAMOS pageout, DAMON_RECLAIM)",
+    "fadvise": "fadvise64(2) of any process (POSIX_FADV_DONTNEED)",
+    "truncate": "truncate, ftruncate, fallocate, unlink, unlinkat",
+    "drop_caches": "a write(2) outside reclaim: drop_caches (or an O_DIRECT write invalidating cached pages)",
+    "other": "any other context (inode eviction at the last close, umount, migration, ...)",
+}
+_CTX_INVALIDATE = ("fadvise64", "truncate", "ftruncate", "fallocate", "unlink", "unlinkat", "madvise")
+
+
+def _evictor_cols() -> tuple[Column, ...]:
+    return tuple(Column(f"evicted_by_{e}_pages", "Int64", "pages", f"pages deleted by {d}")
+                 for e, d in EVICTOR_DOCS.items())
+
+
+def _ctx_groups() -> tuple[AttachGroup, ...]:
+    """The evictor-context groups of pagecache: syscall and reclaim-window entry/exit pairs."""
+    out = [group(f"ctx_{d}_write", bcc_tp(f"syscalls:sys_{d}_write", fields=("count",) if d == "enter" else (),
+                                        note="a write(2) in flight: drop_caches, or memory.reclaim when small"),
+              required=False, knob="MOE_CTX_WRITE") for d in ("enter", "exit")]
+    for sc in _CTX_INVALIDATE:
+        for d in ("enter", "exit"):
+            fields = ("behavior",) if (sc == "madvise" and d == "enter") else ()
+            out.append(group(f"ctx_{d}_{sc}", bcc_tp(f"syscalls:sys_{d}_{sc}", fields=fields,
+                                                    note="an invalidating syscall in flight (evictor class)"),
+                          required=False, knob="MOE_CTX_INVALIDATE"))
+    for w in ("direct", "memcg"):
+        for d in ("begin", "end"):
+            out.append(group(f"ctx_{w}_{d}", bcc_tp(f"vmscan:mm_vmscan_{w}_reclaim_{d}",
+                                                   note=f"a {w} reclaim window open on the task (evictor class)"),
+                          required=False, knob="MOE_CTX_RECLAIM"))
+    return tuple(out)
+
+#: probes/pagecache.c. Reads only tracepoint arguments (layout-safe with mismatched headers).
+PAGECACHE = ProbeSpec(
+    name="pagecache",
+    description="per-expert added (miss) / evicted / re-added (exact, per page) pages in the kernel; "
+                "requested pages from the replay's accounting, hits = requested - added",
+    attach=(
+        group("add", bcc_tp("filemap:mm_filemap_add_to_page_cache", fields=_FOLIO_FIELDS, field_knobs=FOLIO_ORDER,
+                          note="a folio added to the page cache: a miss (readahead included); stable "
+                               "tracepoint (pfn, i_ino, index, s_dev); `order` since large folios "
+                               "(6.x): pages = 1 << order, else one page per event")),
+        group("delete", bcc_tp("filemap:mm_filemap_delete_from_page_cache", fields=_FOLIO_FIELDS,
+                             field_knobs=FOLIO_ORDER, note="a folio deleted from the page cache: an eviction "
+                                                      "(or truncation); carries order like add")),
+    ) + tuple(
+        group(f"exit_{sc}", bcc_tp(f"syscalls:sys_exit_{sc}", fields=("ret",),
+                                 note="read bytes of the followed processes (a cross-check of the replay's "
+                                      "accounting; fd -> inode would need kernel structs)"),
+           required=False, knob="TRACK_READS")
+        for sc in _READ_EXITS
+    ) + (
+        group("newtask", bcc_tp("task:task_newtask", fields=("pid", "clone_flags"),
+                              note="follow the command's child processes (threads share the tgid)"),
+           required=False, knob="FOLLOW_FORKS"),
+    ) + _ctx_groups(),
+    knobs=(
+        Knob("POOL_DEV", 0, "s_dev of the pool's filesystem, kernel encoding (major << 20) | minor; 0: every device"),
+        Knob("N_EXPERTS", 0, "experts in the pool (counts has N_EXPERTS + 1 slots: the last is unattributed)"),
+        Knob("PPE", 1, "pages per expert (the extent, in pages)"),
+        Knob("WPE", 1, "64-bit bitmap words per expert = ceil(PPE / 64)"),
+        Knob("HAVE_ORDER", 1, "1: the add/delete formats carry the folio order (set from the format files)"),
+        Knob("MAX_FOLIO_PAGES", 512, "largest folio handled in full; pages beyond it count as unprocessed"),
+        Knob("TRACK_READS", 1, "1: count read-syscall bytes of the followed tgids (exit_* groups)"),
+        Knob("FOLLOW_FORKS", 1, "1: a followed tgid's new processes are followed too (newtask group)"),
+        Knob("STREAM_EVENTS", 0, "1: one ring record per (event, expert piece): the per-page stream"),
+        Knob("RING_PAGES", 256, "ring buffer size in pages (power of two) when streaming"),
+        Knob("EPOCHS", 0, "0: totals only; > 0: per-epoch counters too (EPOCHS x (N_EXPERTS + 1) slots; "
+                          "the replay writes one epoch per iteration into epoch_now)"),
+        Knob("MOE_CTX_WRITE", 1, "1: the write(2) evictor context (drop_caches; memory.reclaim when small)"),
+        Knob("MOE_CTX_INVALIDATE", 1, "1: the fadvise64 / truncate-family / madvise evictor contexts"),
+        Knob("MOE_CTX_RECLAIM", 1, "1: the direct / memcg reclaim windows (evictor context)"),
+        Knob("MOE_MAX_TASKS", 16384, "task -> evictor context entries (LRU hash)"),
+    ),
+    table="experts",
+    schema=(
+        Column("kind", "string", "", "'expert' or 'unattributed' (pool-filesystem pages of no expert)"),
+        Column("layer", "Int32", "", "layer of the expert (NA for unattributed)"),
+        Column("expert", "Int32", "", "expert index within the layer"),
+        Column("expert_id", "Int64", "", "layer * n_experts + expert"),
+        Column("added_pages", "Int64", "pages", "pages added to the page cache (misses, readahead included)"),
+        Column("evicted_pages", "Int64", "pages", "pages deleted from the page cache"),
+        Column("re_added_pages", "Int64", "pages", "pages added again after their eviction (exact, per page)"),
+        Column("requested_bytes", "Int64", "bytes",
+               "bytes the replay read (its plan accounting; NA without a replay log)"),
+        Column("requested_pages", "Int64", "pages", "pages the replay's reads cover (NA without a replay log)"),
+        Column("hit_pages", "Int64", "pages", "requested_pages - added_pages (negative: readahead charged here)"),
+    ) + _evictor_cols(),
+    more_tables=(
+        ("expert_epochs", (
+            Column("epoch", "int32", "", "epochs.parquet row: one per replay iteration (or per phase)"),
+            Column("kind", "string", "", "'expert' or 'unattributed'"),
+            Column("layer", "Int32"), Column("expert", "Int32"), Column("expert_id", "Int64"),
+            Column("added_pages", "Int64", "pages"), Column("evicted_pages", "Int64", "pages"),
+            Column("re_added_pages", "Int64", "pages"))),
+        ("epochs", (
+            Column("epoch", "int32"),
+            Column("phase", "string", "", "setup (before the first iteration), warmup, measured, after"),
+            Column("repeat", "Int32", "", "pass of the phase (NA for setup/after, and per-phase epochs)"),
+            Column("iteration", "Int32", "", "plan iteration (NA for setup/after and per-phase epochs)"),
+            Column("start_ns", "Int64", "ns", "CLOCK_MONOTONIC when the epoch began"),
+            Column("end_ns", "Int64", "ns", "when the next began (or the recording ended)"),
+            Column("folded", "boolean", "", "later epochs beyond the array were counted here too"))
+            + tuple(Column(c.name, c.dtype, c.unit, c.doc + " (pool experts, this epoch)") for c in _evictor_cols())),
+    ),
+    stats=("add_events", "delete_events", "pool_dev_add_events", "pool_dev_delete_events", "unprocessed_pages",
+           "read_bytes", "read_calls", "tgid_map_full", "ring_drops", "bitmap_misses", "dev_mismatch_events",
+           "add_runs"),
+    structs=(
+        Struct("expert_counts", (("added_pages", "u64"), ("evicted_pages", "u64"), ("re_added_pages", "u64"))),
+        Struct("ino_val", (("base", "u32"), ("n", "u32"))),
+        Struct("page_event", (("ts_ns", "u64"), ("expert_id", "u32"), ("kind", "u32"), ("first_page", "u32"),
+                              ("pages", "u32"), ("re_added", "u32"), ("tgid", "u32"), ("evictor", "u32"),
+                              ("reserved", "u32"))),
+    ),
+)
+
+SPEC = PAGECACHE
 PAGE_EVENT_DTYPE = SPEC.struct("page_event").dtype()
 EXPERT_COUNTS_DTYPE = SPEC.struct("expert_counts").dtype()
 RING_DROPS_SLOT = SPEC.stats.index("ring_drops")
@@ -221,7 +350,8 @@ def experts_table(pmap, counts: list[tuple[int, int, int]] | None, req_bytes: np
     device_read_bytes is the bytes of no expert (every disk's when no pool was named),
     its bios NA (not counted apart). ``evictors``: the probe's (experts + 1) x EVICTORS
     array of pages deleted per evictor class (NA columns when None)."""
-    block_spec = PROBES["block"]
+    from moetrace.record.probes.block import SPEC as block_spec
+
     n = pmap.n_total if pmap is not None else 0
     c = np.full((n + 1, 3), -1, np.int64) if counts is None else np.asarray(counts, np.int64).reshape(-1, 3)
     E = pmap.pool.geometry.n_experts if pmap is not None else 1

@@ -68,11 +68,165 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
+                                  AttachGroup, Column, Knob, ProbeSpec, Struct, bcc_tp, group, kp_cand, tp_cand)
 from moetrace.errors import MoetraceError, ProbeError
 from moetrace.record.probe import ProbeRecorder, RecordContext, schema_doc
-from moetrace.record.spec import PROBES, AttachPlan
+from moetrace.record.spec import AttachPlan
 
-SPEC = PROBES["reads"]
+# -- the declaration: attach candidates, knobs, tables (probes/reads.c agrees: tests/test_probe_build.py)
+
+_READ_SYSCALLS = ("pread64", "preadv", "preadv2", "read")
+#: read syscall -> (enter fields, group knob): pread64 is required, the others optional
+_READ_ENTER = {"pread64": (("fd", "pos", "count"), None), "preadv": (("fd", "vec", "vlen", "pos_l"), "MOE_HAVE_PREADV"),
+               "preadv2": (("fd", "vec", "vlen", "pos_l"), "MOE_HAVE_PREADV2"),
+               "read": (("fd", "count"), "MOE_HAVE_READ")}
+_FD_ID_DOC = "fd identity (tgid, fd, gen, epoch): gen counts close() of the fd, epoch close_range()/exec"
+
+
+def _calls(name: str, doc: str = "") -> Column:
+    return Column(name, "Int64", "", doc)
+
+
+#: probes/reads.c. Reads only tracepoint + syscall arguments and the caller's iovec array
+#: (user memory); fd -> inode -> expert is resolved in user space (moetrace.record.probes.reads).
+READS = ProbeSpec(
+    name="reads",
+    description="per read call of the followed processes: latency, bytes, pages added during the call -> "
+                "hit-only / miss / error, aggregated per class and per fd identity in the kernel, attributed "
+                "to experts in user space (/proc/<tgid>/fd + the first added page's inode)",
+    attach=tuple(
+        g for sc in _READ_SYSCALLS for g in (
+            group(f"{sc}_enter", bcc_tp(f"syscalls:sys_enter_{sc}", fields=_READ_ENTER[sc][0],
+                                      note="fd, file position and requested bytes of the call"
+                                           + (" (bytes summed from the user iovec array; pos_h is ignored by "
+                                              "64-bit kernels)" if "vec" in _READ_ENTER[sc][0] else "")
+                                           + (" (no position: pool-file reads stay unattributed)"
+                                              if sc == "read" else "")
+                                           + (" (since 4.6; Python's os.preadv, the replay's read call, "
+                                              "issues preadv2)" if sc == "preadv2" else "")),
+               required=sc == "pread64", knob=_READ_ENTER[sc][1]),
+            group(f"{sc}_exit", bcc_tp(f"syscalls:sys_exit_{sc}", fields=("ret",),
+                                     note="ret: bytes read or -errno; the call's latency ends here"),
+               required=sc == "pread64", knob=_READ_ENTER[sc][1]))
+    ) + (
+        group("add", bcc_tp("filemap:mm_filemap_add_to_page_cache", fields=("i_ino", "index", "s_dev"),
+                          field_knobs=(("order", "MOE_HAVE_ORDER"),),
+                          note="a folio added while the task has a read call in flight: the call missed; "
+                               "pages = 1 << order (large folios), the first add tells the call's inode")),
+        group("close", bcc_tp("syscalls:sys_enter_close", fields=("fd",),
+                            note="a closed fd number starts a new fd identity (gen + 1)"),
+           required=False, knob="MOE_TRACK_CLOSE"),
+        group("close_range", bcc_tp("syscalls:sys_enter_close_range",
+                                  note="close_range (5.9+): a new epoch for every fd of the process"),
+           required=False, knob="MOE_TRACK_CLOSE_RANGE"),
+        group("exec", bcc_tp("sched:sched_process_exec",
+                           note="exec closes O_CLOEXEC fds without close(): a new epoch"),
+           required=False, knob="MOE_TRACK_EXEC"),
+        group("newtask", bcc_tp("task:task_newtask", fields=("pid", "clone_flags"),
+                              note="follow the command's child processes (threads share the tgid)"),
+           required=False, knob="MOE_FOLLOW_FORKS"),
+    ),
+    knobs=(
+        Knob("MOE_HAVE_PREADV", 1, "1: compile sys_enter/exit_preadv (set from the attach plan)"),
+        Knob("MOE_HAVE_PREADV2", 1, "1: compile sys_enter/exit_preadv2 (set from the attach plan)"),
+        Knob("MOE_HAVE_READ", 1, "1: compile sys_enter/exit_read (set from the attach plan)"),
+        Knob("MOE_TRACK_CLOSE", 1, "1: close() starts a new fd identity (close group)"),
+        Knob("MOE_TRACK_CLOSE_RANGE", 1, "1: close_range() starts a new epoch (close_range group)"),
+        Knob("MOE_TRACK_EXEC", 1, "1: exec starts a new epoch (exec group)"),
+        Knob("MOE_FOLLOW_FORKS", 1, "1: a followed tgid's new processes are followed too (newtask group)"),
+        Knob("MOE_HAVE_ORDER", 1, "1: the add format carries the folio order (set from the format file)"),
+        Knob("MOE_EXTENT", 0, "bytes per aggregated extent of a file: the pool file's extent (per-expert "
+                              "split by call position); 0: no split (files layout)"),
+        Knob("MOE_PAGE_SHIFT", 12, "log2 of the page size (the call's page range for beyond_pages)"),
+        Knob("MOE_MAX_IOV", 16, "iovec entries of a preadv summed into its requested bytes"),
+        Knob("MOE_MAX_TASKS", 4096, "tid -> call in flight entries"),
+        Knob("MOE_MAX_TGIDS", 1024, "followed processes"),
+        Knob("MOE_MAX_FDS", 16384, "retired (fd identity, extent) aggregates (counters + latency histogram, "
+                                   "~0.6 KiB each); raised for a pool file's extents; overflow lands in one slot"),
+        Knob("MOE_MAX_FDGEN", 8192, "(tgid, fd) -> current identity entries (its generation, and its counters "
+                                    "in the files layout; ~0.6 KiB each)"),
+        Knob("MOE_STREAM", 0, "1: one ring record per call (read_calls table)"),
+        Knob("MOE_RINGBUF_PAGES", 256, "ring buffer size in pages (power of two) when streaming"),
+        Knob("MOE_IDENT_RING_PAGES", 16, "size of the always-on ring of new fd identities (user space stats "
+                                         "/proc/<tgid>/fd/<fd> while it is open)"),
+    ),
+    table="reads",
+    schema=(
+        Column("kind", "string", "", "'expert' or 'unattributed'"),
+        Column("source", "string", "", "'expert', or why unattributed: other_files (fd of a non-pool file), "
+                                       "unresolved_fd (fd never seen open and no page added), no_position "
+                                       "(read() of a pool file), pool_tail (past the pool's extents), "
+                                       "bad_fd (failed with EBADF: no open file), fd_map_full"),
+        Column("layer", "Int32"), Column("expert", "Int32"), Column("expert_id", "Int64"),
+        _calls("calls", "read calls (exited)"),
+        Column("bytes", "Int64", "bytes", "sum of ret > 0"),
+        Column("requested_bytes", "Int64", "bytes", "sum of the calls' count (iovec lengths for preadv)"),
+        _calls("hit_only_calls", "calls with no page added while in flight"),
+        Column("hit_only_bytes", "Int64", "bytes"),
+        Column("hit_only_latency_ns_sum", "Int64", "ns"),
+        _calls("miss_calls", "calls with >= 1 page added while in flight"),
+        Column("miss_bytes", "Int64", "bytes"),
+        Column("miss_latency_ns_sum", "Int64", "ns"),
+        _calls("error_calls", "ret < 0"),
+        Column("error_latency_ns_sum", "Int64", "ns"),
+        Column("latency_ns_sum", "Int64", "ns", "enter -> exit of every call"),
+        Column("added_pages", "Int64", "pages", "pages of the call's file added during its calls"),
+        Column("beyond_pages", "Int64", "pages", "... of them outside the call's [pos, pos + count) (readahead)"),
+        Column("other_added_pages", "Int64", "pages", "pages of other inodes added during the calls"),
+        _calls("fd_identities", _FD_ID_DOC),
+        Column("hit_only_ns_per_kib", "float64", "ns/KiB", "hit-path cost: hit-only latency per KiB read"),
+    ),
+    more_tables=(
+        ("reads_latency", (Column("scope", "string", "", "all (every followed call), pool (calls on pool-file "
+                                                         "fds), not_pool (all - pool)"),
+                           Column("class", "string", "", "hit_only, miss, error"),
+                           Column("slot", "int32"), Column("lo_ns", "uint64", "ns"), Column("hi_ns", "uint64", "ns"),
+                           Column("calls", I64, "", "calls whose latency is in [lo_ns, hi_ns)"))),
+        ("reads_files", (Column("tgid", "int32"), Column("fd", "int32"), Column("gen", "int32"),
+                         Column("epoch", "int32"),
+                         Column("extent", "Int64", "", "pos // MOE_EXTENT (0 without split; NA: read())"),
+                         Column("ino", "UInt64", "", "NA: unresolved"), Column("dev", "Int64", "", "kernel s_dev"),
+                         Column("path", "string", "", "readlink of /proc/<tgid>/fd/<fd> (NA: not seen open)"),
+                         Column("resolved_by", "string", "", "proc (fd scan), add (first added page), or NA"),
+                         Column("source", "string"), Column("expert_id", "Int64"),
+                         Column("calls", I64), Column("bytes", I64, "bytes"), Column("hit_only_calls", I64),
+                         Column("miss_calls", I64), Column("error_calls", I64),
+                         Column("added_pages", I64, "pages"), Column("latency_ns_sum", I64, "ns"))),
+        ("read_calls", (Column("ts_ns", I64, "ns", "call entry, CLOCK_MONOTONIC"), Column("tid", "int32"),
+                        Column("tgid", "int32"), Column("fd", "int32"), Column("gen", "int32"),
+                        Column("epoch", "int32"), Column("syscall", "string"),
+                        Column("offset_bytes", "Int64", "bytes", "file position (NA: read(), preadv2 pos -1)"),
+                        Column("count_bytes", I64, "bytes"), Column("ret", I64, "", "bytes read or -errno"),
+                        Column("latency_ns", I64, "ns"), Column("added_pages", I64, "pages"),
+                        Column("beyond_pages", I64, "pages"), Column("other_added_pages", I64, "pages"),
+                        Column("ino", "UInt64", "", "inode of the first page added (NA: none added)"),
+                        Column("class", "string"), Column("expert_id", "Int64"), Column("source", "string"))),
+        ("read_calls_intervals", (Column("start_ns", I64, "ns"), Column("end_ns", I64, "ns"),
+                                  Column("records", I64), Column("lost_kernel_records", I64),
+                                  Column("lost_user_records", I64))),
+    ),
+    stats=("calls_pread64", "calls_preadv", "calls_preadv2", "calls_read", "nested_enters", "inflight_full",
+           "exit_without_enter", "add_events_in_calls", "pages_added_outside_calls", "fd_map_full",
+           "ring_drops", "tgid_full", "iov_truncated", "iov_read_errors", "closes",
+           "epoch_bumps", "fdgen_full", "ident_drops", "retire_failed"),
+    structs=(
+        Struct("class_counts", tuple((f, "u64") for f in ("calls", "bytes", "requested_bytes", "added_pages",
+                                                           "beyond_pages", "other_pages", "latency_ns"))),
+        Struct("fd_key", (("tgid", "u32"), ("fd", "u32"), ("gen", "u32"), ("epoch", "u32"), ("chunk", "u64"))),
+        Struct("fd_counts", tuple((f, "u64") for f in (
+            "calls", "bytes", "requested_bytes", "hit_calls", "hit_bytes", "hit_latency_ns", "miss_calls",
+            "miss_bytes", "miss_latency_ns", "error_calls", "error_latency_ns", "added_pages", "beyond_pages",
+            "other_pages", "ino", "dev"))),
+        Struct("ident", tuple((f, "u32") for f in ("tgid", "fd", "gen", "epoch"))),
+        Struct("read_call", (("ts_ns", "u64"), ("pos", "u64"), ("count", "u64"), ("ret", "s64"),
+                             ("latency_ns", "u64"), ("ino", "u64"), ("tid", "u32"), ("tgid", "u32"), ("fd", "u32"),
+                             ("gen", "u32"), ("epoch", "u32"), ("syscall", "u32"), ("added_pages", "u32"),
+                             ("beyond_pages", "u32"), ("other_pages", "u32"), ("dev", "u32"))),
+    ),
+)
+
+SPEC = READS
 #: syscalls of probes/reads.c, in SC_* order
 SYSCALLS = ("pread64", "preadv", "preadv2", "read")
 #: call classes, in CLASS_* order
@@ -550,6 +704,7 @@ class ReadsRecorder(ProbeRecorder):
     """``moetrace record --probes reads``: see the module docstring."""
 
     name = "reads"
+    spec = SPEC
     error = ProbeError
     needs_poll = True
 

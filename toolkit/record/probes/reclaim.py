@@ -45,14 +45,105 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
+                                  AttachGroup, Column, Knob, ProbeSpec, Struct, bcc_tp, group, kp_cand, tp_cand)
 from moetrace.kernel import procfs
 from moetrace.kernel.procfs import delta as vmstat_delta
 
-from moetrace.record.spec import PROBES
-from moetrace.record.probe import ProbeRecorder, schema_doc
+from moetrace.record.probe import EngineProbe, schema_doc
 
 #: the one declaration of probes/reclaim.c (attach groups, knobs, stats slots, schema)
-SPEC = PROBES["reclaim"]
+# -- the declaration: attach candidates, knobs, tables (probes/reclaim.c agrees: tests/test_probe_build.py)
+
+
+
+def _pages(name: str, doc: str = "") -> Column:
+    return Column(name, I64, "pages", doc)
+
+
+_SHRINK_INACTIVE_FIELDS = ("nr_scanned", "nr_reclaimed", "nr_dirty", "nr_writeback", "nr_congested", "nr_immediate",
+                           "nr_activate0", "nr_activate1", "nr_ref_keep", "nr_unmap_fail", "reclaim_flags")
+
+#: probes/reclaim.c. Reads only tracepoint arguments; aggregated in the kernel (no stream).
+RECLAIM = ProbeSpec(
+    name="reclaim",
+    description="who reclaimed (memcg limit, direct, kswapd, damon, proactive = memory.reclaim, other), "
+                "scan/steal, shrink_active, isolate, invocation durations; all aggregated in the kernel",
+    attach=(
+        group("memcg_begin", tp_cand("vmscan:mm_vmscan_memcg_reclaim_begin",
+                              note="memcg limit reclaim (try_to_free_mem_cgroup_pages) opens a window; "
+                                   "proactive when it opens inside a small write(2): memory.reclaim")),
+        group("memcg_end", tp_cand("vmscan:mm_vmscan_memcg_reclaim_end", fields=("nr_reclaimed",))),
+        group("direct_begin", tp_cand("vmscan:mm_vmscan_direct_reclaim_begin"), required=False, knob="MOE_HAVE_DIRECT"),
+        group("direct_end", tp_cand("vmscan:mm_vmscan_direct_reclaim_end", fields=("nr_reclaimed",)), required=False,
+           knob="MOE_HAVE_DIRECT"),
+        group("kswapd_wake", tp_cand("vmscan:mm_vmscan_kswapd_wake"), required=False, knob="MOE_HAVE_KSWAPD"),
+        group("kswapd_sleep", tp_cand("vmscan:mm_vmscan_kswapd_sleep"), required=False, knob="MOE_HAVE_KSWAPD"),
+        group("shrink_inactive", tp_cand("vmscan:mm_vmscan_lru_shrink_inactive", fields=_SHRINK_INACTIVE_FIELDS,
+                                  note="does NOT fire with MGLRU on in 6.1 (evict_folios bypasses "
+                                       "shrink_inactive_list); fires again in 6.12; nr_scanned/nr_reclaimed "
+                                       "are what pgscan/pgsteal_{anon,file} count")),
+        group("shrink_active", tp_cand("vmscan:mm_vmscan_lru_shrink_active",
+                                fields=("nr_taken", "nr_active", "nr_deactivated", "nr_referenced")),
+           required=False, knob="MOE_HAVE_SHRINK_ACTIVE"),
+        group("isolate", tp_cand("vmscan:mm_vmscan_lru_isolate",
+                          fields=("nr_requested", "nr_scanned", "nr_skipped", "nr_taken")),
+           required=False, knob="MOE_HAVE_ISOLATE"),
+        group("ctx_enter_write", tp_cand("syscalls:sys_enter_write", fields=("count",),
+                                  note="a write(2) of <= 64 bytes in flight: a memcg window it opens is "
+                                       "memory.reclaim (proactive)"),
+           required=False, knob="MOE_CTX_WRITE"),
+        group("ctx_exit_write", tp_cand("syscalls:sys_exit_write"), required=False, knob="MOE_CTX_WRITE"),
+    ),
+    knobs=(
+        Knob("MOE_HAVE_DIRECT", 1, "1: compile direct_reclaim_begin/end (set from the attach plan)"),
+        Knob("MOE_HAVE_KSWAPD", 1, "1: compile kswapd_wake/sleep (set from the attach plan)"),
+        Knob("MOE_HAVE_SHRINK_ACTIVE", 1, "1: compile lru_shrink_active (set from the attach plan)"),
+        Knob("MOE_HAVE_ISOLATE", 1, "1: compile lru_isolate (set from the attach plan)"),
+        Knob("MOE_CTX_WRITE", 1, "1: compile sys_enter/exit_write: the small-write context that makes a memcg "
+                                 "window proactive (memory.reclaim; set from the attach plan)"),
+        Knob("MOE_MAX_TASKS", 16384, "tid -> open reclaim window entries (and tid -> write context entries)"),
+        Knob("MOE_BUCKET_NS", 0, "per-time-bucket counters: bucket width in ns (0: off)"),
+        Knob("MOE_MAX_BUCKETS", 4096, "time buckets kept; later events land in the last one"),
+        Knob("MOE_T0_NS", 0, "bpf_ktime_get_ns() (CLOCK_MONOTONIC) of bucket 0"),
+    ),
+    table="reclaim",
+    schema=(
+        Column("kind", "string", "", "reclaimer: memcg (limit reclaim), direct, kswapd, damon (a kdamond thread), "
+                                     "proactive (memory.reclaim: memcg reclaim inside a write(2) of <= 64 bytes), "
+                                     "other (no open window)"),
+        Column("invocations", I64, "", "*_reclaim_begin / kswapd_wake events"),
+        Column("completed", I64, "", "invocations closed by their end / sleep"),
+        _pages("scanned_pages", "shrink_inactive nr_scanned (== pgscan_anon + pgscan_file)"),
+        _pages("reclaimed_pages", "shrink_inactive nr_reclaimed (== pgsteal_anon + pgsteal_file)"),
+        Column("scan_to_steal", "float64", "", "scanned / reclaimed (NaN without steal)"),
+        Column("duration_ns_sum", I64, "ns", "begin -> end of completed invocations"),
+        Column("duration_ns_mean", "float64", "ns"),
+        _pages("end_reclaimed_pages", "sum of nr_reclaimed at *_reclaim_end"),
+        _pages("scanned_file_pages"), _pages("reclaimed_file_pages"),
+        Column("inactive_calls", I64, "", "lru_shrink_inactive events"),
+        _pages("dirty_pages"), _pages("writeback_pages"), _pages("congested_pages"), _pages("immediate_pages"),
+        _pages("activate_anon_pages", "nr_activate0"), _pages("activate_file_pages", "nr_activate1"),
+        _pages("ref_keep_pages"), _pages("unmap_fail_pages"),
+        Column("active_calls", I64, "", "lru_shrink_active events"),
+        _pages("active_taken_pages", "nr_taken (== pgrefill)"), _pages("active_deactivated_pages"),
+        _pages("active_kept_pages", "nr_active"), _pages("active_referenced_pages"),
+        Column("isolate_calls", I64, "", "lru_isolate events"),
+        _pages("isolate_requested_pages"), _pages("isolate_scanned_pages"), _pages("isolate_skipped_pages"),
+        _pages("isolate_taken_pages"),
+    ),
+    more_tables=(
+        ("reclaim_histogram", (Column("kind", "string"), Column("slot", "int32"),
+                               Column("lo_ns", "uint64", "ns"), Column("hi_ns", "uint64", "ns"),
+                               Column("invocations", I64, "", "completed invocations of [lo_ns, hi_ns)"))),
+        ("reclaim_timeline", (Column("time_ns", I64, "ns", "bucket start since the recording's t0"),
+                              Column("who", "string"), _pages("nr_scanned_pages"), _pages("nr_reclaimed_pages"),
+                              Column("invocations", I64), Column("duration_ns", I64, "ns"))),
+    ),
+    stats=("nested_begins", "unmatched_ends", "kind_mismatch", "task_map_full", "timeline_overflow"),
+)
+
+SPEC = RECLAIM
 SOURCE = SPEC.source_path
 #: reclaimer kinds of probes/reclaim.c, in KIND_* order
 KINDS = ("memcg", "direct", "kswapd", "damon", "proactive", "other")
@@ -281,8 +372,8 @@ class ReclaimRecorder:
                                     hint="check kernel headers: `moetrace doctor`") from None
         t1 = time.perf_counter()
         try:
-            for group, target in self.attach.items():
-                self.bpf.attach_tracepoint(tp=target.encode(), fn_name=GROUPS[group][0].encode())
+            for grp, target in self.attach.items():
+                self.bpf.attach_tracepoint(tp=target.encode(), fn_name=GROUPS[grp][0].encode())
         except Exception as e:
             self._cleanup()
             raise ProbeError(f"cannot attach the reclaim probe: {e}") from None
@@ -407,7 +498,7 @@ class ReclaimRecorder:
 
 # -- the probe interface (moetrace record) -----------------------------------------------------
 
-class ReclaimProbe(ProbeRecorder):
+class ReclaimProbe(EngineProbe):
     """The reclaim probe in a recording: :class:`ReclaimRecorder` (the bcc program, aggregated
     in the kernel), armed with the others; the reclaim / reclaim_histogram (/ reclaim_timeline)
     tables and the vmstat cross-check over the same interval."""
@@ -416,44 +507,12 @@ class ReclaimProbe(ProbeRecorder):
     spec = SPEC
     error = ProbeError
 
-    def __init__(self, ctx):
-        super().__init__(ctx)
-        self.engine: ReclaimRecorder | None = None
-        self.result: ReclaimResult | None = None
-
     def open(self) -> "ReclaimProbe":
         self.require_plan()
         self.engine = ReclaimRecorder(features=self.ctx.features, plan=self.ctx.plan, gated=self.ctx.gated).open()
-        if self.ctx.gated:
-            pass  # armed with the others (moetrace.record.recorder)
         self.knobs = dict(self.engine.knobs)
         self.compile_attach_s = self.engine.compile_s + self.engine.attach_s
         return self
-
-    def arm(self, on: bool = True) -> None:
-        if self.engine is not None:
-            self.engine.arm(on)
-        self.armed = on
-
-    def gated(self) -> bool:
-        return self.engine is not None and self.engine.gated
-
-    def bpf_handle(self):
-        return self.engine.bpf if self.engine is not None else None
-
-    def close(self) -> None:
-        if self.engine is not None and self.result is None:
-            self.result = self.engine.close()
-            self.collected = self.result is not None
-        self.closed = True
-
-    def abort(self) -> None:
-        try:
-            if self.engine is not None:
-                self.engine._cleanup()
-        except Exception:  # noqa: BLE001 - best effort on the way out
-            pass
-        self.closed = True
 
     def write(self, run_dir: Path, manifest: dict[str, Any]) -> None:
         from moetrace.run import directory as rd

@@ -52,13 +52,58 @@ from typing import Any
 
 import pandas as pd
 
+from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
+                                  AttachGroup, Column, Knob, ProbeSpec, Struct, bcc_tp, group, kp_cand, tp_cand)
 from moetrace.run import directory as rd
 from moetrace.errors import MoetraceError, ProbeError, UsageError
 from moetrace.record.probe import ProbeRecorder, RecordContext, schema_doc
-from moetrace.record.spec import PROBES
 from moetrace.kernel.symbolize import Kallsyms, ProcMaps, Symbolizer, find_kernel_addresses  # noqa: F401 (re-export)
 
-SPEC = PROBES["stacks"]
+# -- the declaration: attach candidates, knobs, tables (probes/stacks.c agrees: tests/test_probe_build.py)
+
+#: probes/stacks.c. Reads only the sample's registers (stack ids) and task_newtask's arguments;
+#: counted in the kernel per (tgid, user stack, kernel stack, comm), symbolized in user space
+#: (moetrace.record.probes.stacks, moetrace.kernel.symbolize).
+STACKS = ProbeSpec(
+    name="stacks",
+    description="perf cpu-clock samples of the command's processes and kswapd, kernel + user stacks counted in "
+                "the kernel, symbolized in user space (stacks.folded, stacks.parquet)",
+    attach=(
+        group("cpu_clock", AttachCandidate("perf_event", "software:cpu-clock", "on_cpu_clock",
+                                        "PERF_COUNT_SW_CPU_CLOCK, an hrtimer per CPU: no hardware PMU needed "
+                                        "in a VM; sample_freq becomes a fixed period of 1e9 / MOE_SAMPLE_HZ ns")),
+        group("newtask", bcc_tp("task:task_newtask", fields=("pid", "clone_flags"),
+                              note="follow the command's child processes (threads share the tgid)"),
+           required=False, knob="MOE_FOLLOW_FORKS"),
+    ),
+    knobs=(
+        Knob("MOE_SAMPLE_HZ", 99, "samples per second per CPU (perf sample_freq); 99 Hz costs well under "
+                                  "1 % of a CPU and stays out of lockstep with 100 Hz timers"),
+        Knob("MOE_STACK_ENTRIES", 16384, "stack-trace map entries (distinct user + kernel stacks; ~1 KiB each)"),
+        Knob("MOE_MAX_KEYS", 16384, "(tgid, user stack, kernel stack, comm) counters"),
+        Knob("MOE_MAX_TASKS", 4096, "followed tgids + kswapd threads"),
+        Knob("MOE_FOLLOW_FORKS", 1, "1: a followed tgid's new processes are followed too (newtask group)"),
+    ),
+    table="stacks",
+    schema=(
+        Column("stack", "string", "", "folded frames: comm;user frames (root first);kernel frames_[k]"),
+        Column("samples", "int64", "", "cpu-clock samples of this stack (one per 1e9 / sample_hz ns on CPU)"),
+        Column("comm", "string", "", "the sampled thread's comm"),
+        Column("tgid", "int64", "", "process id (kswapd: the thread's pid)"),
+        Column("who", "string", "", "command (the followed processes) or kswapd"),
+        Column("user_frames", "int32", "", "user frames in the stack (0: none, lost or a kernel thread)"),
+        Column("kernel_frames", "int32", "", "kernel frames in the stack (0: sampled in user mode, or lost)"),
+        Column("user_stack", "string", "", "ok | none (no user frames: a kernel thread) | lost (stack-map "
+                                           "collision) | error"),
+        Column("kernel_stack", "string", "", "ok | none (sampled in user mode) | lost | error"),
+    ),
+    stats=("ticks", "idle_ticks", "samples", "kswapd_samples", "user_stack_eexist", "user_stack_efault",
+           "user_stack_other_err", "kernel_stack_eexist", "kernel_stack_efault", "kernel_stack_other_err",
+           "keys_full", "tasks_full"),
+    enrichment=True,
+)
+
+SPEC = STACKS
 #: environment variable with knob overrides: "NAME=int,NAME=int"
 KNOBS_ENV = "MOETRACE_STACKS_KNOBS"
 #: values of the probe's tgids map (TASK_* in probes/stacks.c)
@@ -192,6 +237,7 @@ class StacksRecorder(ProbeRecorder):
     ``MOETRACE_STACKS_KNOBS``); ``kswapd=False`` samples only the command."""
 
     name = "stacks"
+    spec = SPEC
     needs_poll = True
 
     def __init__(self, ctx: RecordContext, knobs: dict[str, int] | None = None, kswapd: bool = True,
