@@ -146,6 +146,10 @@ class LoadedProbe:
     compile_attach_s: float
     tracepoints: list[str] = field(default_factory=list)
     closed: bool = False
+    #: compile + load (BPF(): clang, verifier, bcc's automatic TRACEPOINT_PROBE attaches) and the
+    #: explicit attaches of ``load_probe(attach=...)``
+    compile_s: float = 0.0
+    attach_s: float = 0.0
 
     def table(self, name: str):
         return self.bpf[name.encode()]
@@ -191,12 +195,15 @@ def probe_cflags(knobs: dict[str, int | bool], extra_cflags: tuple[str, ...] = Q
 
 
 def load_probe(name: str, knobs: dict[str, int | bool], extra_cflags: tuple[str, ...] = QUIET_CFLAGS,
-               src: str | os.PathLike | None = None, gated: bool = False) -> LoadedProbe:
+               src: str | os.PathLike | None = None, gated: bool = False,
+               attach: list[tuple[str, str]] | None = None) -> LoadedProbe:
     """Compile probes/<name>.c with ``-D`` knobs, load it and attach its tracepoints.
 
     Returns a LoadedProbe whose ``compile_attach_s`` is the wall time of the
     whole BPF() construction (clang compile, verifier, perf_event_open/attach).
     ``gated``: compiled with MOE_GATED=1, the probe counts nothing until :meth:`LoadedProbe.arm`.
+    ``attach``: (category:event, C function) pairs attached explicitly after the load (programs
+    that are plain functions, not bcc TRACEPOINT_PROBEs); everything is detached on failure.
     """
     bcc = import_bcc()
     path = Path(src) if src is not None else probe_source(name)
@@ -209,9 +216,16 @@ def load_probe(name: str, knobs: dict[str, int | bool], extra_cflags: tuple[str,
         raise ProbeError(f"probe {name} failed to load: {msg[-1] if msg else type(e).__name__}",
                              hint=f"compile by hand to see the log: python3 -c \"from bcc import BPF; "
                                   f"BPF(src_file='{path}', cflags={cflags!r})\"") from None
-    dt = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    try:
+        for tp, fn in attach or ():
+            b.attach_tracepoint(tp=tp.encode(), fn_name=fn.encode())
+    except Exception as e:  # noqa: BLE001 - bcc raises bare Exception
+        b.cleanup()
+        raise ProbeError(f"cannot attach the {name} probe: {e}") from None
+    t2 = time.perf_counter()
     tps = sorted(k.decode() if isinstance(k, bytes) else str(k) for k in b.tracepoint_fds)
-    return LoadedProbe(name, b, cflags, dt, tps)
+    return LoadedProbe(name, b, cflags, t2 - t0, tps, compile_s=t1 - t0, attach_s=t2 - t1)
 
 
 def prog_fdinfo(fd: int) -> dict[str, int]:

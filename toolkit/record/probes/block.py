@@ -162,19 +162,6 @@ class BlockResult:
                 "duration_s": self.duration_s}
 
 
-def _import_bcc():
-    try:
-        import bcc  # noqa: F401
-        from moetrace.kernel.features import ensure_bcc_tracefs
-
-        ensure_bcc_tracefs()  # bcc 0.26 reads tracepoint formats only under /sys/kernel/debug/tracing
-        return bcc
-    except ImportError as e:
-        raise ProbeError(f"bcc is not importable ({e})",
-                              hint="apt-get install python3-bpfcc and use a venv made with "
-                                   "`/usr/bin/python3 -m venv --system-site-packages`") from None
-
-
 from moetrace.kernel.bpf import arm, percpu_sums, prog_fdinfo, recursion_misses  # noqa: E402,F401  (prog_fdinfo re-exported)
 
 
@@ -270,7 +257,8 @@ class BlockRecorder:
     # -- lifecycle ----------------------------------------------------------------------------
     def open(self) -> "BlockRecorder":
         """Compile, load, attach and start polling."""
-        bcc = _import_bcc()
+        from moetrace.kernel.bpf import load_probe
+
         if self.features is not None and self.features.tracefs is None:
             from moetrace.kernel.features import tracefs_path
 
@@ -290,25 +278,16 @@ class BlockRecorder:
         # MOE_BYTES_TP comes from the chosen candidate's ``sets`` in the declaration
         cflags = block_cflags(self.dev, dict(cands["bytes"].sets)["MOE_BYTES_TP"], self.ring_pages, self.stream)
         self.knobs = {f[2:].split("=")[0]: int(f.split("=")[1]) for f in cflags}
-        from moetrace.probes import PROBES_DIR
-
-        cflags += [f"-I{PROBES_DIR}"] + list(self.extra_cflags) + (["-DMOE_GATED=1"] if self.gated else [])
-        t0 = time.perf_counter()
+        lp = load_probe("block", self.knobs, self.extra_cflags, src=SOURCE, gated=self.gated,
+                        attach=[(target, self._fns[grp]) for grp, target in self.attach.items()])
+        self.bpf = lp.bpf
         try:
-            self.bpf = bcc.BPF(src_file=str(SOURCE).encode(), cflags=cflags)
-        except Exception as e:  # bcc raises bare Exception on compile/load errors
-            raise ProbeError(f"cannot compile/load {SOURCE.name}: {e}",
-                                  hint="check kernel headers: `moetrace doctor`") from None
-        t1 = time.perf_counter()
-        try:
-            for grp, target in self.attach.items():
-                self.bpf.attach_tracepoint(tp=target.encode(), fn_name=self._fns[grp].encode())
             if self.stream:
                 self.bpf[b"bios"].open_ring_buffer(self._on_record)
         except Exception as e:
             self._cleanup()
-            raise ProbeError(f"cannot attach the block probe: {e}") from None
-        self.compile_s, self.attach_s = t1 - t0, time.perf_counter() - t1
+            raise ProbeError(f"cannot open the block probe's ring: {e}") from None
+        self.compile_s, self.attach_s = lp.compile_s, lp.attach_s
         self._t0 = time.time()
         if self.stream:
             self._thread = threading.Thread(target=self._poll_loop, name="moetrace-block-ring", daemon=True)

@@ -349,9 +349,8 @@ class ReclaimRecorder:
     # -- lifecycle ----------------------------------------------------------------------------
     def open(self) -> "ReclaimRecorder":
         """Resolve, compile, load and attach."""
-        from moetrace.kernel.bpf import import_bcc
+        from moetrace.kernel.bpf import load_probe
 
-        bcc = import_bcc()
         if self.features is not None and self.features.tracefs is None:
             from moetrace.kernel.features import tracefs_path
 
@@ -360,24 +359,10 @@ class ReclaimRecorder:
         self._t0_ns = time.monotonic_ns()  # bpf_ktime_get_ns() is CLOCK_MONOTONIC
         cflags = reclaim_cflags(have, self.bucket_ns, self.max_buckets, self._t0_ns, self.max_tasks)
         self.knobs = {f[2:].split("=")[0]: int(f.split("=")[1]) for f in cflags}
-        from moetrace.probes import PROBES_DIR
-
-        cflags = cflags + [f"-I{PROBES_DIR}"] + list(self.extra_cflags) + (["-DMOE_GATED=1"] if self.gated else [])
-        t0 = time.perf_counter()
-        try:
-            self.bpf = bcc.BPF(src_file=str(SOURCE).encode(), cflags=cflags)
-        except Exception as e:  # bcc raises bare Exception on compile/load errors
-            msg = str(e).strip().splitlines()
-            raise ProbeError(f"cannot compile/load {SOURCE.name}: {msg[-1] if msg else type(e).__name__}",
-                                    hint="check kernel headers: `moetrace doctor`") from None
-        t1 = time.perf_counter()
-        try:
-            for grp, target in self.attach.items():
-                self.bpf.attach_tracepoint(tp=target.encode(), fn_name=GROUPS[grp][0].encode())
-        except Exception as e:
-            self._cleanup()
-            raise ProbeError(f"cannot attach the reclaim probe: {e}") from None
-        self.compile_s, self.attach_s = t1 - t0, time.perf_counter() - t1
+        lp = load_probe("reclaim", self.knobs, self.extra_cflags, src=SOURCE, gated=self.gated,
+                        attach=[(target, GROUPS[grp][0]) for grp, target in self.attach.items()])
+        self.bpf = lp.bpf
+        self.compile_s, self.attach_s = lp.compile_s, lp.attach_s
         self._vm0 = read_vmstat(self.vmstat_root)
         self._vm1 = None
         self._t0 = time.time()
