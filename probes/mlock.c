@@ -30,7 +30,7 @@
 // stats slots (a large folio, PG_head set in folio->flags, counted apart).
 //
 // Configured only with -D knobs (toolkit/record/probes/mlock.py MLOCK declares them with the
-// attach groups, stats slots and the ring struct; tests/test_probe_build.py checks
+// attach groups, stats slots and the ring struct; tests/*/test_probe_build.py checks
 // that both sides agree):
 //   MOE_HAVE_MLOCK2       1: compile mlock2 enter/exit
 //   MOE_HAVE_MLOCKALL     1: compile mlockall/munlockall enter/exit

@@ -19,7 +19,7 @@
 // (drop_caches); else other. Counted per expert (`evictors`) and per epoch.
 //
 // Configured only with -D knobs (declared in toolkit/record/probes/pagecache.py PAGECACHE,
-// with the attach groups, stats slots and shared structs; tests/test_probe_build.py
+// with the attach groups, stats slots and shared structs; tests/*/test_probe_build.py
 // checks that both sides agree):
 //   POOL_DEV        s_dev of the pool's filesystem, kernel encoding
 //                   (major << 20) | minor; 0 = every device

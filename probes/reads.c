@@ -34,7 +34,7 @@
 // page added during a call also records the call's inode here (`ino`, `dev`).
 //
 // Configured only with -D knobs (declared in toolkit/record/probes/reads.py READS, with the
-// attach groups, stats slots and shared structs; tests/test_probe_build.py checks
+// attach groups, stats slots and shared structs; tests/*/test_probe_build.py checks
 // that both sides agree):
 //   MOE_HAVE_PREADV / MOE_HAVE_PREADV2 / MOE_HAVE_READ   compile that syscall's
 //                   enter + exit (pread64 is always compiled)

@@ -23,7 +23,7 @@
 // so no raw kernel address ever reaches the run directory.
 //
 // Configured only with -D knobs (declared in toolkit/record/probes/stacks.py STACKS, with
-// the attach groups and stats slots; tests/test_probe_build.py checks both sides):
+// the attach groups and stats slots; tests/*/test_probe_build.py checks both sides):
 //   MOE_SAMPLE_HZ      samples per second per CPU; the recorder passes it to
 //                      perf_event_open as sample_freq (cpu-clock turns it into a
 //                      fixed period of 1e9 / MOE_SAMPLE_HZ ns)

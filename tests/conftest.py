@@ -1,8 +1,12 @@
-"""Test tiers (docs/style.md): no-kernel (default), probe-build, live.
+"""Test tiers (docs/style.md), one folder each: tests/unit (no kernel: pure tables, fixtures,
+fake /proc and /sys trees), tests/probe_build (every probe compiles, loads and detaches),
+tests/live (the running kernel, against independent oracles). tests/common/<name>.py holds
+what the tier files of one subject share (helpers, constants, fixtures); tests/pagewatch.py
+is the live tests' independent watcher of a pool's pages.
 
-Live tests use the `live` fixture, which decides once per session whether a
-real kernel can be exercised and says why not. MOETRACE_LIVE=1 (set by CI)
-turns those skips into failures.
+Probe-build and live tests use the `live` fixture, the one place that decides (once per
+session) whether a real kernel can be exercised — root, cgroups, bcc — and says why not.
+MOETRACE_LIVE=1 (set by CI) turns those skips into failures.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
     .venv/bin/python tests/data/imp_make.py
 
 One reference routing (ROUTES: decode steps x layers x k, plus PROMPT rows) is
-written in every format; tests/test_importers.py checks that each imports to
+written in every format; tests/unit/test_importers.py checks that each imports to
 the same typed trace as imp_expected.jsonl.
 """
 

@@ -186,7 +186,7 @@ class ProbeRecorder:
             self.probe.close()
             raise self.error(f"probe {self.name} attached {got}, its attach plan says {planned}",
                              hint=f"probes/{self.name}.c and its declaration in moetrace/record/probes/{self.name}.py disagree "
-                                  "(tests/test_probe_build.py checks them)")
+                                  "(tests/*/test_probe_build.py checks them)")
         self.kprobes: dict[str, str] = {}
         try:
             for e in plan.attached:

@@ -40,7 +40,7 @@ from moetrace.kernel.extents import SECTOR, ExpertExtents
 from moetrace.record.probe import EngineProbe, schema_doc
 
 #: the one declaration of probes/block.c (attach candidates, knobs, stats slots, ring record)
-# -- the declaration: attach candidates, knobs, tables (probes/block.c agrees: tests/test_probe_build.py)
+# -- the declaration: attach candidates, knobs, tables (probes/block.c agrees: tests/*/test_probe_build.py)
 
 _BIO_FIELDS = ("dev", "sector", "nr_sector", "rwbs")
 

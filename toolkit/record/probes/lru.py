@@ -52,7 +52,7 @@ from moetrace.errors import ProbeError
 from moetrace.record.probe import ProbeRecorder, schema_doc
 
 #: the one declaration of probes/lru.c (attach groups, knobs, stats, structs, tables)
-# -- the declaration: attach candidates, knobs, tables (probes/lru.c agrees: tests/test_probe_build.py)
+# -- the declaration: attach candidates, knobs, tables (probes/lru.c agrees: tests/*/test_probe_build.py)
 
 _LRU_FOLIO = ("pfn", "i_ino", "index", "s_dev")
 

@@ -34,7 +34,7 @@ from moetrace.kernel import lru_gen
 from moetrace.errors import InputError, ProbeError
 from moetrace.record.probe import ProbeRecorder, schema_doc
 
-# -- the declaration: attach candidates, knobs, tables (probes/mglru.c agrees: tests/test_probe_build.py)
+# -- the declaration: attach candidates, knobs, tables (probes/mglru.c agrees: tests/*/test_probe_build.py)
 
 def _mglru_kp(name: str, knob: str, *cands: AttachCandidate) -> AttachGroup:
     return group(name, *cands, required=False, knob=knob)

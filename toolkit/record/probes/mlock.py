@@ -54,7 +54,7 @@ from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, A
 from moetrace.errors import ProbeError
 from moetrace.record.probe import ProbeRecorder, schema_doc
 
-# -- the declaration: attach candidates, knobs, tables (probes/mlock.c agrees: tests/test_probe_build.py)
+# -- the declaration: attach candidates, knobs, tables (probes/mlock.c agrees: tests/*/test_probe_build.py)
 
 #: (syscall, enter fields read, group knob or None: required); probes/mlock.c
 _MLOCK_CALLS = (

@@ -21,7 +21,7 @@ from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, A
 from moetrace.errors import ProbeError
 from moetrace.record.probe import ProbeRecorder, schema_doc
 
-# -- the declaration: attach candidates, knobs, tables (probes/pagecache.c agrees: tests/test_probe_build.py)
+# -- the declaration: attach candidates, knobs, tables (probes/pagecache.c agrees: tests/*/test_probe_build.py)
 
 _FOLIO_FIELDS = ("i_ino", "index", "s_dev")
 _READ_EXITS = ("pread64", "preadv", "preadv2", "read")

@@ -48,7 +48,7 @@ counts for the first. dup2()/dup3() onto an open fd are not seen as closes. io_u
 mmap reads are not read calls (pages they add show up in ``pages_added_outside_calls``
 for the followed tasks).
 
-Oracle (tests/test_reads_probe.py): the replay's own log: a psync (``--mode pagecache``)
+Oracle (tests/*/test_reads_probe.py): the replay's own log: a psync (``--mode pagecache``)
 replay's bytes equal the bytes of the calls attributed to experts, and its expert reads x
 calls per expert (``ceil(read_len / read_size)``) their calls, exactly; cold, every call of
 the first pass is a miss with 256 pages per 1 MiB expert; the added pages equal the
@@ -74,7 +74,7 @@ from moetrace.errors import MoetraceError, ProbeError
 from moetrace.record.probe import ProbeRecorder, RecordContext, schema_doc
 from moetrace.record.spec import AttachPlan
 
-# -- the declaration: attach candidates, knobs, tables (probes/reads.c agrees: tests/test_probe_build.py)
+# -- the declaration: attach candidates, knobs, tables (probes/reads.c agrees: tests/*/test_probe_build.py)
 
 _READ_SYSCALLS = ("pread64", "preadv", "preadv2", "read")
 #: read syscall -> (enter fields, group knob): pread64 is required, the others optional

@@ -53,7 +53,7 @@ from moetrace.kernel.procfs import delta as vmstat_delta
 from moetrace.record.probe import EngineProbe, schema_doc
 
 #: the one declaration of probes/reclaim.c (attach groups, knobs, stats slots, schema)
-# -- the declaration: attach candidates, knobs, tables (probes/reclaim.c agrees: tests/test_probe_build.py)
+# -- the declaration: attach candidates, knobs, tables (probes/reclaim.c agrees: tests/*/test_probe_build.py)
 
 
 

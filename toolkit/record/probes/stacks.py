@@ -59,7 +59,7 @@ from moetrace.errors import MoetraceError, ProbeError, UsageError
 from moetrace.record.probe import ProbeRecorder, RecordContext, schema_doc
 from moetrace.kernel.symbolize import Kallsyms, ProcMaps, Symbolizer, find_kernel_addresses  # noqa: F401 (re-export)
 
-# -- the declaration: attach candidates, knobs, tables (probes/stacks.c agrees: tests/test_probe_build.py)
+# -- the declaration: attach candidates, knobs, tables (probes/stacks.c agrees: tests/*/test_probe_build.py)
 
 #: probes/stacks.c. Reads only the sample's registers (stack ids) and task_newtask's arguments;
 #: counted in the kernel per (tgid, user stack, kernel stack, comm), symbolized in user space

@@ -1,0 +1,50 @@
+"""`moetrace doctor`: JSON shape on fake trees (no kernel), and the live kernel's answers (live tier)."""
+
+from __future__ import annotations
+
+from common.doctor import *  # noqa: F401,F403
+
+
+def test_live_this_kernel(live, unmount_after):
+    """On the project's machines: pagecache on tracepoints, MGLRU kprobes refused for "kprobes",
+    headers mismatched. Each expectation is cross-checked against the kernel's own files."""
+    F.clear_cache()
+    feats = F.Features("/", mount=True)  # mounts tracefs when absent (as record does) and says so
+    assert feats.tracefs is not None, "tracefs could not be mounted"
+    if feats.notes:
+        assert all(n.startswith("mounted ") for n in feats.notes)
+    plans = resolve_all(feats)
+    pc = plans["pagecache"]
+    for g in ("add", "delete"):
+        e = pc.entry(g)
+        assert e.attached and e.candidate.kind == "tracepoint", (g, e.reason)
+    for e in pc.entries:
+        if e.attached:
+            cat, ev = e.candidate.target.split(":")
+            assert (feats.tracefs / "events" / cat / ev / "format").exists()
+    fmt = F.tracepoint_format("filemap", "mm_filemap_add_to_page_cache")
+    assert {"pfn", "i_ino", "index", "s_dev"} <= set(fmt)
+
+    if feats.kprobes_reason() is not None:  # this machine: CONFIG_KPROBES off
+        assert not Path("/sys/kernel/tracing/kprobe_events").exists()
+        mg = plans["mglru"]
+        for e in mg.entries:
+            if any(c.kind == "kprobe" for c in PROBES["mglru"].group(e.group).candidates):
+                assert not e.attached and "kprobes" in e.reason
+        assert not plans["mlock"].entry("kp_mlock_folio").attached
+
+    osrel = Path("/proc/sys/kernel/osrelease").read_text().strip()
+    uts = Path(f"/lib/modules/{osrel}/build/include/generated/utsrelease.h")
+    if uts.exists():
+        m = re.search(r'UTS_RELEASE\s+"([^"]*)"', uts.read_text())
+        expect = "exact" if m and m.group(1) == osrel else "mismatched"
+        assert feats.headers == expect
+        if expect == "mismatched":  # this machine: 6.1 headers linked under a 6.18 kernel
+            assert plans["mglru"].entry("folio_inc_gen").attached is False
+
+    rep = _run("--json")
+    rows = _rows(rep)
+    assert rows["root"]["status"] == "yes" and rows["bpf"]["status"] == "yes"
+    assert rows["tracefs"]["status"] == "yes"
+    assert rows["pagecache.add"]["status"] == "yes"
+    assert rows["headers"]["status"] == {"exact": "yes", "mismatched": "degraded", "none": "no"}[feats.headers]

@@ -1,0 +1,58 @@
+"""The block probe (probes/block.c + toolkit/record/probes/block.py) (probe-build tier)."""
+
+from __future__ import annotations
+
+from common.block_probe import *  # noqa: F401,F403
+
+
+@pytest.mark.probe_build
+@pytest.mark.parametrize("bytes_tp", list(BYTES_TP))
+def test_block_probe_compiles_loads_and_detaches(live, bytes_tp):
+    if bytes_tp not in _bytes_tps():
+        pytest.skip(f"no tracepoint {bytes_tp} on this kernel")
+    dev = block_device_of("/tmp").tp_dev if os.path.exists("/tmp") else 0
+    t0 = time.perf_counter()
+    rec = BlockRecorder(dev=dev, bytes_tp=bytes_tp).open()
+    took = time.perf_counter() - t0
+    try:
+        ids = [blockattr.prog_fdinfo(f.fd)["prog_id"] for f in rec.bpf.funcs.values()]
+        assert len(ids) == 4 and all(_prog_exists(i) for i in ids)
+        assert len(rec.bpf[b"stats"]) == len(STATS)
+    finally:
+        res = rec.close()
+    print(f"\nblock probe ({bytes_tp}): compile+load {rec.compile_s:.2f} s, attach {rec.attach_s * 1e3:.1f} ms, "
+          f"open() {took:.2f} s")
+    assert not any(_prog_exists(i) for i in ids), "programs still loaded after close()"
+    assert res is not None and res.lost_events == 0
+
+
+@pytest.mark.probe_build
+def test_block_probe_compiles_as_is(live):
+    """No -D flags at all: every knob has a default."""
+    bcc = __import__("bcc")
+    from moetrace.probes import PROBES_DIR
+
+    b = bcc.BPF(src_file=str(blockattr.SOURCE).encode(), cflags=[f"-I{PROBES_DIR}", *blockattr.QUIET_CFLAGS])
+    try:
+        for fn in (b"tp_block_bio_queue", b"tp_block_rq_issue", b"tp_block_rq_complete", b"tp_block_rq_requeue"):
+            b.load_func(fn, bcc.BPF.TRACEPOINT)
+    finally:
+        b.cleanup()
+
+
+@pytest.mark.probe_build
+def test_attach_resolved_from_declaration(live):
+    plan = resolve_attach()
+    assert plan["bytes"] in BYTES_TP
+    assert plan["bytes"] == _bytes_tps()[0]  # the first available candidate wins
+    assert plan["rq_issue"] == "block:block_rq_issue"
+
+
+@pytest.mark.probe_build
+def test_detaches_on_exception(live):
+    with pytest.raises(RuntimeError, match="boom"):
+        with BlockRecorder(dev=0) as rec:
+            ids = [blockattr.prog_fdinfo(f.fd)["prog_id"] for f in rec.bpf.funcs.values()]
+            raise RuntimeError("boom")
+    assert rec.bpf is None and rec.result is not None
+    assert not any(_prog_exists(i) for i in ids)

@@ -1,0 +1,37 @@
+"""The block probe (probes/block.c + toolkit/record/probes/block.py) (unit tier)."""
+
+from __future__ import annotations
+
+from common.block_probe import *  # noqa: F401,F403
+
+
+def test_declaration_matches_c_source():
+    slots = re.findall(r"#define STAT_(\w+) (\d+)", SRC)
+    assert [int(i) for _, i in slots] == list(range(len(slots)))
+    assert [n.lower() for n, _ in slots] == list(STATS)
+    assert int(re.search(r"#define N_STATS (\d+)", SRC).group(1)) == len(STATS)
+    assert int(re.search(r"#define HIST_SLOTS (\d+)", SRC).group(1)) == blockattr.HIST_SLOTS
+    body = re.search(r"struct bio_event \{(.*?)\};", SRC, re.S).group(1)
+    fields = re.findall(r"^\s*(u\d+)\s+(\w+);", body, re.M)
+    assert [f for _, f in fields] == list(BIO_EVENT_DTYPE.names)
+    assert [int(t[1:]) // 8 for t, _ in fields] == [BIO_EVENT_DTYPE[n].itemsize for n in BIO_EVENT_DTYPE.names]
+    spec = PROBES["block"]
+    # every attach candidate's function exists, and the bytes candidates are the MOE_BYTES_TP choices
+    for g in spec.attach:
+        for c in g.candidates:
+            assert re.search(r"^int %s\(struct tracepoint__%s \*args\)" % (c.fn_name, c.target.replace(":", "__")),
+                             SRC, re.M), c
+            assert c.fn_name == "tp_" + c.target.split(":", 1)[1]  # blockattr derives fn names so
+    assert {c.target for c in spec.group("bytes").candidates} == set(BYTES_TP)
+    # every knob (declared or set by blockattr) has a default: compilable as is
+    knobs = {k.name for k in spec.knobs} | {f[2:].split("=")[0] for f in block_cflags(0, 2)}
+    for k in knobs:
+        assert f"#ifndef {k}\n#define {k} " in SRC, k
+    assert "{" + "{" not in SRC and "%s" not in SRC  # -D only, no templates
+
+
+def test_cflags_are_checked():
+    assert block_cflags(254 << 20, 1, 64) == ["-DMOE_DEV=266338304", "-DMOE_BYTES_TP=1", "-DMOE_RINGBUF_PAGES=64",
+                                              "-DMOE_STREAM_BIOS=1", "-DMOE_MAX_INFLIGHT=65536"]
+    with pytest.raises(ValueError):
+        block_cflags(0, 1, ring_pages=100)

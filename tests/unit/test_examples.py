@@ -1,0 +1,22 @@
+"""The examples run as shipped (unit tier)."""
+
+from __future__ import annotations
+
+from common.examples import *  # noqa: F401,F403
+
+
+def test_api_example():
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "api.py")], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "accepted tokens:" in r.stdout and "belady" in r.stdout
+
+
+def test_domain_shift_example(tmp_path):
+    env = dict(os.environ, MOETRACE=str(Path(sys.executable).with_name("moetrace")))
+    r = subprocess.run(["bash", str(ROOT / "examples" / "domain_shift.sh"), str(tmp_path), "olmoe"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "batch4.bin").stat().st_size > 0
+    assert (tmp_path / "batch4.png").stat().st_size > 0
+    assert "accepted tokens" in r.stdout
