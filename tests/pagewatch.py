@@ -135,3 +135,23 @@ def check_recorded(w: PageWatcher, manifest: dict, added, evicted) -> None:
         lo, hi = w.pages(kind, i0, i1), w.pages(kind, o0, o1)
         got = np.asarray(got, np.int64)
         assert ((lo <= got) & (got <= hi)).all(), (kind, got.tolist(), lo.tolist(), hi.tolist())
+
+
+def check_left_in_cache(w: PageWatcher, manifest: dict, added, evicted, resident, t_drop: int, t_m0: int,
+                        t_m1: int) -> None:
+    """After a recording: its added / evicted pages agree with the watcher over its armed
+    interval, mincore (taken between t_m0 and t_m1) lies within the watcher's residency, and
+    what is left per expert is added - evicted less what others evicted after the probes
+    stopped counting — exactly added - evicted when nobody did."""
+    assert w.lost == 0
+    check_recorded(w, manifest, added, evicted)
+    res = np.asarray(resident)
+    lo_res, hi_res = w.resident(t_m1, t_drop), w.resident(t_m0, t_drop)
+    assert ((lo_res <= res) & (res <= hi_res)).all(), (res.tolist(), lo_res.tolist(), hi_res.tolist())
+    o1 = armed_interval(manifest)[1][1]
+    later = w.pages(1, o1, t_m1)  # pool pages deleted after the probes stopped counting
+    print(f"pool pages deleted after the recording by {w.deleted_by(o1, t_m1) or 'nobody'}")
+    gap = (np.asarray(added, np.int64) - np.asarray(evicted, np.int64)) - res
+    assert ((gap >= 0) & (gap <= later)).all(), (gap.tolist(), later.tolist())
+    if not later.any():
+        assert gap.tolist() == [0] * len(gap)
