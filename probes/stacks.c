@@ -34,7 +34,9 @@
 //   MOE_GATED          1: sample only while armed[0] = 1 (moetrace record arms all at once); 0: always
 
 #include "moetrace.h"
-#include <uapi/linux/bpf_perf_event.h>
+// The perf-event program's context; never dereferenced (bpf_get_stackid takes it whole), so a
+// declaration does: <uapi/linux/bpf_perf_event.h> cost 0.8 s of compile (1.04 -> 0.20 s).
+struct bpf_perf_event_data;
 
 #ifndef MOE_SAMPLE_HZ
 #define MOE_SAMPLE_HZ 99
