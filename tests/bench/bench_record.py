@@ -163,10 +163,20 @@ def _one_lifecycle(run_dir: Path, pythonpath: str | None) -> dict[str, float]:
     t1 = time.monotonic_ns()
     if out.returncode != 0:
         raise RuntimeError(f"record exited {out.returncode}: {out.stderr.strip()[-2000:]}")
-    tm = json.loads((run_dir / "manifest.json").read_text())["timings"]
+    man = json.loads((run_dir / "manifest.json").read_text())
+    tm = man["timings"]
     shutil.rmtree(run_dir, ignore_errors=True)
     row = {"startup_s": (tm["command_start_ns"] - t0) / 1e9, "attach_s": tm["probes_attach_s"],
            "teardown_s": (t1 - tm["command_end_ns"]) / 1e9, "total_s": (t1 - t0) / 1e9}
+    rel = (man.get("detach") or {}).get("releaser_pid")
+    if rel and not man["detach"].get("waited"):
+        # the releaser finishes the kernel's part after record returned: until every program is
+        # gone (child exit -> releaser exit), waited here so the next run starts on a quiet kernel
+        from moetrace.kernel.bpf import wait_pid_exit
+
+        if not wait_pid_exit(rel, timeout=120):
+            raise RuntimeError(f"releaser {rel} still running after 120 s")
+        row["released_s"] = (time.monotonic_ns() - tm["command_end_ns"]) / 1e9
     for k in ("collect_detach_s", "detach_release_wait_s"):
         if k in tm:
             row[k] = tm[k]
@@ -185,9 +195,7 @@ def lifecycle(n: int, baselines: list[str]) -> int:
                 r = _one_lifecycle(d / f"run-{i}-{len(rows[label])}", pp)
                 rows[label].append(r)
                 print(f"  {i} {label}: start-up {r['startup_s']:.2f} s (attach {r['attach_s']:.2f}), tear-down "
-                      f"{r['teardown_s']:.2f} s" + (f" (collect + detach {r['collect_detach_s']:.2f}, kernel "
-                                                      f"release waited {r['detach_release_wait_s']:.2f})"
-                                                      if "collect_detach_s" in r else ""), flush=True)
+                      f"{r['teardown_s']:.2f} s" + _teardown_detail(r), flush=True)
     finally:
         shutil.rmtree(d, ignore_errors=True)
     print()
@@ -199,9 +207,21 @@ def lifecycle(n: int, baselines: list[str]) -> int:
         print(f"{label}: {len(rs)} runs; start-up median {med['startup_s']:.2f} s (range {rng['startup_s'][0]:.2f}-"
               f"{rng['startup_s'][1]:.2f}; compile + attach {med['attach_s']:.2f}: {per}); tear-down median "
               f"{med['teardown_s']:.2f} s (range {rng['teardown_s'][0]:.2f}-{rng['teardown_s'][1]:.2f})"
-              + (f"; collect + detach {med['collect_detach_s']:.2f} s, kernel release waited "
-                 f"{med['detach_release_wait_s']:.2f} s" if "collect_detach_s" in med else ""))
+              + _teardown_detail(med, "; "))
     return 0
+
+
+def _teardown_detail(r: dict[str, float], sep: str = " (") -> str:
+    """collect + detach, and the kernel's release: waited by record (older trees, --wait-detach)
+    or finished by the releaser after record returned (child exit -> every program gone)."""
+    if "collect_detach_s" not in r:
+        return ""
+    out = f"{sep}collect + detach {r['collect_detach_s']:.2f} s"
+    if "detach_release_wait_s" in r:
+        out += f", kernel release waited by record {r['detach_release_wait_s']:.2f} s"
+    if "released_s" in r:
+        out += f", every program gone {r['released_s']:.2f} s after the child exited (record did not wait)"
+    return out + (")" if sep == " (" else "")
 
 
 def main(argv: list[str] | None = None) -> int:

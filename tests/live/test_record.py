@@ -127,10 +127,22 @@ def test_attribution_and_exact_re_adds(live, pools, tmp_path):
 
 
 def test_exit_status_is_propagated(live, tmp_path):
+    from moetrace.kernel.bpf import prog_id_exists, wait_pid_exit
+
     r = _record(tmp_path / "f", ["false"])
     assert r.returncode == 1, r.stderr
-    r = _record(tmp_path / "s", ["sh", "-c", "exit 7"])
+    # the releaser finishes the kernel's part of detaching after record returned (its output
+    # pipes were closed at once: this run returned), and leaves nothing loaded
+    doc = rundir.load_run(tmp_path / "f")[0]
+    assert doc["detach"]["waited"] is False and "detach_release_wait_s" not in doc["timings"]
+    assert wait_pid_exit(doc["detach"]["releaser_pid"], timeout=60), "the releaser did not exit within 60 s"
+    assert doc["bpf_prog_ids"] and not any(prog_id_exists(i) for i in doc["bpf_prog_ids"])
+    # --wait-detach: nothing is loaded any more when record returns
+    r = _record(tmp_path / "s", ["sh", "-c", "exit 7"], "--wait-detach")
     assert r.returncode == 7, r.stderr
+    doc = rundir.load_run(tmp_path / "s")[0]
+    assert doc["detach"]["waited"] is True and doc["timings"]["detach_release_wait_s"] > 0
+    assert not any(prog_id_exists(i) for i in doc["bpf_prog_ids"])
     doc, tables = rundir.load_run(tmp_path / "s")
     assert doc["complete"] is True and doc["exit_status"] == 7
     assert tables["experts"]["kind"].tolist() == ["unattributed"]
@@ -140,7 +152,7 @@ def test_exit_status_is_propagated(live, tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_killed_record_detaches_and_stays_loadable(live, pools, tmp_path, sig):
-    from moetrace.kernel.bpf import prog_id_exists
+    from moetrace.kernel.bpf import prog_id_exists, wait_pid_exit
 
     run = tmp_path / "k"
     replay = [*REPLAY, str(pools["plan"]), "--pool", str(pools["files"]), "--warmup", "0", "--passes", "1000000"]
@@ -167,8 +179,12 @@ def test_killed_record_detaches_and_stays_loadable(live, pools, tmp_path, sig):
             p.kill()
             p.wait()
     assert p.returncode == 128 + sig, err
-    assert not any(prog_id_exists(i) for i in ids), "a probe is still loaded"
     doc, tables = rundir.load_run(run)
+    # record returned once the probes were disarmed and dropped; its releaser finishes the
+    # kernel's part on its own, within seconds (~44 ms per tracepoint)
+    assert doc["detach"]["waited"] is False and doc["detach"]["releaser_pid"] > 1
+    assert wait_pid_exit(doc["detach"]["releaser_pid"], timeout=60), "the releaser did not exit within 60 s"
+    assert not any(prog_id_exists(i) for i in ids), "a probe is still loaded"
     assert doc["complete"] is False
     assert doc["interrupted_by"] == signal.Signals(sig).name
     assert doc["detached"] is True

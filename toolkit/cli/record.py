@@ -32,11 +32,16 @@ from moetrace.cli.common import emit_json
 @click.option("--bpf-stats", is_flag=True,
               help="Count the probes' own cost: BPF run-time statistics on while recording (off again at the "
                    "end); manifest bpf_runtime gives each probe's run count and kernel CPU time.")
+@click.option("--wait-detach", is_flag=True,
+              help="Return only once the kernel has released every probe. Without it record returns when the "
+                   "probes are disarmed, read and dropped, and a releaser process finishes the kernel's part "
+                   "(~44 ms of RCU grace periods per tracepoint, ~2.5 s for the default set) on its own; "
+                   "the manifest's detach.releaser_pid names it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final manifest on stdout.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
-def record(ctx, probes, knob_items, out, pool_dir, missing_probes, stream_events, cgroup, bpf_stats, as_json,
-           command):
+def record(ctx, probes, knob_items, out, pool_dir, missing_probes, stream_events, cgroup, bpf_stats, wait_detach,
+           as_json, command):
     """Run COMMAND with probes attached; write a run directory; exit with COMMAND's status.
 
     \b
@@ -88,7 +93,8 @@ def record(ctx, probes, knob_items, out, pool_dir, missing_probes, stream_events
             raise click.BadParameter(f"{item!r}: expected PROBE.NAME=INTEGER, e.g. stacks.MOE_SAMPLE_HZ=999",
                                      param_hint="--knob") from None
     opts = RecordOptions(command=cmd, out=out, probes=plist, pool=pool_dir, missing_probes=missing_probes,
-                         stream_events=stream_events, cgroup=cgroup, knobs=knobs, bpf_stats=bpf_stats)
+                         stream_events=stream_events, cgroup=cgroup, knobs=knobs, bpf_stats=bpf_stats,
+                         wait_detach=wait_detach)
     res = do_record(opts, on_event=lambda s: click.echo(f"moetrace record: {s}", err=True))
     if as_json:
         emit_json(res.manifest)

@@ -154,6 +154,9 @@ class RecordOptions:
     #: a cgroup directory (v1 or v2) the command joins after the fork, before it execs:
     #: only the command is limited, never the recorder (bcc + clang would be charged too)
     cgroup: str | None = None
+    #: wait until the kernel has released every probe (the releaser exited) before returning;
+    #: without it record returns once the probes are disarmed, read and dropped
+    wait_detach: bool = False
 
 
 @dataclass
@@ -578,9 +581,18 @@ class _Recording:
         rd.write_manifest(self.run_dir, self.manifest)
         rel = getattr(self, "releaser", None)
         if rel is not None:
-            t0 = time.perf_counter()
-            rel.wait()
-            self.manifest["timings"]["detach_release_wait_s"] = round(time.perf_counter() - t0, 4)
+            self.manifest["detach"] = {
+                "releaser_pid": rel.pid, "waited": bool(self.opts.wait_detach),
+                "note": "the probes were disarmed, read and dropped by the recorder; the kernel's release of "
+                        "their tracepoints (RCU grace periods, ~44 ms each) runs in the releaser process, which "
+                        "exits when every program, map and perf event is gone"
+                        + ("" if self.opts.wait_detach else " (record did not wait for it: --wait-detach does)")}
+            if self.opts.wait_detach:
+                t0 = time.perf_counter()
+                rel.wait()
+                self.manifest["timings"]["detach_release_wait_s"] = round(time.perf_counter() - t0, 4)
+            else:
+                rel.forget()
             rd.write_manifest(self.run_dir, self.manifest)
 
 

@@ -1,0 +1,73 @@
+"""The releaser that finishes a recording's detach after record returned (kernel/bpf.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from moetrace.kernel.bpf import Releaser, wait_pid_exit
+
+
+def _poll(cond, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
+def test_releaser_is_a_session_leader_holding_no_streams_until_released():
+    r, w = os.pipe()  # a caller's pipe the releaser must not keep open
+    rel = Releaser()
+    try:
+        pid = rel.pid
+        assert pid and pid != os.getpid()
+        # not our child (nobody has to reap it), its own session (no terminal signals)
+        assert _poll(lambda: os.getsid(pid) == pid)
+        with open(f"/proc/{pid}/status") as f:
+            ppid = int(next(line for line in f if line.startswith("PPid:")).split()[1])
+        assert ppid != os.getpid()
+
+        def streams_null() -> bool:
+            return all(os.readlink(f"/proc/{pid}/fd/{fd}") == "/dev/null" for fd in (0, 1, 2))
+
+        assert _poll(streams_null)
+        ours = {os.readlink(f"/proc/self/fd/{fd}") for fd in (r, w)}
+        assert _poll(lambda: not ours & {os.readlink(f"/proc/{pid}/fd/{x}") for x in os.listdir(f"/proc/{pid}/fd")})
+        assert os.path.exists(f"/proc/{pid}")  # it waits for release()
+    finally:
+        took = rel.wait(timeout=30)
+        os.close(r)
+        os.close(w)
+    assert took >= 0 and _exited(pid)  # (a zombie until init reaps it: nothing held)
+
+
+def _exited(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def test_a_caller_reading_the_output_is_not_held_by_the_releaser():
+    # the process that made the releaser exits without releasing it: its exit is the release,
+    # and the caller's pipes see EOF at once (the releaser closed its copies of them first)
+    code = ("import os; from moetrace.kernel.bpf import Releaser; rel = Releaser(); "
+            "print(rel.pid, flush=True); os._exit(0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert wait_pid_exit(int(out.stdout), timeout=30)
+
+
+def test_wait_pid_exit_of_a_gone_process_and_a_timeout():
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert wait_pid_exit(p.pid, timeout=0.2) is False
+    finally:
+        p.kill()
+        p.wait()
+    assert wait_pid_exit(p.pid, timeout=1) is True
