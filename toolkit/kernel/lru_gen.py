@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
+from moetrace.lazyimport import pandas as pd
 
 from moetrace.errors import InputError
 

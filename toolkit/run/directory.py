@@ -43,7 +43,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
+from moetrace.lazyimport import pandas as pd
 
 from moetrace import __version__
 from moetrace.errors import InputError, UsageError

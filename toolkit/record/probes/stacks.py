@@ -50,7 +50,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
+from moetrace.lazyimport import pandas as pd
 
 from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
                                   AttachGroup, Column, Knob, ProbeSpec, Struct, bcc_tp, group, kp_cand, tp_cand)

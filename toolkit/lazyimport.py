@@ -1,0 +1,51 @@
+"""Heavy libraries imported on first use, and loaded in a thread while the probes compile.
+
+`moetrace record` needs pandas and pyarrow only once the command has ended (to write the
+tables), but importing them costs ~0.35 s of one CPU. The probes' compile (clang inside
+libbcc, called through ctypes, which releases the GIL) keeps one CPU busy for ~2.5 s first:
+:func:`warm` imports the libraries in a thread meanwhile, on the other CPU, so start-up
+does not pay for them. Modules that use pandas name it ``pd`` through :data:`pandas`,
+which imports the real module when an attribute is first read."""
+
+from __future__ import annotations
+
+import importlib
+import threading
+import types
+
+
+class LazyModule(types.ModuleType):
+    """A stand-in for a module, imported at the first attribute access."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.__dict__["_lazy_target"] = name
+
+    def __getattr__(self, attr: str):
+        mod = importlib.import_module(self.__dict__["_lazy_target"])
+        return getattr(mod, attr)
+
+    def __dir__(self):
+        return dir(importlib.import_module(self.__dict__["_lazy_target"]))
+
+
+pandas = LazyModule("pandas")
+
+#: what writing a run directory imports
+TABLE_LIBRARIES = ("pandas", "pyarrow", "pyarrow.parquet")
+
+
+def warm(names: tuple[str, ...] = TABLE_LIBRARIES) -> threading.Thread:
+    """Import ``names`` in a daemon thread; join it before forking (an import lock held
+    across fork would stay held in the child)."""
+
+    def run() -> None:
+        for n in names:
+            try:
+                importlib.import_module(n)
+            except ImportError:  # the first real use reports it
+                pass
+
+    t = threading.Thread(target=run, name="moetrace-warm-imports", daemon=True)
+    t.start()
+    return t
