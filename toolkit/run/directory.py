@@ -5,7 +5,9 @@ Layout (schema ``moetrace.run/1``)::
     RUN_DIR/                 mode 0700 (owner only); every file 0600
       manifest.json          schema, toolkit_version, command, complete, exit_status,
                              plan / pool identity, kernel release, headers, MGLRU state,
-                             attach_plan, clock, lost, probe stats, timings, notes
+                             attach_plan, clock, lost, probe stats, timings, notes,
+                             interval (armed/disarmed ns), detach (releaser_pid: the
+                             process finishing the kernel's release; waited or not)
       experts.parquet        one row per expert + one "unattributed" row: pagecache columns
                              (added/evicted/re-added/requested/hit pages) and block columns
                              (device_read_bytes, bios; NA when the probe was not recorded)
