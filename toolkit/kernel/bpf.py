@@ -597,8 +597,11 @@ def _become_releaser(gate: int) -> None:
     /dev/null, and every file but ``gate`` that is not a BPF object or perf event closed at
     once (pipes a caller reads to EOF, the run directory's files)."""
     os.setsid()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except ValueError:  # forked from a thread other than the main one: the session suffices
+        pass
     null = os.open("/dev/null", os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
