@@ -31,11 +31,21 @@ class PageWatcher:
         from moetrace.record.probes.pagecache import EVICTORS
         from moetrace.record.probes import PROBES
 
+        from moetrace.kernel.bpf import require_tracefs
+        from moetrace.kernel.features import Features
+
         spec = PROBES["pagecache"]
         self.evictors = EVICTORS
         self.pool = open_pool(pool_dir)
         self.pmap = pool_map(self.pool)
-        plan = resolve(spec)
+        # as record does: tracefs mounted first (when absent), then the plan. Resolved with tracefs
+        # absent, every group is "unavailable" and the evictor contexts were compiled out: the
+        # watcher filed an fadvise from another process under "other" (measured)
+        feats = Features("/")
+        require_tracefs(feats)
+        plan = resolve(spec, feats)
+        assert plan.status != "no", plan.reason
+        self.plan = plan
         knobs = spec.knob_values(**dict(plan.knobs))
         knobs.update(POOL_DEV=self.pmap.pool_dev, N_EXPERTS=self.pmap.n_total, PPE=self.pmap.pages_per_expert,
                      WPE=self.pmap.words_per_expert, TRACK_READS=0, FOLLOW_FORKS=0, STREAM_EVENTS=1,

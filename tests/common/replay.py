@@ -261,9 +261,12 @@ moetrace.cli.replay.main()
 """
 
 
-def synced_run(lp, args, probe=None):
+def synced_run(lp, args, probe=None, marks: dict | None = None):
     """Run the replay with --sync-fd; return (sectors before, at loop entry, at done, summary, probe result).
-    "Before" is read once the replay's libraries are loaded (:data:`_PREIMPORTED_REPLAY`)."""
+    "Before" is read once the replay's libraries are loaded (:data:`_PREIMPORTED_REPLAY`).
+    ``marks`` gets the CLOCK_MONOTONIC ns of each of the three sector reads ("s0", "s1", "s2"),
+    to cut a PageWatcher's stream at the same moments."""
+    marks = {} if marks is None else marks
     dev = device_of(lp["pool"].path_of(0))
     parent, child = socket.socketpair()
     run = lp["dir"] / f"run-{time.monotonic_ns()}"
@@ -277,13 +280,16 @@ def synced_run(lp, args, probe=None):
         try:
             assert _readline(parent) == "imported\n"
             s0 = read_sectors(dev)
+            marks["s0"] = time.monotonic_ns()
             parent.sendall(b"start\n")
             line = _readline(parent)
             s1 = read_sectors(dev)
+            marks["s1"] = time.monotonic_ns()
             got = probe(p.pid, line) if probe else None
             parent.sendall(b"go\n")
             assert _readline(parent) == "done\n"
             s2 = read_sectors(dev)
+            marks["s2"] = time.monotonic_ns()
             out, err = p.communicate(timeout=120)
         finally:
             if p.poll() is None:
