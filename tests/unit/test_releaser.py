@@ -36,13 +36,25 @@ def test_releaser_is_a_session_leader_holding_no_streams_until_released():
 
         assert _poll(streams_null)
         ours = {os.readlink(f"/proc/self/fd/{fd}") for fd in (r, w)}
-        assert _poll(lambda: not ours & {os.readlink(f"/proc/{pid}/fd/{x}") for x in os.listdir(f"/proc/{pid}/fd")})
+        assert _poll(lambda: not ours & _open_files(pid))
         assert os.path.exists(f"/proc/{pid}")  # it waits for release()
     finally:
         took = rel.wait(timeout=30)
         os.close(r)
         os.close(w)
     assert took >= 0 and _exited(pid)  # (a zombie until init reaps it: nothing held)
+
+
+def _open_files(pid: int) -> set[str]:
+    """What the process's fds point to now (an fd closed while listing is skipped: the releaser
+    closes its files while we look)."""
+    out = set()
+    for x in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out.add(os.readlink(f"/proc/{pid}/fd/{x}"))
+        except FileNotFoundError:
+            pass
+    return out
 
 
 def _exited(pid: int) -> bool:
