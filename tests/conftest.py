@@ -88,6 +88,25 @@ def _unmount_what_tests_mounted():
     unmount_ours()
 
 
+def drop_pages(paths, resident, tries: int = 10) -> None:
+    """fsync + POSIX_FADV_DONTNEED every file until ``resident(paths)`` (mincore/fincore) says
+    none of it is cached; dirty pages of a file just written need the fsync first."""
+    import time
+
+    for _ in range(tries):
+        for p in paths:
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        if resident(paths) == 0:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"pool still resident after DONTNEED: {resident(paths)} (pages or bytes)")
+
+
 def moetrace_cli(*args: str, check: bool = True):
     """Run the moetrace CLI in a subprocess (the installed package, this Python)."""
     import subprocess

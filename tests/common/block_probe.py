@@ -105,19 +105,9 @@ def _resident_bytes(paths) -> int:
 
 
 def _drop(pool) -> None:
-    paths = pool.data_paths()
-    for _ in range(5):
-        for p in paths:
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-        if _resident_bytes(paths) == 0:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"pool still resident after DONTNEED: {_resident_bytes(paths)} bytes")
+    from conftest import drop_pages
+
+    drop_pages(pool.data_paths(), _resident_bytes, tries=5)
 
 
 def _read_each_once(pool, direct: bool) -> None:

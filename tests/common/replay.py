@@ -199,18 +199,9 @@ def read_sectors(dev: str) -> int:
 
 def drop_from_cache(paths) -> None:
     """fsync + POSIX_FADV_DONTNEED every file until fincore shows none of it resident."""
-    for _ in range(10):
-        for p in paths:
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-        if resident_pages(paths) == 0:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{resident_pages(paths)} pool pages stay resident after DONTNEED")
+    from conftest import drop_pages
+
+    drop_pages(paths, resident_pages, tries=10)
 
 
 def resident_pages(paths) -> int:
