@@ -26,6 +26,11 @@ def test_cold_pass_misses_then_hot_pass_hits(live, pools, layout, tmp_path):
     assert lost["stream"]["lost_kernel"] == 0 and lost["stream"]["lost_user"] == 0
     assert lost["counters_lost_events"] == 0 and lost["inflight_full_calls"] == 0
     pool_calls = calls[calls["source"] == "expert"]
+    # pages a reclaimer (this machine's DAMON pageout) took after the cold pass and the hot pass
+    # read again: the pagecache probe counts them per page, per expert. Strict when none.
+    pc = tables["experts"][tables["experts"]["kind"] == "expert"].sort_values("expert_id")
+    re_added = pc["re_added_pages"].astype(int).tolist()
+    assert sum(re_added) <= int(pc["evicted_pages"].sum())
     for phase, want_cls, want_pages in (("warmup", "miss", PAGES), ("measured", "hit_only", 0)):
         w = it[it["phase"] == phase]
         assert len(w) == 1
@@ -35,17 +40,26 @@ def test_cold_pass_misses_then_hot_pass_hits(live, pools, layout, tmp_path):
         assert len(inside) == int(w["reads"].iloc[0]) == N, phase
         assert int(inside["ret"].sum()) == int(w["bytes"].iloc[0]) == N * MIB, phase
         assert sorted(inside["expert_id"].tolist()) == list(range(N)), phase
-        assert (inside["class"] == want_cls).all(), inside["class"].value_counts()
-        assert inside["added_pages"].tolist() == [want_pages] * N, phase
+        inside = inside.sort_values("expert_id")
+        if phase == "measured":  # an expert with re-added pages missed again, adding just those
+            want_cls = ["miss" if r else "hit_only" for r in re_added]
+            want_pages = re_added
+            assert (inside["class"].tolist() == want_cls), inside["class"].value_counts()
+        else:
+            assert (inside["class"] == want_cls).all(), inside["class"].value_counts()
+            want_pages = [want_pages] * N
+        assert inside["added_pages"].tolist() == want_pages, phase
         assert (inside["beyond_pages"] == 0).all() and (inside["other_added_pages"] == 0).all()
     assert len(pool_calls) == 2 * N  # no pool read outside the two passes
     # the kernel's per-fd aggregates (no stream needed) say the same per expert
     e = tables["reads"][tables["reads"]["kind"] == "expert"]
     assert e["calls"].tolist() == [2] * N and e["bytes"].tolist() == [2 * MIB] * N
-    assert e["miss_calls"].tolist() == [1] * N and e["hit_only_calls"].tolist() == [1] * N
-    assert e["added_pages"].tolist() == [PAGES] * N and int(e["added_pages"].sum()) == N * PAGES == 5888
+    missed_again = [int(r > 0) for r in re_added]
+    assert e["miss_calls"].tolist() == [1 + m for m in missed_again]
+    assert e["hit_only_calls"].tolist() == [1 - m for m in missed_again]
+    assert e["added_pages"].tolist() == [PAGES + r for r in re_added]
+    assert int(e["added_pages"].sum()) - sum(re_added) == N * PAGES == 5888
     # ... and equal the pagecache probe's pages of the same recording, expert by expert
-    pc = tables["experts"][tables["experts"]["kind"] == "expert"]
     assert e["added_pages"].tolist() == pc["added_pages"].tolist()
     chk = doc["summaries"]["reads"]["replay_check"]
     assert chk["calls_match"] is True and chk["bytes_match"] is True
