@@ -347,7 +347,9 @@ def run_cell(spec: CellSpec, out_dir: str | os.PathLike, curve=None,
     while the cell runs are recorded (retained = false, with the reason) rather
     than raised; SIGINT/SIGTERM (inside :func:`interrupt_handlers`) raise
     CellInterrupted after the scope, balloon and child are gone. ``curve`` is a
-    :func:`miss_curve` to reuse across cells of one plan."""
+    :func:`miss_curve` to reuse across cells of one plan. ``on_phase(name)``, when given,
+    is told each phase as it starts (clean, drop caches, scope or balloon, warmup,
+    measured, cleanup, results: for a progress display); None: nothing is reported."""
     from moetrace.inputs.plan import read_header
     from moetrace.inputs.pool import open_pool
 
@@ -365,7 +367,15 @@ def run_cell(spec: CellSpec, out_dir: str | os.PathLike, curve=None,
     out.mkdir(parents=True, exist_ok=True)
     (out / "snapshots").mkdir(exist_ok=True)
     run_dir = out / "replay"
-    phase = on_phase or (lambda s: None)
+
+    def phase(name: str) -> None:
+        """Report a phase to on_phase; a failing display never fails the cell (CellInterrupted,
+        a BaseException, still passes)."""
+        if on_phase is not None:
+            try:
+                on_phase(name)
+            except Exception:  # noqa: BLE001
+                pass
 
     scope = Scope(spec.name, controller)
     bscope = Scope(f"{spec.name}.balloon", controller)
@@ -404,10 +414,12 @@ def run_cell(spec: CellSpec, out_dir: str | os.PathLike, curve=None,
                 remove_stale_scopes(bscope.name, controller)
             klog = KernelLog()
             if spec.drop_caches:
+                phase("drop caches")
                 drop_caches()
             snap("pre", {})
             # 2. the scope
             if spec.mechanism == "cgroup":
+                phase("scope")
                 limit = int(spec.capacity_bytes + spec.headroom_bytes)
                 scope.create(limit)
                 result["scope"]["limit_bytes"] = limit
@@ -523,6 +535,7 @@ def run_cell(spec: CellSpec, out_dir: str | os.PathLike, curve=None,
             reasons.append(f"error reading the scope: {e}")
     finally:
         with _signals_deferred() as late:
+            phase("cleanup")
             if child is not None:
                 child.stop()
             if balloon is not None:
@@ -538,6 +551,7 @@ def run_cell(spec: CellSpec, out_dir: str | os.PathLike, curve=None,
         if late and interrupted is None:
             interrupted = CellInterrupted(late[0])
             reasons.append(str(interrupted))
+    phase("results")
     if klog is not None:
         result["kernel_log"] = klog.since()
         result["kernel_log_source"] = klog.source

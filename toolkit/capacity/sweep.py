@@ -71,13 +71,17 @@ class SweepOutcome:
 
 
 def run_sweep(specs: dict[str, Any], caps: list[tuple[str, int]], repeats: int, seed: int, out: Path,
-              plan_path: str, warmup: int, passes: int, progress: Callable | None = None) -> SweepOutcome:
+              plan_path: str, warmup: int, passes: int,
+              progress: Callable[[int, int, str | None], None] | None = None,
+              on_phase: Callable[[str], None] | None = None) -> SweepOutcome:
     """Run every (capacity, repeat) cell in a seeded random order into ``out/cells/<C>-r<i>``.
 
     ``specs``: capacity label -> CellSpec. A cell whose setup fails is a row that is not
     retained, with its reason, and the sweep goes on; Ctrl-C (CellInterrupted, after the
-    running cell cleaned up) stops it with the rows so far. ``progress``: a factory
-    ``progress(items, label=)`` of a context manager yielding the items (click.progressbar)."""
+    running cell cleaned up) stops it with the rows so far. ``progress(done, total, current)``,
+    when given, is called before each cell with the cells done so far and the next cell's
+    name (``<C>-r<i>``), and once after the last with ``current`` None; ``on_phase`` is
+    passed to each :func:`run_cell`. None (the default): nothing is reported."""
     from moetrace.capacity.cell import miss_curve, run_cell
 
     (out / "cells").mkdir(parents=True, exist_ok=True)
@@ -86,21 +90,25 @@ def run_sweep(specs: dict[str, Any], caps: list[tuple[str, int]], repeats: int, 
     curve = miss_curve(plan_path, warmup, passes)
     rows: list[dict] = []
     outcome = SweepOutcome(rows, len(jobs))
-    bar_cm = progress(jobs, label="sweep cells") if progress else None
+
+    def report(done: int, total: int, current: str | None) -> None:
+        if progress is not None:
+            try:
+                progress(done, total, current)
+            except Exception:  # noqa: BLE001 - a failing display never stops the sweep
+                pass
     try:
-        bar = bar_cm.__enter__() if bar_cm else jobs
-        for order, (label, r) in enumerate(bar):
+        for order, (label, r) in enumerate(jobs):
+            report(order, len(jobs), f"{label}-r{r}")
             cdir = out / "cells" / f"{label}-r{r}"
             spec = specs[label]
             try:
-                res = run_cell(spec, cdir, curve=curve)
+                res = run_cell(spec, cdir, curve=curve, on_phase=on_phase)
             except click.ClickException as e:  # setup failed for this cell: record it, go on
                 res = {"capacity_bytes": spec.capacity_bytes, "mechanism": spec.mechanism, "mode": spec.mode,
                        "retained": False, "reasons": [f"error: {e.format_message()}"]}
             rows.append(cell_row(res, label, r, order, str(cdir)))
+        report(len(jobs), len(jobs), None)
     except CellInterrupted as e:
         outcome.stopped = e
-    finally:
-        if bar_cm:
-            bar_cm.__exit__(None, None, None)
     return outcome

@@ -108,13 +108,16 @@ def cell(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passes
     the scope stayed alive. Everything it creates is removed, also on Ctrl-C
     (exit 130) and SIGTERM (exit 143); a scope left by a SIGKILLed cell is
     removed by the next one. Needs root. Exit status 0 when retained, 3 when
-    the cell ran but was not retained.
+    the cell ran but was not retained. On a terminal the running phase is
+    shown on stderr (not with --json or CI=true; MOETRACE_PROGRESS=0/1
+    turns it off/on).
     Example:
       moetrace cell --plan plan.bin --pool /var/tmp/pool --capacity 512MiB \\
           --mechanism cgroup --out cells/512MiB --json
       moetrace cell --plan plan.bin --pool /var/tmp/pool --capacity 512MiB --record --out cells/r
     """
     from moetrace.capacity.cell import interrupt_handlers, run_cell
+    from moetrace.progress import bar, progress_enabled
 
     spec = make_spec(plan_path, pool_dir, capacity, mechanism, mode, headroom, threads, warmup, passes,
                      arena_fraction, prefetch, fadvise_random, freq_table, timeout_s, name, record, watch,
@@ -122,10 +125,14 @@ def cell(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passes
     if out_dir is None:
         out_dir = default_cell_dir()
         click.echo(f"moetrace cell: writing {out_dir} (--out names the directory)", err=True)
+    # the running phase as a one-line tqdm status on stderr ("cell: warmup"), erased at the end; only
+    # on a terminal, never with --json, CI=true or MOETRACE_PROGRESS=0 (moetrace.progress)
+    enabled = progress_enabled(as_json)
     try:
-        with interrupt_handlers():
-            res = run_cell(spec, out_dir, on_phase=lambda p: click.echo(f"cell: {p}", err=True)
-                           if sys.stderr.isatty() else None)
+        with interrupt_handlers(), bar(None, desc="cell", unit="phase", enabled=enabled, leave=False,
+                                       bar_format="{desc}") as b:
+            res = run_cell(spec, out_dir,
+                           on_phase=(lambda p: b.set_description_str(f"cell: {p}")) if enabled else None)
     except CellInterrupted as e:
         click.echo(f"moetrace cell: {e}; the scope and balloon were removed", err=True)
         sys.exit(e.exit_code)

@@ -33,13 +33,15 @@ def create(directory, geometry_name, layers, experts, k, expert_bytes, layout, s
 
     \b
     A preset may be scaled down (fewer layers or experts, smaller experts);
-    the manifest records what it was scaled from.
+    the manifest records what it was scaled from. On a terminal a progress
+    bar of bytes written goes to stderr (not with --json or CI=true;
+    MOETRACE_PROGRESS=0/1 turns it off/on).
     Example (a ~2 GiB scaled Kimi-K3 pool):
       moetrace pool create /var/tmp/pool --geometry kimi-k3 --experts 88 --expert-bytes 256KiB
     """
     from moetrace.inputs.geometry import Geometry, format_bytes, preset
     from moetrace.inputs.pool import create_pool
-    from moetrace.cli.common import progress
+    from moetrace.progress import bar, progress_enabled
 
     base = preset(geometry_name)
     changes = {key: val for key, val in (("n_layers", layers), ("n_experts", experts), ("k", k),
@@ -53,9 +55,13 @@ def create(directory, geometry_name, layers, experts, k, expert_bytes, layout, s
         scaled = {"preset": base.name, "n_layers": base.n_layers, "n_experts": base.n_experts,
                   "expert_bytes": base.expert_bytes}
     total = geo.pool_bytes
-    with progress(length=total, label=f"pool {format_bytes(total)}") as bar:
+    # a tqdm bar of bytes written, on stderr when it is a terminal (not with --json, CI=true or
+    # MOETRACE_PROGRESS=0; MOETRACE_PROGRESS=1 forces it): see moetrace.progress
+    # (unit "iB" with divisor 1024: tqdm prints the rate as MiB/s, matching format_bytes)
+    with bar(total, desc=f"pool {format_bytes(total)}", unit="iB", enabled=progress_enabled(as_json),
+             unit_scale=True, unit_divisor=1024) as b:
         p = create_pool(directory, geo, layout=layout, scaled_from=scaled, seed=seed, force=force,
-                        progress=bar.update)
+                        progress=b.update)
     info = {"directory": str(p.root), "geometry": geo.to_dict(), "layout": layout,
             "experts": geo.n_total, "extent_bytes": p.extent_bytes, "data_bytes": p.data_bytes,
             "scaled_from": scaled, "files": len(p.files)}

@@ -34,14 +34,17 @@ def sweep(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passe
     capacity.csv/.parquet (per C: median and spread over retained repeats) and
     fig2.png (iteration time vs C; device bytes vs C log-log with the miss
     demand and an a/C reference). Needs root. Ctrl-C stops after cleaning up
-    the running cell and writes the results so far (exit 130).
+    the running cell and writes the results so far (exit 130). On a
+    terminal a progress bar of cells (the running one and its phase after
+    it) goes to stderr (not with --json or CI=true; MOETRACE_PROGRESS=0/1
+    turns it off/on).
     Example:
       moetrace sweep --plan plan.bin --pool /var/tmp/pool \\
           --capacities 2.2GiB,1GiB,512MiB,256MiB --repeats 3 --mechanism cgroup --out sweep1
     """
     from moetrace.capacity.cell import check_privileges, interrupt_handlers
     from moetrace.capacity.sweep import parse_capacities, run_sweep
-    from moetrace.cli.common import progress
+    from moetrace.progress import bar, progress_enabled
     from moetrace.reports.sweep import write_results
 
     caps = parse_capacities(capacities)
@@ -51,8 +54,22 @@ def sweep(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passe
              for label, c in caps}
     check_privileges()
     out = Path(out_dir)
-    with interrupt_handlers():
-        done = run_sweep(specs, caps, repeats, seed, out, plan_path, warmup, passes, progress=progress)
+    # cells done of all on a tqdm bar on stderr, the running cell (<C>-r<i>) and its phase as the
+    # postfix; only on a terminal, never with --json, CI=true or MOETRACE_PROGRESS=0 (moetrace.progress)
+    enabled = progress_enabled(as_json)
+    with interrupt_handlers(), bar(len(caps) * repeats, desc="sweep", unit="cell", enabled=enabled) as b:
+        shown = {"done": 0, "cell": ""}
+
+        def on_progress(n_done: int, total: int, current: str | None) -> None:
+            b.update(n_done - shown["done"])
+            shown["done"], shown["cell"] = n_done, current or ""
+            b.set_postfix_str(f"C={current}" if current else "")
+
+        def on_phase(phase: str) -> None:
+            b.set_postfix_str(f"C={shown['cell']} {phase}")
+
+        done = run_sweep(specs, caps, repeats, seed, out, plan_path, warmup, passes,
+                         progress=on_progress if enabled else None, on_phase=on_phase if enabled else None)
     rows, stopped = done.rows, done.stopped
     res = write_results(rows, out)
     if as_json:

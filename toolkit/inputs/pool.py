@@ -91,7 +91,9 @@ def create_pool(
 
     Writes go to ``root/.creating`` first and are renamed into place at the
     end, so an interrupted creation leaves no half-made pool behind (the
-    partial directory is removed). ``progress`` is called with bytes written.
+    partial directory is removed). ``progress``, when given, is called with the number of
+    expert bytes just written (a chunk of at most 8 MiB; page padding not counted, so the
+    calls sum to ``geometry.pool_bytes``); None: nothing is reported.
     """
     if layout not in LAYOUTS:
         raise UsageError(f"unknown layout {layout!r}", hint="use --layout files or --layout pool")
