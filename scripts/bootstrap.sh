@@ -9,7 +9,8 @@ warn() { printf 'bootstrap: WARNING: %s\n' "$*" >&2; }
 
 need_apt=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
-for p in python3-bpfcc bpfcc-tools python3-venv python3-pip fio; do
+# chromium: the HTML report is checked in a real browser (tests/live/test_report_browser.py)
+for p in python3-bpfcc bpfcc-tools python3-venv python3-pip fio chromium; do
   have_pkg "$p" || need_apt+=("$p")
 done
 krel=$(uname -r)
