@@ -44,6 +44,8 @@ class LazyGroup(click.Group):
         "demo": ".demo:demo",
         "doctor": ".doctor:doctor",
         "record": ".record:record",
+        "report": ".report:report",
+        "flame": ".report:flame",
     },
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -58,6 +60,7 @@ def cli() -> None:
     Capacity (root):    cell, sweep
     Kernel:             doctor (what this kernel can trace, and why not)
     Recording (root):   record -- CMD (eBPF probes attached while CMD runs)
+    Reports:            report RUN|CELL|SWEEP (HTML, Markdown, tables), flame RUN [--diff RUN]
     End to end:         demo
     """
 

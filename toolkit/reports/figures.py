@@ -1,0 +1,140 @@
+"""The report's pictures: ``plot_<name>(df, ax)`` functions kept apart from the analyses
+(style.md), and a helper that renders a figure to PNG bytes for embedding.
+
+matplotlib runs headless (Agg); every figure is closed after rendering.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pandas as pd
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def new_figure(w: float = 7.5, h: float = 3.6, ncols: int = 1):
+    plt = _plt()
+    fig, ax = plt.subplots(1, ncols, figsize=(w, h), dpi=100, constrained_layout=True)
+    return fig, ax
+
+
+def png_bytes(fig) -> bytes:
+    """Render and close ``fig``."""
+    plt = _plt()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def layer_expert_matrix(df: pd.DataFrame, value: str, n_layers: int, n_experts: int) -> np.ndarray:
+    """A (n_layers, n_experts) float matrix of ``value`` (NaN where absent or NA)."""
+    m = np.full((n_layers, n_experts), np.nan)
+    v = pd.to_numeric(df[value].astype("Float64"), errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+    m[df["layer"].to_numpy(int), df["expert"].to_numpy(int)] = v
+    return m
+
+
+def plot_heatmap(df: pd.DataFrame, value: str, n_layers: int, n_experts: int, ax, *, title: str,
+                 unit: str = "", cmap: str = "viridis", log: bool = False) -> None:
+    """Layers (rows) x experts (columns) of ``value``; NaN cells left blank."""
+    from matplotlib.colors import LogNorm
+
+    m = layer_expert_matrix(df, value, n_layers, n_experts)
+    finite = m[np.isfinite(m)]
+    norm = None
+    if log and finite.size and (finite > 0).any():
+        norm = LogNorm(vmin=max(finite[finite > 0].min(), 1e-9), vmax=finite.max())
+    im = ax.imshow(m, aspect="auto", interpolation="nearest", cmap=cmap, norm=norm, origin="lower")
+    ax.set_xlabel("expert")
+    ax.set_ylabel("layer")
+    ax.set_title(title, fontsize=10)
+    cb = ax.figure.colorbar(im, ax=ax, shrink=0.85)
+    if unit:
+        cb.set_label(unit)
+
+
+def plot_iterations(it: pd.DataFrame, ax) -> None:
+    """Pages added, re-added and the simulated LRU misses per replay iteration."""
+    x = np.arange(len(it))
+    ax.plot(x, it["added_pages"].astype(float), label="added (missed)", color="#1f77b4")
+    ax.plot(x, it["re_added_pages"].astype(float), label="re-added (re-read)", color="#d62728")
+    if "sim_miss_pages" in it and it["sim_miss_pages"].notna().any():
+        ax.plot(x, it["sim_miss_pages"].astype("Float64").astype(float), label="simulated LRU misses",
+                color="black", linestyle="--", linewidth=1)
+    meas = np.flatnonzero((it["phase"] == "measured").to_numpy())
+    if meas.size:
+        ax.axvspan(meas[0] - 0.5, meas[-1] + 0.5, color="#eeeeee", zorder=0, label="measured")
+    ax.set_xlabel("replay iteration (warm-up, then measured)")
+    ax.set_ylabel("pages (4 KiB)")
+    ax.legend(fontsize=8, loc="best")
+    ax.set_title("Page-cache adds per iteration", fontsize=10)
+
+
+def plot_observed_vs_sim(experts: pd.DataFrame, ax) -> None:
+    """Per expert: observed hit rate against the simulated LRU hit rate at the same capacity."""
+    e = experts.dropna(subset=["observed_hit_rate", "sim_hit_rate"])
+    ax.scatter(e["sim_hit_rate"].astype(float), e["observed_hit_rate"].astype(float), s=6, alpha=0.5)
+    ax.plot([0, 1], [0, 1], color="grey", linewidth=1, linestyle="--")
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("simulated LRU hit rate")
+    ax.set_ylabel("observed page hit rate")
+    ax.set_title("Observed vs simulated, per expert", fontsize=10)
+
+
+def plot_log2_hist(hist: pd.DataFrame, group: str, count: str, ax, *, title: str, xlabel: str) -> None:
+    """Log2-bucketed histograms (lo_ns, hi_ns, count), one line per ``group`` value."""
+    for name, g in hist.groupby(group, sort=True):
+        g = g.sort_values("lo_ns")
+        mid = np.sqrt(np.maximum(g["lo_ns"].to_numpy(float), 1.0) * g["hi_ns"].to_numpy(float))
+        ax.plot(mid, g[count].to_numpy(float), marker="o", markersize=3, label=str(name))
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(count)
+    ax.set_title(title, fontsize=10)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+
+
+def plot_breakdown(df: pd.DataFrame, ax, *, title: str) -> None:
+    """Horizontal bars of ``share`` by ``category``."""
+    d = df.sort_values("share")
+    ax.barh(d["category"].astype(str), d["share"].astype(float) * 100, color="#ff7f0e")
+    ax.set_xlabel("% of samples")
+    ax.set_title(title, fontsize=10)
+
+
+def plot_generations(gens: pd.DataFrame, ax) -> None:
+    """MGLRU: the oldest generation's age over time, per memcg/node."""
+    for (path, node), g in gens.groupby(["memcg_path", "node"], sort=True):
+        t = (g["time_ns"] - gens["time_ns"].min()) / 1e9
+        ax.plot(t, g["oldest_age_ms"].astype(float), marker=".", label=f"{path or '/'} node {node}")
+    ax.set_xlabel("s")
+    ax.set_ylabel("oldest generation age (ms)")
+    ax.set_title("MGLRU: age of the generation eviction takes from", fontsize=10)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+
+
+def plot_refaults(win: pd.DataFrame, ax) -> None:
+    """Refault share per iteration with thrash states shaded."""
+    x = np.arange(len(win))
+    ax.plot(x, win["refault_share"].astype("Float64").astype(float), color="#d62728")
+    colors = {"elevated": "#fff2cc", "thrashing": "#f4cccc"}
+    for i, s in enumerate(win["state"]):
+        if s in colors:
+            ax.axvspan(i - 0.5, i + 0.5, color=colors[s], zorder=0)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("replay iteration")
+    ax.set_ylabel("re-added / requested pages")
+    ax.set_title("Refault windows (shaded: elevated / thrashing)", fontsize=10)

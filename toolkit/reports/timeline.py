@@ -1,0 +1,127 @@
+"""A run as a timeline for Perfetto (ui.perfetto.dev opens it) or chrome://tracing:
+Chrome trace-event JSON (``{"traceEvents": [...]}``), timestamps in microseconds from
+the recording's first event (CLOCK_MONOTONIC, the clock of every moetrace table).
+
+Tracks:
+* replay / iterations — one slice per replay iteration (phase, repeat, iteration;
+  bytes, reads, duration), and the warm-up and measured phases as enclosing slices;
+* recorder — the probes' armed interval;
+* counters — per iteration: pool pages added, evicted, re-added (the pagecache epochs);
+  resident pool pages (from page_events, when streamed); locked bytes (mlock timeline);
+  MGLRU oldest generation age and max_seq per memcg (lru_gen samples); aging events.
+
+Block I/O and reclaim are recorded as totals and histograms, not per event, so they appear
+as counters per iteration only through their effects (pages added / evicted).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+PID_REPLAY, PID_KERNEL, PID_RECORDER = 1, 2, 3
+MAX_COUNTER_POINTS = 20_000
+
+
+def _us(ns, t0: int) -> float:
+    return (int(ns) - t0) / 1e3
+
+
+def _origin(tables: Mapping[str, pd.DataFrame], meta: Mapping[str, Any]) -> int:
+    cands = []
+    it = tables.get("iterations")
+    if it is not None and len(it):
+        cands.append(int(it["start_ns"].min()))
+    ep = tables.get("epochs")
+    if ep is not None and len(ep) and ep["start_ns"].notna().any():
+        cands.append(int(ep["start_ns"].dropna().min()))
+    armed = (meta.get("interval") or {}).get("armed_ns")
+    if armed:
+        cands.append(int(armed))
+    return min(cands) if cands else 0
+
+
+def compute_timeline(tables: Mapping[str, pd.DataFrame], meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The trace-event document of a run (see module doc)."""
+    t0 = _origin(tables, meta)
+    ev: list[dict[str, Any]] = []
+
+    def meta_ev(pid: int, tid: int | None, name: str, value: str) -> None:
+        e = {"ph": "M", "pid": pid, "name": name, "args": {"name": value}}
+        if tid is not None:
+            e["tid"] = tid
+        ev.append(e)
+
+    meta_ev(PID_REPLAY, None, "process_name", "replay")
+    meta_ev(PID_REPLAY, 1, "thread_name", "phases")
+    meta_ev(PID_REPLAY, 2, "thread_name", "iterations")
+    meta_ev(PID_KERNEL, None, "process_name", "kernel (page cache, MGLRU, mlock)")
+    meta_ev(PID_RECORDER, None, "process_name", "moetrace record")
+    it = tables.get("iterations")
+    if it is not None and len(it):
+        for (phase, rep), g in it.groupby(["phase", "repeat"], sort=False):
+            s, e = int(g["start_ns"].min()), int(g["end_ns"].max())
+            ev.append({"ph": "X", "pid": PID_REPLAY, "tid": 1, "name": f"{phase} {int(rep)}", "cat": "phase",
+                       "ts": _us(s, t0), "dur": (e - s) / 1e3, "args": {"iterations": len(g)}})
+        for r in it.itertuples():
+            ev.append({"ph": "X", "pid": PID_REPLAY, "tid": 2, "cat": "iteration",
+                       "name": f"{r.phase} {int(r.repeat)}/{int(r.iteration)}", "ts": _us(r.start_ns, t0),
+                       "dur": int(r.duration_ns) / 1e3,
+                       "args": {"bytes": int(r.bytes), "reads": int(r.reads), "step": int(r.step)}})
+    iv = meta.get("interval") or {}
+    if iv.get("armed_ns") and iv.get("disarmed_ns"):
+        ev.append({"ph": "X", "pid": PID_RECORDER, "tid": 1, "name": "probes armed", "cat": "recorder",
+                   "ts": _us(iv["armed_ns"], t0), "dur": (int(iv["disarmed_ns"]) - int(iv["armed_ns"])) / 1e3})
+    ep, ee = tables.get("epochs"), tables.get("expert_epochs")
+    if ep is not None and ee is not None and len(ep):
+        g = ee[ee["kind"] == "expert"].groupby("epoch")[["added_pages", "evicted_pages", "re_added_pages"]].sum()
+        for r in ep.dropna(subset=["start_ns"]).itertuples():
+            vals = g.loc[r.epoch] if r.epoch in g.index else None
+            args = {c: (int(vals[c]) if vals is not None else 0)
+                    for c in ("added_pages", "evicted_pages", "re_added_pages")}
+            ev.append({"ph": "C", "pid": PID_KERNEL, "name": "pool pages per iteration", "ts": _us(r.start_ns, t0),
+                       "args": args})
+    pe = tables.get("page_events")
+    if pe is not None and len(pe):
+        d = np.where(pe["kind"].astype(str).to_numpy() == "add", 1, -1) * pe["pages"].to_numpy(np.int64)
+        res = np.cumsum(d)
+        ts = pe["ts_ns"].to_numpy(np.int64)
+        step = max(1, len(ts) // MAX_COUNTER_POINTS)
+        for i in range(0, len(ts), step):
+            ev.append({"ph": "C", "pid": PID_KERNEL, "name": "pool pages added - deleted (stream)",
+                       "ts": _us(ts[i], t0), "args": {"pages": int(res[i])}})
+    ml = tables.get("mlock_timeline")
+    if ml is not None and len(ml):
+        for r in ml.itertuples():
+            v = r.total_locked_bytes
+            ev.append({"ph": "C", "pid": PID_KERNEL, "name": "locked bytes", "ts": _us(r.time_ns, t0),
+                       "args": {"bytes": 0 if pd.isna(v) else int(v)}})
+    lg = tables.get("lru_gen")
+    if lg is not None and len(lg):
+        from moetrace.analyses.age import compute_generations
+
+        for r in compute_generations(lg).itertuples():
+            name = f"MGLRU {r.memcg_path or '/'} node {r.node}"
+            ev.append({"ph": "C", "pid": PID_KERNEL, "name": name, "ts": _us(r.time_ns, t0),
+                       "args": {"oldest_age_ms": 0 if pd.isna(r.oldest_age_ms) else int(r.oldest_age_ms),
+                                "max_seq": int(r.max_seq)}})
+    ag = tables.get("mglru_aging")
+    if ag is not None and len(ag):
+        for r in ag.itertuples():
+            ev.append({"ph": "i", "s": "p", "pid": PID_KERNEL, "tid": 1, "name": f"aging: {r.kind}",
+                       "ts": _us(r.time_ns, t0), "args": {"tgid": int(r.tgid)}})
+    ev.sort(key=lambda e: (e.get("ts", -1.0), e["ph"] != "M"))
+    return {"traceEvents": ev, "displayTimeUnit": "ms",
+            "otherData": {"source": "moetrace", "run": str(meta.get("run_path", "")),
+                          "clock": "CLOCK_MONOTONIC", "origin_ns": t0}}
+
+
+def write_timeline(doc: Mapping[str, Any], path: str | Path) -> Path:
+    p = Path(path)
+    p.write_text(json.dumps(doc, separators=(",", ":")))
+    return p

@@ -1,0 +1,189 @@
+"""Open what moetrace wrote, for notebooks and reports: a run, a cell or a sweep.
+
+    >>> import moetrace
+    >>> run = moetrace.open_run("demo-out/sweep/cells/48MiB-r0")   # a cell, or its run/
+    >>> run.tables["experts"].head()                                # every table, loaded lazily
+    >>> run.manifest["kernel"], run.cell["amplification"]
+    >>> sweep = moetrace.open_sweep("demo-out/sweep")
+    >>> sweep.results, [c.name for c in sweep.cells]
+
+Nothing here needs root or a kernel. Paths recorded in a manifest are absolute on the
+recording machine; a directory moved elsewhere (a copied sweep, tests/data) is still
+read through the paths relative to it (a cell's ``replay/``, a sweep's ``cells/``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moetrace.lazyimport import pandas as pd
+
+from moetrace.errors import InputError
+from moetrace.run import directory as rundir
+
+CELL_JSON = "cell.json"
+SWEEP_RESULTS = "results.parquet"
+
+
+class Tables(Mapping):
+    """The run's Parquet tables by name, each read on first use (``iterations``: the
+    replay's iteration log)."""
+
+    def __init__(self, paths: dict[str, Path]):
+        self._paths = dict(sorted(paths.items()))
+        self._cache: dict[str, pd.DataFrame] = {}
+
+    def __getitem__(self, name: str) -> pd.DataFrame:
+        if name not in self._cache:
+            p = self._paths[name]
+            try:
+                self._cache[name] = pd.read_parquet(p)
+            except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
+                raise InputError(f"cannot read table {name!r}: {e}", path=str(p)) from None
+        return self._cache[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._paths)
+
+    def __len__(self) -> int:
+        return len(self._paths)
+
+    def path(self, name: str) -> Path:
+        return self._paths[name]
+
+
+@dataclass
+class Run:
+    """One recording: ``manifest`` (manifest.json), ``tables`` (name -> DataFrame, lazy),
+    ``snapshots`` (snapshots.json or {}), ``cell`` (the enclosing cell.json, or None),
+    ``folded`` (stacks.folded text, or None), ``replay`` (replay.json, or None)."""
+
+    path: Path
+    manifest: dict[str, Any]
+    tables: Tables
+    snapshots: dict[str, Any] = field(default_factory=dict)
+    cell: dict[str, Any] | None = None
+    replay: dict[str, Any] | None = None
+    folded_path: Path | None = None
+
+    @property
+    def name(self) -> str:
+        return self.path.parent.name if self.cell is not None else self.path.name
+
+    @property
+    def folded(self) -> str | None:
+        return self.folded_path.read_text() if self.folded_path is not None else None
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """What the analyses take beside the tables: the manifest, plus ``cell`` and
+        ``snapshots`` (the analyses' ``meta`` argument)."""
+        return {**self.manifest, "cell": self.cell, "snapshots": self.snapshots, "replay": self.replay,
+                "run_path": str(self.path)}
+
+    def plan_path(self) -> Path | None:
+        """The plan the replay ran, when it is still where it was (or beside a moved sweep)."""
+        cands = []
+        p = (self.manifest.get("plan") or {}).get("path")
+        if p:
+            cands.append(Path(p))
+        if self.cell is not None:
+            cands += [self.path.parent / "plan.bin", self.path.parent.parent.parent / "plan.bin"]
+        for c in cands:
+            if c.is_file():
+                return c
+        return None
+
+
+@dataclass
+class Sweep:
+    """A capacity sweep: ``results`` (one row per cell), ``capacity`` (one row per C),
+    ``cells`` (each a :class:`Run`, in results order; cells without a recording are left out)."""
+
+    path: Path
+    results: pd.DataFrame
+    capacity: pd.DataFrame | None
+    cells: list[Run]
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except OSError as e:
+        raise InputError(f"cannot read: {e.strerror}", path=str(path)) from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"not valid JSON ({e.msg})", path=str(path), line=e.lineno) from None
+
+
+def _replay_dir(run: Path, manifest: dict[str, Any]) -> Path | None:
+    cands = [run / rundir.REPLAY_SUBDIR, run.parent / rundir.REPLAY_SUBDIR]
+    if manifest.get("replay_dir"):
+        cands.append(Path(manifest["replay_dir"]))
+    for c in cands:
+        if (c / "iterations.parquet").is_file() or (c / "replay.json").is_file():
+            return c
+    return None
+
+
+def open_run(path: str | os.PathLike) -> Run:
+    """A run directory (``manifest.json``) or a cell directory (``cell.json`` + ``run/``)."""
+    p = Path(path)
+    cell = None
+    if (p / CELL_JSON).is_file():
+        cell = _json(p / CELL_JSON)
+        if not (p / "run" / rundir.MANIFEST).is_file():
+            raise InputError("this cell was not recorded (no run/manifest.json)", path=str(p),
+                             hint="run the cell or sweep with --record")
+        p = p / "run"
+    elif (p / SWEEP_RESULTS).is_file() and not (p / rundir.MANIFEST).exists():
+        raise InputError("this is a sweep directory, not a run", path=str(p),
+                         hint="use moetrace.open_sweep(path), or open one of its cells/*")
+    elif (p.parent / CELL_JSON).is_file():
+        cell = _json(p.parent / CELL_JSON)
+    manifest = rundir.read_manifest(p)
+    paths = {q.stem: q for q in p.glob("*.parquet")}
+    rdir = _replay_dir(p, manifest)
+    replay = None
+    if rdir is not None:
+        if (rdir / "iterations.parquet").is_file():
+            paths["iterations"] = rdir / "iterations.parquet"
+        if (rdir / "replay.json").is_file():
+            replay = _json(rdir / "replay.json")
+    snaps = _json(p / "snapshots.json") if (p / "snapshots.json").is_file() else {}
+    folded = p / "stacks.folded"
+    return Run(p, manifest, Tables(paths), snaps, cell, replay, folded if folded.is_file() else None)
+
+
+def open_sweep(path: str | os.PathLike) -> Sweep:
+    """A sweep directory (``results.parquet``, ``capacity.parquet``, ``cells/*``)."""
+    p = Path(path)
+    if not (p / SWEEP_RESULTS).is_file():
+        raise InputError("not a sweep directory (no results.parquet)", path=str(p),
+                         hint="give the --out directory of `moetrace sweep`")
+    results = pd.read_parquet(p / SWEEP_RESULTS)
+    cap = pd.read_parquet(p / "capacity.parquet") if (p / "capacity.parquet").is_file() else None
+    cells = []
+    names = [Path(str(d)).name for d in results["cell_dir"]] if "cell_dir" in results else []
+    for name in names:
+        d = p / "cells" / name
+        if (d / "run" / rundir.MANIFEST).is_file():
+            cells.append(open_run(d))
+    return Sweep(p, results, cap, cells)
+
+
+def kind_of(path: str | os.PathLike) -> str:
+    """'sweep', 'cell' or 'run' (InputError when none)."""
+    p = Path(path)
+    if (p / SWEEP_RESULTS).is_file():
+        return "sweep"
+    if (p / CELL_JSON).is_file():
+        return "cell"
+    if (p / rundir.MANIFEST).is_file():
+        return "run"
+    raise InputError("not a moetrace run, cell or sweep directory", path=str(p),
+                     hint="give a `moetrace record --out`, `cell --out` or `sweep --out` directory")
