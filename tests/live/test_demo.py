@@ -7,7 +7,7 @@ from common.demo import *  # noqa: F401,F403
 
 def test_demo_capacity_sweep(tmp_path, live):
     out = tmp_path / "demo"
-    run_demo(out)
+    r = run_demo(out)
     cells = pd.read_parquet(out / "sweep" / "results.parquet")
     assert len(cells) == 3 and cells["retained"].all(), cells[["capacity", "reasons"]]
     by_c = cells.set_index("capacity_bytes").sort_index()
@@ -24,3 +24,10 @@ def test_demo_capacity_sweep(tmp_path, live):
     small = pd.read_parquet(out / "sweep" / "cells" / "48MiB-r0" / "run" / "experts.parquet")
     e = small[small["kind"] == "expert"]
     assert e["re_added_pages"].sum() > 0 and e["evicted_pages"].sum() > 0
+    # ... and the demo ends with the sweep's HTML report, its path printed, the Markdown in REPORT.md
+    rep = json.loads((out / "report" / "report.json").read_text())
+    assert rep["summary"]["kind"] == "sweep" and len(rep["summary"]["table2"]) == 3
+    assert (out / "report" / "report.html").stat().st_size > 100_000
+    md = (out / "REPORT.md").read_text()
+    assert "## Sweep report" in md and "(report/figures/heatmap_amp.png)" in md
+    assert f"report: {out / 'report' / 'report.html'}" in r.output

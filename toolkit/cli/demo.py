@@ -50,6 +50,8 @@ def demo(out_dir, preset, steps, seed, capacity):
     6. pool create + sweep --record (root): a small scaled pool, and capacity
        cells under a cgroup memory limit from "pool fits" down to 1/4, each
        recorded with the eBPF probes -> sweep/fig2.png, sweep/cells/*/run/
+    7. report: `moetrace report` of the sweep -> report/report.html (Table 2,
+       per-expert amplification, hit path, age, reclaim, flame graph, timeline)
     Everything lands in --out (JSON beside each step, REPORT.md last).
     """
     out = Path(out_dir)
@@ -92,9 +94,14 @@ def demo(out_dir, preset, steps, seed, capacity):
     click.echo(table)
 
     sweep_md = ""
+    report_doc = None
     if capacity:
         say(f"[6/{n}] pool create + sweep under a cgroup memory limit")
         sweep_md = _capacity_step(out, seed)
+        if (out / "sweep" / "results.parquet").is_file():
+            say(f"[7/{n + 1}] report: amplification, hit path, age, reclaim, flame graph, timeline")
+            report_doc = _report_step(out)
+            sweep_md += _report_md(out, report_doc)
 
     report = out / "REPORT.md"
     report.write_text(
@@ -106,6 +113,34 @@ def demo(out_dir, preset, steps, seed, capacity):
         f"{_gb(ins.get('logical_bytes'))} logical bytes\n\n"
         "## Fair-window hit rates (per layer)\n\n```\n" + table + "\n```\n\n![hit rates](sim.png)\n" + sweep_md)
     click.echo(f"done in {time.monotonic() - t0:.1f} s; artifacts in {out}/ (REPORT.md, sim.png, plan.bin, *.json)")
+    if report_doc is not None:
+        click.echo(f"report: {report_doc['html']}")
+
+
+def _report_step(out: Path) -> dict:
+    """`moetrace report` of the recorded sweep into OUT/report."""
+    from moetrace.reports.report import build_report
+
+    shutil.rmtree(out / "report", ignore_errors=True)
+    doc = build_report(out / "sweep", out / "report")
+    s = doc["summary"]
+    al = s.get("alarm") or {}
+    click.echo(f"      {doc['html']} (cell {s.get('detail_cell')}: amplification {_fmt(s.get('amplification'))}, "
+               f"scan-to-steal {_fmt(al.get('scan_to_steal'))}, alarm {al.get('alarm')})")
+    return doc
+
+
+def _fmt(v) -> str:
+    return "NA" if v is None else f"{v:.2f}"
+
+
+def _report_md(out: Path, doc: dict) -> str:
+    """The sweep report's Markdown, its figure links made relative to OUT."""
+    md = (out / "report" / "REPORT.md").read_text()
+    md = md.replace("](figures/", "](report/figures/").replace("](flame.svg)", "](report/flame.svg)")
+    body = md.split("\n", 1)[1] if md.startswith("# ") else md
+    return ("\n## Sweep report (`moetrace report`)\n\nThe same as report/report.html (every figure embedded, "
+            "opens offline); tables in report/tables/.\n" + body.replace("\n### ", "\n#### ").replace("\n## ", "\n### "))
 
 
 def _capacity_step(out: Path, seed: int) -> str:

@@ -454,7 +454,8 @@ def section_flame(rep: Report, run) -> None:
         rep.p("The stacks probe was not recorded.")
         return
     stacks = FL.folded_from_table(run.tables["stacks"])
-    svg = FL.flame_svg(stacks, title=f"{run.name}: sampled stacks", instance_id="flame")
+    # instance id "flamegraph", not "flame": that is the section's anchor (ids must be unique)
+    svg = FL.flame_svg(stacks, title=f"{run.name}: sampled stacks", instance_id="flamegraph")
     (rep.out / "flame.svg").write_text(svg)
     (rep.out / "flame.speedscope.json").write_text(json.dumps(FL.speedscope_json(stacks, run.name)))
     rep.files.update({"flame_svg": "flame.svg", "speedscope": "flame.speedscope.json"})
