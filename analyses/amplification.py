@@ -13,8 +13,9 @@ no kernel. Pages are 4 KiB page-cache pages; ``*_pages`` columns count them.
 * :func:`compute_layers` — the expert table summed per layer.
 * :func:`compute_reconciliation` — the run's totals against its own /proc deltas.
 
-Re-reads within one iteration (a page evicted and read again before the iteration
-ended) are counted exactly from ``page_events`` when the run streamed them; otherwise from
+Re-reads within one iteration (a page read, evicted and read again before the iteration
+ended) are counted exactly, per page, from ``page_events`` when the run streamed them
+(:func:`moetrace.analyses.page_events.count_epoch_rereads`, streaming); otherwise from
 the per-iteration epoch counters as a lower bound: an expert whose pages were added more
 than ``pages_per_expert`` times in one epoch had at least the excess re-read within it
 (``in_iteration_re_added_pages_min``).
@@ -71,11 +72,10 @@ def _phases(meta: Mapping[str, Any]) -> tuple[int, int]:
 def simulated_misses(plan: str | Path, capacity: int, extent_bytes: int, warmup: int, passes: int
                      ) -> dict[str, np.ndarray]:
     """Global LRU over warm-up + measured repetitions of the plan, at ``capacity //
-    extent_bytes`` experts (the cell's own simulation, :func:`moetrace.capacity.cell.miss_curve`),
+    extent_bytes`` experts (the cell's own simulation, moetrace.capacity.cell.miss_curve),
     per access: ``expert_id``, ``iteration`` (0-based over all repetitions), ``miss`` (bool),
     ``measured`` (bool: past the warm-up repetitions), plus ``budget_experts``."""
-    from moetrace.analyses.stackdist import stack_distances
-    from moetrace.capacity.cell import repeated_accesses
+    from moetrace.analyses.stackdist import repeated_accesses, stack_distances
     from moetrace.inputs.plan import read_accesses
 
     acc = read_accesses(plan)
@@ -212,9 +212,15 @@ def compute_amplification_iterations(tables: Mapping[str, pd.DataFrame], meta: M
     for c in ("added_pages", "evicted_pages", "re_added_pages"):
         out[c] = pd.array(g[c].reindex(out["epoch"], fill_value=0).to_numpy(np.int64), dtype=I64)
     if "page_events" in tables:
+        from moetrace.analyses.page_events import count_epoch_rereads
+
+        n_layers, n_experts, _ = _geometry(meta)
+        # streamed from the Parquet file when the tables know it (bounded memory), else the frame
+        src = tables.path("page_events") if hasattr(tables, "path") else tables["page_events"]
+        rr = count_epoch_rereads(src, n_layers * n_experts, ppe, tables["epochs"])
+        per = rr.groupby("epoch")["reread_pages"].sum()
         out["in_iteration_re_added_pages"] = pd.array(
-            _in_epoch_rereads(tables["page_events"], ep).reindex(out["epoch"], fill_value=0).to_numpy(np.int64),
-            dtype=I64)
+            per.reindex(out["epoch"].astype("int64"), fill_value=0).to_numpy(np.int64), dtype=I64)
     else:
         out["in_iteration_re_added_pages_min"] = pd.array(lb.reindex(out["epoch"], fill_value=0).to_numpy(np.int64),
                                                           dtype=I64)
@@ -243,28 +249,6 @@ def compute_amplification_iterations(tables: Mapping[str, pd.DataFrame], meta: M
     else:
         out["sim_miss_pages"] = pd.array([pd.NA] * len(out), dtype=I64)
     return out
-
-
-def _in_epoch_rereads(ev: pd.DataFrame, epochs: pd.DataFrame) -> pd.Series:
-    """Exact re-adds whose previous deletion fell in the same epoch: an add piece with
-    re_added pages counts when its expert's last delete was in the add's epoch (the
-    stream carries per-piece, not per-page, history: pieces of one expert within an
-    epoch are treated together)."""
-    starts = epochs["start_ns"].astype("int64").to_numpy()
-    order = np.argsort(starts)
-    starts, ids = starts[order], epochs["epoch"].to_numpy()[order]
-    ts = ev["ts_ns"].astype("int64").to_numpy()
-    ep = ids[np.clip(np.searchsorted(starts, ts, side="right") - 1, 0, len(ids) - 1)]
-    ev = ev.assign(_ep=ep)
-    last_del: dict[int, int] = {}
-    counts: dict[int, int] = {}
-    for eid, kind, e, ra in zip(ev["expert_id"].to_numpy(), ev["kind"].to_numpy(), ev["_ep"].to_numpy(),
-                                ev["re_added_pages"].to_numpy()):
-        if kind == "delete":
-            last_del[int(eid)] = int(e)
-        elif ra and last_del.get(int(eid)) == int(e):
-            counts[int(e)] = counts.get(int(e), 0) + int(ra)
-    return pd.Series(counts, dtype="int64")
 
 
 # -- reconciliation against the run's own /proc deltas ---------------------------------------------

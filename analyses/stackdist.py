@@ -162,6 +162,16 @@ def _stack_kernel(group, item, n_groups, n_items, cut, hist, dist_out):  # pragm
     return hist
 
 
+def repeated_accesses(acc: Accesses, times: int) -> Accesses:
+    """The access stream repeated ``times`` times (iterations renumbered): a replay's warm-up
+    and measured passes over one plan."""
+    n = int(acc.n_iterations)
+    reps = np.arange(times, dtype=np.int64)
+    it = (acc.iteration.astype(np.int64)[None, :] + reps[:, None] * n).ravel().astype(np.int64)
+    return Accesses(it, np.tile(acc.pass_, times), np.tile(acc.layer, times), np.tile(acc.expert, times),
+                    acc.n_layers, acc.n_experts, n * times)
+
+
 def stack_distances(acc: Accesses, scope: str = "per_layer") -> np.ndarray:
     """Per-access LRU stack distance (int32; 0 = first access of that item in its scope)."""
     group, item, n_groups, n_items = stream(acc, scope)

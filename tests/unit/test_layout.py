@@ -16,12 +16,21 @@ import moetrace
 
 
 def _modules() -> dict[str, Path]:
-    out = {"moetrace": Path(moetrace.__file__)}
-    for m in pkgutil.walk_packages(moetrace.__path__, "moetrace."):
-        spec = m.module_finder.find_spec(m.name.rsplit(".", 1)[1])  # type: ignore[union-attr]
-        if spec is not None and spec.origin and spec.origin.endswith(".py"):
-            out[m.name] = Path(spec.origin)
+    import moetrace.analyses
+
+    out = {"moetrace": Path(moetrace.__file__), "moetrace.analyses": Path(moetrace.analyses.__file__)}
+    # moetrace.analyses lives in analyses/, beside toolkit/ (pyproject's package-dir): walked apart
+    for path, prefix in ((moetrace.__path__, "moetrace."), (moetrace.analyses.__path__, "moetrace.analyses.")):
+        for m in pkgutil.walk_packages(path, prefix):
+            spec = m.module_finder.find_spec(m.name.rsplit(".", 1)[1])  # type: ignore[union-attr]
+            if spec is not None and spec.origin and spec.origin.endswith(".py"):
+                out[m.name] = Path(spec.origin)
     return out
+
+
+def test_the_walk_sees_every_folder_of_the_package():
+    assert {"moetrace.analyses.sim", "moetrace.analyses.amplification", "moetrace.record.recorder",
+            "moetrace.reports.report"} <= set(MODULES)
 
 
 MODULES = _modules()

@@ -225,12 +225,14 @@ def test_rereads_within_one_iteration():
     tables = {**tables, "expert_epochs": ee}
     it = A.compute_amplification_iterations(tables, meta, sim=sim)
     assert it["in_iteration_re_added_pages_min"].tolist() == [0, 2]
-    # with the stream: exact (a delete then a re-add in the same epoch counts; one across epochs not)
-    pe = pd.DataFrame({"ts_ns": [150, 160, 170, 250, 260, 270], "expert_id": [0, 0, 0, 0, 0, 0],
-                       "kind": ["add", "delete", "add", "delete", "add", "add"],
-                       "re_added_pages": [0, 0, 3, 0, 2, 1], "pages": [4, 3, 3, 2, 2, 1]})
+    # with the stream: exact per page: added, deleted and added again inside one epoch counts; a
+    # page added in an earlier epoch and evicted and re-read in this one does not
+    pe = pd.DataFrame({"ts_ns": [150, 160, 170, 210, 220, 250, 260], "expert_id": [0] * 7,
+                       "kind": ["add", "delete", "add", "delete", "add", "delete", "add"],
+                       "first_page_index": [0, 0, 0, 0, 0, 0, 0], "pages": [4, 3, 3, 4, 4, 2, 2],
+                       "re_added_pages": [0, 0, 3, 0, 4, 0, 2]})
     it = A.compute_amplification_iterations({**tables, "page_events": pe}, meta, sim=sim)
-    assert it["in_iteration_re_added_pages"].tolist() == [3, 3]
+    assert it["in_iteration_re_added_pages"].tolist() == [3, 2]
 
 
 def test_hit_path_quantiles_and_stack_categories():
@@ -358,3 +360,16 @@ def test_report_cli_json_and_errors(tmp_path):
     r = mt("report", DATA / "pinned", "--out", tmp_path / "full", "--only", "amp")
     assert r.returncode == 2 and "holds no earlier report" in r.stderr
     assert (tmp_path / "full" / "precious.txt").read_text() == "keep"
+
+
+def test_timeline_streams_the_page_event_counter():
+    from moetrace.reports.timeline import compute_timeline
+    from moetrace.run.handle import open_run
+
+    run = open_run(DATA / "run")
+    pe = run.tables["page_events"]
+    net = int((pe["pages"].astype("int64") * pe["kind"].map({"add": 1, "delete": -1})).sum())
+    for tables in (run.tables, dict(run.tables)):  # streamed from the file, and from a frame
+        c = [e for e in compute_timeline(tables, run.meta)["traceEvents"]
+             if e["name"] == "pool pages added - deleted (stream)"]
+        assert c and c[-1]["args"]["pages"] <= net and c[0]["args"]["pages"] == int(pe["pages"].iloc[0])

@@ -175,14 +175,10 @@ class CellSpec:
 # -- simulated miss demand ---------------------------------------------------------------------
 
 def repeated_accesses(acc, times: int):
-    """The plan's access stream repeated ``times`` times (iterations renumbered)."""
-    from moetrace.inputs.trace import Accesses
+    """The plan's access stream repeated ``times`` times (:func:`moetrace.analyses.stackdist.repeated_accesses`)."""
+    from moetrace.analyses.stackdist import repeated_accesses as rep
 
-    n = int(acc.n_iterations)
-    reps = np.arange(times, dtype=np.int64)
-    it = (acc.iteration.astype(np.int64)[None, :] + reps[:, None] * n).ravel().astype(np.int64)
-    return Accesses(it, np.tile(acc.pass_, times), np.tile(acc.layer, times), np.tile(acc.expert, times),
-                    acc.n_layers, acc.n_experts, n * times)
+    return rep(acc, times)
 
 
 def miss_curve(plan: str | os.PathLike, warmup: int, passes: int):

@@ -86,15 +86,10 @@ def compute_timeline(tables: Mapping[str, pd.DataFrame], meta: Mapping[str, Any]
                     for c in ("added_pages", "evicted_pages", "re_added_pages")}
             ev.append({"ph": "C", "pid": PID_KERNEL, "name": "pool pages per iteration", "ts": _us(r.start_ns, t0),
                        "args": args})
-    pe = tables.get("page_events")
-    if pe is not None and len(pe):
-        d = np.where(pe["kind"].astype(str).to_numpy() == "add", 1, -1) * pe["pages"].to_numpy(np.int64)
-        res = np.cumsum(d)
-        ts = pe["ts_ns"].to_numpy(np.int64)
-        step = max(1, len(ts) // MAX_COUNTER_POINTS)
-        for i in range(0, len(ts), step):
+    if "page_events" in tables:
+        for ts, pages in _resident_points(tables):
             ev.append({"ph": "C", "pid": PID_KERNEL, "name": "pool pages added - deleted (stream)",
-                       "ts": _us(ts[i], t0), "args": {"pages": int(res[i])}})
+                       "ts": _us(ts, t0), "args": {"pages": pages}})
     ml = tables.get("mlock_timeline")
     if ml is not None and len(ml):
         for r in ml.itertuples():
@@ -119,6 +114,39 @@ def compute_timeline(tables: Mapping[str, pd.DataFrame], meta: Mapping[str, Any]
     return {"traceEvents": ev, "displayTimeUnit": "ms",
             "otherData": {"source": "moetrace", "run": str(meta.get("run_path", "")),
                           "clock": "CLOCK_MONOTONIC", "origin_ns": t0}}
+
+
+def _resident_points(tables) -> list[tuple[int, int]]:
+    """(ts_ns, pages added - deleted so far) at most MAX_COUNTER_POINTS times, streamed from
+    page_events.parquet in batches when the tables know the file (bounded memory)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    if hasattr(tables, "path"):
+        f = pq.ParquetFile(tables.path("page_events"))
+        n = f.metadata.num_rows
+        batches = f.iter_batches(batch_size=1 << 20, columns=["ts_ns", "kind", "pages"])
+    else:
+        t = pa.Table.from_pandas(tables["page_events"][["ts_ns", "kind", "pages"]], preserve_index=False)
+        n = t.num_rows
+        batches = t.to_batches()
+    step = max(1, n // MAX_COUNTER_POINTS)
+    out, carry, seen = [], 0, 0
+    for b in batches:
+        kind = b.column(1)
+        if pa.types.is_dictionary(kind.type):
+            kind = kind.cast(pa.string())
+        sign = np.where(pc.equal(kind, "add").to_numpy(zero_copy_only=False), 1, -1)
+        res = carry + np.cumsum(sign * b.column(2).to_numpy().astype(np.int64))
+        ts = b.column(0).to_numpy().astype(np.int64)
+        first = (-seen) % step
+        for i in range(first, len(ts), step):
+            out.append((int(ts[i]), int(res[i])))
+        if len(res):
+            carry = int(res[-1])
+        seen += len(ts)
+    return out
 
 
 def write_timeline(doc: Mapping[str, Any], path: str | Path) -> Path:

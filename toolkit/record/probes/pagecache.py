@@ -20,24 +20,12 @@ from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, A
                                   AttachGroup, Column, Knob, ProbeSpec, Struct, bcc_tp, group, kp_cand, tp_cand)
 from moetrace.errors import ProbeError
 from moetrace.record.probe import ProbeRecorder, schema_doc
+from moetrace.run.evictors import EVICTOR_DOCS, EVICTORS  # noqa: F401  (re-exported: the run tables' vocabulary)
 
 # -- the declaration: attach candidates, knobs, tables (probes/pagecache.c agrees: tests/*/test_probe_build.py)
 
 _FOLIO_FIELDS = ("i_ino", "index", "s_dev")
 _READ_EXITS = ("pread64", "preadv", "preadv2", "read")
-#: who deleted a pool page: probes/moetrace.h EVICTOR_*, in slot order
-EVICTORS = ("kswapd", "direct", "memcg", "proactive", "damon", "fadvise", "truncate", "drop_caches", "other")
-EVICTOR_DOCS = {
-    "kswapd": "the kswapd kernel thread (global background reclaim)",
-    "direct": "direct reclaim in an allocating task (global)",
-    "memcg": "memcg limit / high reclaim in a charging task",
-    "proactive": "memory.reclaim (memcg reclaim inside a write(2) of <= 64 bytes) or madvise(MADV_PAGEOUT)",
-    "damon": "a kdamond thread (DAMOS pageout, DAMON_RECLAIM)",
-    "fadvise": "fadvise64(2) of any process (POSIX_FADV_DONTNEED)",
-    "truncate": "truncate, ftruncate, fallocate, unlink, unlinkat",
-    "drop_caches": "a write(2) outside reclaim: drop_caches (or an O_DIRECT write invalidating cached pages)",
-    "other": "any other context (inode eviction at the last close, umount, migration, ...)",
-}
 _CTX_INVALIDATE = ("fadvise64", "truncate", "ftruncate", "fallocate", "unlink", "unlinkat", "madvise")
 
 
