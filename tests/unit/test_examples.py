@@ -20,3 +20,13 @@ def test_domain_shift_example(tmp_path):
     assert (tmp_path / "batch4.bin").stat().st_size > 0
     assert (tmp_path / "batch4.png").stat().st_size > 0
     assert "accepted tokens" in r.stdout
+
+
+def test_notebook_example(tmp_path):
+    """examples/notebook.py reads the recorded test sweep through moetrace.open_sweep / open_run."""
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "notebook.py"),
+                        str(ROOT / "tests" / "data" / "reports" / "sweep"), str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "32MiB-r0: tables" in r.stdout and "amplification" in r.stdout
+    assert (tmp_path / "report" / "report.html").is_file()
