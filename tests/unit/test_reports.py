@@ -68,7 +68,9 @@ def test_sweep_report_shows_amplification_rereads_and_observed_vs_simulated(swee
     t2 = pd.DataFrame(s["table2"])
     assert t2["capacity_bytes"].tolist() == [128 << 20, 48 << 20, 32 << 20]
     best = t2.dropna(subset=["amplification"]).sort_values("amplification").iloc[-1]
-    assert s["detail_cell"] == f"{int(best['capacity_bytes']) >> 20}MiB-r0" == "32MiB-r0"
+    assert s["detail_cell"] == f"{int(best['capacity_bytes']) >> 20}MiB-r0" == "48MiB-r0"
+    # speculative fallbacks read a layer twice in an iteration: the wall makes some of it re-reads
+    assert s["in_iteration_re_added_pages"] > 0 and s["in_iteration_exact"] is False
     page = (out / "report.html").read_text()
     for text in ("Capacity sweep (the paper&#x27;s Table 2)", "Re-read amplification",
                  "The experts carrying most re-reads", "re-reads within one iteration (at least)",
@@ -99,15 +101,16 @@ def test_sweep_report_totals_reconcile_with_the_runs_own_proc_deltas(sweep_repor
     # the measured window's residual is metadata read through the block device's page cache,
     # bounded by the residual the block probe measured over the whole recording
     assert 0 <= every["kernel"] - every["moetrace"] <= meta["moetrace"]
-    cell = open_run(DATA / "sweep" / "cells" / "32MiB-r0")
+    cell = open_run(DATA / "sweep" / "cells" / doc["summary"]["detail_cell"])
     assert every["kernel"] == cell.cell["device_bytes"]
-    # the pages re-added in the measured pass are the cell's own figure, and the kernel's
-    # workingset_refault_file agrees within the shadow nodes it reclaimed
+    # the pages re-added in the measured pass are the cell's own figure; the kernel's
+    # workingset_refault_file undercounts them by at most 64 pages per shadow node it reclaimed
+    # during the cell (a refault whose shadow entry is gone is not counted: mm/workingset.c)
     re = rec.loc["re-reads, measured pass (pages re-added)"]
     assert re["moetrace"] == cell.cell["record"]["measured_pages"]["re_added_pages"] == doc["summary"][
         "measured_re_added_pages"]
     assert re["kernel"] == cell.cell["refault_file_pages"]
-    assert abs(int(re["moetrace"]) - int(re["kernel"])) <= 0.01 * int(re["moetrace"])
+    assert 0 <= int(re["moetrace"]) - int(re["kernel"]) <= 64 * cell.cell["shadow_nodes_reclaimed"]["cell"]
     # amplification per expert sums back to the cell's: measured pages added / simulated misses
     ex = pd.read_parquet(out / "tables" / "amp_experts.parquet")
     assert int(ex["measured_sim_miss_pages"].sum()) * 4096 == pytest.approx(

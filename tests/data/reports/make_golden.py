@@ -4,7 +4,8 @@
     .venv/bin/python tests/data/reports/make_golden.py golden         # rewrite expected/ from them
 
 Inputs (committed, a few MiB): a 128-expert pool (8 layers x 16 experts x 1 MiB = 128 MiB),
-a 30-step synthetic trace compiled to plan.bin, warm-up + 5 measured passes, and
+a 30-step synthetic trace (30 % speculative fallbacks: a layer read twice in an iteration)
+compiled to plan.bin, warm-up + 5 measured passes, and
   sweep/   `moetrace sweep --record` at C = 128 MiB (the pool fits), 48 MiB and 32 MiB (cgroup
            wall: the pool is 4x the smallest C), one repeat each; sweep/plan.bin is the plan
   pinned/  `moetrace cell --mode pinned --record` at C = 128 MiB (the arena holds the pool): the
@@ -40,7 +41,9 @@ def record() -> None:
     try:
         pool, plan = work / "pool", work / "plan.bin"
         geo = ["--layers", L, "--experts", E, "--k", K, "--expert-bytes", "1MiB"]
+        # speculative fallbacks read a layer twice in one iteration: re-reads within an iteration
         moetrace("trace", "synth", "--layers", L, "--experts", E, "--k", K, "--steps", STEPS, "--seed", 1,
+                 "--spec-fallback-rate", "0.3",
                  "-o", work / "t.jsonl")
         moetrace("plan", "compile", work / "t.jsonl", *geo, "-o", plan)
         moetrace("pool", "create", pool, *geo, "--force")
