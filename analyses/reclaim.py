@@ -3,6 +3,8 @@ whether the run shows the paper's amplification signature.
 
 * :func:`compute_reclaim_kinds` — per reclaimer kind (memcg, direct, kswapd, ...): invocations,
   pages scanned and reclaimed, scan-to-steal, time spent, share of what was reclaimed.
+* :func:`compute_reclaim_timeline` — the same per 100 ms bucket over the recording (scan-to-steal
+  over time), when the recording kept the reclaim probe's timeline.
 * :func:`compute_psi` — /proc/pressure deltas over the recording (memory, io; some / full)
   as a share of the wall time.
 * :func:`compute_refault_windows` — per replay iteration, pages re-added (read again after
@@ -45,6 +47,26 @@ def scan_to_steal(reclaim: pd.DataFrame | None) -> float | None:
         return None
     rec = int(reclaim["reclaimed_pages"].sum())
     return int(reclaim["scanned_pages"].sum()) / rec if rec else None
+
+
+def compute_reclaim_timeline(timeline: pd.DataFrame | None, meta: Mapping[str, Any]) -> pd.DataFrame:
+    """reclaim_timeline (per time bucket and reclaimer) -> ``time_ns`` (CLOCK_MONOTONIC of the
+    bucket start: the probe's t0 + offset; the offset alone when the manifest lacks t0),
+    ``who``, ``scanned_pages``, ``reclaimed_pages``, ``scan_to_steal`` (NA when nothing was
+    reclaimed), ``invocations``, ``duration_ns``. Empty without a timeline."""
+    cols = ["time_ns", "who", "scanned_pages", "reclaimed_pages", "scan_to_steal", "invocations", "duration_ns"]
+    if timeline is None or timeline.empty:
+        return pd.DataFrame(columns=cols)
+    rs = ((meta.get("summaries") or {}).get("reclaim") or {})
+    t0 = int(rs.get("t0_ns") or 0)
+    out = pd.DataFrame({"time_ns": timeline["time_ns"].astype("int64") + t0, "who": timeline["who"].astype("string"),
+                        "scanned_pages": timeline["nr_scanned_pages"].astype("int64"),
+                        "reclaimed_pages": timeline["nr_reclaimed_pages"].astype("int64")})
+    rec = out["reclaimed_pages"].astype("Float64")
+    out["scan_to_steal"] = (out["scanned_pages"].astype("Float64") / rec.where(rec > 0)).astype("Float64")
+    out["invocations"] = timeline["invocations"].astype("int64")
+    out["duration_ns"] = timeline["duration_ns"].astype("int64")
+    return out.sort_values(["time_ns", "who"]).reset_index(drop=True)
 
 
 def compute_psi(snapshots: Mapping[str, Any]) -> pd.DataFrame:

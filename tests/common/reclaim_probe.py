@@ -142,4 +142,13 @@ print(n)
 """
 
 
-__all__ = ['FIELDS', 'GROUPS', 'HAVE_KNOBS', 'KINDS', 'MiB', 'PAGE', 'PROBES', 'PROBES_DIR', 'Path', 'READER', 'ReclaimRecorder', 'SRC', 'STATS', 'TIMELINE_FIELDS', '_defines', '_prog_exists', '_prog_ids', 'bpf', 'ctypes', 'fcntl', 'file_set', 'io_lock', 'os', 'pytest', 're', 'read_vmstat', 'reclaim_cflags', 'reclaimrec', 'resolve_attach', 'shared_io_lock', 'subprocess', 'sys', 'tempfile', 'time', 'vmstat_delta']
+def _mounted():
+    """Features with tracefs mounted when absent (as record does; the session fixture unmounts
+    it): resolved without it, every tracepoint reads as unavailable and the test depended on
+    an earlier test having mounted it."""
+    from moetrace.kernel.features import Features
+
+    return Features(mount=True)
+
+
+__all__ = ['FIELDS', '_mounted', 'GROUPS', 'HAVE_KNOBS', 'KINDS', 'MiB', 'PAGE', 'PROBES', 'PROBES_DIR', 'Path', 'READER', 'ReclaimRecorder', 'SRC', 'STATS', 'TIMELINE_FIELDS', '_defines', '_prog_exists', '_prog_ids', 'bpf', 'ctypes', 'fcntl', 'file_set', 'io_lock', 'os', 'pytest', 're', 'read_vmstat', 'reclaim_cflags', 'reclaimrec', 'resolve_attach', 'shared_io_lock', 'subprocess', 'sys', 'tempfile', 'time', 'vmstat_delta']

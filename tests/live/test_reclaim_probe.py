@@ -15,7 +15,7 @@ def test_memcg_reclaim_matches_vmstat(live, io_lock, file_set):
     scope = Scope(f"reclaim-test-{os.getpid()}")
     scope.create(limit)
     try:
-        rec = ReclaimRecorder(bucket_ns=100_000_000).open()
+        rec = ReclaimRecorder(bucket_ns=100_000_000, features=_mounted()).open()
         try:
             t0 = time.perf_counter()
             out = subprocess.run([sys.executable, "-c", READER, str(passes), *map(str, file_set)],

@@ -9,7 +9,7 @@ from common.reclaim_probe import *  # noqa: F401,F403
 @pytest.mark.parametrize("bucket_ns", [0, 10**8], ids=["totals", "timeline"])
 def test_reclaim_probe_compiles_loads_and_detaches(live, bucket_ns):
     t0 = time.perf_counter()
-    rec = ReclaimRecorder(bucket_ns=bucket_ns).open()
+    rec = ReclaimRecorder(bucket_ns=bucket_ns, features=_mounted()).open()
     took = time.perf_counter() - t0
     try:
         ids = _prog_ids(rec)
@@ -69,7 +69,7 @@ def test_attach_resolved_from_declaration(live):
 @pytest.mark.probe_build
 def test_detaches_on_exception(live):
     with pytest.raises(RuntimeError, match="boom"):
-        with ReclaimRecorder() as rec:
+        with ReclaimRecorder(features=_mounted()) as rec:
             ids = _prog_ids(rec)
             raise RuntimeError("boom")
     assert rec.bpf is None and rec.result is not None

@@ -138,3 +138,23 @@ def plot_refaults(win: pd.DataFrame, ax) -> None:
     ax.set_xlabel("replay iteration")
     ax.set_ylabel("re-added / requested pages")
     ax.set_title("Refault windows (shaded: elevated / thrashing)", fontsize=10)
+
+
+def plot_reclaim_timeline(tl: pd.DataFrame, ax) -> None:
+    """Pages reclaimed per bucket (bars, by reclaimer) and scan-to-steal (line, right axis)."""
+    t0 = tl["time_ns"].min()
+    for who, g in tl.groupby("who", sort=True):
+        ax.bar((g["time_ns"] - t0) / 1e9, g["reclaimed_pages"], width=0.09, label=f"reclaimed: {who}", alpha=0.7)
+    ax.set_xlabel("s since the first reclaim")
+    ax.set_ylabel("pages reclaimed per 100 ms")
+    ax2 = ax.twinx()
+    tot = tl.groupby("time_ns")[["scanned_pages", "reclaimed_pages"]].sum()
+    s2s = tot["scanned_pages"] / tot["reclaimed_pages"].where(tot["reclaimed_pages"] > 0)
+    ax2.plot((tot.index - t0) / 1e9, s2s, color="black", marker=".", linewidth=1, label="scan-to-steal")
+    ax2.axhline(2.0, color="#d62728", linestyle=":", linewidth=1)
+    ax2.set_ylabel("scan-to-steal (dotted: 2)")
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    if h1 or h2:
+        ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="upper left")
+    ax.set_title("Reclaim over time", fontsize=10)

@@ -432,6 +432,14 @@ def section_reclaim(rep: Report, run, it: pd.DataFrame | None) -> None:
         rep.summary["scan_to_steal"] = R.scan_to_steal(run.tables["reclaim"])
     else:
         rep.p("The reclaim probe was not recorded.")
+    tl = R.compute_reclaim_timeline(run.tables["reclaim_timeline"] if "reclaim_timeline" in run.tables else None,
+                                    run.meta)
+    if len(tl):
+        fig, ax = F.new_figure()
+        F.plot_reclaim_timeline(tl, ax)
+        rep.figure("reclaim_timeline", F.png_bytes(fig), "Pages reclaimed per 100 ms by reclaimer, and "
+                                                          "scan-to-steal over time")
+        rep.table("reclaim_timeline", tl, "Reclaim per 100 ms bucket", 20)
     psi = R.compute_psi(run.snapshots)
     if len(psi):
         rep.table("reclaim_psi", psi, "Pressure stall (PSI) over the recording", None)

@@ -7,11 +7,12 @@ Tracks:
   bytes, reads, duration), and the warm-up and measured phases as enclosing slices;
 * recorder — the probes' armed interval;
 * counters — per iteration: pool pages added, evicted, re-added (the pagecache epochs);
+  pages scanned and reclaimed per 100 ms by reclaimer (the reclaim probe's timeline);
   resident pool pages (from page_events, when streamed); locked bytes (mlock timeline);
   MGLRU oldest generation age and max_seq per memcg (lru_gen samples); aging events.
 
-Block I/O and reclaim are recorded as totals and histograms, not per event, so they appear
-as counters per iteration only through their effects (pages added / evicted).
+Block I/O is recorded as totals and histograms, not per event: it appears only through its
+effects (pages added per iteration).
 """
 
 from __future__ import annotations
@@ -90,6 +91,13 @@ def compute_timeline(tables: Mapping[str, pd.DataFrame], meta: Mapping[str, Any]
         for ts, pages in _resident_points(tables):
             ev.append({"ph": "C", "pid": PID_KERNEL, "name": "pool pages added - deleted (stream)",
                        "ts": _us(ts, t0), "args": {"pages": pages}})
+    rt = tables.get("reclaim_timeline") if "reclaim_timeline" in tables else None
+    if rt is not None and len(rt):
+        from moetrace.analyses.reclaim import compute_reclaim_timeline
+
+        for r in compute_reclaim_timeline(rt, meta).itertuples():
+            ev.append({"ph": "C", "pid": PID_KERNEL, "name": f"reclaim ({r.who}) per 100 ms", "ts": _us(r.time_ns, t0),
+                       "args": {"scanned_pages": int(r.scanned_pages), "reclaimed_pages": int(r.reclaimed_pages)}})
     ml = tables.get("mlock_timeline")
     if ml is not None and len(ml):
         for r in ml.itertuples():

@@ -255,6 +255,7 @@ class ReclaimResult:
     attach_s: float
     start_s: float
     duration_s: float
+    t0_ns: int = 0  # CLOCK_MONOTONIC of the timeline's bucket 0
 
     @property
     def scanned_pages(self) -> int:
@@ -303,7 +304,7 @@ class ReclaimResult:
                 "open_windows": self.open_windows, "lost_events": 0,
                 "recursion_misses": dict(self.recursion_misses), "stats": dict(self.stats),
                 "attach": dict(self.attach), "unavailable": dict(self.unavailable), "knobs": dict(self.knobs),
-                "bucket_ns": self.bucket_ns, "vmstat_delta": dict(self.vmstat),
+                "bucket_ns": self.bucket_ns, "t0_ns": self.t0_ns, "vmstat_delta": dict(self.vmstat),
                 "vmstat_check": self.vmstat_check(), "compile_s": self.compile_s, "attach_s": self.attach_s,
                 "start_s": self.start_s, "duration_s": self.duration_s}
 
@@ -464,7 +465,7 @@ class ReclaimRecorder:
                              open_windows=open_windows, recursion_misses=misses, attach=dict(self.attach),
                              unavailable=dict(self.unavailable), knobs=dict(self.knobs), vmstat=vm,
                              bucket_ns=self.bucket_ns, compile_s=self.compile_s, attach_s=self.attach_s,
-                             start_s=self._t0, duration_s=time.time() - self._t0)
+                             start_s=self._t0, duration_s=time.time() - self._t0, t0_ns=self._t0_ns)
 
     def _timeline(self) -> pd.DataFrame:
         cols = ["time_ns", "who", "nr_scanned_pages", "nr_reclaimed_pages", "invocations", "duration_ns"]
@@ -483,6 +484,10 @@ class ReclaimRecorder:
 
 # -- the probe interface (moetrace record) -----------------------------------------------------
 
+#: the timeline's bucket width in a recording (ns)
+RECORD_BUCKET_NS = 100_000_000
+
+
 class ReclaimProbe(EngineProbe):
     """The reclaim probe in a recording: :class:`ReclaimRecorder` (the bcc program, aggregated
     in the kernel), armed with the others; the reclaim / reclaim_histogram (/ reclaim_timeline)
@@ -494,7 +499,10 @@ class ReclaimProbe(EngineProbe):
 
     def open(self) -> "ReclaimProbe":
         self.require_plan()
-        self.engine = ReclaimRecorder(features=self.ctx.features, plan=self.ctx.plan, gated=self.ctx.gated).open()
+        # per-100-ms buckets: the reports' scan-to-steal over time (4096 buckets = 6.8 min; later
+        # events land in the last one)
+        self.engine = ReclaimRecorder(bucket_ns=RECORD_BUCKET_NS, features=self.ctx.features, plan=self.ctx.plan,
+                                      gated=self.ctx.gated).open()
         self.knobs = dict(self.engine.knobs)
         self.compile_attach_s = self.engine.compile_s + self.engine.attach_s
         return self
