@@ -293,8 +293,12 @@ class Browser:
 
         env = dict(os.environ)
         home = os.path.join(root, "home")
+        # TMPDIR too: Chromium puts its SingletonSocket directory (org.chromium.Chromium.*) there
+        # and never removes it (measured: one left in /tmp per launch)
+        tmp = os.path.join(root, "tmp")
+        os.makedirs(tmp, exist_ok=True)
         env.update(HOME=home, XDG_CACHE_HOME=os.path.join(home, ".cache"),
-                   XDG_CONFIG_HOME=os.path.join(home, ".config"))
+                   XDG_CONFIG_HOME=os.path.join(home, ".config"), TMPDIR=tmp)
         argv = [self.binary, *FLAGS, *self.extra_flags, f"--user-data-dir={os.path.join(root, 'profile')}",
                 "--remote-debugging-pipe", "about:blank"]
         with open(self._stderr_path, "wb") as err:

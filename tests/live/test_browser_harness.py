@@ -136,7 +136,10 @@ def test_screenshot(browser, tmp_path):
 def test_nothing_left_behind(chromium, tmp_path, how):
     """After the context exits (normally, by an exception, by Ctrl-C) the browser's pid and
     every live process of its group are gone and its temp dir (profile) is removed."""
+    import tempfile
+
     raised = {"clean": None, "exception": RuntimeError, "ctrl-c": KeyboardInterrupt}[how]
+    shared_tmp = os.listdir(tempfile.gettempdir())  # Chromium's SingletonSocket dirs went here
     with pytest.raises(raised) if raised else contextlib.nullcontext():
         with Browser(chromium) as b:
             pid, tmp, profile = b.pid, b.temp_dir, b.profile_dir
@@ -151,6 +154,7 @@ def test_nothing_left_behind(chromium, tmp_path, how):
     assert not tmp.exists()
     assert not processes_mentioning(str(tmp))
     assert b.closed
+    assert sorted(set(os.listdir(tempfile.gettempdir())) - set(shared_tmp)) == []
 
 
 _CHILD = """
