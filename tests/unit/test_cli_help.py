@@ -33,5 +33,6 @@ def test_help(path):
 def test_expected_commands_exist():
     flat = {" ".join(p) for p in COMMANDS}
     for name in ("trace parse", "trace import", "trace synth", "trace stats", "plan compile",
-                 "plan inspect", "sim", "demo", "pool create", "pool verify", "replay", "cell", "sweep"):
+                 "plan inspect", "sim", "demo", "pool create", "pool verify", "replay", "cell", "sweep",
+                 "record", "doctor", "report", "flame"):
         assert name in flat
