@@ -401,3 +401,31 @@ def test_reclaim_timeline_by_hand_and_recorded():
         assert int(g["scanned_pages"].sum()) == int(per.loc[who, "scanned_pages"])
     iv = run.manifest["interval"]
     assert iv["armed_ns"] - 10**8 <= t["time_ns"].min() and t["time_ns"].max() <= iv["disarmed_ns"]
+
+
+def test_report_of_a_run_with_few_tables_or_no_pool(tmp_path):
+    """A recording with the pagecache probe alone, and one made without a pool (`record -- true`):
+    the report says what it left out and why, and never raises."""
+    import shutil
+
+    from moetrace.reports.report import build_report
+
+    few = tmp_path / "few"
+    shutil.copytree(DATA / "run", few)
+    for p in few.glob("*.parquet"):
+        if p.stem not in ("experts", "epochs", "expert_epochs"):
+            p.unlink()
+    doc = build_report(few, tmp_path / "r1")
+    page = (tmp_path / "r1" / "report.html").read_text()
+    for missing in ("The reads probe was not recorded", "The lru probe was not recorded",
+                    "The reclaim probe was not recorded", "The stacks probe was not recorded"):
+        assert missing in page
+    assert "amp_experts" in doc["tables"]
+    nopool = tmp_path / "nopool"
+    shutil.copytree(DATA / "run", nopool)
+    m = json.loads((nopool / "manifest.json").read_text())
+    m["pool"], m["plan"] = None, None
+    (nopool / "manifest.json").write_text(json.dumps(m))
+    doc = build_report(nopool, tmp_path / "r2")
+    assert "recorded without a pool" in (tmp_path / "r2" / "report.html").read_text()
+    assert not any(t.startswith(("amp_", "hitpath_", "age_")) for t in doc["tables"])

@@ -537,15 +537,35 @@ def build_run_report(run, out: str | os.PathLike, *, sections: Iterable[str] = S
     rep = Report(out, title or f"moetrace report: {run.name}")
     say = progress or (lambda s: None)
     _header(rep, run)
-    sim = _sim(run, Path(plan) if plan else None, rep.notes) if ("amp" in sections or "reclaim" in sections) else None
+    wants_sim = ("amp" in sections or "reclaim" in sections) and has_pool(run)
+    sim = _sim(run, Path(plan) if plan else None, rep.notes) if wants_sim else None
     run_sections(rep, run, sections, sim, say)
     rep.summary["kind"] = "cell" if run.cell is not None else "run"
     return _write(rep, sections)
 
 
+def has_pool(run) -> bool:
+    """Whether the run knows its pool's geometry (record --pool, or a replay's manifest)."""
+    from moetrace.analyses.amplification import _geometry
+
+    try:
+        _geometry(run.meta)
+    except (KeyError, TypeError, ValueError):
+        return False
+    return "experts" in run.tables
+
+
 def run_sections(rep: Report, run, sections, sim, say) -> None:
     from moetrace.analyses import amplification as A
 
+    if not has_pool(run):
+        per_expert = [s for s in sections if s in ("amp", "hitpath", "age")]
+        if per_expert:
+            rep.h(2, "Per-expert sections", per_expert[0])
+            rep.p(f"Left out ({', '.join(per_expert)}): this run was recorded without a pool, so nothing is "
+                  "attributed to experts (record with --pool DIR, or record a replay).")
+        sections = [s for s in sections if s not in per_expert]
+        sim = None
     if "amp" in sections:
         say("amplification")
         section_amp(rep, run, sim)
@@ -557,7 +577,7 @@ def run_sections(rep: Report, run, sections, sim, say) -> None:
         section_age(rep, run)
     if "reclaim" in sections:
         say("reclaim")
-        it = A.compute_amplification_iterations(run.tables, run.meta, sim=sim)
+        it = A.compute_amplification_iterations(run.tables, run.meta, sim=sim) if has_pool(run) else None
         section_reclaim(rep, run, it)
     if "flame" in sections:
         say("flame graph")
