@@ -32,7 +32,19 @@ def test_pinned_needs_headroom_for_misses():
     (dict(arena_fraction=0.5), "hybrid only"),
     (dict(mode="hybrid", arena_fraction=1.5), "(0, 1)"),
     (dict(passes=0), "--passes"),
+    (dict(stream_events=True), "needs --record"),
 ])
 def test_bad_specs(kw, needle):
     with pytest.raises(UsageError, match=needle.replace("(", r"\(").replace(")", r"\)")):
         spec(**kw).validate()
+
+
+def test_stream_events_reach_the_recording_not_the_watch(tmp_path):
+    from moetrace.capacity.cell import _record_argv
+
+    sp = spec(record=True, stream_events=True)
+    sp.validate()
+    argv = _record_argv(sp, tmp_path / "run", tmp_path / "cg")
+    assert argv[argv.index("--stream-events") + 1] == "--"
+    assert "--stream-events" not in _record_argv(sp, tmp_path / "watch", tmp_path / "cg", probes="pagecache")
+    assert "--stream-events" not in _record_argv(spec(record=True), tmp_path / "run", tmp_path / "cg")

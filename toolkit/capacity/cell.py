@@ -120,6 +120,9 @@ class CellSpec:
     replay_argv: list[str] | None = None  # program part of the replay command (tests / development)
     drop_caches: bool = True
     record: bool = False  # wrap the replay in `moetrace record` (run directory <cell dir>/run)
+    #: with record: `record --stream-events` (page_events.parquet: exact per-page re-reads within
+    #: an iteration in the report; large: about 32 bytes per page-cache event)
+    stream_events: bool = False
     #: watch the pool's pages for evictions by anyone but the cell's own capacity mechanism
     #: (DAMON, fadvise, drop_caches, truncate, proactive or global reclaim): the replay runs under
     #: `moetrace record --probes pagecache` (<cell dir>/watch) when not --record
@@ -140,6 +143,9 @@ class CellSpec:
 
     def validate(self) -> None:
         """Reject contradictory inputs (UsageError) before anything is created."""
+        if self.stream_events and not self.record:
+            raise UsageError("--stream-events streams the recording's page events: it needs --record",
+                             hint="add --record")
         if self.mechanism not in MECHANISMS:
             raise UsageError(f"unknown mechanism {self.mechanism!r}", hint="use --mechanism cgroup or balloon")
         if self.mode not in MODES:
@@ -221,8 +227,9 @@ def _replay_argv(spec: CellSpec, run_dir: Path, sync_fd: int) -> list[str]:
 def _record_argv(spec: CellSpec, run: Path, scope_path: Path, probes: str | None = None) -> list[str]:
     """`moetrace record` in front of the replay: the recorder stays outside the scope and
     the replay joins it (``--cgroup``) after the probes are attached, before it execs."""
+    stream = ["--stream-events"] if spec.stream_events and probes is None else []
     return [spec.python, "-m", "moetrace.cli.record", "--out", str(run), "--pool", str(spec.pool),
-            "--cgroup", str(scope_path), *(["--probes", probes] if probes else []), "--"]
+            "--cgroup", str(scope_path), *(["--probes", probes] if probes else []), *stream, "--"]
 
 
 #: the evictor classes a capacity mechanism itself causes (record/probes/pagecache.py EVICTORS)

@@ -51,6 +51,10 @@ def cell_options(f):
         click.option("--record", "record", is_flag=True,
                      help="Record the cell's replay (warm-up and measured passes) with `moetrace record` "
                           "into <cell dir>/run; the recorder stays outside the scope."),
+        click.option("--stream-events", "stream_events", is_flag=True,
+                     help="With --record: stream every page-cache event of the pool (page_events.parquet) "
+                          "for exact per-page re-reads within an iteration in `moetrace report` (about 32 "
+                          "bytes per event)."),
         click.option("--watch/--no-watch", "watch", default=True, show_default=True,
                      help="Watch the pool's pages for evictions by anyone but the cell's own mechanism "
                           "(DAMON, fadvise, drop_caches, truncation, proactive or global reclaim) with the "
@@ -67,7 +71,7 @@ def cell_options(f):
 
 def make_spec(plan_path, pool_dir, capacity, mechanism, mode, headroom, threads, warmup, passes,
               arena_fraction, prefetch, fadvise_random, freq_table, timeout_s, name="cell", record=False,
-              watch=True, outside_evictions="flag"):
+              watch=True, outside_evictions="flag", stream_events=False):
     """A validated CellSpec from CLI values."""
     from moetrace.capacity.cell import CellSpec
 
@@ -75,7 +79,7 @@ def make_spec(plan_path, pool_dir, capacity, mechanism, mode, headroom, threads,
                     headroom_bytes=headroom, threads=threads, warmup=warmup, passes=passes,
                     arena_fraction=arena_fraction, prefetch=prefetch, fadvise_random=fadvise_random,
                     freq_table=freq_table, timeout_s=timeout_s, name=name, record=record, watch=watch,
-                    outside_evictions=outside_evictions)
+                    outside_evictions=outside_evictions, stream_events=stream_events)
     spec.validate()
     return spec
 
@@ -96,8 +100,8 @@ SUMMARY_KEYS = ("retained", "reasons", "capacity_bytes", "mechanism", "mode", "d
                    "directory under $MOETRACE_RUN_ROOT (else /var/tmp/moetrace), printed.")
 @click.option("--json", "as_json", is_flag=True, help="Print cell.json's summary as JSON.")
 def cell(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passes, arena_fraction, prefetch,
-         fadvise_random, freq_table, timeout_s, record, watch, outside_evictions, capacity, name, out_dir,
-         as_json):
+         fadvise_random, freq_table, timeout_s, record, stream_events, watch, outside_evictions, capacity, name,
+         out_dir, as_json):
     """Measure one capacity cell (paper Algorithm 1) into a cell directory.
 
     \b
@@ -121,7 +125,7 @@ def cell(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passes
 
     spec = make_spec(plan_path, pool_dir, capacity, mechanism, mode, headroom, threads, warmup, passes,
                      arena_fraction, prefetch, fadvise_random, freq_table, timeout_s, name, record, watch,
-                     outside_evictions)
+                     outside_evictions, stream_events)
     if out_dir is None:
         out_dir = default_cell_dir()
         click.echo(f"moetrace cell: writing {out_dir} (--out names the directory)", err=True)

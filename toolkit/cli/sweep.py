@@ -21,8 +21,8 @@ from moetrace.cli.common import emit_json
               help="Sweep directory: cells/<C>-r<i>/, results.csv/.parquet, capacity.csv/.parquet, fig2.png.")
 @click.option("--json", "as_json", is_flag=True, help="Print the per-capacity table as JSON.")
 def sweep(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passes, arena_fraction, prefetch,
-          fadvise_random, freq_table, timeout_s, record, watch, outside_evictions, capacities, repeats, seed,
-          out_dir, as_json):
+          fadvise_random, freq_table, timeout_s, record, stream_events, watch, outside_evictions, capacities,
+          repeats, seed, out_dir, as_json):
     """Run capacity cells over C x repeats in randomized (seeded) order.
 
     \b
@@ -50,7 +50,8 @@ def sweep(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passe
     caps = parse_capacities(capacities)
     specs = {label: make_spec(plan_path, pool_dir, c, mechanism, mode, headroom, threads, warmup, passes,
                               arena_fraction, prefetch, fadvise_random, freq_table, timeout_s, name="sweep",
-                              record=record, watch=watch, outside_evictions=outside_evictions)
+                              record=record, watch=watch, outside_evictions=outside_evictions,
+                              stream_events=stream_events)
              for label, c in caps}
     check_privileges()
     out = Path(out_dir)
