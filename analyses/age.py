@@ -52,7 +52,7 @@ def compute_dwell_quantiles(hist: pd.DataFrame, quantiles=(0.5, 0.9, 0.99)) -> p
             r[f"p{round(q * 100)}_ns"] = hist_quantile(g["lo_ns"].to_numpy(), g["hi_ns"].to_numpy(),
                                                      g["pages"].to_numpy(), q)
         rows.append(r)
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=["kind", "pages", *(f"p{round(q * 100)}_ns" for q in quantiles)])
 
 
 # -- MGLRU ---------------------------------------------------------------------------------------

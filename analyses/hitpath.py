@@ -108,7 +108,7 @@ def compute_latency_quantiles(lat: pd.DataFrame, quantiles=(0.5, 0.9, 0.99)) -> 
             r[f"p{round(q * 100)}_ns"] = hist_quantile(g["lo_ns"].to_numpy(), g["hi_ns"].to_numpy(),
                                                      g["calls"].to_numpy(), q)
         rows.append(r)
-    df = pd.DataFrame(rows)
+    df = pd.DataFrame(rows, columns=["scope", "class", "calls", *(f"p{round(q * 100)}_ns" for q in quantiles)])
     for q in quantiles:
         c = f"p{round(q * 100)}_ns"
         if c in df:

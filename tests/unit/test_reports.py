@@ -9,7 +9,6 @@ the run handle, the CLI, the timeline and the differential flame graph.
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import json
 import subprocess
 import sys
@@ -19,19 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-DATA = ROOT / "tests" / "data" / "reports"
-PLAN = DATA / "sweep" / "plan.bin"
-
-
-def _make_golden():
-    spec = importlib.util.spec_from_file_location("make_golden", DATA / "make_golden.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-MG = _make_golden()
+from common.reports import DATA, MG, PLAN, ROOT  # noqa: F401
 
 
 # -- golden tables -------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ class LazyGroup(click.Group):
         "record": ".record:record",
         "report": ".report:report",
         "flame": ".report:flame",
+        "check": ".check:check",
     },
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -61,6 +62,7 @@ def cli() -> None:
     Kernel:             doctor (what this kernel can trace, and why not)
     Recording (root):   record -- CMD (eBPF probes attached while CMD runs)
     Reports:            report RUN|CELL|SWEEP (HTML, Markdown, tables), flame RUN [--diff RUN]
+    Regressions:        check BASE CAND (verdict; exit 0 same, 1 regression, 2 cannot compare)
     End to end:         demo
     """
 

@@ -83,6 +83,20 @@ def report_tables(name: str, tmp: Path) -> dict:
     return {t: pd.read_parquet(tmp / "report" / "tables" / f"{t}.parquet") for t in doc["tables"]}
 
 
+#: `moetrace check` pairs with golden comparison tables: (name, base, candidate)
+CHECKS = (("same_cell", "sweep/cells/48MiB-r0", "sweep/cells/48MiB-r0"),
+          ("smaller_capacity", "sweep/cells/48MiB-r0", "sweep/cells/32MiB-r0"),
+          ("pagecache_vs_pinned", "sweep/cells/128MiB-r0", "pinned"))
+
+
+def check_tables(name: str) -> dict:
+    """The comparison tables of one CHECKS pair, by group."""
+    from moetrace.reports.check import run_check
+
+    _n, base, cand = next(c for c in CHECKS if c[0] == name)
+    return run_check(HERE / base, HERE / cand).tables
+
+
 def golden() -> None:
     exp = HERE / "expected"
     shutil.rmtree(exp, ignore_errors=True)
@@ -91,6 +105,10 @@ def golden() -> None:
             (exp / d).mkdir(parents=True)
             for t, df in report_tables(d, Path(tmp)).items():
                 (exp / d / f"{t}.csv").write_text(golden_csv(df))
+    (exp / "check").mkdir()
+    for name, _b, _c in CHECKS:
+        for g, df in check_tables(name).items():
+            (exp / "check" / f"{name}.csv").write_text(f"# group: {g}\n" + golden_csv(df))
 
 
 if __name__ == "__main__":

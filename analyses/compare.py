@@ -1,0 +1,244 @@
+"""Regression checks: the same cell on two kernels (or two settings), metric by metric.
+
+One *unit* is a recorded run or cell; repeats are several units of the same kind (a sweep's
+cells of one capacity, or several cell directories). For each metric the base and candidate
+medians, their spread, the ratio candidate / base, and where both sides have >= 2 repeats a
+Welch t-test (as mmtests' compare does) and a bootstrap interval of the ratio of means
+(scipy). A metric regressed when it moved the wrong way by more than its threshold and, with
+repeats, the t-test agrees (p < alpha). The geometric mean of the direction-normalised
+ratios (> 1: worse) summarises all.
+
+Thresholds (TOML, every key optional)::
+
+    alpha = 0.05                 # significance level of the t-test
+    [metrics.iteration_time_ns]
+    threshold = 0.10             # relative change that counts (0.10 = 10 %)
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from moetrace.errors import InputError
+
+#: metric -> (unit, lower is better, default threshold, what it is)
+METRICS: dict[str, tuple[str, bool, float, str]] = {
+    "iteration_time_ns": ("ns", True, 0.10, "median measured iteration time"),
+    "device_bytes_per_iteration": ("bytes", True, 0.05, "device bytes read per measured iteration (diskstats)"),
+    "amplification": ("", True, 0.05, "device bytes / simulated LRU miss demand"),
+    "rereads_per_iteration": ("pages", True, 0.05, "pages re-added (read again after eviction) per measured "
+                                                   "iteration"),
+    "refaults_per_iteration": ("pages", True, 0.05, "workingset_refault_file per measured iteration"),
+    "scan_to_steal": ("", True, 0.10, "pages scanned / reclaimed (reclaim probe)"),
+    "hit_only_ns_per_kib": ("ns/KiB", True, 0.10, "hit-only read calls: ns per KiB"),
+    "hit_only_p50_ns": ("ns", True, 0.25, "hit-only read-call latency, median (log2 histogram)"),
+    "hit_only_p99_ns": ("ns", True, 0.50, "hit-only read-call latency, p99 (log2 histogram)"),
+    "age_at_eviction_p50_ns": ("ns", False, 0.25, "insertion-to-eviction dwell, median (lru probe): shorter = "
+                                                  "pages evicted younger"),
+    "aging_ms_per_increment": ("ms", False, 0.25, "MGLRU: ms between max_seq increments (shorter = faster "
+                                                  "aging churn)"),
+}
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    alpha: float
+    per_metric: dict[str, float]
+
+    @classmethod
+    def default(cls) -> "Thresholds":
+        return cls(0.05, {m: v[2] for m, v in METRICS.items()})
+
+
+def load_thresholds(path: str | Path | None) -> Thresholds:
+    """Thresholds from a TOML file (see module doc); defaults for what it leaves out."""
+    t = Thresholds.default()
+    if path is None:
+        return t
+    p = Path(path)
+    try:
+        doc = tomllib.loads(p.read_text())
+    except OSError as e:
+        raise InputError(f"cannot read thresholds: {e.strerror}", path=str(p)) from None
+    except tomllib.TOMLDecodeError as e:
+        import re
+
+        m = re.search(r"\(at line (\d+), column (\d+)\)", str(e))  # Python < 3.14 has no e.lineno
+        line = getattr(e, "lineno", None) or (int(m.group(1)) if m else None)
+        raise InputError(f"not valid TOML ({str(e).split(' (at line')[0]})", path=str(p), line=line) from None
+    per = dict(t.per_metric)
+    for name, v in (doc.get("metrics") or {}).items():
+        if name not in METRICS:
+            raise InputError(f"unknown metric {name!r}", path=str(p), hint="metrics: " + ", ".join(METRICS))
+        thr = v.get("threshold") if isinstance(v, dict) else None
+        if not isinstance(thr, (int, float)) or thr < 0:
+            raise InputError(f"metrics.{name}.threshold must be a number >= 0", path=str(p))
+        per[name] = float(thr)
+    alpha = doc.get("alpha", t.alpha)
+    if not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+        raise InputError("alpha must be a number in (0, 1)", path=str(p))
+    return Thresholds(float(alpha), per)
+
+
+# -- metrics of one unit ---------------------------------------------------------------------------
+
+def unit_metrics(run) -> dict[str, float | None]:
+    """The metrics of one recorded run or cell (:class:`moetrace.run.handle.Run`); None where the
+    recording cannot say (a probe not recorded, not a cell, not an MGLRU kernel)."""
+    from moetrace.analyses import age as G
+    from moetrace.analyses import hitpath as H
+    from moetrace.analyses import reclaim as R
+    from moetrace.analyses.amplification import measured_epochs
+
+    cell = run.cell or {}
+    t = run.tables
+    out: dict[str, float | None] = {m: None for m in METRICS}
+    n_meas = cell.get("measured_iterations")
+    it = t["iterations"] if "iterations" in t else None
+    if it is not None and len(it):
+        meas = it[it["phase"] == "measured"]
+        if len(meas):
+            out["iteration_time_ns"] = float(meas["duration_ns"].median())
+            n_meas = n_meas or len(meas)
+    if cell.get("iteration_time_median_ns") is not None:
+        out["iteration_time_ns"] = float(cell["iteration_time_median_ns"])
+    for k in ("device_bytes_per_iteration", "amplification"):
+        if cell.get(k) is not None:
+            out[k] = float(cell[k])
+    me = measured_epochs(t)
+    if me is not None and n_meas:
+        out["rereads_per_iteration"] = float(me["re_added_pages"].sum()) / float(n_meas)
+    if cell.get("refault_file_pages") is not None and n_meas:
+        out["refaults_per_iteration"] = float(cell["refault_file_pages"]) / float(n_meas)
+    if "reclaim" in t:
+        out["scan_to_steal"] = R.scan_to_steal(t["reclaim"])
+    if "reads" in t:
+        out["hit_only_ns_per_kib"] = H.compute_hitpath_summary(t["reads"])["hit_only_ns_per_kib"]
+    if "reads_latency" in t:
+        q = H.compute_latency_quantiles(t["reads_latency"])
+        row = q[(q["scope"] == "pool") & (q["class"] == "hit_only")]
+        if len(row):
+            for c, m in (("p50_ns", "hit_only_p50_ns"), ("p99_ns", "hit_only_p99_ns")):
+                v = row[c].iloc[0]
+                out[m] = None if pd.isna(v) else float(v)
+    if "lru_dwell_histogram" in t:
+        q = G.compute_dwell_quantiles(t["lru_dwell_histogram"])
+        row = q[q["kind"] == "insertion_to_eviction"]
+        if len(row) and row["p50_ns"].notna().iloc[0]:
+            out["age_at_eviction_p50_ns"] = float(row["p50_ns"].iloc[0])
+    if "lru_gen" in t and len(t["lru_gen"]):
+        cad = G.compute_aging_cadence(t["lru_gen"])
+        v = cad["ms_per_increment"].dropna() if "ms_per_increment" in cad else pd.Series(dtype=float)
+        if len(v):
+            out["aging_ms_per_increment"] = float(v.median())
+    return {k: (None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)) for k, v in out.items()}
+
+
+def identity(run) -> dict[str, Any]:
+    """What must match for two units to be comparable: the plan and the pool's geometry.
+    Capacity, mode and kernel may differ (that is what a check compares)."""
+    m = run.manifest
+    plan, pool = m.get("plan") or {}, m.get("pool") or {}
+    return {"plan": plan.get("identity"), "geometry": pool.get("geometry"),
+            "capacity_bytes": (run.cell or {}).get("capacity_bytes"), "mode": (run.cell or {}).get("mode"),
+            "kernel": (m.get("kernel") or {}).get("release") if isinstance(m.get("kernel"), dict) else m.get("kernel")}
+
+
+def incomparable(base: Sequence, cand: Sequence) -> str | None:
+    """Why the two sets of units cannot be compared (None: they can)."""
+    ids = [identity(r) for r in (*base, *cand)]
+    plans = {str(i["plan"]) for i in ids}
+    if len(plans) > 1:
+        return "different plans: " + ", ".join(sorted(plans)) + " (a check compares the same replay)"
+    geos = {str(i["geometry"]) for i in ids}
+    if len(geos) > 1:
+        return "different pool geometries: " + "; ".join(sorted(geos))
+    return None
+
+
+# -- the comparison --------------------------------------------------------------------------------
+
+def _spread(x: np.ndarray) -> float | None:
+    if len(x) < 2:
+        return None
+    med = float(np.median(x))
+    return float((x.max() - x.min()) / med) if med else None
+
+
+def compute_comparison(base: Sequence[Mapping[str, float | None]], cand: Sequence[Mapping[str, float | None]],
+                       thresholds: Thresholds | None = None, seed: int = 0) -> pd.DataFrame:
+    """One row per metric with values on both sides, then a ``geomean`` row: ``metric``,
+    ``unit``, ``lower_is_better``, ``base_n``, ``base_median``, ``base_spread``, ``cand_n``,
+    ``cand_median``, ``cand_spread``, ``ratio`` (cand / base medians), ``worse_ratio`` (> 1:
+    worse, whichever the direction), ``p_value`` (Welch; NA below 2 repeats a side),
+    ``ratio_ci_low`` / ``ratio_ci_high`` (bootstrap 95 % of mean(cand) / mean(base); NA
+    below 2 repeats), ``threshold``, ``verdict`` (regression, improvement, same)."""
+    from scipy import stats
+
+    th = thresholds or Thresholds.default()
+    rows = []
+    for m, (unit, lower, _d, _doc) in METRICS.items():
+        b = np.array([u[m] for u in base if u.get(m) is not None], dtype=float)
+        c = np.array([u[m] for u in cand if u.get(m) is not None], dtype=float)
+        if not len(b) or not len(c):
+            continue
+        bm, cm = float(np.median(b)), float(np.median(c))
+        if bm == 0 and cm == 0:
+            ratio = 1.0
+        elif bm == 0:
+            ratio = math.inf
+        else:
+            ratio = cm / bm
+        worse = ratio if lower else (1 / ratio if ratio else math.inf)
+        p = lo = hi = None
+        if len(b) >= 2 and len(c) >= 2:
+            if np.ptp(b) == 0 and np.ptp(c) == 0:
+                p = 1.0 if bm == cm else 0.0
+            else:
+                p = float(stats.ttest_ind(c, b, equal_var=False).pvalue)
+            if b.mean() > 0:
+                res = stats.bootstrap((c, b), lambda x, y, axis=-1: np.mean(x, axis=axis) / np.mean(y, axis=axis),
+                                      vectorized=True, paired=False, n_resamples=2000, confidence_level=0.95,
+                                      method="percentile", random_state=np.random.default_rng(seed))
+                lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+        thr = th.per_metric.get(m, 0.0)
+        significant = p is None or p < th.alpha
+        if worse > 1 + thr and significant:
+            verdict = "regression"
+        elif worse < 1 / (1 + thr) and significant:
+            verdict = "improvement"
+        else:
+            verdict = "same"
+        rows.append({"metric": m, "unit": unit, "lower_is_better": lower, "base_n": len(b), "base_median": bm,
+                     "base_spread": _spread(b), "cand_n": len(c), "cand_median": cm, "cand_spread": _spread(c),
+                     "ratio": ratio, "worse_ratio": worse, "p_value": p, "ratio_ci_low": lo, "ratio_ci_high": hi,
+                     "threshold": thr, "verdict": verdict})
+    df = pd.DataFrame(rows, columns=["metric", "unit", "lower_is_better", "base_n", "base_median", "base_spread",
+                                     "cand_n", "cand_median", "cand_spread", "ratio", "worse_ratio", "p_value",
+                                     "ratio_ci_low", "ratio_ci_high", "threshold", "verdict"])
+    finite = df["worse_ratio"][np.isfinite(df["worse_ratio"].astype(float)) & (df["worse_ratio"] > 0)]
+    if len(finite):
+        g = float(np.exp(np.log(finite.astype(float)).mean()))
+        geo = {c: None for c in df.columns}
+        geo.update(metric="geomean", unit="", worse_ratio=g, verdict="(summary)")
+        df = pd.concat([df, pd.DataFrame([geo])], ignore_index=True)
+    for c in ("base_median", "base_spread", "cand_median", "cand_spread", "ratio", "worse_ratio", "p_value",
+              "ratio_ci_low", "ratio_ci_high", "threshold"):
+        df[c] = pd.array(df[c], dtype="Float64")
+    for c in ("base_n", "cand_n"):
+        df[c] = pd.array(df[c], dtype="Int64")
+    df["lower_is_better"] = pd.array(df["lower_is_better"], dtype="boolean")
+    return df
+
+
+def regressed(df: pd.DataFrame) -> list[str]:
+    """The metrics whose verdict is a regression."""
+    return df.loc[df["verdict"] == "regression", "metric"].tolist()

@@ -1,0 +1,131 @@
+"""`moetrace check` (no-kernel tier): verdicts on the recorded golden cells, golden comparison
+tables, the statistics against scipy called directly, thresholds, exit statuses."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from common.reports import DATA, MG
+
+from moetrace.analyses import compare as C
+from moetrace.errors import InputError
+from moetrace.reports.check import CANNOT_COMPARE, NO_REGRESSION, REGRESSION, run_check
+
+
+@pytest.mark.parametrize("name", [c[0] for c in MG.CHECKS])
+def test_comparison_tables_equal_the_golden_files(name):
+    tables = MG.check_tables(name)
+    assert len(tables) == 1
+    (g, df), = tables.items()
+    want = (DATA / "expected" / "check" / f"{name}.csv").read_text()
+    assert f"# group: {g}\n" + MG.golden_csv(df) == want, f"{name}: the comparison changed (if intended: " \
+        "python tests/data/reports/make_golden.py golden)"
+
+
+def test_the_same_cell_is_no_regression():
+    res = run_check(DATA / "sweep" / "cells" / "48MiB-r0", DATA / "sweep" / "cells" / "48MiB-r0")
+    assert res.status == NO_REGRESSION and res.verdict() == "no regression"
+    df = res.tables["48MiB"]
+    assert (df["verdict"].iloc[:-1] == "same").all() and df["worse_ratio"].iloc[-1] == 1.0
+
+
+def test_a_smaller_capacity_regresses_and_names_the_metrics():
+    res = run_check(DATA / "sweep" / "cells" / "48MiB-r0", DATA / "sweep" / "cells" / "32MiB-r0")
+    assert res.status == REGRESSION
+    reg = res.regressed["48MiB -> 32MiB"]
+    assert {"iteration_time_ns", "device_bytes_per_iteration", "rereads_per_iteration"} <= set(reg)
+    assert "device_bytes_per_iteration" in res.verdict()
+    # the figures are the cells' own
+    df = res.tables["48MiB -> 32MiB"].set_index("metric")
+    import json as _j
+
+    b = _j.loads((DATA / "sweep" / "cells" / "48MiB-r0" / "cell.json").read_text())
+    c = _j.loads((DATA / "sweep" / "cells" / "32MiB-r0" / "cell.json").read_text())
+    assert df.loc["device_bytes_per_iteration", "ratio"] == pytest.approx(
+        c["device_bytes_per_iteration"] / b["device_bytes_per_iteration"])
+    # the other way round, what regressed improves (and the larger cell's higher amplification,
+    # 0.75 -> 0.83, is the one regression)
+    back = run_check(DATA / "sweep" / "cells" / "32MiB-r0", DATA / "sweep" / "cells" / "48MiB-r0")
+    bd = back.tables["32MiB -> 48MiB"].set_index("metric")["verdict"]
+    assert (bd[["iteration_time_ns", "device_bytes_per_iteration", "rereads_per_iteration"]] == "improvement").all()
+    assert back.regressed["32MiB -> 48MiB"] == ["amplification"]
+
+
+def test_different_plans_cannot_be_compared(tmp_path):
+    other = tmp_path / "cell"
+    shutil.copytree(DATA / "sweep" / "cells" / "48MiB-r0", other)
+    m = json.loads((other / "run" / "manifest.json").read_text())
+    m["plan"]["identity"] = "crc32:00000000:00000000:1"
+    (other / "run" / "manifest.json").write_text(json.dumps(m))
+    res = run_check(DATA / "sweep" / "cells" / "48MiB-r0", other)
+    assert res.status == CANNOT_COMPARE and "different plans" in res.reason
+    (tmp_path / "empty").mkdir()
+    res = run_check(DATA / "sweep" / "cells" / "48MiB-r0", tmp_path / "empty")
+    assert res.status == CANNOT_COMPARE and "not a run, cell or sweep" in res.reason
+
+
+def test_sweeps_match_capacities():
+    res = run_check(DATA / "sweep", DATA / "sweep")
+    assert res.status == NO_REGRESSION and sorted(res.tables) == ["128MiB", "32MiB", "48MiB"]
+
+
+def test_repeats_use_welch_and_a_bootstrap_interval():
+    from scipy import stats
+
+    base = [{"iteration_time_ns": v} for v in (10.0, 11.0, 9.0, 10.5)]
+    worse = [{"iteration_time_ns": v} for v in (15.0, 16.0, 14.0, 15.5)]
+    df = C.compute_comparison(base, worse).set_index("metric")
+    r = df.loc["iteration_time_ns"]
+    assert r["p_value"] == pytest.approx(stats.ttest_ind([15, 16, 14, 15.5], [10, 11, 9, 10.5], equal_var=False).pvalue)
+    assert r["verdict"] == "regression" and r["ratio_ci_low"] < 1.5 < r["ratio_ci_high"]
+    assert r["base_spread"] == pytest.approx(2.0 / 10.25)
+    # a 17 % shift inside the noise: above the threshold, but the t-test does not agree
+    noisy = [{"iteration_time_ns": v} for v in (8.0, 16.0, 9.0, 15.0)]
+    r = C.compute_comparison(base, noisy).set_index("metric").loc["iteration_time_ns"]
+    assert r["worse_ratio"] > 1.1 and r["p_value"] > 0.05 and r["verdict"] == "same"
+    # higher is better for age at eviction: pages evicted younger is the regression
+    r = C.compute_comparison([{"age_at_eviction_p50_ns": 100.0}], [{"age_at_eviction_p50_ns": 50.0}]).set_index(
+        "metric").loc["age_at_eviction_p50_ns"]
+    assert r["ratio"] == 0.5 and r["worse_ratio"] == 2.0 and r["verdict"] == "regression"
+
+
+def test_thresholds_file(tmp_path):
+    t = tmp_path / "t.toml"
+    t.write_text("alpha = 0.01\n[metrics.iteration_time_ns]\nthreshold = 0.5\n")
+    th = C.load_thresholds(t)
+    assert th.alpha == 0.01 and th.per_metric["iteration_time_ns"] == 0.5
+    assert th.per_metric["amplification"] == C.METRICS["amplification"][2]
+    res = run_check(DATA / "sweep" / "cells" / "48MiB-r0", DATA / "sweep" / "cells" / "32MiB-r0", th)
+    assert "iteration_time_ns" not in res.regressed["48MiB -> 32MiB"]
+    t.write_text("alpha = 0.01\n[metrics.iteration_time_ns\nthreshold = 0.5\n")
+    with pytest.raises(InputError, match="line 2"):
+        C.load_thresholds(t)
+    t.write_text("[metrics.bogus]\nthreshold = 1\n")
+    with pytest.raises(InputError, match="unknown metric 'bogus'"):
+        C.load_thresholds(t)
+
+
+def test_check_cli_exit_statuses_json_and_html(tmp_path):
+    def mt(*a):
+        return subprocess.run([sys.executable, "-m", "moetrace.cli", "check", *map(str, a)], capture_output=True,
+                              text=True)
+
+    cells = DATA / "sweep" / "cells"
+    r = mt(cells / "48MiB-r0", cells / "48MiB-r0")
+    assert r.returncode == 0 and r.stdout.strip().endswith("no regression")
+    r = mt(cells / "48MiB-r0", cells / "32MiB-r0", "--json", "--html", tmp_path / "h")
+    assert r.returncode == 1, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["status"] == 1 and "device_bytes_per_iteration" in doc["regressed"]["48MiB -> 32MiB"]
+    assert (tmp_path / "h" / "report.html").is_file() and "regression:" in (tmp_path / "h" / "report.html").read_text()
+    r = mt(cells / "48MiB-r0", tmp_path)
+    assert r.returncode == 2 and "could not compare" in r.stdout and "Traceback" not in r.stderr
+    pd.read_parquet(next((tmp_path / "h" / "tables").glob("check_*.parquet")))
+    assert np.isfinite(doc["groups"]["48MiB -> 32MiB"][-1]["worse_ratio"])

@@ -1,0 +1,53 @@
+"""`moetrace check BASE CAND`: a regression verdict between two runs, cells, sweeps or sets of repeats."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from moetrace.cli.common import emit_json
+
+
+@click.command()
+@click.argument("base", type=click.Path(exists=True, file_okay=False))
+@click.argument("cand", type=click.Path(exists=True, file_okay=False))
+@click.option("--thresholds", "thresholds_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="TOML: alpha = 0.05 and [metrics.NAME] threshold = 0.10 (relative); defaults for the rest.")
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict and every comparison table as JSON.")
+@click.option("--html", "html_dir", type=click.Path(file_okay=False), default=None,
+              help="Also write report.html / REPORT.md / tables into this directory.")
+def check(base, cand, thresholds_path, as_json, html_dir):
+    """Compare CAND against BASE metric by metric and say whether it regressed.
+
+    \b
+    BASE / CAND: a run (record --out), a cell (cell --out), a sweep (sweep --out:
+    cells of one capacity are repeats, capacities matched) or a directory of runs
+    or cells (repeats). Both must replay the same plan on the same pool geometry.
+    Metrics: iteration time, device bytes per iteration, amplification, re-reads
+    and refaults per iteration, scan-to-steal, hit-only ns/KiB and p50/p99,
+    age at eviction (LRU dwell), MGLRU aging cadence. Medians with spread;
+    with >= 2 repeats a side, Welch's t-test and a bootstrap 95 % interval of
+    the ratio; a metric regressed when it moved the wrong way by more than its
+    threshold (and p < alpha with repeats); a geometric-mean row sums up.
+    Exit status: 0 no regression, 1 regression, 2 could not compare.
+    Example:
+      moetrace check lab-6.1/cells lab-6.12/cells --thresholds thresholds.toml --html check-out
+    """
+    from moetrace.analyses.compare import load_thresholds
+    from moetrace.reports.check import check_doc, run_check, write_check_report
+
+    th = load_thresholds(thresholds_path)
+    res = run_check(base, cand, th)
+    if html_dir:
+        write_check_report(res, base, cand, html_dir)
+    if as_json:
+        emit_json(check_doc(res, base, cand))
+    else:
+        for g, df in res.tables.items():
+            click.echo(f"== {g}")
+            cols = ["metric", "base_n", "base_median", "cand_n", "cand_median", "ratio", "worse_ratio", "p_value",
+                    "verdict"]
+            click.echo(df[cols].to_string(index=False, na_rep="NA", float_format=lambda v: f"{v:.4g}"))
+        click.echo(res.verdict())
+    sys.exit(res.status)

@@ -1,0 +1,142 @@
+"""`moetrace check BASE CAND`: did the same cell get worse? (analyses.compare arranged)
+
+BASE and CAND are each a run (`record --out`), a cell (`cell --out`), a sweep (`sweep --out`:
+its retained recorded-or-not cells, grouped by capacity, are repeats) or a directory holding
+several runs or cells (repeats). Groups are matched by capacity; two single groups are
+compared whatever their capacities (a smaller C is a fair candidate).
+
+Exit status: 0 no regression, 1 regression (the metrics are named), 2 could not compare
+(the reason is given).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moetrace.lazyimport import pandas as pd
+
+from moetrace.errors import InputError
+
+NO_REGRESSION, REGRESSION, CANNOT_COMPARE = 0, 1, 2
+
+
+def _label(run) -> str:
+    c = (run.cell or {}).get("capacity_bytes")
+    return f"{int(c) >> 20}MiB" if c else "run"
+
+
+def load_units(path: str | os.PathLike) -> dict[str, list]:
+    """{group label (capacity, or 'run'): [Run, ...]} of a run, cell, sweep or a directory of them.
+    A sweep's cells that were not retained are left out (their figures do not count)."""
+    from moetrace.run.handle import kind_of, open_run, open_sweep
+
+    p = Path(path)
+    try:
+        kind = kind_of(p)
+    except InputError:
+        kind = None
+    runs = []
+    if kind == "sweep":
+        runs = [c for c in open_sweep(p).cells if (c.cell or {}).get("retained", True)]
+        if not runs:
+            raise InputError("no retained recorded cell in this sweep", path=str(p),
+                             hint="run the sweep with --record")
+    elif kind in ("run", "cell"):
+        runs = [open_run(p)]
+    else:
+        subs = sorted(d for d in p.iterdir() if d.is_dir()) if p.is_dir() else []
+        for d in subs:
+            try:
+                k = kind_of(d)
+            except InputError:
+                continue
+            if k in ("run", "cell"):
+                try:
+                    runs.append(open_run(d))
+                except InputError:
+                    continue  # a cell that was not recorded
+        if not runs:
+            raise InputError("not a run, cell or sweep, nor a directory of them", path=str(p),
+                             hint="give `record --out`, `cell --out` or `sweep --out` directories")
+    groups: dict[str, list] = {}
+    for r in runs:
+        groups.setdefault(_label(r), []).append(r)
+    return groups
+
+
+@dataclass
+class CheckResult:
+    status: int
+    reason: str | None
+    tables: dict[str, Any] = field(default_factory=dict)  # group -> comparison DataFrame
+    regressed: dict[str, list[str]] = field(default_factory=dict)
+    pairs: list[tuple[str, str]] = field(default_factory=list)
+
+    def verdict(self) -> str:
+        if self.status == CANNOT_COMPARE:
+            return f"could not compare: {self.reason}"
+        if self.status == REGRESSION:
+            return "regression: " + "; ".join(f"{g}: {', '.join(m)}" for g, m in self.regressed.items() if m)
+        return "no regression"
+
+
+def run_check(base: str | os.PathLike, cand: str | os.PathLike, thresholds=None) -> CheckResult:
+    from moetrace.analyses import compare as C
+
+    try:
+        bg, cg = load_units(base), load_units(cand)
+    except InputError as e:
+        return CheckResult(CANNOT_COMPARE, e.format_message())
+    if len(bg) == 1 and len(cg) == 1:
+        pairs = [(next(iter(bg)), next(iter(cg)))]
+    else:
+        common = [g for g in bg if g in cg]
+        if not common:
+            return CheckResult(CANNOT_COMPARE, f"no capacity in common (base: {', '.join(bg)}; candidate: "
+                                               f"{', '.join(cg)})")
+        pairs = [(g, g) for g in common]
+    why = C.incomparable([r for b, _ in pairs for r in bg[b]], [r for _, c in pairs for r in cg[c]])
+    if why:
+        return CheckResult(CANNOT_COMPARE, why, pairs=pairs)
+    res = CheckResult(NO_REGRESSION, None, pairs=pairs)
+    for b, c in pairs:
+        name = b if b == c else f"{b} -> {c}"
+        df = C.compute_comparison([C.unit_metrics(r) for r in bg[b]], [C.unit_metrics(r) for r in cg[c]],
+                                  thresholds)
+        if df.empty:
+            return CheckResult(CANNOT_COMPARE, f"{name}: no metric has a value on both sides", pairs=pairs)
+        res.tables[name] = df
+        res.regressed[name] = C.regressed(df)
+    if any(res.regressed.values()):
+        res.status = REGRESSION
+    return res
+
+
+def check_doc(res: CheckResult, base, cand) -> dict[str, Any]:
+    from moetrace.reports.report import table_json
+
+    return {"schema": "moetrace.check/1", "base": str(base), "candidate": str(cand), "status": res.status,
+            "verdict": res.verdict(), "reason": res.reason, "regressed": res.regressed,
+            "groups": {g: json.loads(table_json(df)) for g, df in res.tables.items()}}
+
+
+def write_check_report(res: CheckResult, base, cand, out: str | os.PathLike) -> dict[str, Any]:
+    """check.html / CHECK.md / tables through the report writer."""
+    from moetrace.reports.report import Report, _write
+
+    rep = Report(Path(out), f"moetrace check: {Path(cand).name} against {Path(base).name}")
+    rep.h(2, "Verdict", "verdict")
+    rep.p(res.verdict())
+    for g, df in res.tables.items():
+        rep.h(2, f"Capacity {g}")
+        show = df.copy()
+        rep.table(f"check_{g.replace(' ', '').replace('>', '').replace('-', '_')}", df,
+                  "Per metric: medians, spread, candidate / base, Welch p, bootstrap 95 % interval of the ratio",
+                  None, show=show)
+    rep.summary.update(check_doc(res, base, cand))
+    Path(out).mkdir(parents=True, exist_ok=True)
+    return _write(rep, ("verdict",))
