@@ -44,6 +44,12 @@ if [ -n "${fallback:-}" ] && [ ! -e "/lib/modules/$krel/build/include" ] && [ "$
   warn "with mismatched headers only tracepoint-argument (and syscall-argument) probes are safe."
 fi
 
+# The kernel lab's QEMU and kernels (Debian 6.1 and 6.12 with MGLRU): `moetrace lab kernels` and
+# the lab tests read them. Root only; MOETRACE_NO_LAB=1 skips it.
+if [ "$(id -u)" = 0 ] && [ "${MOETRACE_NO_LAB:-0}" != 1 ]; then
+  bash scripts/lab-setup.sh
+fi
+
 # bcc is importable only from Debian's interpreter, hence --system-site-packages.
 if [ ! -x "$VENV/bin/python" ]; then
   log "creating $VENV"

@@ -47,6 +47,7 @@ class LazyGroup(click.Group):
         "report": ".report:report",
         "flame": ".report:flame",
         "check": ".check:check",
+        "lab": ".lab:lab",
     },
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -63,6 +64,7 @@ def cli() -> None:
     Recording (root):   record -- CMD (eBPF probes attached while CMD runs)
     Reports:            report RUN|CELL|SWEEP (HTML, Markdown, tables), flame RUN [--diff RUN]
     Regressions:        check BASE CAND (verdict; exit 0 same, 1 regression, 2 cannot compare)
+    Kernel lab:         lab kernels (MGLRU, kprobes, BTF, signatures per kernel), lab setup
     End to end:         demo
     """
 

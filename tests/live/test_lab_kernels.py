@@ -1,0 +1,65 @@
+"""`moetrace lab kernels` on the installed lab kernels (live tier: the set-up installs Debian's
+6.1.0-47 and 6.12.95 kernels; without them this skips, or fails under MOETRACE_LIVE=1). The
+oracle: what shared/docs/environment.md measured by booting each (MGLRU default, kprobes, the
+signatures that changed between 6.1 and 6.12) and the running kernel's own /proc and /sys."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+K61, K612 = "6.1.0-47-amd64", "6.12.95+deb12-amd64"
+
+
+def _need(release: str) -> None:
+    if not Path(f"/boot/vmlinuz-{release}").is_file():
+        why = f"lab kernel {release} not installed (bash scripts/lab-setup.sh; `make setup` runs it as root)"
+        if os.environ.get("MOETRACE_LIVE") == "1":
+            pytest.fail(f"MOETRACE_LIVE=1 but {why}")
+        pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
+def facts():
+    _need(K61)
+    _need(K612)
+    r = subprocess.run([sys.executable, "-m", "moetrace.cli", "lab", "kernels", "--json"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return {k["release"]: k for k in json.loads(r.stdout)}
+
+
+def test_the_running_kernel(facts):
+    k = facts[platform.release()]
+    assert k["running"] is True and k["mglru_built"] is False and k["kprobes"] is False  # measured here
+    assert k["btf"] is Path("/sys/kernel/btf/vmlinux").exists()
+    assert k["functions"]["evict_folios"] is None and k["functions"]["mlock_folio"]
+
+
+def test_debian_61_mglru_built_off_old_signatures(facts):
+    k = facts[K61]
+    assert (k["mglru_built"], k["mglru_default"], k["kprobes"], k["btf"], k["headers"]) == (True, "off", True, True,
+                                                                                           "exact")
+    f = k["functions"]
+    assert "struct scan_control *sc" in f["try_to_inc_max_seq"] and "bool *need_swapping" in f["evict_folios"]
+    assert f["should_run_aging"] and f["mlock_new_page"] and f["munlock_page"]
+    assert f["inc_max_seq"] is None and f["walk_mm"] is None and f["mlock_new_folio"] is None
+
+
+def test_debian_612_mglru_on_new_signatures(facts):
+    k = facts[K612]
+    assert (k["mglru_built"], k["mglru_default"], k["kprobes"], k["btf"], k["headers"]) == (True, "on", True, True,
+                                                                                           "exact")
+    f = k["functions"]
+    assert f["try_to_inc_max_seq"] == ("bool try_to_inc_max_seq(struct lruvec *lruvec, long unsigned int seq, "
+                                       "bool can_swap, bool force_scan)")
+    assert f["evict_folios"] == "int evict_folios(struct lruvec *lruvec, struct scan_control *sc, int swappiness)"
+    assert f["lru_gen_look_around"].startswith("bool ")
+    assert f["should_run_aging"] is None and f["mlock_new_page"] is None
+    assert f["mlock_new_folio"] and f["munlock_folio"]

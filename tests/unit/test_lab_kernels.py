@@ -1,0 +1,83 @@
+"""`moetrace lab kernels` without a kernel: the config parser, the BTF reader on a BTF blob
+built here by hand (the kernel's own layout, include/uapi/linux/btf.h), facts from a fake root."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from moetrace.errors import InputError
+from moetrace.kernel import btf as B
+from moetrace.lab.kernels import kernel_facts, parse_config
+
+
+def _btf(types: list[tuple[int, str, int, int, bytes]]) -> bytes:
+    """A little-endian BTF blob: types as (kind, name, vlen, size_or_type, extra bytes)."""
+    strs = b"\0"
+    offs = {}
+
+    def s(name: str) -> int:
+        nonlocal strs
+        if not name:
+            return 0
+        if name not in offs:
+            offs[name] = len(strs)
+            strs += name.encode() + b"\0"
+        return offs[name]
+
+    tdata = b""
+    for kind, name, vlen, ref, extra in types:
+        tdata += struct.pack("<III", s(name), (kind << 24) | vlen, ref) + extra
+    # FUNC_PROTO param names are string offsets inside extra: resolved by the caller via s()
+    hdr = struct.pack("<HBBIIIII", B.BTF_MAGIC, 1, 0, 24, 0, len(tdata), len(tdata), len(strs))
+    return hdr + tdata + strs, s
+
+
+def test_btf_signatures_by_hand():
+    names = {}
+    # ids: 1 int "bool", 2 struct lruvec, 3 ptr -> 2, 4 int "long unsigned int", 5 proto, 6 func
+    strs_probe = [("bool",), ("lruvec",), ("long unsigned int",), ("lruvec_p",), ("seq",), ("try_to_inc_max_seq",)]
+    blob = None
+    # two passes: the first learns the string offsets, the second writes them into the proto
+    for _ in range(2):
+        lv, seq = names.get("lruvec_p", 0), names.get("seq", 0)
+        types = [(B.INT, "bool", 0, 1, struct.pack("<I", 8)),
+                 (B.STRUCT, "lruvec", 0, 0, b""),
+                 (B.PTR, "", 0, 2, b""),
+                 (B.INT, "long unsigned int", 0, 8, struct.pack("<I", 64)),
+                 (B.FUNC_PROTO, "", 2, 1, struct.pack("<IIII", lv, 3, seq, 4)),
+                 (B.FUNC, "try_to_inc_max_seq", 0, 5, b"")]
+        blob, s = _btf(types + [(B.TYPEDEF, n[0], 0, 0, b"") for n in strs_probe])
+        names = {n[0]: s(n[0]) for n in strs_probe}
+    b = B.Btf(blob)
+    assert b.funcs == {"try_to_inc_max_seq": 5}
+    assert b.signature("try_to_inc_max_seq") == \
+        "bool try_to_inc_max_seq(struct lruvec *lruvec_p, long unsigned int seq)"
+    assert b.params("try_to_inc_max_seq") == ["lruvec_p", "seq"] and b.signature("inc_max_seq") is None
+    with pytest.raises(InputError, match="not BTF"):
+        B.Btf(b"\0" * 40, "x")
+    bad = bytearray(blob)
+    struct.pack_into("<I", bad, 24 + 4, 25 << 24)  # kind 25 does not exist
+    with pytest.raises(InputError, match="unknown BTF kind 25"):
+        B.Btf(bytes(bad), "x")
+
+
+def test_config_and_facts_from_a_fake_root(tmp_path):
+    cfg = "CONFIG_LRU_GEN=y\n# CONFIG_LRU_GEN_ENABLED is not set\nCONFIG_KPROBES=y\nCONFIG_DEBUG_INFO_BTF=y\n" \
+          "CONFIG_BPF_SYSCALL=y\nCONFIG_LOCALVERSION=\"-lab\"\n"
+    assert parse_config(cfg)["CONFIG_LRU_GEN_ENABLED"] == "n" and parse_config(cfg)["CONFIG_LOCALVERSION"] == "-lab"
+    (tmp_path / "boot").mkdir()
+    (tmp_path / "boot" / "config-9.9.9-lab").write_text(cfg)
+    hdr = tmp_path / "lib" / "modules" / "9.9.9-lab" / "build" / "include" / "generated"
+    hdr.mkdir(parents=True)
+    (hdr / "utsrelease.h").write_text('#define UTS_RELEASE "9.9.9-lab"\n')
+    k = kernel_facts("9.9.9-lab", tmp_path)
+    assert (k.mglru_built, k.mglru_default, k.kprobes, k.btf, k.bpf) == (True, "off", True, True, True)
+    assert k.headers == "exact" and k.running is False and k.image is None and k.functions == {}
+    (tmp_path / "boot" / "config-9.9.9-lab").write_text(cfg.replace("# CONFIG_LRU_GEN_ENABLED is not set",
+                                                                     "CONFIG_LRU_GEN_ENABLED=y"))
+    assert kernel_facts("9.9.9-lab", tmp_path).mglru_default == "on"
+    (tmp_path / "boot" / "vmlinuz-9.9.9-lab").write_bytes(b"MZ not a kernel")
+    k = kernel_facts("9.9.9-lab", tmp_path)
+    assert k.btf is False and any("BTF not read" in n for n in k.notes)

@@ -1,0 +1,190 @@
+"""Read a kernel's BTF (the BPF Type Format, include/uapi/linux/btf.h) for function
+signatures: from /sys/kernel/btf/vmlinux (raw BTF) or from a kernel image (the vmlinux ELF
+inside a bzImage, decompressed, its ``.BTF`` section).
+
+Only what `moetrace lab kernels` needs: every FUNC with its prototype, rendered as C
+(``try_to_inc_max_seq(struct lruvec *lruvec, unsigned long max_seq, ...)``). Debian ships a
+stub System.map, so BTF is also how a kernel's functions are listed without booting it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import lzma
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from moetrace.errors import InputError
+
+BTF_MAGIC = 0xEB9F
+# kinds (btf.h BTF_KIND_*) and the bytes each adds after the 12-byte btf_type
+INT, PTR, ARRAY, STRUCT, UNION, ENUM, FWD, TYPEDEF, VOLATILE, CONST, RESTRICT, FUNC, FUNC_PROTO, VAR, DATASEC, \
+    FLOAT, DECL_TAG, TYPE_TAG, ENUM64 = range(1, 20)
+_EXTRA_FIXED = {INT: 4, ARRAY: 12, VAR: 4, DECL_TAG: 4}
+_EXTRA_PER_MEMBER = {STRUCT: 12, UNION: 12, ENUM: 8, FUNC_PROTO: 8, DATASEC: 12, ENUM64: 12}
+
+
+@dataclass(frozen=True)
+class Type:
+    kind: int
+    name: str
+    vlen: int
+    ref: int  # size or type id (kind-dependent)
+    params: tuple[tuple[str, int], ...] = ()  # FUNC_PROTO: (name, type id)
+    kflag: bool = False
+
+
+class Btf:
+    """Parsed BTF: ``types[id]`` (id 0 is void) and ``funcs`` (name -> FUNC_PROTO id)."""
+
+    def __init__(self, data: bytes, source: str = "<btf>"):
+        if len(data) < 24:
+            raise InputError("BTF too short", path=source)
+        magic, version, _flags, hdr_len = struct.unpack_from("<HBBI", data, 0)
+        endian = "<"
+        if magic != BTF_MAGIC:
+            magic, version, _flags, hdr_len = struct.unpack_from(">HBBI", data, 0)
+            endian = ">"
+            if magic != BTF_MAGIC:
+                raise InputError(f"not BTF (magic {magic:#x})", path=source, offset=0)
+        type_off, type_len, str_off, str_len = struct.unpack_from(endian + "IIII", data, 8)
+        base = hdr_len
+        strs = data[base + str_off: base + str_off + str_len]
+        tdata = data[base + type_off: base + type_off + type_len]
+
+        def name(off: int) -> str:
+            end = strs.find(b"\0", off)
+            return strs[off:end].decode("utf-8", "replace") if off < len(strs) else ""
+
+        self.types: list[Type] = [Type(0, "void", 0, 0)]
+        self.funcs: dict[str, int] = {}
+        pos = 0
+        while pos + 12 <= len(tdata):
+            name_off, info, ref = struct.unpack_from(endian + "III", tdata, pos)
+            pos += 12
+            kind, vlen, kflag = (info >> 24) & 0x1F, info & 0xFFFF, bool(info >> 31)
+            params: tuple[tuple[str, int], ...] = ()
+            if kind == FUNC_PROTO:
+                params = tuple((name(struct.unpack_from(endian + "I", tdata, pos + 8 * i)[0]),
+                                struct.unpack_from(endian + "I", tdata, pos + 8 * i + 4)[0]) for i in range(vlen))
+            elif kind == ARRAY:
+                ref = struct.unpack_from(endian + "I", tdata, pos)[0]  # element type
+            pos += _EXTRA_FIXED.get(kind, 0) + _EXTRA_PER_MEMBER.get(kind, 0) * vlen
+            if kind == 0 or kind > ENUM64:
+                raise InputError(f"unknown BTF kind {kind} (type {len(self.types)})", path=source,
+                                 offset=base + type_off + pos)
+            t = Type(kind, name(name_off), vlen, ref, params, kflag)
+            if kind == FUNC:
+                self.funcs.setdefault(t.name, ref)
+            self.types.append(t)
+
+    # -- rendering ------------------------------------------------------------------------------
+    def type_name(self, tid: int, depth: int = 0) -> str:
+        """C spelling of type ``tid`` (pointers to functions abbreviated)."""
+        if depth > 20 or tid >= len(self.types):
+            return "?"
+        t = self.types[tid]
+        if t.kind == 0:
+            return "void"
+        if t.kind in (INT, TYPEDEF, FLOAT):
+            return t.name
+        if t.kind == STRUCT:
+            return f"struct {t.name}"
+        if t.kind == UNION:
+            return f"union {t.name}"
+        if t.kind in (ENUM, ENUM64):
+            return f"enum {t.name}"
+        if t.kind == FWD:
+            return f"{'union' if t.kflag else 'struct'} {t.name}"
+        if t.kind == PTR:
+            inner = self.types[t.ref] if t.ref < len(self.types) else None
+            if inner is not None and inner.kind == FUNC_PROTO:
+                return "void (*)(...)"
+            return self.type_name(t.ref, depth + 1) + " *"
+        if t.kind == CONST:
+            return "const " + self.type_name(t.ref, depth + 1)
+        if t.kind == VOLATILE:
+            return "volatile " + self.type_name(t.ref, depth + 1)
+        if t.kind in (RESTRICT, TYPE_TAG):
+            return self.type_name(t.ref, depth + 1)
+        if t.kind == ARRAY:
+            return self.type_name(t.ref, depth + 1) + " []"
+        return t.name or "?"
+
+    def signature(self, func: str) -> str | None:
+        """``ret func(type name, ...)`` or None when BTF has no such function."""
+        proto_id = self.funcs.get(func)
+        if proto_id is None:
+            return None
+        p = self.types[proto_id]
+        args = ", ".join(f"{self.type_name(tid)}{'' if self.type_name(tid).endswith('*') else ' '}{n}".rstrip()
+                         if n else self.type_name(tid) for n, tid in p.params) or "void"
+        return f"{self.type_name(p.ref)} {func}({args})"
+
+    def params(self, func: str) -> list[str] | None:
+        proto_id = self.funcs.get(func)
+        return None if proto_id is None else [n for n, _ in self.types[proto_id].params]
+
+
+# -- sources ---------------------------------------------------------------------------------------
+
+def vmlinux_from_image(image: bytes, source: str = "<image>") -> bytes:
+    """The vmlinux ELF inside a bzImage: the first compressed stream that decompresses to an
+    ELF (xz, gzip; zstd and lz4 are named in the error)."""
+    if image[:4] == b"\x7fELF":
+        return image
+    import zlib
+
+    import zstandard
+
+    def unxz(b: bytes) -> bytes:
+        return lzma.LZMADecompressor(format=lzma.FORMAT_XZ).decompress(b)
+
+    def ungzip(b: bytes) -> bytes:
+        return gzip.GzipFile(fileobj=io.BytesIO(b)).read()
+
+    def unzstd(b: bytes) -> bytes:
+        return zstandard.ZstdDecompressor().decompressobj().decompress(b)
+
+    for magic, unpack in ((b"\xfd7zXZ\x00", unxz), (b"\x28\xb5\x2f\xfd", unzstd), (b"\x1f\x8b\x08", ungzip)):
+        start = 0
+        while (i := image.find(magic, start)) >= 0:
+            start = i + 1
+            try:
+                out = unpack(image[i:])
+            except (lzma.LZMAError, OSError, EOFError, zlib.error, zstandard.ZstdError):
+                continue
+            if out[:4] == b"\x7fELF":
+                return out
+    if image.find(b"\x02\x21\x4c\x18") >= 0:
+        raise InputError("the kernel image is lz4-compressed, which moetrace cannot unpack", path=source,
+                         hint="give the uncompressed vmlinux instead")
+    raise InputError("no compressed vmlinux found in the kernel image", path=source)
+
+
+def btf_from_elf(elf: bytes, source: str = "<vmlinux>") -> bytes | None:
+    """The ``.BTF`` section of a vmlinux ELF (None when the kernel was built without BTF)."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    try:
+        sec = ELFFile(io.BytesIO(elf)).get_section_by_name(".BTF")
+    except ELFError as e:
+        raise InputError(f"not a vmlinux ELF: {e}", path=source) from None
+    return None if sec is None else sec.data()
+
+
+def load(path: str | Path) -> Btf | None:
+    """BTF of ``path``: raw BTF (/sys/kernel/btf/vmlinux), a vmlinux ELF or a bzImage
+    (/boot/vmlinuz-*). None when the kernel has no BTF."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise InputError(f"cannot read: {e.strerror}", path=str(p)) from None
+    if len(data) >= 2 and struct.unpack_from("<H", data, 0)[0] == BTF_MAGIC:
+        return Btf(data, str(p))
+    raw = btf_from_elf(vmlinux_from_image(data, str(p)), str(p))
+    return None if raw is None else Btf(raw, str(p))
