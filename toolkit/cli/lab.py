@@ -20,6 +20,7 @@ def lab() -> None:
     kernels   the kernels on this host: MGLRU built / default, kprobes, BTF, headers,
               and the signatures of the functions the mglru and mlock probes attach to
     setup     install QEMU, busybox and the two lab kernels with their headers (root)
+    run       boot a kernel under QEMU, run one command in it, bring back what it wrote
     """
 
 
@@ -63,3 +64,41 @@ def setup():
     if not script.is_file():
         raise click.ClickException(f"{script} is missing: run from a moetrace checkout")
     sys.exit(subprocess.run(["bash", str(script)]).returncode)
+
+
+@lab.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--kernel", required=True, help="6.1, 6.12, a release under /boot, or a kernel image path.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="The lab directory: the guest's only writable place (/tmp/lab inside); lab.json, stdout, "
+                   "stderr land here.")
+@click.option("--memory", default="2G", show_default=True, help="Guest memory (QEMU -m).")
+@click.option("--cpus", type=click.IntRange(1), default=2, show_default=True, help="Guest vCPUs.")
+@click.option("--mglru", type=click.Choice(["on", "off", "keep"]), default="keep", show_default=True,
+              help="Switch MGLRU in the guest before the command (keep: the kernel's default).")
+@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
+              help="Seconds before a running guest is killed (reported, exit 1).")
+@click.option("--json", "as_json", is_flag=True, help="Print lab.json.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run(kernel, out_dir, memory, cpus, mglru, timeout_s, as_json, command):
+    """Boot KERNEL under QEMU (TCG) with this host's root read-only, run COMMAND in the guest
+    (cwd /tmp/lab = --out), power off, and exit with COMMAND's status.
+
+    \b
+    The guest mounts the host root over 9p read-only, a tmpfs over /tmp and --out at
+    /tmp/lab (writable); lab.json records the guest's kernel release, MGLRU state, exit
+    status and the boot-to-command time.
+    Example:
+      moetrace lab run --kernel 6.12 --out lab1 -- moetrace doctor --json
+    """
+    from moetrace.lab.run import run_in_guest
+
+    res = run_in_guest(kernel, list(command), Path(out_dir), memory=memory, cpus=cpus, mglru=mglru,
+                       timeout_s=timeout_s)
+    if as_json:
+        emit_json(res.doc)
+    else:
+        d = res.doc
+        click.echo(f"lab: {d['kernel']} (MGLRU {d.get('mglru')}), command started {d.get('cmd_start_uptime_s')} s "
+                   f"after boot, exit {res.exit_status}; host wall {d['host_wall_s']:.1f} s; {out_dir}/lab.json",
+                   err=True)
+    sys.exit(res.exit_status if isinstance(res.exit_status, int) else 1)

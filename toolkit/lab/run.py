@@ -1,0 +1,225 @@
+"""`moetrace lab run`: boot another kernel under QEMU with this host's root read-only, run one
+command in it, power off, and bring back what it wrote (docs: shared/docs/environment.md, "The
+kernel lab").
+
+The guest: a busybox initramfs built here (the kernel's 9p / virtio modules from
+/lib/modules/R, resolved through modules.dep; built-in ones skipped), the host root over 9p
+read-only, a guest tmpfs over /tmp, and one writable 9p share, the lab directory, at
+``/tmp/lab`` in the guest. The command runs there as PID 1's child with MGLRU switched as
+asked; its exit status, the guest's kernel release and MGLRU state land in ``lab.json``.
+QEMU runs under TCG (this host's nested KVM hangs a stock kernel); a guest still running at
+the timeout is killed (by pid) and reported.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import lzma
+import os
+import shlex
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from moetrace.errors import MoetraceError, UsageError
+
+#: modules the guest needs (with their dependencies, from modules.dep)
+GUEST_MODULES = ("virtio_pci", "virtio_blk", "9pnet_virtio", "9p")
+GUEST_SHARE = "/tmp/lab"
+ALIASES = {"6.1": "6.1.0-47-amd64", "6.12": "6.12.95+deb12-amd64"}
+
+
+def resolve_kernel(kernel: str) -> tuple[str, Path]:
+    """(release, image) of '6.1', '6.12', a release under /boot, or an image path."""
+    if "/" in kernel:
+        img = Path(kernel)
+        rel = img.name.removeprefix("vmlinuz-")
+    else:
+        rel = ALIASES.get(kernel, kernel)
+        img = Path(f"/boot/vmlinuz-{rel}")
+    if not img.is_file():
+        raise UsageError(f"no kernel image {img}", hint="`moetrace lab setup` installs the lab kernels; "
+                                                       "`moetrace lab kernels` lists what is here")
+    if not Path(f"/lib/modules/{rel}/modules.dep").is_file():
+        raise UsageError(f"no modules for {rel} under /lib/modules", hint="install its linux-image package")
+    return rel, img
+
+
+def module_files(release: str, wanted=GUEST_MODULES) -> list[Path]:
+    """The .ko files to load, dependencies first (built-in modules left out)."""
+    base = Path(f"/lib/modules/{release}")
+    deps: dict[str, list[str]] = {}
+    for line in (base / "modules.dep").read_text().splitlines():
+        mod, _, rest = line.partition(":")
+        deps[mod] = rest.split()
+    by_name = {Path(m).name.split(".ko")[0].replace("-", "_"): m for m in deps}
+    order: list[str] = []
+
+    def visit(m: str) -> None:
+        for d in deps.get(m, []):
+            visit(d)
+        if m not in order:
+            order.append(m)
+
+    for w in wanted:
+        if w in by_name:
+            visit(by_name[w])
+    return [base / m for m in order]
+
+
+def _cpio(entries: list[tuple[str, int, bytes]]) -> bytes:
+    """A newc cpio archive of (path, mode, data) entries (directories: data b'')."""
+    out = io.BytesIO()
+    for ino, (name, mode, data) in enumerate(entries + [("TRAILER!!!", 0, b"")], start=1):
+        nb = name.encode() + b"\0"
+        hdr = "070701" + "".join(f"{v:08x}" for v in (ino, mode, 0, 0, 1, 0, len(data), 0, 0, 0, 0, len(nb), 0))
+        out.write(hdr.encode() + nb)
+        out.write(b"\0" * ((4 - (110 + len(nb)) % 4) % 4))
+        out.write(data)
+        out.write(b"\0" * ((4 - len(data) % 4) % 4))
+    return out.getvalue()
+
+
+INIT = r"""#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
+for m in $(cat /modules.order); do insmod /modules/$m || echo "lab: insmod $m failed"; done
+fail() { echo "lab: $*"; echo o > /proc/sysrq-trigger; sleep 30; }
+# virtio devices probe asynchronously: a 9p tag may not exist yet right after insmod (seen once)
+mount9p() { i=0; while ! mount -t 9p -o "trans=virtio,version=9p2000.L,msize=262144$3" "$1" "$2" 2>/dev/null; do
+  i=$((i + 1)); [ $i -ge 100 ] && return 1; sleep 0.05; done; }
+mkdir -p /newroot
+mount9p hostroot /newroot ",ro,cache=loose" || fail "cannot mount the host root (9p tag hostroot)"
+mount -t tmpfs tmpfs /newroot/tmp
+mkdir -p /newroot/tmp/lab
+mount9p labshare /newroot/tmp/lab "" || fail "cannot mount the lab share (9p tag labshare)"
+mount -t proc proc /newroot/proc; mount -t sysfs sys /newroot/sys; mount -t devtmpfs dev /newroot/dev
+mount -t tmpfs tmpfs /newroot/run
+mount -t cgroup2 none /newroot/sys/fs/cgroup 2>/dev/null
+exec switch_root /newroot /bin/sh /tmp/lab/.guest.sh
+"""
+
+GUEST = r"""#!/bin/sh
+cd /tmp/lab
+up() { cut -d' ' -f1 /proc/uptime; }
+echo "{\"cmd_start_uptime_s\": $(up)," > .guest-status.json
+MGLRU=@MGLRU@
+if [ -e /sys/kernel/mm/lru_gen/enabled ] && [ "$MGLRU" != keep ]; then
+  if [ "$MGLRU" = on ]; then echo y > /sys/kernel/mm/lru_gen/enabled; else echo n > /sys/kernel/mm/lru_gen/enabled; fi
+fi
+export HOME=/tmp PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+@ENV@
+@CMD@ > /tmp/lab/stdout 2> /tmp/lab/stderr
+rc=$?
+lru=$(cat /sys/kernel/mm/lru_gen/enabled 2>/dev/null || echo none)
+echo "\"exit_status\": $rc, \"release\": \"$(uname -r)\", \"mglru\": \"$lru\", \"end_uptime_s\": $(up)}" >> .guest-status.json
+sync
+echo o > /proc/sysrq-trigger
+sleep 30
+"""
+
+
+def build_initramfs(release: str, dest: Path) -> Path:
+    busybox = shutil.which("busybox") or "/bin/busybox"
+    entries: list[tuple[str, int, bytes]] = []
+    for d in ("bin", "dev", "proc", "sys", "modules", "newroot", "tmp"):
+        entries.append((d, stat.S_IFDIR | 0o755, b""))
+    entries.append(("bin/busybox", stat.S_IFREG | 0o755, Path(busybox).read_bytes()))
+    entries.append(("init", stat.S_IFREG | 0o755, INIT.encode()))
+    names = []
+    for f in module_files(release):
+        data = f.read_bytes()
+        name = f.name
+        if name.endswith(".xz"):
+            data, name = lzma.decompress(data), name[:-3]
+        elif name.endswith(".zst"):
+            import zstandard
+
+            data, name = zstandard.ZstdDecompressor().decompressobj().decompress(data), name[:-4]
+        entries.append((f"modules/{name}", stat.S_IFREG | 0o644, data))
+        names.append(name)
+    entries.append(("modules.order", stat.S_IFREG | 0o644, ("\n".join(names) + "\n").encode()))
+    dest.write_bytes(gzip.compress(_cpio(entries), compresslevel=1))
+    return dest
+
+
+@dataclass
+class LabResult:
+    status: str  # "ok", "timeout", "no-status"
+    exit_status: int | None
+    doc: dict[str, Any]
+
+
+def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2G", cpus: int = 2,
+                 mglru: str = "keep", timeout_s: float = 600.0, env: dict[str, str] | None = None,
+                 qemu: str = "qemu-system-x86_64") -> LabResult:
+    """Boot ``kernel``, run ``command`` in the guest (cwd /tmp/lab = ``out``), power off."""
+    if mglru not in ("on", "off", "keep"):
+        raise UsageError(f"--mglru {mglru!r}", hint="on, off or keep")
+    if shutil.which(qemu) is None:
+        raise UsageError(f"{qemu} not found", hint="`moetrace lab setup` installs qemu-system-x86")
+    release, image = resolve_kernel(kernel)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for f in (".guest-status.json", "stdout", "stderr"):
+        (out / f).unlink(missing_ok=True)
+    envs = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in (env or {}).items())
+    (out / ".guest.sh").write_text(GUEST.replace("@MGLRU@", mglru).replace("@CMD@", shlex.join(command))
+                                   .replace("@ENV@", envs))
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="moetrace-lab-") as tmp:
+        initrd = build_initramfs(release, Path(tmp) / "initramfs.cpio.gz")
+        console = Path(tmp) / "console.log"
+        argv = [qemu, "-accel", "tcg", "-cpu", "max", "-m", memory, "-smp", str(cpus), "-nographic", "-no-reboot",
+                "-kernel", str(image), "-initrd", str(initrd),
+                "-append", "console=ttyS0 panic=-1 quiet loglevel=3",
+                "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
+                "-virtfs", f"local,path={out.resolve()},mount_tag=labshare,security_model=none,multidevs=remap",
+                "-serial", f"file:{console}", "-monitor", "none", "-display", "none"]
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                start_new_session=True)
+        status = "ok"
+        try:
+            try:
+                _o, err = proc.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                status = "timeout"
+                os.killpg(proc.pid, signal.SIGKILL)
+                _o, err = proc.communicate()
+        except BaseException:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            raise
+        wall = time.monotonic() - t0
+        tail = console.read_text(errors="replace")[-4000:] if console.exists() else ""
+    (out / ".guest.sh").unlink(missing_ok=True)
+    st_path = out / ".guest-status.json"
+    guest: dict[str, Any] = {}
+    if st_path.exists():
+        try:
+            guest = json.loads(st_path.read_text())
+        except json.JSONDecodeError:
+            guest = {"raw": st_path.read_text()}
+        st_path.unlink()
+    if status == "ok" and "exit_status" not in guest:
+        status = "no-status"
+    doc = {"schema": "moetrace.lab/1", "kernel": release, "image": str(image), "command": command,
+           "memory": memory, "cpus": cpus, "mglru_requested": mglru, "accel": "tcg", "status": status,
+           "host_wall_s": round(wall, 3), "qemu_returncode": proc.returncode,
+           "qemu_stderr": (err or b"").decode(errors="replace")[-2000:], **guest}
+    if status != "ok":
+        doc["console_tail"] = tail
+    (out / "lab.json").write_text(json.dumps(doc, indent=1) + "\n")
+    if status == "timeout":
+        raise MoetraceError(f"the guest ({release}) was still running after {timeout_s:.0f} s and was killed",
+                            hint=f"see {out / 'lab.json'} (console_tail); raise --timeout")
+    return LabResult(status, guest.get("exit_status"), doc)
