@@ -133,10 +133,9 @@ def write_check_report(res: CheckResult, base, cand, out: str | os.PathLike) -> 
     rep.p(res.verdict())
     for g, df in res.tables.items():
         rep.h(2, f"Capacity {g}")
-        show = df.copy()
         rep.table(f"check_{g.replace(' ', '').replace('>', '').replace('-', '_')}", df,
                   "Per metric: medians, spread, candidate / base, Welch p, bootstrap 95 % interval of the ratio",
-                  None, show=show)
+                  None)
     rep.summary.update(check_doc(res, base, cand))
     Path(out).mkdir(parents=True, exist_ok=True)
     return _write(rep, ("verdict",))

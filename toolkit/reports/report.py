@@ -241,7 +241,7 @@ def _sim(run, plan: Path | None, notes: list[str]):
                               warm, passes)
 
 
-def section_amp(rep: Report, run, sim) -> None:
+def section_amp(rep: Report, run, sim, it: pd.DataFrame) -> None:
     from moetrace.analyses import amplification as A
     from moetrace.analyses import reclaim as R
     from moetrace.reports import figures as F
@@ -249,7 +249,6 @@ def section_amp(rep: Report, run, sim) -> None:
     n_layers, n_experts = _geometry(run)
     rep.h(2, "Re-read amplification", "amp")
     ex = A.compute_amplification_experts(run.tables, run.meta, sim=sim)
-    it = A.compute_amplification_iterations(run.tables, run.meta, sim=sim)
     cell = run.cell or {}
     meas_added = ex["measured_added_pages"].sum(min_count=1)
     meas_sim = ex["measured_sim_miss_pages"].sum(min_count=1)
@@ -537,8 +536,6 @@ def build_run_report(run, out: str | os.PathLike, *, sections: Iterable[str] = S
                      plan: str | os.PathLike | None = None, title: str | None = None, force: bool = False,
                      progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The report of one run or cell (:func:`moetrace.run.handle.open_run`)."""
-    from moetrace.analyses import amplification as A
-
     sections = _check_sections(sections)
     out = Path(out)
     _prepare_out(out, force)
@@ -574,25 +571,19 @@ def run_sections(rep: Report, run, sections, sim, say) -> None:
                   "attributed to experts (record with --pool DIR, or record a replay).")
         sections = [s for s in sections if s not in per_expert]
         sim = None
-    if "amp" in sections:
-        say("amplification")
-        section_amp(rep, run, sim)
-    if "hitpath" in sections:
-        say("hit path")
-        section_hitpath(rep, run)
-    if "age" in sections:
-        say("generation age")
-        section_age(rep, run)
-    if "reclaim" in sections:
-        say("reclaim")
-        it = A.compute_amplification_iterations(run.tables, run.meta, sim=sim) if has_pool(run) else None
-        section_reclaim(rep, run, it)
-    if "flame" in sections:
-        say("flame graph")
-        section_flame(rep, run)
-    if "timeline" in sections:
-        say("timeline")
-        section_timeline(rep, run)
+    # the per-iteration table serves amp and reclaim: computed once (it streams page_events)
+    it = (A.compute_amplification_iterations(run.tables, run.meta, sim=sim)
+          if {"amp", "reclaim"} & set(sections) and has_pool(run) else None)
+    steps = (("amp", "amplification", lambda: section_amp(rep, run, sim, it)),
+             ("hitpath", "hit path", lambda: section_hitpath(rep, run)),
+             ("age", "generation age", lambda: section_age(rep, run)),
+             ("reclaim", "reclaim", lambda: section_reclaim(rep, run, it)),
+             ("flame", "flame graph", lambda: section_flame(rep, run)),
+             ("timeline", "timeline", lambda: section_timeline(rep, run)))
+    for name, label, build in steps:
+        if name in sections:
+            say(label)
+            build()
 
 
 def _check_sections(sections: Iterable[str]) -> tuple[str, ...]:
