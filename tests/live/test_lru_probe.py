@@ -143,15 +143,22 @@ def test_dwell_under_a_memory_limit(live, pressure_pool, tmp_path):
     assert e["added_pages"].tolist() == pc["added_pages"].tolist()
     assert e["evicted_pages"].tolist() == pc["evicted_pages"].tolist()
     # every added page was inserted (batches drained at close); the pool was dropped before the
-    # recording, so every eviction is of a page added in it, and reclaim only takes listed pages
-    assert e["inserted_pages"].tolist() == e["added_pages"].tolist()
+    # recording, so every eviction is of a page added in it, and reclaim only takes listed pages.
+    # A page reclaim isolated but could not free (locked by a read in flight) goes back on the list:
+    # a second insertion without a new add, which the probe counts as insert_repeated (measured in
+    # CI: 16 of 73,676 insertions, inserted - added = 16 exactly)
+    st = doc["stats"]["lru"]
+    extra = (e["inserted_pages"] - e["added_pages"]).astype(int)
+    # (insert_repeated counts folios, inserted_pages pages: equal for order-0 folios; none repeated,
+    # none extra)
+    assert (extra >= 0).all() and st["insert_repeated"] <= int(extra.sum()), (int(extra.sum()), st)
+    assert (int(extra.sum()) == 0) == (st["insert_repeated"] == 0), (int(extra.sum()), st)
     assert e["evicted_joined_pages"].tolist() == e["evicted_pages"].tolist()
     assert e["dwell_count"].tolist() == e["evicted_pages"].tolist()
     # what is left = added - evicted, less what others evicted after the probes stopped counting
     # (the watcher: recording and watcher agree over the armed interval, watcher and mincore after)
     check_left_in_cache(w, doc, pc["added_pages"], pc["evicted_pages"], resident, t_drop, t_m0, t_m1)
-    st = doc["stats"]["lru"]
-    assert st["delete_unjoined"] == 0 and st["delete_stale"] == 0 and st["insert_repeated"] == 0
+    assert st["delete_unjoined"] == 0 and st["delete_stale"] == 0
     # the histogram holds every dwell and brackets the sums
     assert int(ev["pages"].sum()) == tot["dwell_count"]
     lo = int((ev["lo_ns"].astype("int64") * ev["pages"]).sum())
