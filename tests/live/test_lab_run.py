@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -69,3 +71,33 @@ def test_a_hung_guest_is_killed_at_the_timeout(tmp_path):
     assert doc["status"] == "timeout" and "exit_status" not in doc
     left = subprocess.run(["pgrep", "-f", f"path={out}"], capture_output=True, text=True).stdout.split()
     assert left == []  # our qemu (its share is this test's directory) is gone
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_stopping_lab_run_leaves_no_guest_and_no_temporary_files(tmp_path, sig):
+    """Ctrl-C or SIGTERM: QEMU killed and the initramfs / pool image directory removed; even a
+    SIGKILLed `lab run` takes its QEMU with it (PR_SET_PDEATHSIG)."""
+    _need()
+    out, tmp = tmp_path / "lab", tmp_path / "tmp"
+    tmp.mkdir()
+    p = subprocess.Popen([sys.executable, "-m", "moetrace.cli", "lab", "run", "--out", str(out), "--kernel", "6.12",
+                          "--", "sleep", "1000"], env=dict(os.environ, TMPDIR=str(tmp)),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.monotonic()
+    while not (out / ".guest-status.json").exists():  # written by the guest right before COMMAND
+        assert p.poll() is None and time.monotonic() - t0 < 120, p.communicate()
+        time.sleep(0.2)
+    assert list(tmp.iterdir()) and _qemus(out)
+    p.send_signal(sig)
+    p.communicate(timeout=60)
+    t0 = time.monotonic()
+    while _qemus(out) and time.monotonic() - t0 < 10:
+        time.sleep(0.1)
+    assert _qemus(out) == []
+    if sig != signal.SIGKILL:
+        assert p.returncode != 0 and list(tmp.iterdir()) == []
+
+
+def _qemus(out: Path) -> list[str]:
+    """pids of QEMU processes whose share is ``out`` (this test's own)."""
+    return subprocess.run(["pgrep", "-f", f"path={out},mount_tag"], capture_output=True, text=True).stdout.split()

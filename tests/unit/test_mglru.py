@@ -99,12 +99,26 @@ def test_frames_have_the_declared_columns_and_birth_times():
     assert empty.empty and set(empty.columns) == set(df.columns)
 
 
+def _aged(text: str, k: int) -> str:
+    """The lru_gen text with every generation k sequence numbers older (MGLRU aged k times)."""
+    out = []
+    for ln in text.splitlines():
+        f = ln.split()
+        if len(f) == 4 and not ln.startswith(("#", "memcg", " node")):
+            ln = ln.replace(f" {f[0]} ", f" {int(f[0]) + k} ", 1)
+        out.append(ln)
+    return "\n".join(out) + "\n"
+
+
 def test_sampler_reads_at_open_while_polling_and_at_close(tmp_path):
     from moetrace.run import directory as rundir
     from moetrace.record.probes.mglru import MglruRecorder
 
     root = tmp_path / "root"
-    dbg = _tree(root)
+    # one kernel throughout (6.12, as the fake tree's release says): /moe's generations 5..8 at
+    # open, then MGLRU ages: max_seq grows 8 -> 10 -> 13 -> 28 between samples
+    base = (FIX / "6.12_lru_gen.txt").read_text()
+    dbg = _tree(root, text=base)
     ctx, _f = _ctx(root)
     plan = ctx.plan
     # MGLRU and its debugfs file: the sampler attaches; the kprobes are unavailable (a fake tree has none)
@@ -115,8 +129,7 @@ def test_sampler_reads_at_open_while_polling_and_at_close(tmp_path):
     rec.open()
     assert rec.probe is None and rec.path == dbg / "lru_gen"  # no BPF without kprobe groups
     assert len(rec.samples) == 1
-    texts = [(FIX / "6.12_lru_gen.txt").read_text(), "memcg     1 /\n node     0\n      garbage\n",
-             (FIX / "6.1_lru_gen.txt").read_text()]
+    texts = [_aged(base, 2), "memcg     1 /\n node     0\n      garbage\n", _aged(base, 5)]
     for text in texts:
         (dbg / "lru_gen").write_text(text)
         n = len(rec.samples) + len(rec.failed)
@@ -124,10 +137,10 @@ def test_sampler_reads_at_open_while_polling_and_at_close(tmp_path):
         while len(rec.samples) + len(rec.failed) == n:
             rec.poll(100)
             assert time.monotonic() - t0 < 5, "no sample within 5 s of a 40 ms period"
-    (dbg / "lru_gen").write_text((FIX / "6.12_lru_gen.txt").read_text())
+    (dbg / "lru_gen").write_text(_aged(base, 20))
     rec.close()
     assert rec.collected and rec.closed
-    assert len(rec.samples) == 4 and len(rec.failed) == 1  # open, 6.12, (garbage), 6.1, close
+    assert len(rec.samples) == 4 and len(rec.failed) == 1  # open, +2, (garbage), +5, close (+20)
     assert "line 3" in rec.failed[0]["error"]
     times = [t for _i, t, _s in rec.samples]
     assert times == sorted(times) and all(b - a >= 40_000_000 for a, b in zip(times, times[1:-1]))
@@ -135,7 +148,8 @@ def test_sampler_reads_at_open_while_polling_and_at_close(tmp_path):
     manifest: dict = {}
     rec.write(run, manifest)
     df = pd.read_parquet(run / "lru_gen.parquet")
-    assert df["sample"].tolist() == [0] * 6 + [1] * 4 + [2] * 6 + [3] * 4
+    assert df["sample"].tolist() == [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4
+    assert df.loc[df["sample"] == 3, "seq"].tolist() == [25, 26, 27, 28]
     assert list(df.columns) == [c.name for c in SPEC.schema]
     assert df.loc[df["sample"] == 1, "nr_file_pages"].tolist() == [r[5] for r in REAL_612]
     assert (df["birth_ns"] == df["time_ns"] - df["age_ms"] * 1_000_000).all()
@@ -143,12 +157,13 @@ def test_sampler_reads_at_open_while_polling_and_at_close(tmp_path):
     assert manifest["tables"]["lru_gen"] == {c.name: {"dtype": c.dtype, "unit": c.unit, "doc": c.doc}
                                              for c in SPEC.schema}
     summ = manifest["summaries"]["mglru"]
-    assert summ["samples"] == 4 and summ["rows"] == 20 and summ["period_ms"] == 40
-    # memcg 2 on node 0: seqs 10..13 at open, 5..8 later: none of 5..8 existed at open -> 4 "born"
-    assert summ["lruvecs"]["2:0"]["max_seq_first"] == 13 and summ["lruvecs"]["2:0"]["max_seq_last"] == 8
-    # memcg 1 is absent from the 6.12 samples: its last state is the one of sample 2 (the 6.1 file)
-    assert summ["lruvecs"]["1:0"]["last_seen_sample"] == 2 and summ["lruvecs"]["1:0"]["file_pages_last"] == 36786
-    assert summ["lruvecs"]["2:0"]["generations_born"] == 4 and summ["lruvecs"]["2:0"]["last_seen_sample"] == 3
+    assert summ["samples"] == 4 and summ["rows"] == 16 and summ["period_ms"] == 40
+    m = summ["lruvecs"]["2:0"]
+    assert m["max_seq_first"] == 8 and m["max_seq_last"] == 28 and m["last_seen_sample"] == 3
+    # every generation born counts (max_seq's delta), also the ones born and evicted between two
+    # samples (14..24 were never seen); the samples saw 9 of the 20
+    assert m["generations_born"] == 20 and m["generations_seen"] == 9
+    assert list(summ["lruvecs"]) == ["2:0"]
     assert not (run / "lru_gen_tiers.parquet").exists()
     rec.close()  # idempotent
 

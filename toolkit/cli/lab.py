@@ -77,23 +77,32 @@ def setup():
               help="Switch MGLRU in the guest before the command (keep: the kernel's default).")
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
               help="Seconds before a running guest is killed (reported, exit 1).")
+@click.option("--pool", "pool", type=click.Path(exists=True, file_okay=False),
+              help="A pool directory to put on a virtio-blk ext4 image, mounted read-only at the same path in "
+                   "the guest (its reads then go through the guest's page cache and block layer, not 9p).")
+@click.option("--memcg", default=None, metavar="SIZE",
+              help="Make a cgroup v2 memory cgroup /sys/fs/cgroup/lab with this memory.max (e.g. 80M) in the "
+                   "guest; its path is in $MOETRACE_LAB_CGROUP (for record --cgroup).")
 @click.option("--json", "as_json", is_flag=True, help="Print lab.json.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(kernel, out_dir, memory, cpus, mglru, timeout_s, as_json, command):
+def run(kernel, out_dir, memory, cpus, mglru, timeout_s, pool, memcg, as_json, command):
     """Boot KERNEL under QEMU (TCG) with this host's root read-only, run COMMAND in the guest
     (cwd /tmp/lab = --out), power off, and exit with COMMAND's status.
 
     \b
     The guest mounts the host root over 9p read-only, a tmpfs over /tmp and --out at
     /tmp/lab (writable); lab.json records the guest's kernel release, MGLRU state, exit
-    status and the boot-to-command time.
-    Example:
+    status and the boot-to-command time. COMMAND's stdout and stderr land in --out.
+    Examples:
       moetrace lab run --kernel 6.12 --out lab1 -- moetrace doctor --json
+      moetrace lab run --kernel 6.12 --mglru on --pool /var/tmp/pool --memcg 80M --out lab2 -- \\
+        sh -c 'moetrace record --out /tmp/lab/run --cgroup $MOETRACE_LAB_CGROUP \\
+               --probes pagecache,reclaim,mglru -- replay plan.bin --pool /var/tmp/pool --mode mmap'
     """
     from moetrace.lab.run import run_in_guest
 
     res = run_in_guest(kernel, list(command), Path(out_dir), memory=memory, cpus=cpus, mglru=mglru,
-                       timeout_s=timeout_s)
+                       timeout_s=timeout_s, pool=Path(pool) if pool else None, memcg=memcg)
     if as_json:
         emit_json(res.doc)
     else:

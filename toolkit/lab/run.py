@@ -23,6 +23,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -30,9 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from moetrace.errors import MoetraceError, UsageError
+from moetrace.kernel.syscalls import set_pdeathsig
 
-#: modules the guest needs (with their dependencies, from modules.dep)
-GUEST_MODULES = ("virtio_pci", "virtio_blk", "9pnet_virtio", "9p")
+#: modules the guest needs (with their dependencies, from modules.dep); ext4 only with a pool
+GUEST_MODULES = ("virtio_pci", "virtio_blk", "9pnet_virtio", "9p", "overlay")
+POOL_MODULES = ("ext4",)
+#: the memory cgroup `--memcg` makes in the guest (cgroup v2)
+GUEST_MEMCG = "/sys/fs/cgroup/lab"
 GUEST_SHARE = "/tmp/lab"
 ALIASES = {"6.1": "6.1.0-47-amd64", "6.12": "6.12.95+deb12-amd64"}
 
@@ -98,7 +103,11 @@ mount9p() { i=0; while ! mount -t 9p -o "trans=virtio,version=9p2000.L,msize=262
   i=$((i + 1)); [ $i -ge 100 ] && return 1; sleep 0.05; done; }
 mkdir -p /newroot
 mount9p hostroot /newroot ",ro,cache=loose" || fail "cannot mount the host root (9p tag hostroot)"
-mount -t tmpfs tmpfs /newroot/tmp
+# /tmp: the host's /tmp read-only beneath, the guest's writes in a tmpfs above (overlayfs), so
+# files the host has under /tmp (a pool, a plan) are there and nothing reaches the host
+mkdir -p /upper; mount -t tmpfs tmpfs /upper; mkdir -p /upper/up /upper/work
+mount -t overlay overlay -o lowerdir=/newroot/tmp,upperdir=/upper/up,workdir=/upper/work /newroot/tmp \
+  || { echo "lab: no overlay over /tmp (a plain tmpfs instead)"; mount -t tmpfs tmpfs /newroot/tmp; }
 mkdir -p /newroot/tmp/lab
 mount9p labshare /newroot/tmp/lab "" || fail "cannot mount the lab share (9p tag labshare)"
 mount -t proc proc /newroot/proc; mount -t sysfs sys /newroot/sys; mount -t devtmpfs dev /newroot/dev
@@ -110,13 +119,27 @@ exec switch_root /newroot /bin/sh /tmp/lab/.guest.sh
 GUEST = r"""#!/bin/sh
 cd /tmp/lab
 up() { cut -d' ' -f1 /proc/uptime; }
-echo "{\"cmd_start_uptime_s\": $(up)," > .guest-status.json
+export HOME=/tmp PATH=@BIN@:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+mount -t debugfs none /sys/kernel/debug 2>/dev/null
+mount -t tracefs none /sys/kernel/tracing 2>/dev/null
+setup_failed() { echo "lab: $*" > /tmp/lab/stderr; echo "{\"setup_error\": \"$*\", \"exit_status\": 125," \
+  "\"release\": \"$(uname -r)\", \"mglru\": \"none\"}" > .guest-status.json; sync; echo o > /proc/sysrq-trigger; sleep 30; }
+POOL=@POOL@
+if [ -n "$POOL" ]; then
+  mkdir -p "$POOL" 2>/dev/null; mount -t ext4 -o ro,noatime /dev/vda "$POOL" || setup_failed "cannot mount the pool image (/dev/vda) at $POOL"
+fi
+MEMCG=@MEMCG@
+if [ -n "$MEMCG" ]; then
+  { echo +memory > /sys/fs/cgroup/cgroup.subtree_control && mkdir -p @CGDIR@ && echo "$MEMCG" > @CGDIR@/memory.max \
+    && { echo 0 > @CGDIR@/memory.swap.max 2>/dev/null; true; }; } || setup_failed "cannot make the memory cgroup @CGDIR@"
+  export MOETRACE_LAB_CGROUP=@CGDIR@
+fi
 MGLRU=@MGLRU@
 if [ -e /sys/kernel/mm/lru_gen/enabled ] && [ "$MGLRU" != keep ]; then
   if [ "$MGLRU" = on ]; then echo y > /sys/kernel/mm/lru_gen/enabled; else echo n > /sys/kernel/mm/lru_gen/enabled; fi
 fi
-export HOME=/tmp PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 @ENV@
+echo "{\"cmd_start_uptime_s\": $(up)," > .guest-status.json
 @CMD@ > /tmp/lab/stdout 2> /tmp/lab/stderr
 rc=$?
 lru=$(cat /sys/kernel/mm/lru_gen/enabled 2>/dev/null || echo none)
@@ -127,7 +150,7 @@ sleep 30
 """
 
 
-def build_initramfs(release: str, dest: Path) -> Path:
+def build_initramfs(release: str, dest: Path, modules=GUEST_MODULES) -> Path:
     busybox = shutil.which("busybox") or "/bin/busybox"
     entries: list[tuple[str, int, bytes]] = []
     for d in ("bin", "dev", "proc", "sys", "modules", "newroot", "tmp"):
@@ -135,7 +158,7 @@ def build_initramfs(release: str, dest: Path) -> Path:
     entries.append(("bin/busybox", stat.S_IFREG | 0o755, Path(busybox).read_bytes()))
     entries.append(("init", stat.S_IFREG | 0o755, INIT.encode()))
     names = []
-    for f in module_files(release):
+    for f in module_files(release, modules):
         data = f.read_bytes()
         name = f.name
         if name.endswith(".xz"):
@@ -151,6 +174,40 @@ def build_initramfs(release: str, dest: Path) -> Path:
     return dest
 
 
+def pool_image(pool_dir: Path, dest: Path) -> Path:
+    """An ext4 image holding ``pool_dir``'s files (mke2fs -d: nothing mounted on the host).
+    The guest mounts it read-only at the pool's own path, so its reads go through the guest's
+    page cache and block layer (virtio-blk), not 9p."""
+    pool_dir = Path(pool_dir)
+    if not pool_dir.is_dir():
+        raise UsageError(f"--pool {pool_dir}: not a directory", hint="a pool made by `moetrace pool create`")
+    if shutil.which("mke2fs") is None:
+        raise UsageError("mke2fs not found", hint="apt-get install e2fsprogs")
+    files = [f for f in pool_dir.rglob("*") if f.is_file()]
+    data = sum(-(-f.stat().st_size // 4096) * 4096 for f in files)
+    size_kib = (data + data // 10 + (16 << 20) + 4096 * len(files)) // 1024
+    r = subprocess.run(["mke2fs", "-q", "-F", "-t", "ext4", "-O", "^has_journal", "-b", "4096", "-L", "moepool",
+                        "-d", str(pool_dir), str(dest), f"{size_kib}k"], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise MoetraceError(f"mke2fs could not build the pool image from {pool_dir}: {r.stderr.strip()}",
+                            hint="is there room in the temporary directory (TMPDIR)?")
+    return dest
+
+
+def _terminated(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def _why_stopped(console: str) -> str:
+    """The console's own words for a guest that powered off early (a panic, an init failure)."""
+    lines = console.splitlines()
+    for key in ("Kernel panic", "lab: ", "BUG: ", "Oops"):
+        hit = [ln.strip() for ln in lines if key in ln]
+        if hit:
+            return hit[0]
+    return "no panic on the console (last line: " + (lines[-1].strip() if lines else "none") + ")"
+
+
 @dataclass
 class LabResult:
     status: str  # "ok", "timeout", "no-status"
@@ -160,8 +217,13 @@ class LabResult:
 
 def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2G", cpus: int = 2,
                  mglru: str = "keep", timeout_s: float = 600.0, env: dict[str, str] | None = None,
+                 pool: Path | None = None, memcg: str | None = None,
                  qemu: str = "qemu-system-x86_64") -> LabResult:
-    """Boot ``kernel``, run ``command`` in the guest (cwd /tmp/lab = ``out``), power off."""
+    """Boot ``kernel``, run ``command`` in the guest (cwd /tmp/lab = ``out``), power off.
+
+    ``pool``: a directory put on a virtio-blk ext4 image and mounted read-only at its own
+    path in the guest. ``memcg``: a memory.max for a cgroup v2 made in the guest
+    (GUEST_MEMCG, exported as MOETRACE_LAB_CGROUP)."""
     if mglru not in ("on", "off", "keep"):
         raise UsageError(f"--mglru {mglru!r}", hint="on, off or keep")
     if shutil.which(qemu) is None:
@@ -172,20 +234,34 @@ def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2
     for f in (".guest-status.json", "stdout", "stderr"):
         (out / f).unlink(missing_ok=True)
     envs = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in (env or {}).items())
+    pool_path = str(Path(pool).resolve()) if pool is not None else ""
+    if memcg is not None and not memcg.strip():
+        raise UsageError("--memcg: empty", hint="a memory.max value, e.g. 80M")
     (out / ".guest.sh").write_text(GUEST.replace("@MGLRU@", mglru).replace("@CMD@", shlex.join(command))
-                                   .replace("@ENV@", envs))
+                                   .replace("@ENV@", envs).replace("@POOL@", shlex.quote(pool_path))
+                                   .replace("@MEMCG@", shlex.quote(memcg or "")).replace("@CGDIR@", GUEST_MEMCG)
+                                   # moetrace, replay, ... of this installation first on the guest's PATH
+                                   .replace("@BIN@", shlex.quote(str(Path(sys.executable).parent))))
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="moetrace-lab-") as tmp:
-        initrd = build_initramfs(release, Path(tmp) / "initramfs.cpio.gz")
+        initrd = build_initramfs(release, Path(tmp) / "initramfs.cpio.gz",
+                                 GUEST_MODULES + (POOL_MODULES if pool is not None else ()))
+        drives: list[str] = []
+        if pool is not None:
+            img = pool_image(Path(pool), Path(tmp) / "pool.ext4")
+            drives = ["-drive", f"file={img},if=virtio,format=raw,readonly=on"]
         console = Path(tmp) / "console.log"
         argv = [qemu, "-accel", "tcg", "-cpu", "max", "-m", memory, "-smp", str(cpus), "-nographic", "-no-reboot",
                 "-kernel", str(image), "-initrd", str(initrd),
                 "-append", "console=ttyS0 panic=-1 quiet loglevel=3",
                 "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
                 "-virtfs", f"local,path={out.resolve()},mount_tag=labshare,security_model=none,multidevs=remap",
-                "-serial", f"file:{console}", "-monitor", "none", "-display", "none"]
+                "-serial", f"file:{console}", "-monitor", "none", "-display", "none", *drives]
+        # QEMU dies with this process even when it is SIGKILLed (PDEATHSIG), and a SIGTERM
+        # unwinds like Ctrl-C (QEMU killed, the temporary directory removed)
+        old_term = signal.signal(signal.SIGTERM, _terminated)
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=set_pdeathsig)
         status = "ok"
         try:
             try:
@@ -199,8 +275,12 @@ def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
             raise
+        finally:
+            signal.signal(signal.SIGTERM, old_term)
         wall = time.monotonic() - t0
-        tail = console.read_text(errors="replace")[-4000:] if console.exists() else ""
+        text = console.read_text(errors="replace") if console.exists() else ""
+        tail = text[-4000:]
+        (out / "console.log").write_text(text)
     (out / ".guest.sh").unlink(missing_ok=True)
     st_path = out / ".guest-status.json"
     guest: dict[str, Any] = {}
@@ -214,11 +294,18 @@ def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2
         status = "no-status"
     doc = {"schema": "moetrace.lab/1", "kernel": release, "image": str(image), "command": command,
            "memory": memory, "cpus": cpus, "mglru_requested": mglru, "accel": "tcg", "status": status,
+           "pool": pool_path or None, "memcg": ({"path": GUEST_MEMCG, "memory.max": memcg} if memcg else None),
            "host_wall_s": round(wall, 3), "qemu_returncode": proc.returncode,
            "qemu_stderr": (err or b"").decode(errors="replace")[-2000:], **guest}
     if status != "ok":
         doc["console_tail"] = tail
     (out / "lab.json").write_text(json.dumps(doc, indent=1) + "\n")
+    if status == "no-status":
+        raise MoetraceError(f"the guest ({release}) stopped before COMMAND finished: {_why_stopped(text)}",
+                            hint=f"the console is in {out / 'console.log'}")
+    if "setup_error" in guest:
+        raise MoetraceError(f"the guest ({release}) could not set up: {guest['setup_error']}",
+                            hint=f"see {out / 'console.log'}")
     if status == "timeout":
         raise MoetraceError(f"the guest ({release}) was still running after {timeout_s:.0f} s and was killed",
                             hint=f"see {out / 'lab.json'} (console_tail); raise --timeout")

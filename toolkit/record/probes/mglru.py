@@ -288,10 +288,14 @@ class MglruRecorder(ProbeRecorder):
         for (mid, nid), d in g.groupby(["memcg_id", "node"]):
             first, last = d[d["sample"] == d["sample"].min()], d[d["sample"] == d["sample"].max()]
             key = f"{int(mid)}:{int(nid)}"
-            born = sorted(set(d["seq"]) - set(first["seq"]))
+            seen = sorted(set(d["seq"]) - set(first["seq"]))
+            max_first, max_last = int(first["seq"].max()), int(last["seq"].max())
+            # max_seq only ever grows by one per new generation: its delta counts every generation
+            # born between the first and last sample, also those born and evicted between two samples
             per[key] = {"memcg_path": str(d["memcg_path"].iloc[0]), "first_seen_sample": int(d["sample"].min()),
-                        "last_seen_sample": int(d["sample"].max()), "max_seq_first": int(first["seq"].max()),
-                        "max_seq_last": int(last["seq"].max()), "generations_born": len(born),
+                        "last_seen_sample": int(d["sample"].max()), "max_seq_first": max_first,
+                        "max_seq_last": max_last, "generations_born": max_last - max_first,
+                        "generations_seen": len(seen),
                         "file_pages_last": int(last["nr_file_pages"].sum()),
                         "anon_pages_last": int(last["nr_anon_pages"].sum())}
         return {"file": str(self.path) if self.path else None, "full": self.full,
