@@ -174,6 +174,10 @@ class _State:
     signals: list[int] = field(default_factory=list)
 
 
+#: probes whose counts go into the experts table (written with it, after the replay log is read)
+EXPERTS_PROBES = ("pagecache", "block")
+
+
 def _exit_status(status: int) -> int:
     if os.WIFEXITED(status):
         return os.WEXITSTATUS(status)
@@ -269,6 +273,7 @@ class _Recording:
         self.pool_doc = None
         self.cgroup_procs: str | None = None
         self.exit_status = 1
+        self.written: set[str] = set()
 
     # -- 1. what to record ----------------------------------------------------------------------
     def resolve(self) -> None:
@@ -482,6 +487,8 @@ class _Recording:
         status = self._wait(pid)
         self.t_end = time.monotonic_ns()
         self.exit_status = manifest["exit_status"] = _exit_status(status)
+        if os.WIFSIGNALED(status):  # killed (the OOM killer's SIGKILL, a crash): the run is not complete
+            manifest["command_signal"] = signal.Signals(os.WTERMSIG(status)).name
         ru1 = resource.getrusage(resource.RUSAGE_SELF)
         manifest["timings"].update(command_start_ns=self.t_start, command_end_ns=self.t_end,
                                    command_wall_s=round((self.t_end - self.t_start) / 1e9, 6),
@@ -492,6 +499,8 @@ class _Recording:
             r.settle()
         self.arm_all(False)
         self.snaps["post"] = take_snapshot("post")  # the oracles' window: [pre after arming, post after disarming]
+        _write_snapshots(self.run_dir, self.snaps)  # on disk before any probe is read
+        rd.write_manifest(self.run_dir, manifest)
 
     def _wait(self, pid: int) -> int:
         """waitpid, draining the pollers meanwhile; one round waits POLL_ROUND_MS in all, shared
@@ -533,12 +542,29 @@ class _Recording:
             r.ctx.command_start_ns, r.ctx.command_end_ns = self.t_start, self.t_end
             try:
                 r.close()
-            except MoetraceError as e:
-                self.notes.append(f"probe {r.name}: collecting failed: {e.message}")
+            except Exception as e:  # noqa: BLE001 - one probe's failure must not lose the others' tables
+                self._failed(r, "collect", e)
                 r.abort()
+                continue
+            if r.collected and r.name not in EXPERTS_PROBES:
+                self._write_probe(r)  # on disk as soon as drained: a later crash cannot lose them
         self.releaser.release()
         self.manifest["detached"] = True
         self.manifest["timings"]["collect_detach_s"] = round(time.perf_counter() - t0, 4)
+
+    def _failed(self, r: ProbeRecorder, stage: str, e: Exception) -> None:
+        msg = e.message if isinstance(e, MoetraceError) else f"{type(e).__name__}: {e}"
+        self.notes.append(f"probe {r.name}: {stage} failed: {msg}")
+        self.manifest.setdefault("failed_probes", {})[r.name] = {"stage": stage, "error": msg}
+        self.attach_plan[r.name]["failed"] = {"stage": stage, "error": msg}
+
+    def _write_probe(self, r: ProbeRecorder) -> None:
+        try:
+            r.write(self.run_dir, self.manifest)
+        except Exception as e:  # noqa: BLE001
+            self._failed(r, "write", e)
+        self.written.add(r.name)
+        rd.write_manifest(self.run_dir, self.manifest)
 
     # -- 5. the run directory -----------------------------------------------------------------
     def write(self) -> RecordResult:
@@ -570,8 +596,8 @@ class _Recording:
                     experts_device_read_bytes=int(e["device_read_bytes"].sum()),
                     unattributed_device_read_bytes=int(u["device_read_bytes"]))
         for r in self.recorders:
-            if r.collected:
-                r.write(run_dir, manifest)
+            if r.collected and r.name not in self.written:
+                self._write_probe(r)
         if blk is not None and blk.pool_disk is not None:
             self.snaps["pool_disk"] = blk.pool_disk
         _write_snapshots(run_dir, self.snaps)
@@ -584,7 +610,7 @@ class _Recording:
         interrupted = bool(self.state.signals) or (manifest.get("replay_complete") is False)
         if self.state.signals:
             manifest["interrupted_by"] = signal.Signals(self.state.signals[0]).name
-        manifest["complete"] = not interrupted
+        manifest["complete"] = not interrupted and "command_signal" not in manifest and "failed_probes" not in manifest
         return RecordResult(run_dir, self.exit_status, manifest["complete"], manifest, result_df)
 
     def cleanup(self) -> None:
@@ -621,6 +647,10 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
 
     The child's exit status is returned (128 + signal when it was killed), never
     raised. ``on_event`` receives short progress lines ("attached ...")."""
+    import faulthandler
+
+    if not faulthandler.is_enabled():
+        faulthandler.enable()  # a crash in native code (bcc, libc) still says where, on stderr
     rec = _Recording(opts, on_event or (lambda s: None))
     rec.resolve()
     rec.open_pool()
