@@ -90,8 +90,9 @@ def compute_aging_cadence(lru_gen: pd.DataFrame, aging: pd.DataFrame | None = No
     """Per (memcg, node): ``samples``, ``span_ms`` (first to last sample), ``seq_increments``
     (max_seq growth), ``increments_per_s``, ``ms_per_increment`` (NA when max_seq did not
     grow), ``births`` (distinct generations born inside the span, from birth_ns) and,
-    with the mglru probe's aging events (``mglru_aging``: kind inc_max_seq*), ``aging_events``
-    and ``aging_interval_ms_median`` between successive increments."""
+    with the mglru probe's aging events (``mglru_aging``: kinds try_to_inc_max_seq /
+    inc_max_seq*), ``aging_events_all_memcgs`` and ``aging_interval_ms_median_all_memcgs``
+    between successive events (the events carry no memcg)."""
     gens = compute_generations(lru_gen)
     rows = []
     for (mid, node), g in gens.groupby(["memcg_id", "node"], sort=True):
@@ -107,10 +108,12 @@ def compute_aging_cadence(lru_gen: pd.DataFrame, aging: pd.DataFrame | None = No
                      "ms_per_increment": span_ms / inc if inc > 0 else None, "births": int(births)})
     out = pd.DataFrame(rows)
     if aging is not None and len(aging) and len(out):
-        inc = aging[aging["kind"].astype(str).str.startswith("inc_max_seq")].sort_values("time_ns")
+        # try_to_inc_max_seq (6.1, 6.12), inc_max_seq[.constprop.N]: the events carry no memcg, so
+        # their count and spacing are over all memcgs (the columns say so)
+        inc = aging[aging["kind"].astype(str).str.contains("inc_max_seq")].sort_values("time_ns")
         gaps = np.diff(inc["time_ns"].to_numpy(np.int64)) / 1e6
-        out["aging_events"] = len(inc)
-        out["aging_interval_ms_median"] = float(np.median(gaps)) if gaps.size else None
+        out["aging_events_all_memcgs"] = len(inc)
+        out["aging_interval_ms_median_all_memcgs"] = float(np.median(gaps)) if gaps.size else None
     for c in ("increments_per_s", "ms_per_increment"):
         if c in out:
             out[c] = out[c].astype("Float64")

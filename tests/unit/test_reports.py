@@ -294,6 +294,14 @@ def test_generation_age_on_the_lru_gen_formats(release):
     cad = G.compute_aging_cadence(df)
     assert cad["seq_increments"].tolist() == [1] and cad["ms_per_increment"].tolist() == [1000.0]
     assert cad["births"].tolist() == [1]
+    # the aging kprobe's events as the lab kernels name them (6.1 and 6.12: try_to_inc_max_seq)
+    aging = pd.DataFrame({"time_ns": [t0 + 1, t0 + 3_000_001, t0 + 5_000_001, t0 + 6_000_001],
+                          "tgid": [1, 1, 1, 1],
+                          "kind": pd.array(["try_to_inc_max_seq", "try_to_inc_max_seq", "evict", "inc_max_seq"],
+                                           dtype="string"), "seq": pd.array([hi, hi, pd.NA, hi], dtype="Int64")})
+    cad = G.compute_aging_cadence(df, aging)
+    assert cad["aging_events_all_memcgs"].tolist() == [3]
+    assert cad["aging_interval_ms_median_all_memcgs"].tolist() == [3.0]  # gaps 3 ms and 3 ms
     ev = G.compute_age_at_eviction(df)
     oldest = next(x for x in gens if x["seq"] == lo)
     assert ev["seq"].tolist() == [lo] and ev["age_ms"].tolist() == [oldest["age_ms"]]

@@ -38,6 +38,12 @@ GUEST_MODULES = ("virtio_pci", "virtio_blk", "9pnet_virtio", "9p", "overlay")
 POOL_MODULES = ("ext4",)
 #: the memory cgroup `--memcg` makes in the guest (cgroup v2)
 GUEST_MEMCG = "/sys/fs/cgroup/lab"
+#: the guest's CPU under TCG. Not "max": QEMU 7.2's TCG then offers AVX/AVX2, and numpy's
+#: AVX2 sort kernels crash in the guest (measured: np.sort/argsort SIGSEGV on 6.12 under
+#: -cpu max, which killed `moetrace record` while it built its tables; none with this model)
+TCG_CPU = os.environ.get("MOETRACE_LAB_CPU", "Nehalem")
+#: boots retried when the guest panicked before COMMAND started
+BOOT_RETRIES = 2
 GUEST_SHARE = "/tmp/lab"
 ALIASES = {"6.1": "6.1.0-47-amd64", "6.12": "6.12.95+deb12-amd64"}
 
@@ -194,6 +200,31 @@ def pool_image(pool_dir: Path, dest: Path) -> Path:
     return dest
 
 
+def _qemu(argv: list[str], timeout_s: float) -> tuple[str, bytes, int]:
+    """Run QEMU to its end or the timeout: (status ok|timeout, its stderr, its return code).
+    QEMU dies with this process even when it is SIGKILLed (PDEATHSIG), and a SIGTERM unwinds
+    like Ctrl-C (QEMU killed, the caller's temporary directory removed)."""
+    old_term = signal.signal(signal.SIGTERM, _terminated)
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True, preexec_fn=set_pdeathsig)
+    status = "ok"
+    try:
+        try:
+            _o, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            status = "timeout"
+            os.killpg(proc.pid, signal.SIGKILL)
+            _o, err = proc.communicate()
+    except BaseException:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+    return status, err or b"", proc.returncode
+
+
 def _terminated(signum, frame):
     raise SystemExit(128 + signum)
 
@@ -251,34 +282,31 @@ def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2
             img = pool_image(Path(pool), Path(tmp) / "pool.ext4")
             drives = ["-drive", f"file={img},if=virtio,format=raw,readonly=on"]
         console = Path(tmp) / "console.log"
-        argv = [qemu, "-accel", "tcg", "-cpu", "max", "-m", memory, "-smp", str(cpus), "-nographic", "-no-reboot",
+        argv = [qemu, "-accel", "tcg", "-cpu", TCG_CPU, "-m", memory, "-smp", str(cpus), "-nographic", "-no-reboot",
                 "-kernel", str(image), "-initrd", str(initrd),
                 "-append", "console=ttyS0 panic=-1 quiet loglevel=3",
                 "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
                 "-virtfs", f"local,path={out.resolve()},mount_tag=labshare,security_model=none,multidevs=remap",
                 "-serial", f"file:{console}", "-monitor", "none", "-display", "none", *drives]
-        # QEMU dies with this process even when it is SIGKILLed (PDEATHSIG), and a SIGTERM
-        # unwinds like Ctrl-C (QEMU killed, the temporary directory removed)
-        old_term = signal.signal(signal.SIGTERM, _terminated)
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                start_new_session=True, preexec_fn=set_pdeathsig)
-        status = "ok"
-        try:
-            try:
-                _o, err = proc.communicate(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                status = "timeout"
-                os.killpg(proc.pid, signal.SIGKILL)
-                _o, err = proc.communicate()
-        except BaseException:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            raise
-        finally:
-            signal.signal(signal.SIGTERM, old_term)
+        boot_failures: list[dict[str, Any]] = []
+        while True:
+            console.unlink(missing_ok=True)
+            status, err, rc = _qemu(argv, timeout_s)
+            text = console.read_text(errors="replace") if console.exists() else ""
+            # a guest that died before COMMAND started (a panic while booting under TCG: seen once
+            # in ~100 boots of 6.12, "Fatal exception in interrupt" at ~1.6 s): COMMAND never ran,
+            # so boot again, at most BOOT_RETRIES times, and say so in lab.json
+            started = (out / ".guest-status.json").exists()
+            if status == "ok" and not started and "Kernel panic" in text and len(boot_failures) < BOOT_RETRIES:
+                n = len(boot_failures) + 1
+                (out / f"console-failed-boot-{n}.log").write_text(text)
+                boot_failures.append({"attempt": n, "cause": _why_stopped(text),
+                                      "console": f"console-failed-boot-{n}.log"})
+                print(f"moetrace lab: the guest panicked before COMMAND started ({boot_failures[-1]['cause']}); "
+                      f"booting again", file=sys.stderr)
+                continue
+            break
         wall = time.monotonic() - t0
-        text = console.read_text(errors="replace") if console.exists() else ""
         tail = text[-4000:]
         (out / "console.log").write_text(text)
     (out / ".guest.sh").unlink(missing_ok=True)
@@ -295,8 +323,8 @@ def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2
     doc = {"schema": "moetrace.lab/1", "kernel": release, "image": str(image), "command": command,
            "memory": memory, "cpus": cpus, "mglru_requested": mglru, "accel": "tcg", "status": status,
            "pool": pool_path or None, "memcg": ({"path": GUEST_MEMCG, "memory.max": memcg} if memcg else None),
-           "host_wall_s": round(wall, 3), "qemu_returncode": proc.returncode,
-           "qemu_stderr": (err or b"").decode(errors="replace")[-2000:], **guest}
+           "host_wall_s": round(wall, 3), "qemu_returncode": rc, "boot_failures": boot_failures,
+           "qemu_stderr": err.decode(errors="replace")[-2000:], **guest}
     if status != "ok":
         doc["console_tail"] = tail
     (out / "lab.json").write_text(json.dumps(doc, indent=1) + "\n")

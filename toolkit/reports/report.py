@@ -379,13 +379,23 @@ def section_hitpath(rep: Report, run) -> None:
             rep.table("hitpath_stacks", b, "Sampled time by the deepest recognised kernel frame", None)
 
 
+def _mglru_state(mg) -> str:
+    """The record manifest's ``mglru`` (on, enabled_raw) in words."""
+    if not isinstance(mg, dict) or not mg:
+        return "not built (no /sys/kernel/mm/lru_gen)" if mg in (None, {}, False) else str(mg)
+    on = mg.get("on")
+    raw = mg.get("enabled_raw")
+    word = "on" if on else ("off" if on is False else "unknown")
+    return f"{word} (enabled {raw})" if raw else word
+
+
 def section_age(rep: Report, run) -> None:
     from moetrace.analyses import age as G
     from moetrace.reports import figures as F
 
     rep.h(2, "Generation age", "age")
     mg = run.manifest.get("mglru") or {}
-    rep.p(f"MGLRU on this kernel: {mg.get('state', mg.get('enabled', 'unknown')) if isinstance(mg, dict) else mg}.")
+    rep.p(f"MGLRU on this kernel: {_mglru_state(mg)}.")
     n_layers, n_experts = _geometry(run)
     if "lru" in run.tables:
         d = G.compute_lru_dwell_experts(run.tables["lru"])

@@ -1,0 +1,67 @@
+"""`moetrace lab run` without QEMU (no-kernel tier): a stand-in QEMU script plays the guest
+(it writes the console and the guest's status file where the real one would), so the host-side
+logic is tested alone: a guest that panics before COMMAND starts is booted again and the failed
+boot is reported; one that panics every time is an error naming the console's cause."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from moetrace.errors import MoetraceError
+from moetrace.lab import run as L
+
+FAKE_QEMU = r'''#!/usr/bin/env python3
+import json, os, sys
+argv = sys.argv[1:]
+console = next(a for a in argv if a.startswith("file:"))[5:]
+share = next(a for a in argv if "mount_tag=labshare" in a).split("path=")[1].split(",")[0]
+count = os.path.join(share, ".boots")
+n = int(open(count).read()) + 1 if os.path.exists(count) else 1
+open(count, "w").write(str(n))
+if n <= int(os.environ["FAKE_PANICS"]):
+    open(console, "w").write("[    1.58] CR2: 0000000000000000\n"
+                             "[    1.58] Kernel panic - not syncing: Fatal exception in interrupt\n")
+    sys.exit(0)
+open(console, "w").write("booted\n")
+json.dump({"cmd_start_uptime_s": 3.0, "exit_status": 5, "release": "6.12.95+deb12-amd64", "mglru": "0x0007",
+           "end_uptime_s": 3.5}, open(os.path.join(share, ".guest-status.json"), "w"))
+'''
+
+
+@pytest.fixture()
+def fake(tmp_path, monkeypatch):
+    q = tmp_path / "qemu"
+    q.write_text(FAKE_QEMU.replace("/usr/bin/env python3", sys.executable))
+    q.chmod(0o755)
+    monkeypatch.setattr(L, "resolve_kernel", lambda k: ("6.12.95+deb12-amd64", tmp_path / "vmlinuz"))
+    monkeypatch.setattr(L, "build_initramfs", lambda rel, dest, modules=(): dest)
+    return q
+
+
+@pytest.mark.parametrize("panics", [0, 1, 2])
+def test_a_guest_that_panics_before_command_is_booted_again(fake, tmp_path, monkeypatch, panics):
+    monkeypatch.setenv("FAKE_PANICS", str(panics))
+    out = tmp_path / "lab"
+    res = L.run_in_guest("6.12", ["true"], out, qemu=str(fake), timeout_s=30)
+    assert res.status == "ok" and res.exit_status == 5
+    doc = json.loads((out / "lab.json").read_text())
+    assert (out / ".boots").read_text() == str(panics + 1)
+    assert [f["attempt"] for f in doc["boot_failures"]] == list(range(1, panics + 1))
+    for f in doc["boot_failures"]:
+        assert f["cause"] == "[    1.58] Kernel panic - not syncing: Fatal exception in interrupt"
+        assert "Kernel panic" in (out / f["console"]).read_text()
+
+
+def test_a_guest_that_always_panics_is_an_error_with_the_cause(fake, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_PANICS", "99")
+    out = tmp_path / "lab"
+    with pytest.raises(MoetraceError, match="stopped before COMMAND finished: .*Fatal exception in interrupt"):
+        L.run_in_guest("6.12", ["true"], out, qemu=str(fake), timeout_s=30)
+    assert (out / ".boots").read_text() == str(L.BOOT_RETRIES + 1)
+    doc = json.loads((out / "lab.json").read_text())
+    assert doc["status"] == "no-status" and len(doc["boot_failures"]) == L.BOOT_RETRIES
+    assert not list(Path(tmp_path).glob("moetrace-lab-*"))
