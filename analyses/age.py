@@ -159,6 +159,56 @@ def compute_age_at_eviction(lru_gen: pd.DataFrame, memcg_path: str | None = None
     return pd.DataFrame(rows, columns=["time_ns", "memcg_id", "node", "seq", "age_ms", "file_pages"])
 
 
+def compute_eviction_ages(evictions: pd.DataFrame, lru_gen: pd.DataFrame,
+                          aging: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Each pool eviction the mglru probe recorded (``mglru_evictions``) with the age of the
+    generation it was taken from: ``birth_ns`` of (memcg_id, seq) from the lru_gen samples
+    that saw that generation (``birth_source`` "lru_gen"), else from the aging events
+    (generation s is born by the first try_to_inc_max_seq(seq = s - 1) at or before the
+    eviction: "aging", over all memcgs), else NA; ``age_ms`` = eviction - birth."""
+    ev = evictions.copy()
+    births = compute_generation_births(lru_gen)[["memcg_id", "seq", "birth_ns"]] if len(lru_gen) else \
+        pd.DataFrame({"memcg_id": pd.Series([], dtype="int64"), "seq": pd.Series([], dtype="int64"),
+                      "birth_ns": pd.Series([], dtype="int64")})
+    births = births.groupby(["memcg_id", "seq"], as_index=False)["birth_ns"].min()
+    ev["seq_key"] = ev["seq"].astype("float64")
+    b = births.assign(seq_key=births["seq"].astype("float64")).drop(columns="seq")
+    ev = ev.merge(b, how="left", left_on=["memcg_id", "seq_key"], right_on=["memcg_id", "seq_key"])
+    ev["birth_source"] = pd.array(np.where(ev["birth_ns"].notna(), "lru_gen", pd.NA), dtype="string")
+    if aging is not None and len(aging):
+        inc = aging[aging["kind"].astype(str).str.contains("inc_max_seq") & aging["seq"].notna()]
+        first = inc.groupby("seq")["time_ns"].min()  # seq asked to grow -> first attempt
+        born_of = pd.Series(first.to_numpy(np.int64), index=first.index.astype("int64") + 1)
+        miss = ev["birth_ns"].isna() & ev["seq"].notna()
+        cand = ev.loc[miss, "seq"].astype("int64").map(born_of)
+        ok = cand.notna() & (cand <= ev.loc[miss, "time_ns"])
+        idx = cand[ok].index
+        ev.loc[idx, "birth_ns"] = cand[ok].astype("float64")
+        ev.loc[idx, "birth_source"] = "aging"
+    ev["birth_ns"] = ev["birth_ns"].astype("Int64")
+    ev["age_ms"] = ((ev["time_ns"].astype("Int64") - ev["birth_ns"]).astype("Float64") / 1e6)
+    return ev.drop(columns=["seq_key"])
+
+
+def compute_eviction_age_experts(ages: pd.DataFrame) -> pd.DataFrame:
+    """Per (layer, expert): ``evicted_folios``, ``age_ms_p10`` / ``age_ms_median`` /
+    ``age_ms_p90`` of the generation each folio was evicted from, ``birth_known_share``
+    (the evictions whose generation's birth is known), ``seq_first`` / ``seq_last``."""
+    cols = ["layer", "expert", "expert_id", "evicted_folios", "age_ms_p10", "age_ms_median", "age_ms_p90",
+            "birth_known_share", "seq_first", "seq_last"]
+    if ages.empty:
+        return pd.DataFrame(columns=cols)
+    a = ages.assign(_age=ages["age_ms"].astype("float64"))
+    g = a.groupby(["layer", "expert", "expert_id"], sort=True)
+    out = g.agg(evicted_folios=("time_ns", "size"), age_ms_p10=("_age", lambda x: x.quantile(0.1)),
+                age_ms_median=("_age", "median"), age_ms_p90=("_age", lambda x: x.quantile(0.9)),
+                birth_known_share=("_age", lambda x: float(x.notna().mean())),
+                seq_first=("seq", "min"), seq_last=("seq", "max")).reset_index()
+    for c in ("age_ms_p10", "age_ms_median", "age_ms_p90", "birth_known_share"):
+        out[c] = out[c].astype("Float64")
+    return out[cols]
+
+
 def locked_fraction(mlock_timeline: pd.DataFrame | None, meta: Mapping[str, Any]) -> pd.DataFrame:
     """Locked bytes over time against the capacity: ``time_ns``, ``total_locked_bytes``,
     ``locked_fraction`` (of the cell's capacity; NA outside a cell)."""

@@ -21,6 +21,11 @@
 //   folio_inc_gen(lruvec, folio, reclaiming)   PARM2 = folio; reads folio->flags (the
 //       first word of struct folio) and needs LRU_GEN_MASK / LRU_GEN_PGOFF from the
 //       kernel's own <linux/mmzone.h> (exact headers only): the generation it leaves
+//   workingset_eviction(folio, target_memcg)   PARM1 = folio; with MOE_EVICT_EVENTS=1 a
+//       ring record per evicted folio of the pool (s_dev = MOE_POOL_DEV): inode, index, its
+//       memcg's id and min_seq[file] (the generation eviction takes from, as the kernel's
+//       shadow entry records it), read at struct offsets the recorder takes from the
+//       running kernel's BTF (MOE_OFF_*): no kernel headers needed; node 0 only
 // The other kprobes only count calls.
 //
 // Configured only with -D knobs (toolkit/record/probes/mglru.py MGLRU declares them):
@@ -31,6 +36,8 @@
 //   MOE_LRU_GEN_PERIOD_MS  the lru_gen sampler's period (Python side; unused here)
 //   MOE_LRU_GEN_FULL       1: the sampler reads lru_gen_full (Python side; unused here)
 //   MOE_GATED              1: count only while armed[0] = 1 (moetrace record arms all at once); 0: always
+//   MOE_EVICT_EVENTS       1: the pool eviction records (needs MOE_HAVE_WS_EVICTION, MOE_POOL_DEV, MOE_OFF_*)
+//   MOE_EVICT_RINGBUF_PAGES  their ring size in pages (power of two)
 
 #include "moetrace.h"
 
@@ -61,6 +68,47 @@
 #ifndef MOE_RINGBUF_PAGES
 #define MOE_RINGBUF_PAGES 16
 #endif
+// eviction records: one per evicted folio of the pool (needs MOE_HAVE_WS_EVICTION); the
+// offsets come from the running kernel's BTF (toolkit/record/probes/mglru.py EVICT_OFFSETS)
+#ifndef MOE_EVICT_EVENTS
+#define MOE_EVICT_EVENTS 0
+#endif
+#ifndef MOE_EVICT_RINGBUF_PAGES
+#define MOE_EVICT_RINGBUF_PAGES 4096
+#endif
+#ifndef MOE_POOL_DEV
+#define MOE_POOL_DEV 0
+#endif
+#ifndef MOE_OFF_FOLIO_MAPPING
+#define MOE_OFF_FOLIO_MAPPING 0
+#endif
+#ifndef MOE_OFF_FOLIO_INDEX
+#define MOE_OFF_FOLIO_INDEX 0
+#endif
+#ifndef MOE_OFF_FOLIO_MEMCG
+#define MOE_OFF_FOLIO_MEMCG 0
+#endif
+#ifndef MOE_OFF_AS_HOST
+#define MOE_OFF_AS_HOST 0
+#endif
+#ifndef MOE_OFF_INODE_INO
+#define MOE_OFF_INODE_INO 0
+#endif
+#ifndef MOE_OFF_INODE_SB
+#define MOE_OFF_INODE_SB 0
+#endif
+#ifndef MOE_OFF_SB_DEV
+#define MOE_OFF_SB_DEV 0
+#endif
+#ifndef MOE_OFF_MEMCG_ID
+#define MOE_OFF_MEMCG_ID 0
+#endif
+#ifndef MOE_OFF_MEMCG_NODEINFO
+#define MOE_OFF_MEMCG_NODEINFO 0
+#endif
+#ifndef MOE_OFF_PN_MIN_SEQ_FILE
+#define MOE_OFF_PN_MIN_SEQ_FILE 0
+#endif
 #ifndef MOE_LRU_GEN_PERIOD_MS
 #define MOE_LRU_GEN_PERIOD_MS 1000
 #endif
@@ -84,7 +132,9 @@
 #define STAT_WORKINGSET_EVICTION 6
 #define STAT_WORKINGSET_REFAULT 7
 #define STAT_RING_LOST 8         // aging records the ring had no room for
-#define N_STATS 9
+#define STAT_EVICT_LOST 9        // pool eviction records the ring had no room for
+#define STAT_EVICT_POOL 10       // pool folios evicted (a record each, or counted lost)
+#define N_STATS 11
 
 #if MOE_HAVE_EVICT_FOLIOS || MOE_HAVE_ISOLATE_FOLIOS || MOE_HAVE_SHOULD_RUN_AGING || MOE_HAVE_INC_MAX_SEQ || \
     MOE_HAVE_FOLIO_INC_GEN || MOE_HAVE_LOOK_AROUND || MOE_HAVE_WS_EVICTION || MOE_HAVE_WS_REFAULT
@@ -208,9 +258,66 @@ int kp_lru_gen_look_around(struct pt_regs *ctx) {
 #endif
 
 #if MOE_HAVE_WS_EVICTION
+#if MOE_EVICT_EVENTS
+// workingset_eviction(folio, target_memcg): the folio leaves the page cache; with MGLRU the
+// kernel's shadow entry records its memcg's min_seq[file] at this moment (lru_gen_eviction),
+// the generation eviction is taking from. Read with BTF offsets, no kernel headers.
+struct evict_event {
+    u64 ts_ns;     // bpf_ktime_get_ns (CLOCK_MONOTONIC)
+    u64 ino;       // folio->mapping->host->i_ino
+    u64 index;     // folio->index (first page of the folio)
+    u64 min_seq;   // folio's memcg: nodeinfo[0]->lruvec.lrugen.min_seq[LRU_GEN_FILE]; SEQ_UNKNOWN without memcg
+    u32 memcg_id;  // mem_cgroup->id.id (the lru_gen file's memcg id); 0 without memcg
+    u32 tgid;      // who evicted
+};
+BPF_RINGBUF_OUTPUT(evictions, MOE_EVICT_RINGBUF_PAGES);
+
+static __always_inline u64 rd64(u64 addr) {
+    u64 v = 0;
+    bpf_probe_read_kernel(&v, sizeof(v), (void *)addr);
+    return v;
+}
+static __always_inline u32 rd32(u64 addr) {
+    u32 v = 0;
+    bpf_probe_read_kernel(&v, sizeof(v), (void *)addr);
+    return v;
+}
+#endif
+
 int kp_workingset_eviction(struct pt_regs *ctx) {
     MOE_GATE();
     stat_add(STAT_WORKINGSET_EVICTION, 1);
+#if MOE_EVICT_EVENTS
+    u64 folio = PT_REGS_PARM1(ctx);
+    u64 mapping = rd64(folio + MOE_OFF_FOLIO_MAPPING);
+    if (!mapping || (mapping & 1))  // none, or anonymous (PAGE_MAPPING_ANON)
+        return 0;
+    u64 host = rd64(mapping + MOE_OFF_AS_HOST);
+    if (!host)
+        return 0;
+    if (rd32(rd64(host + MOE_OFF_INODE_SB) + MOE_OFF_SB_DEV) != MOE_POOL_DEV)
+        return 0;
+    stat_add(STAT_EVICT_POOL, 1);
+    struct evict_event *e = evictions.ringbuf_reserve(sizeof(struct evict_event));
+    if (!e) {
+        stat_add(STAT_EVICT_LOST, 1);
+        return 0;
+    }
+    e->ts_ns = bpf_ktime_get_ns();
+    e->ino = rd64(host + MOE_OFF_INODE_INO);
+    e->index = rd64(folio + MOE_OFF_FOLIO_INDEX);
+    e->tgid = bpf_get_current_pid_tgid() >> 32;
+    u64 memcg = rd64(folio + MOE_OFF_FOLIO_MEMCG) & ~7ULL;  // memcg_data: low bits are flags
+    e->memcg_id = 0;
+    e->min_seq = SEQ_UNKNOWN;
+    if (memcg) {
+        e->memcg_id = rd32(memcg + MOE_OFF_MEMCG_ID);
+        u64 pn = rd64(memcg + MOE_OFF_MEMCG_NODEINFO);  // node 0 (the lab guests have one node)
+        if (pn)
+            e->min_seq = rd64(pn + MOE_OFF_PN_MIN_SEQ_FILE);
+    }
+    evictions.ringbuf_submit(e, 0);
+#endif
     return 0;
 }
 #endif

@@ -63,3 +63,41 @@ def test_debian_612_mglru_on_new_signatures(facts):
     assert f["lru_gen_look_around"].startswith("bool ")
     assert f["should_run_aging"] is None and f["mlock_new_page"] is None
     assert f["mlock_new_folio"] and f["munlock_folio"]
+
+
+TOP_LEVEL = [("folio", "mapping"), ("folio", "index"), ("folio", "memcg_data"), ("address_space", "host"),
+             ("inode", "i_ino"), ("inode", "i_sb"), ("super_block", "s_dev"), ("mem_cgroup", "nodeinfo")]
+
+
+@pytest.mark.parametrize("release", ["running", K61, K612])
+def test_btf_offsets_of_the_eviction_records_agree_with_pahole(tmp_path, release):
+    """The mglru probe's eviction records read struct members at offsets from BTF; pahole (the
+    kernel's own BTF tool, installed with the lab's headers) prints the same offsets."""
+    import re
+    import shutil
+
+    from moetrace.kernel import btf as B
+    from moetrace.record.probes.mglru import evict_offsets
+
+    if shutil.which("pahole") is None:
+        pytest.fail("pahole missing: the lab set-up installs it with linux-headers") if os.environ.get(
+            "MOETRACE_LIVE") == "1" else pytest.skip("pahole missing")
+    if release == "running":
+        raw = Path("/sys/kernel/btf/vmlinux").read_bytes()
+    else:
+        _need(release)
+        raw = B.btf_from_elf(B.vmlinux_from_image(Path(f"/boot/vmlinuz-{release}").read_bytes()))
+    f = tmp_path / "btf"
+    f.write_bytes(raw)
+    b = B.Btf(raw)
+    for st, member in TOP_LEVEL:
+        out = subprocess.run(["pahole", "-F", "btf", "-C", st, str(f)], capture_output=True, text=True).stdout
+        m = re.search(rf"[\s*]{member}(\[\d*\])?;\s*/\*\s*(\d+)", out)
+        assert m, (st, member, out[:400])
+        assert b.offset_of(st, member) == int(m.group(2)), (release, st, member)
+    offs, why = evict_offsets(b)
+    if release == "running":  # no MGLRU here: struct lruvec has no lrugen, and the probe says so
+        assert offs is None and "no 'lrugen' in struct lruvec" in why
+    else:
+        assert why == "" and offs["MOE_OFF_PN_MIN_SEQ_FILE"] == b.offset_of(
+            "mem_cgroup_per_node", "lruvec.lrugen.min_seq[0]") + 8

@@ -17,24 +17,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import moetrace_cli
-from moetrace.inputs.trace import write_jsonl
+from common.lab import K61, K612, LAB_EXPERTS as EXPERTS, LAB_STEPS as STEPS, _lab, lab_pool  # noqa: F401
 from moetrace.record.recorder import DEFAULT_RECORD
-
-from .test_lab_run import K612, _lab, _need
-
-EXPERTS, STEPS = 64, 4
-
-
-@pytest.fixture(scope="module")
-def lab_pool(tmp_path_factory):
-    _need()
-    d = tmp_path_factory.mktemp("labpool")
-    geo = ["--layers", "1", "--experts", str(EXPERTS), "--k", str(EXPERTS), "--expert-bytes", "1MiB"]
-    moetrace_cli("pool", "create", d / "pool", *geo, "--layout", "files")
-    write_jsonl([(s, 0, list(range(EXPERTS))) for s in range(STEPS)], d / "t.jsonl")
-    moetrace_cli("plan", "compile", d / "t.jsonl", *geo, "-o", d / "plan.bin")
-    return d
 
 
 def test_full_default_set_records_on_612_with_mglru_under_a_v2_memcg(lab_pool, tmp_path):
@@ -94,6 +78,20 @@ def test_full_default_set_records_on_612_with_mglru_under_a_v2_memcg(lab_pool, t
     assert len(aging) == mg["kprobe_counts"]["inc_max_seq"] and aging["seq"].notna().all()
     g = pd.read_parquet(run / "lru_gen.parquet")
     assert (g["memcg_path"] == "/lab").any() and g["sample"].nunique() == mg["samples"]
+    # one eviction record per evicted pool folio (workingset_eviction, fields read at BTF offsets):
+    # per expert exactly the pages the pagecache probe saw deleted (ext4 here caches order-0 folios,
+    # and every pool eviction was the memcg's reclaim), each from /lab at a generation it had
+    assert mg["eviction_records"]["recorded"] is True
+    evs = pd.read_parquet(run / "mglru_evictions.parquet")
+    assert len(evs) == mg["kprobe_counts"]["evict_pool"] == mg["eviction_records"]["records"]
+    assert m["lost"]["mglru"]["ring_lost_eviction_records"] == 0
+    experts = pd.read_parquet(run / "experts.parquet")
+    experts = experts[experts["kind"] == "expert"]
+    per = evs.groupby("expert_id").size().reindex(experts["expert_id"], fill_value=0)
+    assert per.tolist() == experts["evicted_pages"].tolist()
+    lab_id = int(g.loc[g["memcg_path"] == "/lab", "memcg_id"].iloc[0])
+    assert (evs["memcg_id"] == lab_id).all() and evs["seq"].notna().all()
+    assert evs["seq"].min() >= lab_vec[0]["max_seq_first"] - 3 and evs["seq"].max() <= lab_vec[0]["max_seq_last"]
     # the age report renders the MGLRU side from this kernel's tables
     rep = subprocess.run([sys.executable, "-m", "moetrace.cli", "report", str(run), "--only", "age", "--out",
                           str(tmp_path / "rep"), "--json"], capture_output=True, text=True, timeout=300)
@@ -102,7 +100,63 @@ def test_full_default_set_records_on_612_with_mglru_under_a_v2_memcg(lab_pool, t
     assert cad["/lab"]["seq_increments"] == lab_vec[0]["generations_born"]
     assert cad["/lab"]["aging_events_all_memcgs"] == mg["kprobe_counts"]["inc_max_seq"]
     assert "MGLRU on this kernel: on (enabled 0x0007)" in (tmp_path / "rep" / "REPORT.md").read_text()
+    ages = json.loads(rep.stdout)["summary"]["mglru"]["evictions"]
+    assert ages["folios"] == len(evs) and ages["birth_known"] > 0 and ages["age_ms_median"] >= 0
     print(f"\n6.12 lab record: command at {lab['cmd_start_uptime_s']} s guest uptime; probes attached in "
           f"{m['timings']['probes_attach_s']:.1f} s; host wall {lab['host_wall_s']:.1f} s; added "
           f"{t['experts_added_pages']} = pgpgin/4; reclaimed {rc['reclaimed_pages']}; generations born "
           f"{lab_vec[0]['generations_born']} (seen {lab_vec[0]['generations_seen']})")
+
+
+@pytest.mark.parametrize("mglru", ["off", "on"])
+def test_61_classic_lru_and_mglru_from_the_same_replay(lab_pool, tmp_path, mglru):
+    """Debian 6.1 (MGLRU built, off by default, the old signatures): MGLRU off, the lru probe's
+    classic insertions / activations / dwell; on, the mglru probe's generations from 6.1's own
+    symbols. The age report renders whichever the kernel has."""
+    out = tmp_path / "lab"
+    bindir = str(Path(sys.executable).parent)
+    r = _lab(out, "--kernel", "6.1", "--mglru", mglru, "--pool", str(lab_pool / "pool"), "--memcg", "80M",
+             "--timeout", "600", "--json", "--",
+             f"{bindir}/moetrace", "record", "--out", "/tmp/lab/run", "--cgroup", "/sys/fs/cgroup/lab",
+             "--probes", "pagecache,lru,reclaim,mglru", "--missing-probes", "warn", "--",
+             "replay", str(lab_pool / "plan.bin"), "--pool", str(lab_pool / "pool"), "--mode", "mmap",
+             "--warmup", "1", "--passes", "2", timeout=700)
+    assert r.returncode == 0, r.stderr + ((out / "stderr").read_text() if (out / "stderr").exists() else "")
+    lab = json.loads(r.stdout)
+    assert lab["release"] == K61 and lab["mglru"] == ("0x0007" if mglru == "on" else "0x0000")
+    run = out / "run"
+    m = json.loads((run / "manifest.json").read_text())
+    assert m["complete"] is True and m["kernel"]["release"] == K61 and m["mglru"]["on"] is (mglru == "on")
+    snaps = json.loads((run / "snapshots.json").read_text())
+    pgpgin = snaps["post"]["vmstat"]["pgpgin"] - snaps["pre"]["vmstat"]["pgpgin"]
+    assert m["totals"]["experts_added_pages"] * 4 == pgpgin
+    lru = pd.read_parquet(run / "lru.parquet")
+    e = lru[lru["kind"] == "expert"] if "kind" in lru else lru
+    if mglru == "off":
+        # classic LRU: every pool page inserted, some activated (the mmap replay re-touches them)
+        assert int(e["inserted_pages"].sum()) >= m["totals"]["experts_added_pages"]
+        assert int(e["activated_pages"].sum()) > 0 and int(e["dwell_count"].sum()) > 0
+    mg = m["summaries"].get("mglru")
+    if mglru == "off" and mg is None:  # the mglru probe skipped itself, saying why
+        assert m["attach_plan"]["mglru"]["skip_reason"]
+        mg = {"lruvecs": {}, "samples": 0}
+    g = pd.read_parquet(run / "lru_gen.parquet") if (run / "lru_gen.parquet").exists() else pd.DataFrame(
+        {"memcg_path": pd.Series([], dtype="string")})
+    vec = [v for v in mg["lruvecs"].values() if v["memcg_path"] == "/lab"]
+    if mglru == "on":
+        assert len(vec) == 1 and vec[0]["generations_born"] > 0 and (g["memcg_path"] == "/lab").any()
+        assert mg["kprobes"]["inc_max_seq"] == "try_to_inc_max_seq" and mg["kprobe_counts"]["inc_max_seq"] > 0
+        assert mg["kprobe_counts"]["workingset_eviction"] == m["summaries"]["reclaim"]["reclaimed_pages"]
+    else:
+        assert g.empty or not (g["memcg_path"] == "/lab").any() or vec[0]["generations_born"] == 0
+    rep = subprocess.run([sys.executable, "-m", "moetrace.cli", "report", str(run), "--only", "age", "--out",
+                          str(tmp_path / "rep"), "--json"], capture_output=True, text=True, timeout=300)
+    assert rep.returncode == 0, rep.stderr
+    summ = json.loads(rep.stdout)["summary"]
+    md = (tmp_path / "rep" / "REPORT.md").read_text()
+    if mglru == "on":
+        assert "MGLRU generations" in md and summ["mglru"]["samples"] == mg["samples"]
+    else:
+        assert "Classic LRU: dwell before eviction" in md and summ["dwell_quantiles"]
+    print(f"\n6.1 MGLRU {mglru}: probes attached in {m['timings']['probes_attach_s']:.1f} s, host wall "
+          f"{lab['host_wall_s']:.1f} s")

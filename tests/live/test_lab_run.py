@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,23 +15,7 @@ from pathlib import Path
 
 import pytest
 
-K61, K612 = "6.1.0-47-amd64", "6.12.95+deb12-amd64"
-
-
-def _need() -> None:
-    missing = [w for w, ok in (("qemu-system-x86_64", shutil.which("qemu-system-x86_64")),
-                               (f"/boot/vmlinuz-{K61}", Path(f"/boot/vmlinuz-{K61}").is_file()),
-                               (f"/boot/vmlinuz-{K612}", Path(f"/boot/vmlinuz-{K612}").is_file())) if not ok]
-    if missing:
-        why = f"kernel lab not installed ({', '.join(missing)}): bash scripts/lab-setup.sh"
-        if os.environ.get("MOETRACE_LIVE") == "1":
-            pytest.fail(f"MOETRACE_LIVE=1 but {why}")
-        pytest.skip(why)
-
-
-def _lab(out: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "moetrace.cli", "lab", "run", "--out", str(out), *args],
-                          capture_output=True, text=True, timeout=timeout)
+from common.lab import K61, K612, _lab, _need  # noqa: F401
 
 
 def test_guest_sees_the_host_root_read_only_and_writes_only_its_share(tmp_path):

@@ -81,3 +81,42 @@ def test_config_and_facts_from_a_fake_root(tmp_path):
     (tmp_path / "boot" / "vmlinuz-9.9.9-lab").write_bytes(b"MZ not a kernel")
     k = kernel_facts("9.9.9-lab", tmp_path)
     assert k.btf is False and any("BTF not read" in n for n in k.notes)
+
+
+def test_btf_member_offsets_through_anonymous_unions_typedefs_and_arrays():
+    """struct folio { unsigned long flags; union { struct { void *lru; void *mapping; }; long x; };
+    unsigned long gens[2]; } — offset_of looks through the anonymous union and struct, indexes
+    the array, and names what is missing."""
+    names = ["", "long unsigned int", "folio", "flags", "lru", "mapping", "x", "gens", "ul", "outer", "inner",
+             "f"]
+    strs = b"".join(n.encode() + b"\0" for n in names)
+    so = {n: strs.index(n.encode() + b"\0") if n else 0 for n in names}
+
+    def t(kind, name, vlen, ref, extra=b""):
+        return struct.pack("<III", so[name], (kind << 24) | vlen, ref) + extra
+
+    def mem(name, tid, bits):
+        return struct.pack("<III", so[name], tid, bits)
+
+    tdata = b"".join([
+        t(B.INT, "long unsigned int", 0, 8, struct.pack("<I", 64)),           # 1
+        t(B.TYPEDEF, "ul", 0, 1),                                            # 2 typedef -> 1
+        t(B.PTR, "", 0, 0),                                                  # 3 void *
+        t(B.STRUCT, "", 2, 16, mem("lru", 3, 0) + mem("mapping", 3, 64)),    # 4 anonymous struct
+        t(B.UNION, "", 2, 16, mem("", 4, 0) + mem("x", 1, 0)),               # 5 anonymous union
+        t(B.ARRAY, "", 0, 0, struct.pack("<III", 2, 1, 2)),                  # 6 ul[2]
+        t(B.STRUCT, "folio", 3, 40, mem("flags", 1, 0) + mem("", 5, 64) + mem("gens", 6, 192)),  # 7
+        t(B.STRUCT, "outer", 1, 48, mem("f", 7, 64)),                        # 8 embeds a folio at 8
+    ])
+    blob = struct.pack("<HBBIIIII", B.BTF_MAGIC, 1, 0, 24, 0, len(tdata), len(tdata), len(strs)) + tdata + strs
+    b = B.Btf(blob)
+    assert b.offset_of("folio", "flags") == 0
+    assert b.offset_of("folio", "mapping") == 16 and b.offset_of("folio", "lru") == 8
+    assert b.offset_of("folio", "gens[1]") == 32 and b.offset_of("outer", "f.gens[1]") == 40
+    assert b.offset_of("outer", "f.mapping") == 24 and b.sizeof(6) == 16
+    with pytest.raises(InputError, match="no member f.nope"):
+        b.offset_of("outer", "f.nope")
+    with pytest.raises(InputError, match="no struct lruvec"):
+        b.offset_of("lruvec", "lrugen")
+    with pytest.raises(InputError, match="not an array"):
+        b.offset_of("folio", "flags[1]")

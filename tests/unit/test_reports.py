@@ -302,6 +302,22 @@ def test_generation_age_on_the_lru_gen_formats(release):
     cad = G.compute_aging_cadence(df, aging)
     assert cad["aging_events_all_memcgs"].tolist() == [3]
     assert cad["aging_interval_ms_median_all_memcgs"].tolist() == [3.0]  # gaps 3 ms and 3 ms
+    # eviction records: generation lo (seen in the samples) and hi + 2 (never seen: born by the
+    # aging attempt on seq hi + 1), and one without a memcg
+    evs = pd.DataFrame({"time_ns": [t0 + 500_000_000, t0 + 9 * 10**9, t0 + 9 * 10**9], "layer": [0, 0, 0],
+                        "expert": [1, 2, 2], "expert_id": [1, 2, 2], "ino": [5, 6, 6], "index": [0, 0, 4],
+                        "memcg_id": [memcg, memcg, 0], "seq": pd.array([lo, hi + 2, pd.NA], dtype="Int64"),
+                        "tgid": [9, 9, 9]})
+    aging2 = pd.DataFrame({"time_ns": [t0 + 8 * 10**9], "tgid": [9],
+                           "kind": pd.array(["try_to_inc_max_seq"], dtype="string"),
+                           "seq": pd.array([hi + 1], dtype="Int64")})
+    ages = G.compute_eviction_ages(evs, df, aging2)
+    lo_birth = int(df.loc[df["seq"] == lo, "birth_ns"].min())
+    assert ages["birth_source"].tolist()[:2] == ["lru_gen", "aging"] and pd.isna(ages["birth_source"].iloc[2])
+    assert ages["age_ms"].tolist()[:2] == [(t0 + 500_000_000 - lo_birth) / 1e6, 1000.0]
+    per = G.compute_eviction_age_experts(ages)
+    assert per["evicted_folios"].tolist() == [1, 2] and per["birth_known_share"].tolist() == [1.0, 0.5]
+    assert per.loc[per["expert"] == 2, "age_ms_median"].tolist() == [1000.0]
     ev = G.compute_age_at_eviction(df)
     oldest = next(x for x in gens if x["seq"] == lo)
     assert ev["seq"].tolist() == [lo] and ev["age_ms"].tolist() == [oldest["age_ms"]]

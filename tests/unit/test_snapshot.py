@@ -178,6 +178,20 @@ def test_balloon_size_and_reserve(tmp_path):
         balloon_size(8 << 30, 0, root)
 
 
+@pytest.mark.parametrize("total, want", [
+    (24731184 << 10, (1 << 30) + (24731184 << 10) // 20),   # this host: 1 GiB + 5%, as always
+    (16 << 30, (1 << 30) + (16 << 30) // 20),               # from 16 GiB up: 1 GiB + 5%
+    (4 << 30, (256 << 20) + (4 << 30) // 20),               # a 4 GiB lab guest: 256 MiB + 5%
+    (2 << 30, (256 << 20) + (2 << 30) // 20),               # never below 256 MiB + 5%
+    (8 << 30, (512 << 20) + (8 << 30) // 20)])              # MemTotal / 16 between
+def test_safe_reserve_fits_the_machine(total, want):
+    from moetrace.capacity.scope import safe_reserve_bytes
+
+    assert safe_reserve_bytes(total) == want
+    # whatever the size, a balloon leaves at least 256 MiB + 5% of the machine
+    assert safe_reserve_bytes(total) >= total // 20 + (256 << 20)
+
+
 def _cells() -> pd.DataFrame:
     mib = 1 << 20
     return pd.DataFrame({

@@ -17,7 +17,8 @@ Balloon. A child process mmaps and mlocks anonymous memory so that about C
 remains for the file tier: size = MemAvailable - C - headroom (measured after the
 caches are dropped). It sets PR_SET_PDEATHSIG(SIGKILL) so it dies with its parent,
 its VmLck is verified against its size, and sizes that would leave the machine
-less than a safe reserve (1 GiB + 5% of MemTotal) are refused.
+less than a safe reserve (MemTotal/16 within [256 MiB, 1 GiB], + 5% of MemTotal: 1 GiB + 5%
+from 16 GiB up) are refused.
 """
 
 from __future__ import annotations
@@ -363,9 +364,18 @@ def remove_stale_scopes(name: str | None = None, controller: MemoryController | 
 
 # -- balloon -----------------------------------------------------------------------------------
 
+#: the fixed part of the safe reserve: MemTotal / 16, at least 256 MiB, at most 1 GiB
+RESERVE_FIXED_MIN, RESERVE_FIXED_MAX = 256 << 20, 1 << 30
+
+
 def safe_reserve_bytes(mem_total: int) -> int:
-    """The memory a balloon must leave to the machine: 1 GiB + 5% of MemTotal."""
-    return (1 << 30) + mem_total // 20
+    """The memory a balloon must leave to the machine: MemTotal / 16 clamped to [256 MiB,
+    1 GiB], plus 5% of MemTotal. From 16 GiB up that is the 1 GiB + 5% it always was; a
+    small machine (a 4 GiB lab guest: 256 MiB + 205 MiB) keeps what its kernel and the
+    recorder need without a reserve larger than the machine's spare memory, so a balloon
+    can lock about 80% of it and never all of it."""
+    fixed = min(RESERVE_FIXED_MAX, max(RESERVE_FIXED_MIN, mem_total // 16))
+    return fixed + mem_total // 20
 
 
 def balloon_size(capacity: int, headroom: int, root: str | os.PathLike = "/") -> tuple[int, dict[str, int]]:
@@ -384,7 +394,7 @@ def balloon_size(capacity: int, headroom: int, root: str | os.PathLike = "/") ->
                          hint="choose a smaller --capacity or use --mechanism cgroup")
     if avail - size < reserve:
         raise UsageError(f"a balloon of {size} B would leave {avail - size} B, below the safe reserve of "
-                         f"{reserve} B (1 GiB + 5% of MemTotal)",
+                         f"{reserve} B (MemTotal/16 within [256 MiB, 1 GiB], + 5% of MemTotal)",
                          hint=f"use --capacity >= {max(0, reserve - headroom)} B with the balloon, or "
                               "--mechanism cgroup for smaller capacities")
     return size, facts

@@ -34,6 +34,9 @@ class Type:
     ref: int  # size or type id (kind-dependent)
     params: tuple[tuple[str, int], ...] = ()  # FUNC_PROTO: (name, type id)
     kflag: bool = False
+    #: STRUCT / UNION: (name, type id, bit offset); ARRAY: () with ``nelems``
+    members: tuple[tuple[str, int, int], ...] = ()
+    nelems: int = 0
 
 
 class Btf:
@@ -66,19 +69,94 @@ class Btf:
             pos += 12
             kind, vlen, kflag = (info >> 24) & 0x1F, info & 0xFFFF, bool(info >> 31)
             params: tuple[tuple[str, int], ...] = ()
+            members: tuple[tuple[str, int, int], ...] = ()
+            nelems = 0
             if kind == FUNC_PROTO:
                 params = tuple((name(struct.unpack_from(endian + "I", tdata, pos + 8 * i)[0]),
                                 struct.unpack_from(endian + "I", tdata, pos + 8 * i + 4)[0]) for i in range(vlen))
+            elif kind in (STRUCT, UNION):
+                # member offset: bits; with kflag, the low 24 bits (the high 8 are a bitfield size)
+                mask = 0xFFFFFF if kflag else 0xFFFFFFFF
+                members = tuple((name(m[0]), m[1], m[2] & mask) for m in
+                                (struct.unpack_from(endian + "III", tdata, pos + 12 * i) for i in range(vlen)))
             elif kind == ARRAY:
-                ref = struct.unpack_from(endian + "I", tdata, pos)[0]  # element type
+                ref, _index_type, nelems = struct.unpack_from(endian + "III", tdata, pos)  # element type
             pos += _EXTRA_FIXED.get(kind, 0) + _EXTRA_PER_MEMBER.get(kind, 0) * vlen
             if kind == 0 or kind > ENUM64:
                 raise InputError(f"unknown BTF kind {kind} (type {len(self.types)})", path=source,
                                  offset=base + type_off + pos)
-            t = Type(kind, name(name_off), vlen, ref, params, kflag)
+            t = Type(kind, name(name_off), vlen, ref, params, kflag, members, nelems)
             if kind == FUNC:
                 self.funcs.setdefault(t.name, ref)
             self.types.append(t)
+
+    # -- layout ---------------------------------------------------------------------------------
+    def _strip(self, tid: int) -> int:
+        """Through typedefs and qualifiers to the type itself."""
+        for _ in range(40):
+            t = self.types[tid]
+            if t.kind not in (TYPEDEF, CONST, VOLATILE, RESTRICT, TYPE_TAG):
+                return tid
+            tid = t.ref
+        raise InputError(f"BTF type {tid}: a typedef chain that does not end")
+
+    def struct_id(self, name: str) -> int | None:
+        """The id of ``struct name`` with a body (not a forward declaration)."""
+        cache = self.__dict__.setdefault("_structs", {})
+        if not cache:
+            for i, t in enumerate(self.types):
+                if t.kind in (STRUCT, UNION) and t.name and (t.members or t.ref):
+                    cache.setdefault(t.name, i)
+        return cache.get(name)
+
+    def sizeof(self, tid: int) -> int:
+        t = self.types[self._strip(tid)]
+        if t.kind == PTR:
+            return 8
+        if t.kind == ARRAY:
+            return t.nelems * self.sizeof(t.ref)
+        if t.kind in (INT, STRUCT, UNION, ENUM, ENUM64, FLOAT):
+            return t.ref
+        raise InputError(f"BTF: no size for {self.type_name(tid)}")
+
+    def _member(self, tid: int, name: str) -> tuple[int, int] | None:
+        """(byte offset, type id) of member ``name`` of struct/union ``tid``, looking through
+        anonymous struct/union members (struct folio's fields live in one)."""
+        t = self.types[self._strip(tid)]
+        for m_name, m_type, bits in t.members:
+            if m_name == name:
+                return bits // 8, m_type
+            if not m_name:
+                inner = self.types[self._strip(m_type)]
+                if inner.kind in (STRUCT, UNION):
+                    hit = self._member(m_type, name)
+                    if hit is not None:
+                        return bits // 8 + hit[0], hit[1]
+        return None
+
+    def offset_of(self, struct_name: str, path: str) -> int:
+        """Byte offset of ``path`` ("lruvec.lrugen.min_seq[1]", "id.id") inside ``struct
+        struct_name``, through embedded structs, anonymous members and array indices (not
+        through pointers). Raises InputError naming the part that is missing."""
+        tid = self.struct_id(struct_name)
+        if tid is None:
+            raise InputError(f"BTF has no struct {struct_name}")
+        off = 0
+        for part in path.split("."):
+            name, _, idx = part.partition("[")
+            hit = self._member(tid, name)
+            if hit is None:
+                raise InputError(f"BTF: struct {struct_name} has no member {path} (no {name!r} in "
+                                 f"{self.type_name(tid)})")
+            off += hit[0]
+            tid = hit[1]
+            if idx:
+                arr = self.types[self._strip(tid)]
+                if arr.kind != ARRAY:
+                    raise InputError(f"BTF: {struct_name}.{path}: {name} is not an array")
+                off += int(idx.rstrip("]")) * self.sizeof(arr.ref)
+                tid = arr.ref
+        return off
 
     # -- rendering ------------------------------------------------------------------------------
     def type_name(self, tid: int, depth: int = 0) -> str:

@@ -430,6 +430,26 @@ def section_age(rep: Report, run) -> None:
         ev = G.compute_age_at_eviction(lg)
         rep.table("age_at_eviction", ev, "Generations evicted between samples, with their age", 20)
         rep.summary["mglru"] = {"samples": int(lg["sample"].nunique()), "cadence": json.loads(table_json(cad))}
+        evs = run.tables.get("mglru_evictions")
+        if evs is not None and len(evs):
+            ages = G.compute_eviction_ages(evs, lg, run.tables.get("mglru_aging"))
+            per = G.compute_eviction_age_experts(ages)
+            rep.h(3, "Age of the generation each expert page was evicted from")
+            rep.p("One record per evicted pool folio (the mglru probe's workingset_eviction kprobe): its "
+                  "memcg's min_seq at eviction, the generation the kernel's shadow entry records, and that "
+                  "generation's age then (birth from the lru_gen samples, else from the aging events).")
+            fig, ax = F.new_figure(6.5, 4)
+            F.plot_heatmap(per, "age_ms_median", n_layers, n_experts, ax,
+                           title="median age of the evicted generation (ms)", unit="ms", cmap="cividis")
+            rep.figure("heatmap_eviction_age", F.png_bytes(fig), "Layers x experts: median age of the generation "
+                       "a page was evicted from")
+            rep.table("age_eviction_experts", per, "Youngest evicted generations (median age)",
+                      show=per.sort_values("age_ms_median", na_position="last"))
+            known = ages["age_ms"].dropna()
+            rep.summary["mglru"]["evictions"] = {
+                "folios": int(len(ages)), "birth_known": int(len(known)),
+                "age_ms_median": float(known.median()) if len(known) else None,
+                "age_ms_p90": float(known.quantile(0.9)) if len(known) else None}
     else:
         rep.p("No lru_gen samples (not an MGLRU kernel, or the mglru probe was not recorded): generation "
               "ages come from the kernel lab's runs.")

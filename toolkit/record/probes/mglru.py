@@ -87,6 +87,23 @@ MGLRU = ProbeSpec(
         Knob("MOE_LRU_GEN_PERIOD_MS", 1000, "lru_gen sampling period (the Python sampler; also one sample at "
                                             "open and one at close)"),
         Knob("MOE_LRU_GEN_FULL", 0, "1: sample lru_gen_full (adds the tier and walk tables)"),
+        Knob("MOE_EVICT_EVENTS", 1, "1: a ring record per evicted pool folio with its memcg's min_seq (the "
+                                    "generation evicted), where workingset_eviction attaches, a pool is named and "
+                                    "the kernel's BTF gives the offsets; 0: off"),
+        Knob("MOE_EVICT_RINGBUF_PAGES", 4096, "eviction ring size in pages (power of two; 16 MiB holds ~350k "
+                                             "records: the TCG guest drains it slowly)"),
+        *(Knob(k, 0, f"derived: {doc} (from the running kernel's BTF)") for k, doc in (
+            ("MOE_POOL_DEV", "the pool's s_dev, kernel encoding"),
+            ("MOE_OFF_FOLIO_MAPPING", "offsetof(struct folio, mapping)"),
+            ("MOE_OFF_FOLIO_INDEX", "offsetof(struct folio, index)"),
+            ("MOE_OFF_FOLIO_MEMCG", "offsetof(struct folio, memcg_data)"),
+            ("MOE_OFF_AS_HOST", "offsetof(struct address_space, host)"),
+            ("MOE_OFF_INODE_INO", "offsetof(struct inode, i_ino)"),
+            ("MOE_OFF_INODE_SB", "offsetof(struct inode, i_sb)"),
+            ("MOE_OFF_SB_DEV", "offsetof(struct super_block, s_dev)"),
+            ("MOE_OFF_MEMCG_ID", "offsetof(struct mem_cgroup, id.id)"),
+            ("MOE_OFF_MEMCG_NODEINFO", "offsetof(struct mem_cgroup, nodeinfo)"),
+            ("MOE_OFF_PN_MIN_SEQ_FILE", "offsetof(struct mem_cgroup_per_node, lruvec.lrugen.min_seq[1])"))),
     ),
     table="lru_gen",
     schema=_GEN_COLS[:3] + (
@@ -118,16 +135,50 @@ MGLRU = ProbeSpec(
                          Column("seq", "Int64", "", "the max_seq it was asked to grow (NA: not read)"))),
         ("mglru_inc_gen", (Column("from_gen", "Int32", "", "generation slot a promoted folio left (NA: off MGLRU)"),
                            Column("folios", "int64"))),
+        ("mglru_evictions", (Column("time_ns", "int64", "ns", "CLOCK_MONOTONIC of the eviction"),
+                             *EXPERT_COLS,
+                             Column("ino", "int64"), Column("index", "int64", "pages", "the folio's first page"),
+                             Column("memcg_id", "int64", "", "the folio's memcg (lru_gen's id); 0: none"),
+                             Column("seq", "Int64", "", "its memcg's min_seq[file] at eviction: the generation "
+                                                        "eviction took from, as the kernel's shadow entry records "
+                                                        "it (the folio's own is this or one less when its "
+                                                        "generation emptied while isolating); NA without memcg"),
+                             Column("tgid", "int32", "", "who evicted"))),
     ),
     stats=("evict_folios", "isolate_folios", "should_run_aging", "inc_max_seq", "folio_inc_gen", "look_around",
-           "workingset_eviction", "workingset_refault", "ring_lost"),
-    structs=(Struct("aging_event", (("ts_ns", "u64"), ("seq", "u64"), ("tgid", "u32"), ("kind", "u32"))),),
+           "workingset_eviction", "workingset_refault", "ring_lost", "evict_lost", "evict_pool"),
+    structs=(Struct("aging_event", (("ts_ns", "u64"), ("seq", "u64"), ("tgid", "u32"), ("kind", "u32"))),
+             Struct("evict_event", (("ts_ns", "u64"), ("ino", "u64"), ("index", "u64"), ("min_seq", "u64"),
+                                    ("memcg_id", "u32"), ("tgid", "u32")))),
     enrichment=True,
 )
 
 SPEC = MGLRU
 STATS = SPEC.stats
 AGING_DTYPE = SPEC.struct("aging_event").dtype()
+EVICT_DTYPE = SPEC.struct("evict_event").dtype()
+#: -D knob -> (struct, member path) resolved in the running kernel's BTF for the eviction records
+EVICT_OFFSETS = {
+    "MOE_OFF_FOLIO_MAPPING": ("folio", "mapping"), "MOE_OFF_FOLIO_INDEX": ("folio", "index"),
+    "MOE_OFF_FOLIO_MEMCG": ("folio", "memcg_data"), "MOE_OFF_AS_HOST": ("address_space", "host"),
+    "MOE_OFF_INODE_INO": ("inode", "i_ino"), "MOE_OFF_INODE_SB": ("inode", "i_sb"),
+    "MOE_OFF_SB_DEV": ("super_block", "s_dev"), "MOE_OFF_MEMCG_ID": ("mem_cgroup", "id.id"),
+    "MOE_OFF_MEMCG_NODEINFO": ("mem_cgroup", "nodeinfo"),
+    "MOE_OFF_PN_MIN_SEQ_FILE": ("mem_cgroup_per_node", "lruvec.lrugen.min_seq[1]"),
+}
+
+
+def evict_offsets(btf) -> tuple[dict[str, int] | None, str]:
+    """({knob: offset}, "") from a kernel's BTF, or (None, why not)."""
+    if btf is None:
+        return None, "no BTF (/sys/kernel/btf/vmlinux)"
+    out = {}
+    for knob, (st, path) in EVICT_OFFSETS.items():
+        try:
+            out[knob] = btf.offset_of(st, path)
+        except InputError as e:
+            return None, e.message
+    return out, ""
 #: aging record kinds of probes/mglru.c, in AGING_* order
 AGING_KINDS = ("try_to_inc_max_seq", "inc_max_seq", "inc_max_seq.constprop.0")
 SEQ_UNKNOWN = (1 << 64) - 1
@@ -176,6 +227,9 @@ class MglruRecorder(ProbeRecorder):
         self.stats: dict[str, int] = {}
         self.inc_gen: list[int] = []
         self.aging_raw = b""
+        self.evict_stream = None
+        self.evict_raw = b""
+        self.evict_why_not = ""
 
     # -- lifecycle ------------------------------------------------------------------------
     def open(self) -> "MglruRecorder":
@@ -204,6 +258,7 @@ class MglruRecorder(ProbeRecorder):
 
         from moetrace.kernel.bpf import EventStream
 
+        self._plan_evictions()
         try:
             self.load_planned(self.knobs, self.extra_cflags)
         except ProbeError:
@@ -215,6 +270,30 @@ class MglruRecorder(ProbeRecorder):
             self.stream = EventStream(self.probe, "aging", AGING_DTYPE.itemsize, "ring",
                                       kernel_lost=lambda: stats_t[ctypes.c_int(slot)].value,
                                       max_records=min(self.ctx.stream_max_records, 1_000_000))
+        if self.knobs["MOE_EVICT_EVENTS"]:
+            st = self.probe.table("stats")
+            eslot = STATS.index("evict_lost")
+            self.evict_stream = EventStream(self.probe, "evictions", EVICT_DTYPE.itemsize, "ring",
+                                            kernel_lost=lambda: st[ctypes.c_int(eslot)].value,
+                                            max_records=self.ctx.stream_max_records)
+
+    def _plan_evictions(self) -> None:
+        """MOE_EVICT_EVENTS stays 1 only with the workingset_eviction kprobe, a pool and
+        the offsets from this kernel's BTF; otherwise 0, and why (in the summary)."""
+        k = self.knobs
+        why = ("off (--knob mglru.MOE_EVICT_EVENTS=0)" if not k["MOE_EVICT_EVENTS"] else
+               "workingset_eviction is not attached" if not k["MOE_HAVE_WS_EVICTION"] else
+               "no pool named" if self.ctx.pmap is None else "")
+        offsets = None
+        if not why:
+            from moetrace.kernel import btf
+
+            offsets, why = evict_offsets(btf.load("/sys/kernel/btf/vmlinux"))
+        if why:
+            k["MOE_EVICT_EVENTS"] = 0
+            self.evict_why_not = why
+            return
+        k.update(offsets, MOE_POOL_DEV=int(self.ctx.pmap.pool_dev))
 
     def _sample(self) -> None:
         """Read and parse the file once; a failure is counted, never raised."""
@@ -238,6 +317,8 @@ class MglruRecorder(ProbeRecorder):
             return
         now = self.clock()
         wait_ms = max(0, min(int(timeout_ms), (self._next_ns - now + 999_999) // 1_000_000))
+        if self.evict_stream is not None:
+            self.evict_stream.poll(0)
         if self.stream is not None:
             self.stream.poll(wait_ms)
         elif wait_ms > 0:
@@ -259,6 +340,9 @@ class MglruRecorder(ProbeRecorder):
                 if self.stream is not None:
                     self.stream.finish()
                     self.aging_raw = self.stream.records()
+                if self.evict_stream is not None:
+                    self.evict_stream.finish()
+                    self.evict_raw = self.evict_stream.records()
                 self.stats = dict(zip(STATS, (int(v.value) for v in array_values(self.probe.table("stats")))))
                 if self.knobs["MOE_HAVE_FOLIO_INC_GEN"]:
                     self.inc_gen = [int(v.value) for v in array_values(self.probe.table("inc_gen_from"))]
@@ -282,6 +366,30 @@ class MglruRecorder(ProbeRecorder):
             "seq": pd.array([pd.NA if s == SEQ_UNKNOWN else int(s) for s in ev["seq"]], dtype="Int64"),
         })
 
+    def evictions(self) -> pd.DataFrame:
+        """mglru_evictions: one row per evicted pool folio (inodes outside the pool dropped)."""
+        ev = np.frombuffer(self.evict_raw, EVICT_DTYPE)
+        pm = self.ctx.pmap
+        ino = ev["ino"].astype(np.int64)
+        base = np.full(len(ev), -1, np.int64)
+        nfile = np.zeros(len(ev), np.int64)
+        for i, (b, n) in pm.inodes.items():
+            m = ino == i
+            base[m], nfile[m] = b, n
+        keep = base >= 0
+        idx = ev["index"].astype(np.int64)
+        eid = np.where(nfile > 1, base + idx // max(1, pm.pages_per_expert), base)[keep]
+        E = pm.pool.geometry.n_experts
+        seq = ev["min_seq"][keep]
+        return pd.DataFrame({
+            "time_ns": ev["ts_ns"][keep].astype(np.int64),
+            "layer": (eid // E).astype(np.int32), "expert": (eid % E).astype(np.int32),
+            "expert_id": eid.astype(np.int32), "ino": ino[keep], "index": idx[keep],
+            "memcg_id": ev["memcg_id"][keep].astype(np.int64),
+            "seq": pd.array([pd.NA if q == SEQ_UNKNOWN else int(q) for q in seq], dtype="Int64"),
+            "tgid": ev["tgid"][keep].astype(np.int32),
+        })
+
     def summary(self) -> dict[str, Any]:
         g = lru_gen.generations_frame(self.samples)
         per: dict[str, Any] = {}
@@ -302,7 +410,11 @@ class MglruRecorder(ProbeRecorder):
                 "period_ms": self.knobs["MOE_LRU_GEN_PERIOD_MS"], "samples": len(self.samples),
                 "failed_samples": len(self.failed), "rows": int(len(g)),
                 "read_ms_mean": (self.read_ns_total / len(self.samples) / 1e6) if self.samples else None,
-                "lruvecs": per, "kprobes": dict(self.kprobes), "kprobe_counts": dict(self.stats)}
+                "lruvecs": per, "kprobes": dict(self.kprobes), "kprobe_counts": dict(self.stats),
+                "eviction_records": ({"recorded": True, "records": len(self.evict_raw) // EVICT_DTYPE.itemsize,
+                                      "offsets": {k: self.knobs[k] for k in EVICT_OFFSETS}}
+                                     if self.knobs["MOE_EVICT_EVENTS"] else
+                                     {"recorded": False, "why_not": self.evict_why_not})}
 
     def write(self, run_dir: Path, manifest: dict[str, Any]) -> None:
         from moetrace.run import directory as rd
@@ -318,6 +430,9 @@ class MglruRecorder(ProbeRecorder):
         if self.stream is not None:
             rd.write_table(run_dir, "mglru_aging", self.aging())
             tables["mglru_aging"] = schema_doc(SPEC, "mglru_aging")
+        if self.evict_stream is not None:
+            rd.write_table(run_dir, "mglru_evictions", self.evictions())
+            tables["mglru_evictions"] = schema_doc(SPEC, "mglru_evictions")
         if self.inc_gen:
             rd.write_table(run_dir, "mglru_inc_gen", pd.DataFrame({
                 "from_gen": pd.array([pd.NA] + list(range(len(self.inc_gen) - 1)), dtype="Int32"),
@@ -330,6 +445,8 @@ class MglruRecorder(ProbeRecorder):
             "errors": self.failed[:5],
             "ring_lost_aging_events": int(st.lost_kernel) if st else 0,
             "user_lost_aging_events": int(st.lost_user) if st else 0,
+            "ring_lost_eviction_records": int(self.evict_stream.lost_kernel) if self.evict_stream else 0,
+            "user_lost_eviction_records": int(self.evict_stream.lost_user) if self.evict_stream else 0,
             "note": "a failed sample is missing from lru_gen.parquet (the rest of the recording is intact)",
         }
         manifest.setdefault("summaries", {})[self.name] = self.summary()

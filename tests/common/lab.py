@@ -1,0 +1,47 @@
+"""What the kernel-lab live tests share: the lab kernels, the skip-or-fail rule, `moetrace lab
+run` as a subprocess, and a small pool + plan (1 layer x 64 experts x 1 MiB, 4 iterations
+reading every expert) for the guest to replay."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+K61, K612 = "6.1.0-47-amd64", "6.12.95+deb12-amd64"
+LAB_EXPERTS, LAB_STEPS = 64, 4
+
+
+def _need() -> None:
+    missing = [w for w, ok in (("qemu-system-x86_64", shutil.which("qemu-system-x86_64")),
+                               (f"/boot/vmlinuz-{K61}", Path(f"/boot/vmlinuz-{K61}").is_file()),
+                               (f"/boot/vmlinuz-{K612}", Path(f"/boot/vmlinuz-{K612}").is_file())) if not ok]
+    if missing:
+        why = f"kernel lab not installed ({', '.join(missing)}): bash scripts/lab-setup.sh"
+        if os.environ.get("MOETRACE_LIVE") == "1":
+            pytest.fail(f"MOETRACE_LIVE=1 but {why}")
+        pytest.skip(why)
+
+
+def _lab(out: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "moetrace.cli", "lab", "run", "--out", str(out), *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def lab_pool(tmp_path_factory):
+    """A directory with pool/ (files layout) and plan.bin."""
+    from conftest import moetrace_cli
+    from moetrace.inputs.trace import write_jsonl
+
+    _need()
+    d = tmp_path_factory.mktemp("labpool")
+    geo = ["--layers", "1", "--experts", str(LAB_EXPERTS), "--k", str(LAB_EXPERTS), "--expert-bytes", "1MiB"]
+    moetrace_cli("pool", "create", d / "pool", *geo, "--layout", "files")
+    write_jsonl([(s, 0, list(range(LAB_EXPERTS))) for s in range(LAB_STEPS)], d / "t.jsonl")
+    moetrace_cli("plan", "compile", d / "t.jsonl", *geo, "-o", d / "plan.bin")
+    return d
