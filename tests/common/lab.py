@@ -32,16 +32,21 @@ def _lab(out: Path, *args: str, timeout: float = 300) -> subprocess.CompletedPro
                           capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture(scope="module")
-def lab_pool(tmp_path_factory):
-    """A directory with pool/ (files layout) and plan.bin."""
+def make_lab_pool(d: Path, experts: int = LAB_EXPERTS, steps: int = LAB_STEPS) -> Path:
+    """d/pool (1 layer x ``experts`` x 1 MiB, files layout) and d/plan.bin (``steps``
+    iterations, each reading every expert once). Returns d."""
     from conftest import moetrace_cli
     from moetrace.inputs.trace import write_jsonl
 
-    _need()
-    d = tmp_path_factory.mktemp("labpool")
-    geo = ["--layers", "1", "--experts", str(LAB_EXPERTS), "--k", str(LAB_EXPERTS), "--expert-bytes", "1MiB"]
+    geo = ["--layers", "1", "--experts", str(experts), "--k", str(experts), "--expert-bytes", "1MiB"]
     moetrace_cli("pool", "create", d / "pool", *geo, "--layout", "files")
-    write_jsonl([(s, 0, list(range(LAB_EXPERTS))) for s in range(LAB_STEPS)], d / "t.jsonl")
+    write_jsonl([(s, 0, list(range(experts))) for s in range(steps)], d / "t.jsonl")
     moetrace_cli("plan", "compile", d / "t.jsonl", *geo, "-o", d / "plan.bin")
     return d
+
+
+@pytest.fixture(scope="module")
+def lab_pool(tmp_path_factory):
+    """A directory with pool/ (64 MiB, files layout) and plan.bin."""
+    _need()
+    return make_lab_pool(tmp_path_factory.mktemp("labpool"))
