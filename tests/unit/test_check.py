@@ -129,3 +129,23 @@ def test_check_cli_exit_statuses_json_and_html(tmp_path):
     assert r.returncode == 2 and "could not compare" in r.stdout and "Traceback" not in r.stderr
     pd.read_parquet(next((tmp_path / "h" / "tables").glob("check_*.parquet")))
     assert np.isfinite(doc["groups"]["48MiB -> 32MiB"][-1]["worse_ratio"])
+
+
+def test_unrecorded_cells_compare_on_their_cell_json(tmp_path):
+    """Cells run without --record (the cheap way, as in the kernel lab's 6.1 vs 6.12 check) are
+    units too: iteration time, device bytes, amplification and refaults come from cell.json; a
+    directory of them is a set of repeats."""
+    src = DATA / "pinned"
+    for side in ("a", "b"):
+        for i in (1, 2):
+            d = tmp_path / side / f"r{i}"
+            d.mkdir(parents=True)
+            shutil.copy(src / "cell.json", d / "cell.json")
+            shutil.copytree(src / "replay", d / "replay")
+    res = run_check(tmp_path / "a", tmp_path / "b")
+    assert res.status == NO_REGRESSION, res.reason
+    df = next(iter(res.tables.values()))
+    assert {"iteration_time_ns", "device_bytes_per_iteration"} <= set(df["metric"])
+    assert df.loc[df["metric"] == "iteration_time_ns", "base_n"].tolist() == [2]
+    # a unit with no probe tables has no probe metrics, and says nothing it did not measure
+    assert "scan_to_steal" not in set(df["metric"]) and "hit_only_ns_per_kib" not in set(df["metric"])

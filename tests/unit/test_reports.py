@@ -305,7 +305,7 @@ def test_generation_age_on_the_lru_gen_formats(release):
     # eviction records: generation lo (seen in the samples) and hi + 2 (never seen: born by the
     # aging attempt on seq hi + 1), and one without a memcg
     evs = pd.DataFrame({"time_ns": [t0 + 500_000_000, t0 + 9 * 10**9, t0 + 9 * 10**9], "layer": [0, 0, 0],
-                        "expert": [1, 2, 2], "expert_id": [1, 2, 2], "ino": [5, 6, 6], "index": [0, 0, 4],
+                        "expert": [1, 2, 2], "expert_id": [1, 2, 2], "ino": [5, 6, 6], "page_index": [0, 0, 4],
                         "memcg_id": [memcg, memcg, 0], "seq": pd.array([lo, hi + 2, pd.NA], dtype="Int64"),
                         "tgid": [9, 9, 9]})
     aging2 = pd.DataFrame({"time_ns": [t0 + 8 * 10**9], "tgid": [9],

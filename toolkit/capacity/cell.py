@@ -342,6 +342,15 @@ def iteration_stats(durations_ns: np.ndarray) -> dict[str, Any]:
             "measured_iterations": int(d.size)}
 
 
+def _mglru_now() -> dict[str, Any] | None:
+    from moetrace.kernel.features import mglru_state
+
+    try:
+        return mglru_state("/")
+    except OSError:
+        return None
+
+
 def run_cell(spec: CellSpec, out_dir: str | os.PathLike, curve=None,
              on_phase: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run one cell (Algorithm 1) into ``out_dir`` and return what cell.json holds.
@@ -388,6 +397,8 @@ def run_cell(spec: CellSpec, out_dir: str | os.PathLike, curve=None,
         "inputs": {k: v for k, v in asdict(spec).items() if k not in ("replay_argv",)},
         "capacity_bytes": int(spec.capacity_bytes), "mechanism": spec.mechanism, "mode": spec.mode,
         "headroom_bytes": int(spec.headroom_bytes), "arena_request_bytes": arena,
+        # what a check across kernels names (the kernel lab: 6.1 vs 6.12, MGLRU on vs off)
+        "kernel": {"release": os.uname().release, "mglru": _mglru_now()},
         "scope": {"path": str(scope.path), "cgroup_version": controller.version, "limit_bytes": None},
         "device": asdict(dev), "plan": {"n_iterations": hdr.n_iterations, "n_passes": hdr.n_passes,
                                         "n_reads": hdr.n_reads},

@@ -46,7 +46,7 @@ def load_units(path: str | os.PathLike) -> dict[str, list]:
             raise InputError("no retained recorded cell in this sweep", path=str(p),
                              hint="run the sweep with --record")
     elif kind in ("run", "cell"):
-        runs = [open_run(p)]
+        runs = [open_run(p, unrecorded=True)]
     else:
         subs = sorted(d for d in p.iterdir() if d.is_dir()) if p.is_dir() else []
         for d in subs:
@@ -55,10 +55,7 @@ def load_units(path: str | os.PathLike) -> dict[str, list]:
             except InputError:
                 continue
             if k in ("run", "cell"):
-                try:
-                    runs.append(open_run(d))
-                except InputError:
-                    continue  # a cell that was not recorded
+                runs.append(open_run(d, unrecorded=True))  # an unrecorded cell: its cell.json metrics
         if not runs:
             raise InputError("not a run, cell or sweep, nor a directory of them", path=str(p),
                              hint="give `record --out`, `cell --out` or `sweep --out` directories")

@@ -130,13 +130,17 @@ def _replay_dir(run: Path, manifest: dict[str, Any]) -> Path | None:
     return None
 
 
-def open_run(path: str | os.PathLike) -> Run:
-    """A run directory (``manifest.json``) or a cell directory (``cell.json`` + ``run/``)."""
+def open_run(path: str | os.PathLike, unrecorded: bool = False) -> Run:
+    """A run directory (``manifest.json``) or a cell directory (``cell.json`` + ``run/``).
+    ``unrecorded``: a cell without ``run/`` opens too, from its cell.json and replay log
+    (no probe tables; the manifest holds the replay's plan, pool and the cell's kernel)."""
     p = Path(path)
     cell = None
     if (p / CELL_JSON).is_file():
         cell = _json(p / CELL_JSON)
         if not (p / "run" / rundir.MANIFEST).is_file():
+            if unrecorded:
+                return _open_unrecorded_cell(p, cell)
             raise InputError("this cell was not recorded (no run/manifest.json)", path=str(p),
                              hint="run the cell or sweep with --record")
         p = p / "run"
@@ -157,6 +161,17 @@ def open_run(path: str | os.PathLike) -> Run:
     snaps = _json(p / "snapshots.json") if (p / "snapshots.json").is_file() else {}
     folded = p / "stacks.folded"
     return Run(p, manifest, Tables(paths), snaps, cell, replay, folded if folded.is_file() else None)
+
+
+def _open_unrecorded_cell(p: Path, cell: dict[str, Any]) -> Run:
+    rdir = p / rundir.REPLAY_SUBDIR
+    replay = _json(rdir / "replay.json") if (rdir / "replay.json").is_file() else None
+    paths = {"iterations": rdir / "iterations.parquet"} if (rdir / "iterations.parquet").is_file() else {}
+    snaps = {q.stem: _json(q) for q in sorted((p / "snapshots").glob("*.json"))} if (p / "snapshots").is_dir() else {}
+    manifest = {"plan": (replay or {}).get("plan"), "pool": (replay or {}).get("pool"),
+                "kernel": cell.get("kernel") or {"release": (cell.get("inputs") or {}).get("kernel")},
+                "recorded": False}
+    return Run(p, manifest, Tables(paths), snaps, cell, replay, None)
 
 
 def open_sweep(path: str | os.PathLike) -> Sweep:

@@ -137,7 +137,7 @@ MGLRU = ProbeSpec(
                            Column("folios", "int64"))),
         ("mglru_evictions", (Column("time_ns", "int64", "ns", "CLOCK_MONOTONIC of the eviction"),
                              *EXPERT_COLS,
-                             Column("ino", "int64"), Column("index", "int64", "pages", "the folio's first page"),
+                             Column("ino", "int64"), Column("page_index", "int64", "", "the folio's first page in its file"),
                              Column("memcg_id", "int64", "", "the folio's memcg (lru_gen's id); 0: none"),
                              Column("seq", "Int64", "", "its memcg's min_seq[file] at eviction: the generation "
                                                         "eviction took from, as the kernel's shadow entry records "
@@ -384,7 +384,7 @@ class MglruRecorder(ProbeRecorder):
         return pd.DataFrame({
             "time_ns": ev["ts_ns"][keep].astype(np.int64),
             "layer": (eid // E).astype(np.int32), "expert": (eid % E).astype(np.int32),
-            "expert_id": eid.astype(np.int32), "ino": ino[keep], "index": idx[keep],
+            "expert_id": eid.astype(np.int32), "ino": ino[keep], "page_index": idx[keep],
             "memcg_id": ev["memcg_id"][keep].astype(np.int64),
             "seq": pd.array([pd.NA if q == SEQ_UNKNOWN else int(q) for q in seq], dtype="Int64"),
             "tgid": ev["tgid"][keep].astype(np.int32),
