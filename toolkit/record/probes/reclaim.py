@@ -297,10 +297,19 @@ class ReclaimResult:
                                 "scanned_pages": int(r["scanned_pages"]),
                                 "reclaimed_pages": int(r["reclaimed_pages"]),
                                 "scan_to_steal": None if s2s is None or math.isnan(s2s) else float(s2s),
-                                "duration_ns_sum": int(r["duration_ns_sum"])}
+                                "duration_ns_sum": int(r["duration_ns_sum"]),
+                                "end_reclaimed_pages": int(r["end_reclaimed_pages"]),
+                                "inactive_calls": int(r["inactive_calls"])}
         tot_s, tot_r = self.scanned_pages, self.reclaimed_pages
+        end_r = int(self.per_kind["end_reclaimed_pages"].sum())
+        silent = int(self.per_kind["inactive_calls"].sum()) == 0 and end_r > 0
         return {"kinds": kinds, "scanned_pages": tot_s, "reclaimed_pages": tot_r,
                 "scan_to_steal": (tot_s / tot_r) if tot_r else None,
+                "end_reclaimed_pages": end_r, "shrink_inactive_fired": not silent,
+                "shrink_inactive_note": ("reclaim windows reclaimed pages but mm_vmscan_lru_shrink_inactive never "
+                                         "fired (MGLRU on 6.1 evicts without it): scanned / reclaimed pages and "
+                                         "scan-to-steal are unknown here, end_reclaimed_pages is the windows' "
+                                         "own count") if silent else None,
                 "open_windows": self.open_windows, "lost_events": 0,
                 "recursion_misses": dict(self.recursion_misses), "stats": dict(self.stats),
                 "attach": dict(self.attach), "unavailable": dict(self.unavailable), "knobs": dict(self.knobs),
