@@ -104,6 +104,23 @@ def test_signal_cleans_up(setup, sig, code):
 
 
 def test_sigkill_then_next_cell_cleans(setup):
+    # a SIGKILLed cell cannot unmount the debugfs/tracefs its watch mounted: this test removes
+    # them afterwards (only when they were not mounted before it)
+    mounted_before = _trace_mounts()
+    try:
+        _sigkill_then_next_cell_cleans(setup)
+    finally:
+        for target in reversed(_trace_mounts()):
+            if target not in mounted_before:
+                subprocess.run(["umount", target], capture_output=True)
+
+
+def _trace_mounts() -> list[str]:
+    return [ln.split()[1] for ln in Path("/proc/mounts").read_text().splitlines()
+            if ln.split()[2] in ("debugfs", "tracefs")]
+
+
+def _sigkill_then_next_cell_cleans(setup):
     base = read_meminfo()["Mlocked_bytes"]
     avail = read_meminfo()["MemAvailable_bytes"]
     name = "kill-sigkill"
@@ -111,7 +128,11 @@ def test_sigkill_then_next_cell_cleans(setup):
     p = start_cell(setup, name, "--mechanism", "balloon", "--capacity", str(avail - 1152 * MIB))
     pids = wait_running(p, name)
     bpids = [int(x) for x in (scope_path(name + ".balloon") / "cgroup.procs").read_text().split()]
-    assert bpids and read_meminfo()["Mlocked_bytes"] - base > 900 * MIB
+    # the cell sizes its balloon from MemAvailable when it gets there, after its watch probe
+    # compiled (CI: 899 MiB locked where this test's own MemAvailable said 1088): hold the
+    # machine's Mlocked to the balloon's own VmLck, not to a figure computed here
+    locked = _vmlck(bpids[0])
+    assert bpids and locked > 512 * MIB and read_meminfo()["Mlocked_bytes"] - base >= locked
     p.kill()
     p.wait(30)
     wait_dead(pids + bpids)  # replay and balloon die with their parent
@@ -127,3 +148,10 @@ def test_sigkill_then_next_cell_cleans(setup):
 
     stale = json.loads((setup / "out-next" / "cell.json").read_text())["stale_scopes_removed"]
     assert str(scope_path(name)) in stale and str(scope_path(name + ".balloon")) in stale
+
+
+def _vmlck(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmLck:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmLck for pid {pid}")
