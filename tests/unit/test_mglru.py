@@ -229,3 +229,17 @@ def test_knobs_and_declaration():
 
     with pytest.raises(ProbeError, match="> 0"):
         MglruRecorder(RecordContext(features=None, plan=_Plan()), period_ms=0)
+
+
+def test_eviction_records_map_to_experts_through_the_pool_map():
+    """(inode, page index) -> expert_id: a one-expert file is its expert, a multi-expert file
+    divides by pages per expert, an inode outside the pool is -1 (and dropped from the table)."""
+    import numpy as np
+
+    from moetrace.record.recorder import PoolMap
+
+    pm = PoolMap(pool=None, pool_dev=0, pages_per_expert=256, words_per_expert=4,
+                 inodes={50: (3, 1), 10: (0, 3), 70: (9, 1)})
+    got = pm.expert_ids(np.array([10, 10, 10, 50, 70, 99, 5]), np.array([0, 256, 700, 12, 0, 0, 0]))
+    assert got.tolist() == [0, 1, 2, 3, 9, -1, -1]
+    assert PoolMap(None, 0, 256, 4, {}).expert_ids(np.array([1]), np.array([0])).tolist() == [-1]

@@ -98,6 +98,22 @@ class PoolMap:
     def n_total(self) -> int:
         return self.pool.n_total
 
+    def expert_ids(self, ino, page_index):
+        """expert_id of each (inode, page index) of the pool (vectorised); -1 outside the pool."""
+        import numpy as np
+
+        inos = np.array(sorted(self.inodes), dtype=np.int64)
+        if not len(inos):
+            return np.full(len(ino), -1, np.int64)
+        base = np.array([self.inodes[i][0] for i in inos], np.int64)
+        nfile = np.array([self.inodes[i][1] for i in inos], np.int64)
+        ino = np.asarray(ino, np.int64)
+        pos = np.minimum(np.searchsorted(inos, ino), len(inos) - 1)
+        hit = inos[pos] == ino
+        eid = np.where(nfile[pos] > 1, base[pos] + np.asarray(page_index, np.int64) // max(1, self.pages_per_expert),
+                       base[pos])
+        return np.where(hit, eid, -1)
+
 
 def pool_map(pool) -> PoolMap:
     """inode -> (base, n) for every data file of the pool; all on one filesystem."""

@@ -370,15 +370,10 @@ class MglruRecorder(ProbeRecorder):
         """mglru_evictions: one row per evicted pool folio (inodes outside the pool dropped)."""
         ev = np.frombuffer(self.evict_raw, EVICT_DTYPE)
         pm = self.ctx.pmap
-        ino = ev["ino"].astype(np.int64)
-        base = np.full(len(ev), -1, np.int64)
-        nfile = np.zeros(len(ev), np.int64)
-        for i, (b, n) in pm.inodes.items():
-            m = ino == i
-            base[m], nfile[m] = b, n
-        keep = base >= 0
-        idx = ev["index"].astype(np.int64)
-        eid = np.where(nfile > 1, base + idx // max(1, pm.pages_per_expert), base)[keep]
+        ino, idx = ev["ino"].astype(np.int64), ev["index"].astype(np.int64)
+        all_eid = pm.expert_ids(ino, idx)
+        keep = all_eid >= 0
+        eid = all_eid[keep]
         E = pm.pool.geometry.n_experts
         seq = ev["min_seq"][keep]
         return pd.DataFrame({
