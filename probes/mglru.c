@@ -19,8 +19,8 @@
 //   inc_max_seq / inc_max_seq.constprop.0      no arguments read (the signature changed
 //       in 6.8 and the clone's arguments are not trustworthy)
 //   folio_inc_gen(lruvec, folio, reclaiming)   PARM2 = folio; reads folio->flags (the
-//       first word of struct folio) and needs LRU_GEN_MASK / LRU_GEN_PGOFF from the
-//       kernel's own <linux/mmzone.h> (exact headers only): the generation it leaves
+//       first word of struct folio) and needs the build's page-flags layout (LRU_GEN_PGOFF, from the
+//       kernel's own headers: exact headers only): the generation it leaves
 //   workingset_eviction(folio, target_memcg)   PARM1 = folio; with MOE_EVICT_EVENTS=1 a
 //       ring record per evicted folio of the pool (s_dev = MOE_POOL_DEV): inode, index, its
 //       memcg's id and min_seq[file] (the generation eviction takes from, as the kernel's
@@ -230,7 +230,14 @@ int kp_should_run_aging(struct pt_regs *ctx) {
 #endif
 
 #if MOE_HAVE_FOLIO_INC_GEN
-#include <linux/mmzone.h>  // LRU_GEN_MASK, LRU_GEN_PGOFF (exact headers: the build's page-flags layout)
+// The build's page-flags layout (exact headers): the field widths from <linux/page-flags-layout.h>
+// and bounds.h, the offsets chained as mmzone.h chains them (6.1 .. 6.12: SECTIONS, NODES, ZONES,
+// LAST_CPUPID, KASAN_TAG, LRU_GEN from the top bit down). <linux/mmzone.h> itself would double
+// this probe's compile (18 s under the lab's TCG); tests/probe_build checks the two agree.
+#include <linux/page-flags-layout.h>
+#define MOE_LRU_GEN_PGOFF ((sizeof(unsigned long) * 8) - SECTIONS_WIDTH - NODES_WIDTH - ZONES_WIDTH - \
+                           LAST_CPUPID_WIDTH - KASAN_TAG_WIDTH - LRU_GEN_WIDTH)
+#define MOE_LRU_GEN_MASK (((1UL << LRU_GEN_WIDTH) - 1) << MOE_LRU_GEN_PGOFF)
 BPF_ARRAY(inc_gen_from, u64, GEN_SLOTS);
 
 int kp_folio_inc_gen(struct pt_regs *ctx) {
@@ -238,8 +245,8 @@ int kp_folio_inc_gen(struct pt_regs *ctx) {
     stat_add(STAT_FOLIO_INC_GEN, 1);
     unsigned long flags = 0;
     bpf_probe_read_kernel(&flags, sizeof(flags), (void *)PT_REGS_PARM2(ctx));
-    // ((flags & LRU_GEN_MASK) >> LRU_GEN_PGOFF) - 1 is the generation; 0 here: not on MGLRU
-    u32 slot = (u32)((flags & LRU_GEN_MASK) >> LRU_GEN_PGOFF);
+    // ((flags & LRU_GEN_MASK) >> LRU_GEN_PGOFF) - 1 is the generation (folio_lru_gen); 0 here: not on MGLRU
+    u32 slot = (u32)((flags & MOE_LRU_GEN_MASK) >> MOE_LRU_GEN_PGOFF);
     if (slot >= GEN_SLOTS)
         slot = 0;
     u64 *c = inc_gen_from.lookup(&slot);

@@ -44,6 +44,7 @@
 //   MOE_KP_MLOCK_FOLIO    1: compile the mlock_folio kprobe (exact headers)
 //   MOE_KP_MLOCK_NEW      1: compile the mlock_new_folio / mlock_new_page kprobe
 //   MOE_KP_MUNLOCK        1: compile the munlock_folio / munlock_page kprobe
+//   MOE_PG_HEAD           PG_head's bit (from the kernel's BTF); -1: from <linux/page-flags.h>
 //   MOE_MAX_TASKS         tid -> call in flight entries
 //   MOE_MAX_TGIDS         followed tgids
 //   MOE_RINGBUF_PAGES     ring buffer size in pages (power of two)
@@ -87,6 +88,9 @@
 #endif
 #ifndef MOE_KP_MUNLOCK
 #define MOE_KP_MUNLOCK 0
+#endif
+#ifndef MOE_PG_HEAD
+#define MOE_PG_HEAD -1
 #endif
 #ifndef MOE_MAX_TASKS
 #define MOE_MAX_TASKS 4096
@@ -275,7 +279,12 @@ static __always_inline int mmap_enter(u64 len, u64 flags) {
 
 #if MOE_KP_MLOCK_FOLIO || MOE_KP_MLOCK_NEW || MOE_KP_MUNLOCK
 #include <uapi/linux/ptrace.h>  // struct pt_regs for PT_REGS_PARM*
-#include <linux/page-flags.h>  // PG_head: exact headers only (the kprobe groups need them)
+#if MOE_PG_HEAD < 0
+#include <linux/page-flags.h>  // PG_head from the exact headers (a heavy include: ~2x the compile)
+#define MOE_PG_HEAD_BIT PG_head
+#else
+#define MOE_PG_HEAD_BIT MOE_PG_HEAD  // PG_head read from the running kernel's BTF (enum pageflags)
+#endif
 
 // folio->flags is the first word of struct folio / struct page on every kernel
 static __always_inline int kp_count(u32 slot, void *folio) {
@@ -286,7 +295,7 @@ static __always_inline int kp_count(u32 slot, void *folio) {
     stat_add(slot, 1);
     unsigned long flags = 0;
     bpf_probe_read_kernel(&flags, sizeof(flags), folio);
-    if (flags & (1UL << PG_head))
+    if (flags & (1UL << MOE_PG_HEAD_BIT))
         stat_add(STAT_KP_LARGE, 1);
     return 0;
 }

@@ -35,11 +35,18 @@ pandas = LazyModule("pandas")
 TABLE_LIBRARIES = ("pandas", "pyarrow", "pyarrow.parquet")
 
 
-def warm(names: tuple[str, ...] = TABLE_LIBRARIES) -> threading.Thread:
+def warm(names: tuple[str, ...] = TABLE_LIBRARIES, first: tuple = ()) -> threading.Thread:
     """Import ``names`` in a daemon thread; join it before forking (an import lock held
-    across fork would stay held in the child)."""
+    across fork would stay held in the child). ``first``: callables run in the thread
+    before the imports (the kernel's BTF, parsed while the first probes compile: 7 s of
+    Python under the lab's TCG); each must be safe to call again from another thread."""
 
     def run() -> None:
+        for f in first:
+            try:
+                f()
+            except Exception:  # noqa: BLE001 - the caller's own call reports it
+                pass
         for n in names:
             try:
                 importlib.import_module(n)

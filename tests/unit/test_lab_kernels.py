@@ -120,3 +120,26 @@ def test_btf_member_offsets_through_anonymous_unions_typedefs_and_arrays():
         b.offset_of("lruvec", "lrugen")
     with pytest.raises(InputError, match="not an array"):
         b.offset_of("folio", "flags[1]")
+
+
+def test_btf_enum_values_signed_unsigned_and_64_bit():
+    """enum pageflags { PG_locked, ..., PG_head = 6 } (PG_head moved from 16 on 6.1 to 6 on 6.12: the
+    mlock probe takes it from BTF); a signed enum (kflag) and an ENUM64 read right; a name no enum
+    holds is None."""
+    names = ["", "pageflags", "PG_locked", "PG_head", "neg", "MINUS", "big", "HUGE"]
+    strs = b"".join(n.encode() + b"\0" for n in names)
+    so = {n: strs.index(n.encode() + b"\0") if n else 0 for n in names}
+
+    def t(kind, name, vlen, size, extra, kflag=0):
+        return struct.pack("<III", so[name], (kflag << 31) | (kind << 24) | vlen, size) + extra
+
+    tdata = b"".join([
+        t(B.ENUM, "pageflags", 2, 4, struct.pack("<IIII", so["PG_locked"], 0, so["PG_head"], 6)),
+        t(B.ENUM, "neg", 1, 4, struct.pack("<Ii", so["MINUS"], -3), kflag=1),
+        t(B.ENUM64, "big", 1, 8, struct.pack("<III", so["HUGE"], 1, 2)),
+    ])
+    blob = struct.pack("<HBBIIIII", B.BTF_MAGIC, 1, 0, 24, 0, len(tdata), len(tdata), len(strs)) + tdata + strs
+    b = B.Btf(blob)
+    assert (b.enum_value("PG_head"), b.enum_value("PG_locked")) == (6, 0)
+    assert b.enum_value("MINUS") == -3 and b.enum_value("HUGE") == (2 << 32) | 1
+    assert b.enum_value("PG_nope") is None

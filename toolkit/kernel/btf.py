@@ -13,6 +13,7 @@ import gzip
 import io
 import lzma
 import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,8 @@ class Type:
     #: STRUCT / UNION: (name, type id, bit offset); ARRAY: () with ``nelems``
     members: tuple[tuple[str, int, int], ...] = ()
     nelems: int = 0
+    #: ENUM / ENUM64: (enumerator, value)
+    values: tuple[tuple[str, int], ...] = ()
 
 
 class Btf:
@@ -71,6 +74,7 @@ class Btf:
             params: tuple[tuple[str, int], ...] = ()
             members: tuple[tuple[str, int, int], ...] = ()
             nelems = 0
+            values: tuple[tuple[str, int], ...] = ()
             if kind == FUNC_PROTO:
                 params = tuple((name(struct.unpack_from(endian + "I", tdata, pos + 8 * i)[0]),
                                 struct.unpack_from(endian + "I", tdata, pos + 8 * i + 4)[0]) for i in range(vlen))
@@ -81,11 +85,17 @@ class Btf:
                                 (struct.unpack_from(endian + "III", tdata, pos + 12 * i) for i in range(vlen)))
             elif kind == ARRAY:
                 ref, _index_type, nelems = struct.unpack_from(endian + "III", tdata, pos)  # element type
+            elif kind == ENUM:  # kflag: signed values
+                values = tuple((name(n), v) for n, v in (struct.unpack_from(endian + ("Ii" if kflag else "II"), tdata,
+                                                                               pos + 8 * i) for i in range(vlen)))
+            elif kind == ENUM64:
+                values = tuple((name(n), (hi << 32) | lo) for n, lo, hi in
+                               (struct.unpack_from(endian + "III", tdata, pos + 12 * i) for i in range(vlen)))
             pos += _EXTRA_FIXED.get(kind, 0) + _EXTRA_PER_MEMBER.get(kind, 0) * vlen
             if kind == 0 or kind > ENUM64:
                 raise InputError(f"unknown BTF kind {kind} (type {len(self.types)})", path=source,
                                  offset=base + type_off + pos)
-            t = Type(kind, name(name_off), vlen, ref, params, kflag, members, nelems)
+            t = Type(kind, name(name_off), vlen, ref, params, kflag, members, nelems, values)
             if kind == FUNC:
                 self.funcs.setdefault(t.name, ref)
             self.types.append(t)
@@ -108,6 +118,16 @@ class Btf:
                 if t.kind in (STRUCT, UNION) and t.name and (t.members or t.ref):
                     cache.setdefault(t.name, i)
         return cache.get(name)
+
+    def enum_value(self, enumerator: str) -> int | None:
+        """The value of a C enumerator (``PG_head`` of enum pageflags): enumerators share one
+        namespace in C, so the name alone says which. None when this BTF has no such one."""
+        cache = self.__dict__.setdefault("_enumerators", {})
+        if not cache:
+            for t in self.types:
+                for n, v in t.values:
+                    cache.setdefault(n, v)
+        return cache.get(enumerator)
 
     def sizeof(self, tid: int) -> int:
         t = self.types[self._strip(tid)]
@@ -252,6 +272,20 @@ def btf_from_elf(elf: bytes, source: str = "<vmlinux>") -> bytes | None:
     except ELFError as e:
         raise InputError(f"not a vmlinux ELF: {e}", path=source) from None
     return None if sec is None else sec.data()
+
+
+_VMLINUX: dict[str, Btf | None] = {}
+_VMLINUX_LOCK = threading.Lock()
+
+
+def vmlinux(path: str = "/sys/kernel/btf/vmlinux") -> Btf | None:
+    """The running kernel's BTF, parsed once per process (several probes read it; the recorder
+    parses it in a thread while the first probes compile); None when the kernel has none.
+    A second caller waits for the first one's parse."""
+    with _VMLINUX_LOCK:
+        if path not in _VMLINUX:
+            _VMLINUX[path] = load(path) if Path(path).exists() else None
+        return _VMLINUX[path]
 
 
 def load(path: str | Path) -> Btf | None:

@@ -288,7 +288,7 @@ class MglruRecorder(ProbeRecorder):
         if not why:
             from moetrace.kernel import btf
 
-            offsets, why = evict_offsets(btf.load("/sys/kernel/btf/vmlinux"))
+            offsets, why = evict_offsets(btf.vmlinux())
         if why:
             k["MOE_EVICT_EVENTS"] = 0
             self.evict_why_not = why

@@ -123,6 +123,8 @@ MLOCK = ProbeSpec(
         Knob("MOE_KP_MLOCK_FOLIO", 0, "1: compile the mlock_folio kprobe (exact headers; set from the plan)"),
         Knob("MOE_KP_MLOCK_NEW", 0, "1: compile the mlock_new_folio / mlock_new_page kprobe"),
         Knob("MOE_KP_MUNLOCK", 0, "1: compile the munlock_folio / munlock_page kprobe"),
+        Knob("MOE_PG_HEAD", -1, "PG_head's bit in folio->flags (6 on 6.12, 16 on 6.1), from the kernel's BTF; "
+                                "-1: from <linux/page-flags.h> (doubles the compile: 18 s under the lab's TCG)"),
         Knob("MOE_MAX_TASKS", 4096, "tid -> call in flight entries"),
         Knob("MOE_MAX_TGIDS", 1024, "followed processes"),
         Knob("MOE_RINGBUF_PAGES", 16, "ring buffer size in pages (power of two)"),
@@ -460,7 +462,15 @@ class MlockRecorder(ProbeRecorder):
         from moetrace.kernel.bpf import EventStream
 
         plan = self.require_plan()
-        self.knobs = self.with_user_knobs({k: int(v) for k, v in SPEC.knob_values(**plan.knobs).items()})
+        knobs = {k: int(v) for k, v in SPEC.knob_values(**plan.knobs).items()}
+        if knobs["MOE_PG_HEAD"] < 0 and (knobs["MOE_KP_MLOCK_FOLIO"] or knobs["MOE_KP_MLOCK_NEW"]
+                                         or knobs["MOE_KP_MUNLOCK"]):
+            from moetrace.kernel import btf
+
+            pg_head = btf.vmlinux().enum_value("PG_head") if btf.vmlinux() is not None else None
+            if pg_head is not None:
+                knobs["MOE_PG_HEAD"] = int(pg_head)
+        self.knobs = self.with_user_knobs(knobs)
         self.load_planned(self.knobs, self.extra_cflags)
         stats_t = self.probe.table("stats")
         slot = STATS.index("ring_lost")
