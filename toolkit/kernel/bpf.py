@@ -256,9 +256,16 @@ def recursion_misses(bpf, default: int | None = None) -> dict[str, int | None]:
 
 
 def percpu_sums(table):
-    """Per-index sums over CPUs of a BPF_PERCPU_ARRAY of u64, as an int64 numpy array."""
+    """Per-index sums over CPUs of a BPF_PERCPU_ARRAY of u64, as an int64 numpy array: one
+    BPF_MAP_LOOKUP_BATCH (each value is one u64 per possible CPU) instead of bcc's lookup per
+    entry and Python sum per CPU (0.75 s for the reclaim probe's 4 arrays here, ~14 s under
+    the lab's TCG)."""
     import numpy as np
 
+    ncpu = getattr(table, "total_cpu", None)  # bcc's per-CPU tables: Leaf is sLeaf x total_cpu
+    if ncpu and ctypes.sizeof(getattr(table, "sLeaf", table.Leaf)) == 8:
+        per_cpu = read_array(table, np.dtype((np.uint64, (ncpu,))), value_size=8 * ncpu)
+        return per_cpu.sum(axis=1, dtype=np.uint64).astype(np.int64)
     out = np.zeros(len(table), dtype=np.int64)
     for k, v in table.items():
         out[k.value] = sum(int(x) for x in v)
@@ -458,16 +465,19 @@ def prog_id_exists(prog_id: int) -> bool:
 # reading a BPF array fast
 
 
-def read_array(table, dtype: np.dtype) -> np.ndarray:
+def read_array(table, dtype: np.dtype, value_size: int | None = None) -> np.ndarray:
     """Every value of a BPF_ARRAY as a numpy structured array, by BPF_MAP_LOOKUP_BATCH
     (one syscall per 64 Ki entries instead of one per entry); falls back to per-entry
-    lookups where the kernel lacks batch ops."""
+    lookups where the kernel lacks batch ops. ``value_size``: what the kernel copies per
+    entry when it is not the map's value size (a per-CPU array: 8-byte-rounded value x
+    possible CPUs)."""
     from bcc.libbcc import lib
 
     n = len(table)
     dtype = np.dtype(dtype)
-    if dtype.itemsize != ctypes.sizeof(table.Leaf):
-        raise ValueError(f"dtype {dtype} ({dtype.itemsize} B) != the map's value size {ctypes.sizeof(table.Leaf)} B")
+    size = ctypes.sizeof(table.Leaf) if value_size is None else value_size
+    if dtype.itemsize != size:
+        raise ValueError(f"dtype {dtype} ({dtype.itemsize} B) != the map's value size {size} B")
     out = np.zeros(n, dtype)
     keys = np.zeros(min(n, 65536), np.uint32)
     chunk = len(keys)
