@@ -43,7 +43,7 @@ def test_full_default_set_records_on_612_with_mglru_under_a_v2_memcg(lab_pool, t
     assert m["complete"] is True and m["exit_status"] == 0 and m["kernel"]["release"] == K612
     assert m["mglru"]["on"] is True and m["cgroup"] == "/sys/fs/cgroup/lab"
     assert {p: a["recorded"] for p, a in m["attach_plan"].items()} == {p: True for p in DEFAULT_RECORD}
-    assert "failed_probes" not in m
+    assert "failed_probes" not in m and m["knobs"]["mlock"]["MOE_PG_HEAD"] == 6  # 6.12's PG_head, from its BTF
     for table in ("experts", "epochs", "lru", "reclaim", "mlock", "block_latency", "reads", "stacks", "lru_gen",
                   "mglru_aging"):
         assert (run / f"{table}.parquet").is_file(), table
@@ -117,7 +117,8 @@ def pool_160(tmp_path_factory):
 
 @pytest.mark.parametrize("mglru", ["off", "on"])
 def test_61_classic_lru_and_mglru_from_the_same_replay(pool_160, tmp_path, mglru):
-    """Debian 6.1 (MGLRU built, off by default, the old signatures): MGLRU off, the lru probe's
+    """Debian 6.1 (MGLRU built, off by default, the old signatures), the full default probe set:
+    MGLRU off, the lru probe's
     classic insertions / activations / dwell; on, the mglru probe's generations from 6.1's own
     symbols. The age report renders whichever the kernel has. A 128 MiB memcg over a 160 MiB pool:
     at 80 MiB over 64 MiB (what 6.12 records in ~25 s) 6.1 OOM-killed the replay with MGLRU off
@@ -128,7 +129,7 @@ def test_61_classic_lru_and_mglru_from_the_same_replay(pool_160, tmp_path, mglru
     r = _lab(out, "--kernel", "6.1", "--mglru", mglru, "--pool", str(lab_pool / "pool"), "--memcg", "128M",
              "--timeout", "900", "--json", "--",
              f"{bindir}/moetrace", "record", "--out", "/tmp/lab/run", "--cgroup", "/sys/fs/cgroup/lab",
-             "--probes", "pagecache,lru,reclaim,mglru", "--missing-probes", "warn", "--",
+             "--missing-probes", "warn", "--",
              "replay", str(lab_pool / "plan.bin"), "--pool", str(lab_pool / "pool"), "--mode", "mmap",
              "--warmup", "1", "--passes", "2", timeout=1000)
     assert r.returncode == 0, r.stderr + ((out / "stderr").read_text() if (out / "stderr").exists() else "")
@@ -137,6 +138,16 @@ def test_61_classic_lru_and_mglru_from_the_same_replay(pool_160, tmp_path, mglru
     run = out / "run"
     m = json.loads((run / "manifest.json").read_text())
     assert m["complete"] is True and m["kernel"]["release"] == K61 and m["mglru"]["on"] is (mglru == "on")
+    # the full default set under pressure on 6.1 too: every probe recorded, every table written
+    recorded = {p: a["recorded"] for p, a in m["attach_plan"].items()}
+    if mglru == "off":  # the mglru probe may skip itself (no lru_gen to sample): it says why below
+        recorded["mglru"] = True
+    assert recorded == {p: True for p in DEFAULT_RECORD}
+    assert "failed_probes" not in m
+    for table in ("experts", "epochs", "lru", "reclaim", "mlock", "block_latency", "reads", "stacks") + \
+            (("lru_gen", "mglru_aging", "mglru_evictions") if mglru == "on" else ()):
+        assert (run / f"{table}.parquet").is_file(), table
+    assert m["knobs"]["mlock"]["MOE_PG_HEAD"] == 16  # 6.1's PG_head, from its BTF (6 on 6.12)
     snaps = json.loads((run / "snapshots.json").read_text())
     pgpgin = snaps["post"]["vmstat"]["pgpgin"] - snaps["pre"]["vmstat"]["pgpgin"]
     assert m["totals"]["experts_added_pages"] * 4 == pgpgin

@@ -42,6 +42,12 @@ GUEST_MEMCG = "/sys/fs/cgroup/lab"
 #: AVX2 sort kernels crash in the guest (measured: np.sort/argsort SIGSEGV on 6.12 under
 #: -cpu max, which killed `moetrace record` while it built its tables; none with this model)
 TCG_CPU = os.environ.get("MOETRACE_LAB_CPU", "Nehalem")
+#: TCG's threading. "single": every vCPU on one host thread. QEMU 7.2's multi-threaded TCG lets a
+#: vCPU run stale code after the kernel patched it on another (text_poke_bp's int3 survives
+#: the patch): "Oops: int3" in syscall_exit_to_user_mode_prepare while the recorder attached
+#: tracepoints (a static key flipped), then "Fatal exception in interrupt" (1 of 3 full-set
+#: recordings; the ~1 in 137 boots that panicked at 1.6 s had the same last line)
+TCG_THREAD = os.environ.get("MOETRACE_LAB_TCG_THREAD", "single")
 #: boots retried when the guest panicked before COMMAND started
 BOOT_RETRIES = 2
 GUEST_SHARE = "/tmp/lab"
@@ -282,7 +288,7 @@ def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2
             img = pool_image(Path(pool), Path(tmp) / "pool.ext4")
             drives = ["-drive", f"file={img},if=virtio,format=raw,readonly=on"]
         console = Path(tmp) / "console.log"
-        argv = [qemu, "-accel", "tcg", "-cpu", TCG_CPU, "-m", memory, "-smp", str(cpus), "-nographic", "-no-reboot",
+        argv = [qemu, "-accel", f"tcg,thread={TCG_THREAD}", "-cpu", TCG_CPU, "-m", memory, "-smp", str(cpus), "-nographic", "-no-reboot",
                 "-kernel", str(image), "-initrd", str(initrd),
                 "-append", "console=ttyS0 panic=-1 quiet loglevel=3",
                 "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
