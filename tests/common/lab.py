@@ -27,9 +27,12 @@ def _need() -> None:
         pytest.skip(why)
 
 
-def _lab(out: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "moetrace.cli", "lab", "run", "--out", str(out), *args],
-                          capture_output=True, text=True, timeout=timeout)
+def _lab(out: Path, *args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`moetrace lab run --out OUT ARGS`, under TCG unless ARGS name --accel (auto would try this
+    host's KVM first: 20 s lost the first time, then remembered in ~/.cache)."""
+    accel = () if "--accel" in args else ("--accel", "tcg")
+    return subprocess.run([sys.executable, "-m", "moetrace.cli", "lab", "run", "--out", str(out), *accel, *args],
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def make_lab_pool(d: Path, experts: int = LAB_EXPERTS, steps: int = LAB_STEPS) -> Path:

@@ -46,12 +46,23 @@ def test_61_mglru_switched_as_asked(tmp_path, mglru, want):
 
 
 def test_a_hung_guest_is_killed_at_the_timeout(tmp_path):
+    """Under --accel auto (with a cache of its own): this host's nested KVM hangs a stock kernel
+    before COMMAND (environment.md), so the guest is killed at the KVM deadline and booted under
+    TCG, saying so; there COMMAND hangs and is killed at the timeout."""
     _need()
+    from moetrace.lab.run import KVM_BOOT_DEADLINE_S, kvm_unusable
+
     out = tmp_path / "lab"
-    r = _lab(out, "--kernel", "6.12", "--timeout", "25", "--", "sleep", "1000", timeout=120)
+    r = _lab(out, "--kernel", "6.12", "--accel", "auto", "--timeout", "25", "--", "sleep", "1000", timeout=150,
+             env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
     assert r.returncode == 1 and "still running after 25 s and was killed" in r.stderr
     doc = json.loads((out / "lab.json").read_text())
     assert doc["status"] == "timeout" and "exit_status" not in doc
+    assert doc["accel_requested"] == "auto" and doc["accel"] == "tcg"
+    if kvm_unusable() is None:
+        assert doc["kvm_fallback"].startswith(
+            f"the guest did not reach COMMAND within {KVM_BOOT_DEADLINE_S:.0f} s under KVM"), doc["kvm_fallback"]
+        assert "falling back to TCG" in r.stderr and (tmp_path / "cache" / "moetrace" / "lab-accel.json").is_file()
     left = subprocess.run(["pgrep", "-f", f"path={out}"], capture_output=True, text=True).stdout.split()
     assert left == []  # our qemu (its share is this test's directory) is gone
 
@@ -64,7 +75,7 @@ def test_stopping_lab_run_leaves_no_guest_and_no_temporary_files(tmp_path, sig):
     out, tmp = tmp_path / "lab", tmp_path / "tmp"
     tmp.mkdir()
     p = subprocess.Popen([sys.executable, "-m", "moetrace.cli", "lab", "run", "--out", str(out), "--kernel", "6.12",
-                          "--", "sleep", "1000"], env=dict(os.environ, TMPDIR=str(tmp)),
+                          "--accel", "tcg", "--", "sleep", "1000"], env=dict(os.environ, TMPDIR=str(tmp)),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     t0 = time.monotonic()
     while not (out / ".guest-status.json").exists():  # written by the guest right before COMMAND

@@ -46,7 +46,7 @@ def fake(tmp_path, monkeypatch):
 def test_a_guest_that_panics_before_command_is_booted_again(fake, tmp_path, monkeypatch, panics):
     monkeypatch.setenv("FAKE_PANICS", str(panics))
     out = tmp_path / "lab"
-    res = L.run_in_guest("6.12", ["true"], out, qemu=str(fake), timeout_s=30)
+    res = L.run_in_guest("6.12", ["true"], out, qemu=str(fake), timeout_s=30, accel="tcg")
     assert res.status == "ok" and res.exit_status == 5
     doc = json.loads((out / "lab.json").read_text())
     assert (out / ".boots").read_text() == str(panics + 1)
@@ -60,8 +60,61 @@ def test_a_guest_that_always_panics_is_an_error_with_the_cause(fake, tmp_path, m
     monkeypatch.setenv("FAKE_PANICS", "99")
     out = tmp_path / "lab"
     with pytest.raises(MoetraceError, match="stopped before COMMAND finished: .*Fatal exception in interrupt"):
-        L.run_in_guest("6.12", ["true"], out, qemu=str(fake), timeout_s=30)
+        L.run_in_guest("6.12", ["true"], out, qemu=str(fake), timeout_s=30, accel="tcg")
     assert (out / ".boots").read_text() == str(L.BOOT_RETRIES + 1)
     doc = json.loads((out / "lab.json").read_text())
     assert doc["status"] == "no-status" and len(doc["boot_failures"]) == L.BOOT_RETRIES
+    assert not list(Path(tmp_path).glob("moetrace-lab-*"))
+
+
+HANGING_KVM = r'''#!/usr/bin/env python3
+import os, sys, time
+if "kvm" in sys.argv[1:]:  # a stock kernel under this host's nested KVM: the console stops at the BIOS
+    console = next(a for a in sys.argv[1:] if a.startswith("file:"))[5:]
+    open(console, "w").write("Booting from ROM...\n")
+    open(os.environ["FAKE_KVM_LOG"], "a").write("kvm\n")
+    time.sleep(60)
+os.execv(sys.executable, [sys.executable, os.environ["FAKE_TCG"], *sys.argv[1:]])
+'''
+
+
+def test_accel_auto_falls_back_to_tcg_when_kvm_hangs_and_remembers_it(fake, tmp_path, monkeypatch):
+    """--accel auto: KVM first; a guest that has not reached COMMAND by the deadline is killed and
+    booted under TCG, with the reason in lab.json; the hang is remembered per kernel pair, so the
+    next auto run goes to TCG at once. --accel kvm then fails with the cause; --accel tcg never
+    tries KVM. A missing /dev/kvm: auto uses TCG and says why, kvm is refused."""
+    q = tmp_path / "qemu-kvm"
+    q.write_text(HANGING_KVM.replace("/usr/bin/env python3", sys.executable))
+    q.chmod(0o755)
+    monkeypatch.setenv("FAKE_TCG", str(fake))
+    monkeypatch.setenv("FAKE_PANICS", "0")
+    monkeypatch.setenv("FAKE_KVM_LOG", str(tmp_path / "kvm.log"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(L, "KVM_BOOT_DEADLINE_S", 1.0)
+    monkeypatch.setattr(L, "kvm_unusable", lambda dev="/dev/kvm": None)
+    out = tmp_path / "lab"
+    res = L.run_in_guest("6.12", ["true"], out, qemu=str(q), timeout_s=30, accel="auto")
+    doc = json.loads((out / "lab.json").read_text())
+    assert res.exit_status == 5 and doc["accel"] == "tcg" and doc["accel_requested"] == "auto"
+    assert "did not reach COMMAND within 1 s under KVM" in doc["kvm_fallback"]
+    assert (tmp_path / "kvm.log").read_text() == "kvm\n"
+    assert "6.12.95+deb12-amd64" in L.accel_cache().read_text()
+    # the next auto run does not try KVM again
+    res = L.run_in_guest("6.12", ["true"], tmp_path / "lab2", qemu=str(q), timeout_s=30, accel="auto")
+    doc = json.loads((tmp_path / "lab2" / "lab.json").read_text())
+    assert doc["accel"] == "tcg" and "KVM hung this kernel here before" in doc["kvm_fallback"]
+    assert (tmp_path / "kvm.log").read_text() == "kvm\n"
+    with pytest.raises(MoetraceError, match="--accel kvm: the guest did not reach COMMAND within 1 s"):
+        L.run_in_guest("6.12", ["true"], tmp_path / "lab3", qemu=str(q), timeout_s=30, accel="kvm")
+    assert (tmp_path / "kvm.log").read_text() == "kvm\nkvm\n"
+    doc = json.loads((L.run_in_guest("6.12", ["true"], tmp_path / "lab4", qemu=str(q), timeout_s=30,
+                                     accel="tcg").doc and (tmp_path / "lab4" / "lab.json")).read_text())
+    assert doc["accel"] == "tcg" and doc["kvm_fallback"] is None and (tmp_path / "kvm.log").read_text().count("kvm") == 2
+    monkeypatch.setattr(L, "kvm_unusable", lambda dev="/dev/kvm": "cannot open /dev/kvm: No such file or directory")
+    res = L.run_in_guest("6.12", ["true"], tmp_path / "lab5", qemu=str(q), timeout_s=30, accel="auto")
+    assert res.doc["accel"] == "tcg" and res.doc["kvm_fallback"] == \
+        "KVM not tried: cannot open /dev/kvm: No such file or directory"
+    from moetrace.errors import UsageError
+    with pytest.raises(UsageError, match="--accel kvm: cannot open /dev/kvm"):
+        L.run_in_guest("6.12", ["true"], tmp_path / "lab6", qemu=str(q), timeout_s=30, accel="kvm")
     assert not list(Path(tmp_path).glob("moetrace-lab-*"))

@@ -83,10 +83,14 @@ def setup():
 @click.option("--memcg", default=None, metavar="SIZE",
               help="Make a cgroup v2 memory cgroup /sys/fs/cgroup/lab with this memory.max (e.g. 80M) in the "
                    "guest; its path is in $MOETRACE_LAB_CGROUP (for record --cgroup).")
+@click.option("--accel", type=click.Choice(["auto", "kvm", "tcg"]), default="auto", show_default=True,
+              help="KVM, TCG (emulated: every vCPU on one host thread, ~20x slower, works everywhere), or auto: KVM "
+                   "when /dev/kvm opens, and TCG when it cannot or the guest does not reach COMMAND in 20 s "
+                   "(a nested KVM hangs stock kernels); a KVM that hung is remembered per kernel pair.")
 @click.option("--json", "as_json", is_flag=True, help="Print lab.json.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(kernel, out_dir, memory, cpus, mglru, timeout_s, pool, memcg, as_json, command):
-    """Boot KERNEL under QEMU (TCG) with this host's root read-only, run COMMAND in the guest
+def run(kernel, out_dir, memory, cpus, mglru, timeout_s, pool, memcg, accel, as_json, command):
+    """Boot KERNEL under QEMU (KVM or TCG) with this host's root read-only, run COMMAND in the guest
     (cwd /tmp/lab = --out), power off, and exit with COMMAND's status.
 
     \b
@@ -102,7 +106,7 @@ def run(kernel, out_dir, memory, cpus, mglru, timeout_s, pool, memcg, as_json, c
     from moetrace.lab.run import run_in_guest
 
     res = run_in_guest(kernel, list(command), Path(out_dir), memory=memory, cpus=cpus, mglru=mglru,
-                       timeout_s=timeout_s, pool=Path(pool) if pool else None, memcg=memcg)
+                       timeout_s=timeout_s, pool=Path(pool) if pool else None, memcg=memcg, accel=accel)
     if as_json:
         emit_json(res.doc)
     else:

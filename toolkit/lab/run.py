@@ -28,7 +28,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from moetrace.errors import MoetraceError, UsageError
 from moetrace.kernel.syscalls import set_pdeathsig
@@ -48,6 +48,9 @@ TCG_CPU = os.environ.get("MOETRACE_LAB_CPU", "Nehalem")
 #: tracepoints (a static key flipped), then "Fatal exception in interrupt" (1 of 3 full-set
 #: recordings; the ~1 in 137 boots that panicked at 1.6 s had the same last line)
 TCG_THREAD = os.environ.get("MOETRACE_LAB_TCG_THREAD", "single")
+#: seconds a KVM guest has to reach COMMAND (a TCG boot takes 3-5 s; under this host's nested
+#: PVM KVM a stock kernel hangs, so `--accel auto` then falls back to TCG)
+KVM_BOOT_DEADLINE_S = float(os.environ.get("MOETRACE_LAB_KVM_DEADLINE", "20"))
 #: boots retried when the guest panicked before COMMAND started
 BOOT_RETRIES = 2
 GUEST_SHARE = "/tmp/lab"
@@ -206,21 +209,38 @@ def pool_image(pool_dir: Path, dest: Path) -> Path:
     return dest
 
 
-def _qemu(argv: list[str], timeout_s: float) -> tuple[str, bytes, int]:
-    """Run QEMU to its end or the timeout: (status ok|timeout, its stderr, its return code).
-    QEMU dies with this process even when it is SIGKILLed (PDEATHSIG), and a SIGTERM unwinds
-    like Ctrl-C (QEMU killed, the caller's temporary directory removed)."""
+def _qemu(argv: list[str], timeout_s: float, started: Callable[[], bool] | None = None,
+          boot_deadline_s: float | None = None) -> tuple[str, bytes, int]:
+    """Run QEMU to its end or the timeout: (status ok|timeout|boot-timeout, its stderr, its
+    return code). ``boot_deadline_s``: QEMU is killed ("boot-timeout") when ``started()`` is
+    still false by then. QEMU dies with this process even when it is SIGKILLed (PDEATHSIG),
+    and a SIGTERM unwinds like Ctrl-C (QEMU killed, the caller's temporary directory removed)."""
     old_term = signal.signal(signal.SIGTERM, _terminated)
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True, preexec_fn=set_pdeathsig)
     status = "ok"
+    t0 = time.monotonic()
+    watch = started is not None and boot_deadline_s is not None
     try:
-        try:
-            _o, err = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            status = "timeout"
-            os.killpg(proc.pid, signal.SIGKILL)
-            _o, err = proc.communicate()
+        while True:
+            left = timeout_s - (time.monotonic() - t0)
+            try:
+                _o, err = proc.communicate(timeout=max(0.0, min(left, 0.5) if watch else left))
+                break
+            except subprocess.TimeoutExpired:
+                now = time.monotonic() - t0
+                if watch and started():
+                    watch = False
+                    continue
+                if watch and now >= boot_deadline_s:
+                    status = "boot-timeout"
+                elif now < timeout_s:
+                    continue
+                else:
+                    status = "timeout"
+                os.killpg(proc.pid, signal.SIGKILL)
+                _o, err = proc.communicate()
+                break
     except BaseException:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -245,6 +265,54 @@ def _why_stopped(console: str) -> str:
     return "no panic on the console (last line: " + (lines[-1].strip() if lines else "none") + ")"
 
 
+def kvm_unusable(dev: str = "/dev/kvm") -> str | None:
+    """None when this process can open ``dev`` read-write (QEMU's KVM can start), else why not."""
+    try:
+        fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)
+    except OSError as e:
+        return f"cannot open {dev}: {e.strerror}"
+    os.close(fd)
+    return None
+
+
+def accel_cache() -> Path:
+    """Where `--accel auto` remembers a KVM that hung ($XDG_CACHE_HOME or ~/.cache)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "moetrace" / "lab-accel.json"
+
+
+def _kvm_hung_before(release: str) -> str | None:
+    """When KVM last hung this guest kernel on this host kernel (ISO time), or None."""
+    try:
+        seen = json.loads(accel_cache().read_text())
+    except (OSError, ValueError):
+        return None
+    hit = seen.get(f"{os.uname().release} {release}") if isinstance(seen, dict) else None
+    return hit.get("kvm_hung") if isinstance(hit, dict) else None
+
+
+def _remember_kvm_hung(release: str) -> None:
+    path = accel_cache()
+    try:
+        seen = json.loads(path.read_text())
+        seen = seen if isinstance(seen, dict) else {}
+    except (OSError, ValueError):
+        seen = {}
+    seen[f"{os.uname().release} {release}"] = {"kvm_hung": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(seen, indent=1) + "\n")
+        os.replace(tmp, path)
+    except OSError:  # not remembered: the next auto run tries KVM again
+        pass
+
+
+#: QEMU arguments of each accelerator (TCG's CPU model and threading: see TCG_CPU, TCG_THREAD)
+ACCEL_ARGS = {"kvm": lambda: ["-accel", "kvm", "-cpu", "host"],
+              "tcg": lambda: ["-accel", f"tcg,thread={TCG_THREAD}", "-cpu", TCG_CPU]}
+
+
 @dataclass
 class LabResult:
     status: str  # "ok", "timeout", "no-status"
@@ -254,7 +322,7 @@ class LabResult:
 
 def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2G", cpus: int = 2,
                  mglru: str = "keep", timeout_s: float = 600.0, env: dict[str, str] | None = None,
-                 pool: Path | None = None, memcg: str | None = None,
+                 pool: Path | None = None, memcg: str | None = None, accel: str = "auto",
                  qemu: str = "qemu-system-x86_64") -> LabResult:
     """Boot ``kernel``, run ``command`` in the guest (cwd /tmp/lab = ``out``), power off.
 
@@ -263,6 +331,11 @@ def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2
     (GUEST_MEMCG, exported as MOETRACE_LAB_CGROUP)."""
     if mglru not in ("on", "off", "keep"):
         raise UsageError(f"--mglru {mglru!r}", hint="on, off or keep")
+    if accel not in ("auto", "kvm", "tcg"):
+        raise UsageError(f"--accel {accel!r}", hint="auto, kvm or tcg")
+    kvm_why = kvm_unusable()
+    if accel == "kvm" and kvm_why:
+        raise UsageError(f"--accel kvm: {kvm_why}", hint="--accel tcg (emulated, ~20x slower) works everywhere")
     if shutil.which(qemu) is None:
         raise UsageError(f"{qemu} not found", hint="`moetrace lab setup` installs qemu-system-x86")
     release, image = resolve_kernel(kernel)
@@ -270,7 +343,10 @@ def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2
     out.mkdir(parents=True, exist_ok=True)
     for f in (".guest-status.json", "stdout", "stderr"):
         (out / f).unlink(missing_ok=True)
-    envs = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in (env or {}).items())
+    # one host thread runs every vCPU (TCG_THREAD): the recorder's imports in parallel with clang
+    # would only delay the command
+    env = {**({"MOETRACE_WARM_IMPORTS": "0"} if TCG_THREAD == "single" else {}), **(env or {})}
+    envs = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
     pool_path = str(Path(pool).resolve()) if pool is not None else ""
     if memcg is not None and not memcg.strip():
         raise UsageError("--memcg: empty", hint="a memory.max value, e.g. 80M")
@@ -288,7 +364,14 @@ def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2
             img = pool_image(Path(pool), Path(tmp) / "pool.ext4")
             drives = ["-drive", f"file={img},if=virtio,format=raw,readonly=on"]
         console = Path(tmp) / "console.log"
-        argv = [qemu, "-accel", f"tcg,thread={TCG_THREAD}", "-cpu", TCG_CPU, "-m", memory, "-smp", str(cpus), "-nographic", "-no-reboot",
+        hung = _kvm_hung_before(release) if accel == "auto" and not kvm_why else None
+        if hung:
+            kvm_why = (f"KVM hung this kernel here before ({hung}; remembered in {accel_cache()}: "
+                       f"--accel kvm tries it again)")
+        accels = ["kvm", "tcg"] if accel == "auto" and not kvm_why else ["tcg"] if accel != "kvm" else ["kvm"]
+        kvm_fallback = None if accel != "auto" or not kvm_why else f"KVM not tried: {kvm_why}"
+        used = accels.pop(0)
+        common = ["-m", memory, "-smp", str(cpus), "-nographic", "-no-reboot",
                 "-kernel", str(image), "-initrd", str(initrd),
                 "-append", "console=ttyS0 panic=-1 quiet loglevel=3",
                 "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
@@ -297,8 +380,23 @@ def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2
         boot_failures: list[dict[str, Any]] = []
         while True:
             console.unlink(missing_ok=True)
-            status, err, rc = _qemu(argv, timeout_s)
+            argv = [qemu, *ACCEL_ARGS[used](), *common]
+            started = (out / ".guest-status.json").exists
+            status, err, rc = _qemu(argv, timeout_s, started, KVM_BOOT_DEADLINE_S if used == "kvm" else None)
             text = console.read_text(errors="replace") if console.exists() else ""
+            if status == "boot-timeout":
+                why = (f"the guest did not reach COMMAND within {KVM_BOOT_DEADLINE_S:.0f} s under KVM "
+                       f"(a nested KVM that hangs stock kernels does this)")
+                if not accels:
+                    (out / "console.log").write_text(text)
+                    raise MoetraceError(f"--accel kvm: {why}", hint="--accel tcg (or auto: falls back by itself)")
+                kvm_fallback = why
+                _remember_kvm_hung(release)
+                print(f"moetrace lab: {why}; falling back to TCG (remembered in {accel_cache()})", file=sys.stderr)
+                used = accels.pop(0)
+                for f in (".guest-status.json", "stdout", "stderr"):
+                    (out / f).unlink(missing_ok=True)
+                continue
             # a guest that died before COMMAND started (a panic while booting under TCG: seen once
             # in ~100 boots of 6.12, "Fatal exception in interrupt" at ~1.6 s): COMMAND never ran,
             # so boot again, at most BOOT_RETRIES times, and say so in lab.json
@@ -327,7 +425,8 @@ def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2
     if status == "ok" and "exit_status" not in guest:
         status = "no-status"
     doc = {"schema": "moetrace.lab/1", "kernel": release, "image": str(image), "command": command,
-           "memory": memory, "cpus": cpus, "mglru_requested": mglru, "accel": "tcg", "status": status,
+           "memory": memory, "cpus": cpus, "mglru_requested": mglru, "accel": used, "accel_requested": accel,
+           "kvm_fallback": kvm_fallback, "status": status,
            "pool": pool_path or None, "memcg": ({"path": GUEST_MEMCG, "memory.max": memcg} if memcg else None),
            "host_wall_s": round(wall, 3), "qemu_returncode": rc, "boot_failures": boot_failures,
            "qemu_stderr": err.decode(errors="replace")[-2000:], **guest}
