@@ -5,14 +5,16 @@ tables), but importing them costs ~0.35 s of one CPU. The probes' compile (clang
 libbcc, called through ctypes, which releases the GIL) keeps one CPU busy for ~2.5 s first:
 :func:`warm` imports the libraries in a thread meanwhile, on the other CPU, so start-up
 does not pay for them. Modules that use pandas name it ``pd`` through :data:`pandas`,
-which imports the real module when an attribute is first read. ``MOETRACE_WARM_IMPORTS=0``
-(set by `moetrace lab run`, whose guest runs every vCPU on one host thread) imports them
-when first used instead: in parallel there they would only delay the command (~6 s)."""
+which imports the real module when an attribute is first read.
+
+Where every CPU is one in truth (the lab's single-threaded TCG) the warm-up still runs before
+the command, on purpose: a replay that imports pandas / pyarrow itself then finds their files
+in the page cache, charged to the recorder's cgroup, not to the memory cgroup under test
+(measured in the lab without it: 26.6 -> 38-40 s of command wall at 80 MiB)."""
 
 from __future__ import annotations
 
 import importlib
-import os
 import threading
 import types
 
@@ -43,9 +45,6 @@ def warm(names: tuple[str, ...] = TABLE_LIBRARIES, first: tuple = ()) -> threadi
     across fork would stay held in the child). ``first``: callables run in the thread
     before the imports (the kernel's BTF, parsed while the first probes compile: 7 s of
     Python under the lab's TCG); each must be safe to call again from another thread."""
-
-    if os.environ.get("MOETRACE_WARM_IMPORTS") == "0":
-        names = ()  # one CPU in truth (the lab's TCG): imported when first used, after the command
 
     def run() -> None:
         for f in first:

@@ -343,10 +343,7 @@ def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2
     out.mkdir(parents=True, exist_ok=True)
     for f in (".guest-status.json", "stdout", "stderr"):
         (out / f).unlink(missing_ok=True)
-    # one host thread runs every vCPU (TCG_THREAD): the recorder's imports in parallel with clang
-    # would only delay the command
-    env = {**({"MOETRACE_WARM_IMPORTS": "0"} if TCG_THREAD == "single" else {}), **(env or {})}
-    envs = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
+    envs = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in (env or {}).items())
     pool_path = str(Path(pool).resolve()) if pool is not None else ""
     if memcg is not None and not memcg.strip():
         raise UsageError("--memcg: empty", hint="a memory.max value, e.g. 80M")
