@@ -139,7 +139,41 @@ def unit_metrics(run) -> dict[str, float | None]:
         v = cad["ms_per_increment"].dropna() if "ms_per_increment" in cad else pd.Series(dtype=float)
         if len(v):
             out["aging_ms_per_increment"] = float(v.median())
-    return {k: (None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)) for k, v in out.items()}
+    res: dict[str, Any] = {k: (None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v))
+                           for k, v in out.items()}
+    res["refault_counting"] = refault_counting(run)  # not a metric: what refaults_per_iteration counted
+    return res
+
+
+#: how workingset_refault_file counts, by kernel: Linux 6.1-6.4 with MGLRU on adds a refault only
+#: when the folio's shadow entry is from its memcg's current oldest generation (lru_gen_refault);
+#: 6.5 counts every one ("Multi-gen LRU: fix workingset accounting"), as classic LRU always did
+REFAULTS_ALL = "every refault"
+REFAULTS_OLDEST_GEN = "MGLRU before 6.5: only refaults of the oldest generation"
+
+
+def _version(release: str) -> tuple[int, int] | None:
+    parts = release.split(".")
+    try:
+        return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or "x")
+    except (IndexError, ValueError):
+        return None
+
+
+def refault_counting(run) -> str | None:
+    """What the run's workingset_refault_file counted (REFAULTS_ALL / REFAULTS_OLDEST_GEN), from
+    its kernel's release and MGLRU state; None when the run does not say."""
+    m = run.manifest or {}
+    k = (run.cell or {}).get("kernel") or m.get("kernel") or {}
+    release = k.get("release") if isinstance(k, dict) else k
+    mg = k.get("mglru") if isinstance(k, dict) else None
+    on = mg.get("on") if isinstance(mg, dict) else None
+    if on is None and isinstance(m.get("mglru"), dict):
+        on = m["mglru"].get("on")
+    ver = _version(str(release)) if release else None
+    if ver is None or on is None:
+        return None
+    return REFAULTS_OLDEST_GEN if on and ver < (6, 5) else REFAULTS_ALL
 
 
 def identity(run) -> dict[str, Any]:
@@ -180,11 +214,17 @@ def compute_comparison(base: Sequence[Mapping[str, float | None]], cand: Sequenc
     ``cand_median``, ``cand_spread``, ``ratio`` (cand / base medians), ``worse_ratio`` (> 1:
     worse, whichever the direction), ``p_value`` (Welch; NA below 2 repeats a side),
     ``ratio_ci_low`` / ``ratio_ci_high`` (bootstrap 95 % of mean(cand) / mean(base); NA
-    below 2 repeats), ``threshold``, ``verdict`` (regression, improvement, same)."""
+    below 2 repeats), ``threshold``, ``verdict`` (regression, improvement, same, or incomparable:
+    refaults counted differently on the two sides, see :func:`refault_counting`; such a row
+    counts in neither the verdict nor the geomean, and ``df.attrs["notes"]`` says why)."""
     from scipy import stats
 
     th = thresholds or Thresholds.default()
     rows = []
+    notes: list[str] = []
+    counting = {side: sorted({u.get("refault_counting") for u in units} - {None})
+                for side, units in (("base", base), ("candidate", cand))}
+    refaults_differ = len(set(counting["base"]) | set(counting["candidate"])) > 1
     for m, (unit, lower, _d, _doc) in METRICS.items():
         b = np.array([u[m] for u in base if u.get(m) is not None], dtype=float)
         c = np.array([u[m] for u in cand if u.get(m) is not None], dtype=float)
@@ -211,7 +251,15 @@ def compute_comparison(base: Sequence[Mapping[str, float | None]], cand: Sequenc
                 lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
         thr = th.per_metric.get(m, 0.0)
         significant = p is None or p < th.alpha
-        if worse > 1 + thr and significant:
+        if m == "refaults_per_iteration" and refaults_differ:
+            verdict = "incomparable"
+            notes.append(f"refaults_per_iteration not compared: workingset_refault_file counted differently "
+                         f"(base: {'; '.join(counting['base']) or 'unknown'}; candidate: "
+                         f"{'; '.join(counting['candidate']) or 'unknown'}). Linux 6.1-6.4 with MGLRU on "
+                         f"counts a refault only when its shadow entry is from the oldest generation; 6.5 "
+                         f"counts every one (\"Multi-gen LRU: fix workingset accounting\"). Compare "
+                         f"rereads_per_iteration (the pagecache probe) or device bytes instead.")
+        elif worse > 1 + thr and significant:
             verdict = "regression"
         elif worse < 1 / (1 + thr) and significant:
             verdict = "improvement"
@@ -224,7 +272,8 @@ def compute_comparison(base: Sequence[Mapping[str, float | None]], cand: Sequenc
     df = pd.DataFrame(rows, columns=["metric", "unit", "lower_is_better", "base_n", "base_median", "base_spread",
                                      "cand_n", "cand_median", "cand_spread", "ratio", "worse_ratio", "p_value",
                                      "ratio_ci_low", "ratio_ci_high", "threshold", "verdict"])
-    finite = df["worse_ratio"][np.isfinite(df["worse_ratio"].astype(float)) & (df["worse_ratio"] > 0)]
+    counted = df[df["verdict"] != "incomparable"]
+    finite = counted["worse_ratio"][np.isfinite(counted["worse_ratio"].astype(float)) & (counted["worse_ratio"] > 0)]
     if len(finite):
         g = float(np.exp(np.log(finite.astype(float)).mean()))
         geo = {c: None for c in df.columns}
@@ -236,6 +285,7 @@ def compute_comparison(base: Sequence[Mapping[str, float | None]], cand: Sequenc
     for c in ("base_n", "cand_n"):
         df[c] = pd.array(df[c], dtype="Int64")
     df["lower_is_better"] = pd.array(df["lower_is_better"], dtype="boolean")
+    df.attrs["notes"] = notes
     return df
 
 

@@ -149,3 +149,58 @@ def test_unrecorded_cells_compare_on_their_cell_json(tmp_path):
     assert df.loc[df["metric"] == "iteration_time_ns", "base_n"].tolist() == [2]
     # a unit with no probe tables has no probe metrics, and says nothing it did not measure
     assert "scan_to_steal" not in set(df["metric"]) and "hit_only_ns_per_kib" not in set(df["metric"])
+
+
+def _cells(tmp_path, side: str, release: str, mglru_on: bool, refaults: list[int]) -> None:
+    src = DATA / "pinned"
+    for i, n in enumerate(refaults):
+        d = tmp_path / side / f"r{i}"
+        d.mkdir(parents=True)
+        cell = json.loads((src / "cell.json").read_text())
+        cell["kernel"] = {"release": release, "mglru": {"on": mglru_on, "enabled_raw": "0x0007" if mglru_on else "0x0000"}}
+        cell["refault_file_pages"] = n
+        (d / "cell.json").write_text(json.dumps(cell))
+        shutil.copytree(src / "replay", d / "replay")
+
+
+@pytest.mark.parametrize("release,on,want", [
+    ("6.1.0-47-amd64", True, C.REFAULTS_OLDEST_GEN), ("6.1.0-47-amd64", False, C.REFAULTS_ALL),
+    ("6.4.16", True, C.REFAULTS_OLDEST_GEN), ("6.5.0-1-amd64", True, C.REFAULTS_ALL),
+    ("6.12.95+deb12-amd64", True, C.REFAULTS_ALL), ("6.18.0", False, C.REFAULTS_ALL)])
+def test_refault_counting_by_kernel_and_mglru(release, on, want):
+    class R:
+        manifest = {}
+        cell = {"kernel": {"release": release, "mglru": {"on": on}}}
+
+    assert C.refault_counting(R) == want
+    R.cell = {"kernel": {"release": release}}  # MGLRU state unknown: says nothing
+    assert C.refault_counting(R) is None
+
+
+def test_refaults_counted_differently_are_not_compared(tmp_path):
+    """6.1 with MGLRU on counts a refault only from the oldest generation (measured in the lab:
+    61 against 1,130 per iteration with MGLRU off, the device re-reading about the same): such
+    refaults are 'incomparable', not a regression nor part of the geomean, and a note says why.
+    Between 6.12 (MGLRU on) and 6.1 with it off both count every refault: compared."""
+    _cells(tmp_path, "on61", "6.1.0-47-amd64", True, [60, 62, 61])
+    _cells(tmp_path, "off61", "6.1.0-47-amd64", False, [1100, 1130, 1160])
+    _cells(tmp_path, "on612", "6.12.95+deb12-amd64", True, [1100, 1130, 1160])
+    res = run_check(tmp_path / "on61", tmp_path / "off61")
+    df = next(iter(res.tables.values())).set_index("metric")
+    assert df.loc["refaults_per_iteration", "verdict"] == "incomparable"
+    assert df.loc["refaults_per_iteration", "cand_median"] == pytest.approx(1130 / 150)
+    assert res.status == NO_REGRESSION and res.verdict() == "no regression"
+    assert len(res.notes) == 1 and "only refaults of the oldest generation" in res.notes[0] \
+        and "every refault" in res.notes[0]
+    assert df.loc["geomean", "worse_ratio"] == pytest.approx(1.0)  # the 18x refault ratio left out
+    # kernels that both count every refault: compared (equal figures here)
+    res = run_check(tmp_path / "off61", tmp_path / "on612")
+    assert res.status == NO_REGRESSION and res.notes == []
+    assert next(iter(res.tables.values())).set_index("metric").loc["refaults_per_iteration", "verdict"] == "same"
+    res = run_check(tmp_path / "on612", tmp_path / "off61").tables  # and 6.12 vs 6.1 MGLRU on: incomparable
+    res = run_check(tmp_path / "on61", tmp_path / "on612")  # 6.1 MGLRU on vs 6.12: incomparable too
+    assert res.status == NO_REGRESSION and res.notes
+    # the CLI prints the note and puts it in --json
+    r = subprocess.run([sys.executable, "-m", "moetrace.cli", "check", str(tmp_path / "on61"), str(tmp_path / "off61"),
+                        "--json"], capture_output=True, text=True)
+    assert r.returncode == NO_REGRESSION and json.loads(r.stdout)["notes"] == res.notes

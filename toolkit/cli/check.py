@@ -49,5 +49,7 @@ def check(base, cand, thresholds_path, as_json, html_dir):
             cols = ["metric", "base_n", "base_median", "cand_n", "cand_median", "ratio", "worse_ratio", "p_value",
                     "verdict"]
             click.echo(df[cols].to_string(index=False, na_rep="NA", float_format=lambda v: f"{v:.4g}"))
+        for n in res.notes:
+            click.echo(f"note: {n}")
         click.echo(res.verdict())
     sys.exit(res.status)

@@ -72,6 +72,8 @@ class CheckResult:
     tables: dict[str, Any] = field(default_factory=dict)  # group -> comparison DataFrame
     regressed: dict[str, list[str]] = field(default_factory=dict)
     pairs: list[tuple[str, str]] = field(default_factory=list)
+    #: why a metric was not compared (e.g. refaults counted differently by the two kernels)
+    notes: list[str] = field(default_factory=list)
 
     def verdict(self) -> str:
         if self.status == CANNOT_COMPARE:
@@ -108,6 +110,7 @@ def run_check(base: str | os.PathLike, cand: str | os.PathLike, thresholds=None)
             return CheckResult(CANNOT_COMPARE, f"{name}: no metric has a value on both sides", pairs=pairs)
         res.tables[name] = df
         res.regressed[name] = C.regressed(df)
+        res.notes += [n for n in df.attrs.get("notes", []) if n not in res.notes]
     if any(res.regressed.values()):
         res.status = REGRESSION
     return res
@@ -117,7 +120,7 @@ def check_doc(res: CheckResult, base, cand) -> dict[str, Any]:
     from moetrace.reports.report import table_json
 
     return {"schema": "moetrace.check/1", "base": str(base), "candidate": str(cand), "status": res.status,
-            "verdict": res.verdict(), "reason": res.reason, "regressed": res.regressed,
+            "verdict": res.verdict(), "reason": res.reason, "regressed": res.regressed, "notes": res.notes,
             "groups": {g: json.loads(table_json(df)) for g, df in res.tables.items()}}
 
 
@@ -128,6 +131,8 @@ def write_check_report(res: CheckResult, base, cand, out: str | os.PathLike) -> 
     rep = Report(Path(out), f"moetrace check: {Path(cand).name} against {Path(base).name}")
     rep.h(2, "Verdict", "verdict")
     rep.p(res.verdict())
+    for n in res.notes:
+        rep.p(n)
     for g, df in res.tables.items():
         rep.h(2, f"Capacity {g}")
         rep.table(f"check_{g.replace(' ', '').replace('>', '').replace('-', '_')}", df,
