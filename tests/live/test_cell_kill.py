@@ -104,11 +104,16 @@ def test_signal_cleans_up(setup, sig, code):
 
 
 def test_sigkill_then_next_cell_cleans(setup):
-    # a SIGKILLed cell cannot unmount the debugfs/tracefs its watch mounted: this test removes
-    # them afterwards (only when they were not mounted before it)
+    # a SIGKILLed cell cannot unmount the debugfs/tracefs its watch mounted: it mounts them in a
+    # mount namespace of its own, which dies with it; nothing new is mounted here afterwards
+    # (a safety net removes what a failure would leave, only what was not mounted before)
+    from moetrace.kernel.features import unmount_ours
+
+    unmount_ours()  # what this pytest process mounted (earlier tests' bcc imports)
     mounted_before = _trace_mounts()
     try:
-        _sigkill_then_next_cell_cleans(setup)
+        _sigkill_then_next_cell_cleans(setup, mounted_before)
+        assert _trace_mounts() == mounted_before
     finally:
         for target in reversed(_trace_mounts()):
             if target not in mounted_before:
@@ -120,13 +125,16 @@ def _trace_mounts() -> list[str]:
             if ln.split()[2] in ("debugfs", "tracefs")]
 
 
-def _sigkill_then_next_cell_cleans(setup):
+def _sigkill_then_next_cell_cleans(setup, mounted_before):
     base = read_meminfo()["Mlocked_bytes"]
     avail = read_meminfo()["MemAvailable_bytes"]
     name = "kill-sigkill"
     # balloon mechanism (~1 GiB balloon) so SIGKILL must also take the balloon down (PDEATHSIG)
     p = start_cell(setup, name, "--mechanism", "balloon", "--capacity", str(avail - 1152 * MIB))
     pids = wait_running(p, name)
+    if "/sys/kernel/debug" not in mounted_before:  # the cell's watch had to mount: in its own namespace
+        assert os.readlink(f"/proc/{p.pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+        assert "/sys/kernel/debug" not in _trace_mounts()
     bpids = [int(x) for x in (scope_path(name + ".balloon") / "cgroup.procs").read_text().split()]
     # the cell sizes its balloon from MemAvailable when it gets there, after its watch probe
     # compiled (CI: 899 MiB locked where this test's own MemAvailable said 1088): hold the

@@ -28,6 +28,7 @@ import logging
 import os
 import re
 import subprocess
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -49,6 +50,35 @@ HeadersState = Literal["exact", "mismatched", "none"]
 # Notes about what this process mounted (the run manifest records them).
 _MOUNT_NOTES: list[str] = []
 _MOUNTED: list[str] = []  # mount points this process mounted (unmount_ours() removes them)
+#: private_mounts(): whether this process's mounts go into a mount namespace of its own, and
+#: whether it is in one yet (entered before its first mount)
+_NS: dict[str, Any] = {"private": False, "entered": False, "why_not": None}
+_CLONE_NEWNS, _MS_REC, _MS_SLAVE = 0x00020000, 0x4000, 0x80000
+
+
+def private_mounts(on: bool = True) -> None:
+    """Mount (debugfs / tracefs for bcc) in a mount namespace of this process's own, entered
+    right before its first mount: what it mounts is then seen by no other process and goes
+    away with it and its children, even when it is SIGKILLed (which no unmount can follow).
+    The namespace is a slave of the host's: mounts made outside still appear inside. For
+    the recorder and cells (the recorded command inherits the namespace); not for
+    `doctor --mount`, which mounts for the user to keep."""
+    _NS["private"] = on
+
+
+def _enter_private_namespace() -> str | None:
+    """unshare(CLONE_NEWNS) + make / a recursive slave; None when done, else why not (then
+    mounts are made as before, in the host's namespace, and unmounted at the end)."""
+    if threading.active_count() > 1:  # a mount namespace belongs to the calling thread only
+        return "other threads are running"
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    if libc.unshare(_CLONE_NEWNS) != 0:
+        return f"unshare(CLONE_NEWNS): {os.strerror(ctypes.get_errno())}"
+    if libc.mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None) != 0:
+        # a new namespace whose mounts would still propagate out: say so, unmount at the end
+        return f"mount --make-rslave /: {os.strerror(ctypes.get_errno())}"
+    _NS["entered"] = True
+    return None
 
 
 @dataclass(frozen=True)
@@ -174,11 +204,23 @@ def _is_live_root(root: str | os.PathLike) -> bool:
 
 
 def _mount(fstype: str, target: str) -> tuple[bool, str]:
-    """mount -t FSTYPE nodev TARGET; (ok, note or error)."""
+    """mount -t FSTYPE nodev TARGET; (ok, note or error). After :func:`private_mounts`, in this
+    process's own mount namespace (the note says which)."""
     try:
         os.makedirs(target, exist_ok=True)
     except OSError as e:
         return False, f"could not mount {fstype} at {target}: {e.strerror}"
+    if _NS["private"] and not _NS["entered"] and _NS["why_not"] is None:
+        _NS["why_not"] = _enter_private_namespace()
+    ok, note = _mount_now(fstype, target)
+    if ok and _NS["entered"]:
+        note += " in this run's own mount namespace (gone with it, even if killed)"
+    elif ok and _NS["private"] and _NS["why_not"]:
+        note += f" (not in a namespace of its own: {_NS['why_not']})"
+    return ok, note
+
+
+def _mount_now(fstype: str, target: str) -> tuple[bool, str]:
     try:
         r = subprocess.run(["mount", "-t", fstype, "nodev", target], capture_output=True, text=True,
                            timeout=30)
