@@ -132,8 +132,11 @@ def _sigkill_then_next_cell_cleans(setup, mounted_before):
     # balloon mechanism (~1 GiB balloon) so SIGKILL must also take the balloon down (PDEATHSIG)
     p = start_cell(setup, name, "--mechanism", "balloon", "--capacity", str(avail - 1152 * MIB))
     pids = wait_running(p, name)
-    if "/sys/kernel/debug" not in mounted_before:  # the cell's watch had to mount: in its own namespace
-        assert os.readlink(f"/proc/{p.pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+    if "/sys/kernel/debug" not in mounted_before:
+        # the cell's watch (`moetrace record`, the replay's parent) had to mount debugfs for bcc: in a
+        # mount namespace of its own, which its child the replay shares; here nothing is mounted
+        assert os.readlink(f"/proc/{pids[0]}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+        assert "/sys/kernel/debug" in Path(f"/proc/{pids[0]}/mounts").read_text()
         assert "/sys/kernel/debug" not in _trace_mounts()
     bpids = [int(x) for x in (scope_path(name + ".balloon") / "cgroup.procs").read_text().split()]
     # the cell sizes its balloon from MemAvailable when it gets there, after its watch probe

@@ -364,11 +364,9 @@ def run_cell(spec: CellSpec, out_dir: str | os.PathLike, curve=None,
     measured, cleanup, results: for a progress display); None: nothing is reported."""
     from moetrace.inputs.plan import read_header
     from moetrace.inputs.pool import open_pool
-    from moetrace.kernel.features import private_mounts
 
     spec.validate()
     check_privileges()
-    private_mounts()  # the watch's debugfs/tracefs go with the cell, even when it is SIGKILLed
     pool = open_pool(spec.pool)
     hdr = read_header(spec.plan)
     if (hdr.n_layers, hdr.n_experts) != (pool.geometry.n_layers, pool.geometry.n_experts):

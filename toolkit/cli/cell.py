@@ -120,6 +120,9 @@ def cell(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passes
           --mechanism cgroup --out cells/512MiB --json
       moetrace cell --plan plan.bin --pool /var/tmp/pool --capacity 512MiB --record --out cells/r
     """
+    from moetrace.kernel.features import private_mounts
+
+    private_mounts()  # debugfs/tracefs mounted for bcc go with this process, even when SIGKILLed
     from moetrace.capacity.cell import interrupt_handlers, run_cell
     from moetrace.progress import bar, progress_enabled
 

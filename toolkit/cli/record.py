@@ -73,6 +73,9 @@ def record(ctx, probes, knob_items, out, pool_dir, missing_probes, stream_events
       moetrace record --probes pagecache,stacks --knob stacks.MOE_SAMPLE_HZ=999 -- replay plan.bin --pool P
       moetrace record --cgroup /sys/fs/cgroup/memory/moetrace-c1 -- replay plan.bin --pool /var/tmp/pool
     """
+    from moetrace.kernel.features import private_mounts
+
+    private_mounts()  # debugfs/tracefs mounted for bcc go with this process, even when SIGKILLed
     from moetrace.record.recorder import RecordOptions, record as do_record
 
     cmd = list(command)

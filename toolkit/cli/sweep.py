@@ -42,6 +42,9 @@ def sweep(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passe
       moetrace sweep --plan plan.bin --pool /var/tmp/pool \\
           --capacities 2.2GiB,1GiB,512MiB,256MiB --repeats 3 --mechanism cgroup --out sweep1
     """
+    from moetrace.kernel.features import private_mounts
+
+    private_mounts()  # debugfs/tracefs mounted for bcc go with this process, even when SIGKILLed
     from moetrace.capacity.cell import check_privileges, interrupt_handlers
     from moetrace.capacity.sweep import parse_capacities, run_sweep
     from moetrace.progress import bar, progress_enabled

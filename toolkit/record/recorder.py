@@ -260,12 +260,11 @@ def check_can_record(features) -> None:
 def record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) -> RecordResult:
     """Run ``opts.command`` under the probes; write the run directory; return the result.
 
-    tracefs (or debugfs) mounted by this run because it was absent is mounted in a mount
-    namespace of the recorder's own (the command inherits it) and unmounted at the end, on
-    success, error and Ctrl-C alike; a SIGKILL takes the namespace and its mounts with it."""
-    from moetrace.kernel.features import private_mounts, unmount_ours
+    tracefs (or debugfs) mounted by this run because it was absent is unmounted at the end,
+    on success, error and Ctrl-C alike (`moetrace record` mounts in a mount namespace of its
+    own, :func:`moetrace.kernel.features.private_mounts`: a SIGKILL takes those along too)."""
+    from moetrace.kernel.features import unmount_ours
 
-    private_mounts()  # what it must mount goes with it, even when it is SIGKILLed
     try:
         return _record(opts, on_event)
     finally:
