@@ -558,3 +558,22 @@ def test_block_and_reclaim_knobs_follow_the_kernel(tmp_path):
     assert rc.status == "degraded" and rc.entry("kswapd_wake").reason.startswith("compiled out")
     assert "lacks nr_referenced" in rc.entry("shrink_active").reason
     assert rc.entry("shrink_inactive").attached
+
+
+def test_private_mounts_only_in_a_moetrace_process():
+    """record / cell / sweep mount in a namespace of their own only when the process is a moetrace
+    program: a click command run inside pytest or a notebook must not move its host process into
+    another mount namespace for good (the host's later unmounts would miss the host's mounts)."""
+    import subprocess
+    import sys
+
+    from moetrace.kernel import features as F
+
+    F.private_mounts()
+    try:
+        assert F._NS["private"] is False  # pytest hosts moetrace here
+    finally:
+        F.private_mounts(False)
+    code = "from moetrace.kernel import features as F; F.private_mounts(); print(F._NS['private'])"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.stdout.strip() == "True", r.stderr

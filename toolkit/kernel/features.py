@@ -62,8 +62,21 @@ def private_mounts(on: bool = True) -> None:
     away with it and its children, even when it is SIGKILLed (which no unmount can follow).
     The namespace is a slave of the host's: mounts made outside still appear inside. For
     the recorder and cells (the recorded command inherits the namespace); not for
-    `doctor --mount`, which mounts for the user to keep."""
-    _NS["private"] = on
+    `doctor --mount`, which mounts for the user to keep. Only in a process that is a moetrace
+    program (the moetrace command, ``python -m moetrace...``, ``python -c``), never in one
+    hosting it (pytest, a notebook: a click command run in-process), whose namespace would
+    change for good: there the mounts are made and unmounted as before."""
+    _NS["private"] = on and _own_process()
+
+
+def _own_process() -> bool:
+    import sys
+
+    f = getattr(sys.modules.get("__main__"), "__file__", None)
+    if f is None:  # python -c, stdin
+        return True
+    p = Path(f).resolve()
+    return p.name == "moetrace" or Path(__file__).resolve().parents[1] in p.parents
 
 
 def _enter_private_namespace() -> str | None:
