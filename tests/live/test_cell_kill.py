@@ -107,9 +107,6 @@ def test_sigkill_then_next_cell_cleans(setup):
     # a SIGKILLed cell cannot unmount the debugfs/tracefs its watch mounted: it mounts them in a
     # mount namespace of its own, which dies with it; nothing new is mounted here afterwards
     # (a safety net removes what a failure would leave, only what was not mounted before)
-    from moetrace.kernel.features import unmount_ours
-
-    unmount_ours()  # what this pytest process mounted (earlier tests' bcc imports)
     mounted_before = _trace_mounts()
     try:
         _sigkill_then_next_cell_cleans(setup, mounted_before)

@@ -577,3 +577,25 @@ def test_private_mounts_only_in_a_moetrace_process():
     code = "from moetrace.kernel import features as F; F.private_mounts(); print(F._NS['private'])"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.stdout.strip() == "True", r.stderr
+
+
+def test_a_mount_that_is_busy_stays_on_the_list_for_a_later_unmount(monkeypatch):
+    """unmount_ours: a target still in use (umount fails) is said and kept, so the end of a session
+    tries it again instead of forgetting it on the host."""
+    import subprocess
+
+    from moetrace.kernel import features as F
+
+    calls = []
+
+    def fake_run(argv, **kw):
+        calls.append(argv[-1])
+        busy = argv[-1] == "/sys/kernel/tracing" and calls.count(argv[-1]) == 1
+        return subprocess.CompletedProcess(argv, 32 if busy else 0, "", "target is busy" if busy else "")
+
+    monkeypatch.setattr(F.subprocess, "run", fake_run)
+    monkeypatch.setattr(F, "_MOUNTED", ["/sys/kernel/tracing", "/x/y"])
+    notes = F.unmount_ours()
+    assert notes == ["unmounted /x/y (mounted by this run)", "left /sys/kernel/tracing mounted: target is busy"]
+    assert F._MOUNTED == ["/sys/kernel/tracing"]
+    assert F.unmount_ours() == ["unmounted /sys/kernel/tracing (mounted by this run)"] and F._MOUNTED == []

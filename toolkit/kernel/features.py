@@ -197,8 +197,10 @@ def _is_dir(p: Path) -> bool:
 def unmount_ours() -> list[str]:
     """Unmount what this process mounted (last first); returns one note per mount point.
 
-    A mount point still in use is left mounted, and the note says so."""
+    A mount point still in use is left mounted, and the note says so; it stays on the list, so
+    a later call (the end of a test session) tries again."""
     notes = []
+    busy = []
     while _MOUNTED:
         target = _MOUNTED.pop()
         if target == DEBUGFS_MOUNT:  # tracefs automounted under it goes first
@@ -208,6 +210,8 @@ def unmount_ours() -> list[str]:
             notes.append(f"unmounted {target} (mounted by this run)")
         else:
             notes.append(f"left {target} mounted: {(r.stderr or r.stdout).strip()}")
+            busy.insert(0, target)
+    _MOUNTED.extend(busy)
     clear_cache()
     return notes
 
