@@ -65,9 +65,13 @@ def load_thresholds(path: str | Path | None) -> Thresholds:
         return t
     p = Path(path)
     try:
-        doc = tomllib.loads(p.read_text())
+        raw = p.read_bytes()
+        doc = tomllib.loads(raw.decode("utf-8"))
     except OSError as e:
         raise InputError(f"cannot read thresholds: {e.strerror}", path=str(p)) from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"not UTF-8 text (byte {raw[e.start]:#04x}); TOML is UTF-8", path=str(p),
+                         offset=e.start) from None
     except tomllib.TOMLDecodeError as e:
         import re
 
@@ -75,15 +79,18 @@ def load_thresholds(path: str | Path | None) -> Thresholds:
         line = getattr(e, "lineno", None) or (int(m.group(1)) if m else None)
         raise InputError(f"not valid TOML ({str(e).split(' (at line')[0]})", path=str(p), line=line) from None
     per = dict(t.per_metric)
-    for name, v in (doc.get("metrics") or {}).items():
+    metrics = doc.get("metrics") or {}
+    if not isinstance(metrics, dict):
+        raise InputError("metrics must be a table: [metrics.NAME] threshold = 0.10", path=str(p))
+    for name, v in metrics.items():
         if name not in METRICS:
             raise InputError(f"unknown metric {name!r}", path=str(p), hint="metrics: " + ", ".join(METRICS))
         thr = v.get("threshold") if isinstance(v, dict) else None
-        if not isinstance(thr, (int, float)) or thr < 0:
+        if isinstance(thr, bool) or not isinstance(thr, (int, float)) or not 0 <= thr <= 1e300:
             raise InputError(f"metrics.{name}.threshold must be a number >= 0", path=str(p))
         per[name] = float(thr)
     alpha = doc.get("alpha", t.alpha)
-    if not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
         raise InputError("alpha must be a number in (0, 1)", path=str(p))
     return Thresholds(float(alpha), per)
 

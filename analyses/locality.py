@@ -24,9 +24,14 @@ Top-8 share
     selected experts.
 Reuse W_n
     The fraction of selections (token t, layer l, expert e) for which e was
-    also selected at layer l by at least one of the tokens t-n .. t-1. Tokens
-    t < n are skipped (their window is incomplete), so W_n estimates the
-    steady-state rate; a trace shorter than n+1 tokens gives NA.
+    also selected at layer l by at least one of the tokens t-n .. t-1 of the
+    same request. Windows never cross a request: t counts the tokens of its
+    request, and each request's first n tokens are skipped (their window is
+    incomplete), so W_n estimates the steady-state rate; the figure pools
+    every request's selections (a trace with no request longer than n tokens
+    gives NA). ``W_n stream`` is the same on the pooled stream: every request's
+    tokens read as one sequence in forward-pass order (what a trace without
+    requests would say; it overstates reuse when requests run concurrently).
 Coverage
     Distinct (layer, expert) pairs selected by the first t tokens divided by
     the pool size n_layers * n_experts; per layer, distinct experts / n_experts.
@@ -116,11 +121,21 @@ def compute_layer_locality(counts: np.ndarray) -> pd.DataFrame:
     })
 
 
-def reuse_gaps(tokens: pd.DataFrame, n_experts: int) -> tuple[np.ndarray, np.ndarray]:
-    """For each selection (sorted by token): its token index and the gap in tokens to
-    the previous selection of the same (layer, expert) (a huge value if none)."""
-    tok = tokens["token"].to_numpy(np.int64)
+def _reuse_key(tokens: pd.DataFrame, n_experts: int) -> np.ndarray:
+    """(request, layer, expert) as one int64 (request 0 when the frame has none)."""
     key = tokens["layer"].to_numpy(np.int64) * n_experts + tokens["expert"].to_numpy(np.int64)
+    if "request" in tokens.columns:
+        n_lay = int(tokens["layer"].max()) + 1 if len(tokens) else 1
+        key = key + tokens["request"].to_numpy(np.int64) * (n_lay * n_experts)
+    return key
+
+
+def reuse_gaps(tokens: pd.DataFrame, n_experts: int) -> tuple[np.ndarray, np.ndarray]:
+    """For each selection (sorted by request, layer, expert, token): its token index
+    and the gap in tokens to the previous selection of the same (request, layer,
+    expert) (a huge value if none)."""
+    tok = tokens["token"].to_numpy(np.int64)
+    key = _reuse_key(tokens, n_experts)
     order = np.lexsort((tok, key))
     ks, ts = key[order], tok[order]
     gap = np.full(ts.size, np.iinfo(np.int64).max // 2, dtype=np.int64)
@@ -139,9 +154,9 @@ def compute_reuse(tokens: pd.DataFrame, n_experts: int, windows: Sequence[int] =
     ts, gap = reuse_gaps(tokens, n_experts)
     lay = None
     if n_layers is None or n_layers > 0:
-        key = tokens["layer"].to_numpy(np.int64) * n_experts + tokens["expert"].to_numpy(np.int64)
+        key = _reuse_key(tokens, n_experts)
         order = np.lexsort((tokens["token"].to_numpy(np.int64), key))
-        lay = key[order] // n_experts
+        lay = tokens["layer"].to_numpy(np.int64)[order]
     rows = []
     for n in windows:
         m = ts >= n
@@ -232,23 +247,63 @@ def compute_jaccard(counts: Mapping[str, np.ndarray], top_n: int = 32) -> pd.Dat
     return pd.DataFrame(rows, columns=["a", "b", "top_n", "jaccard", "jaccard_min", "jaccard_max"])
 
 
+def compute_request_reuse(tokens: pd.DataFrame, n_experts: int, windows: Sequence[int] = REUSE_WINDOWS,
+                          names: Sequence[str] | None = None) -> pd.DataFrame:
+    """W_n per request: columns request, tokens, then W<n> and W<n>_selections per window
+    (NA where the request has no more than n tokens)."""
+    ts, gap = reuse_gaps(tokens, n_experts)
+    key = _reuse_key(tokens, n_experts)
+    order = np.lexsort((tokens["token"].to_numpy(np.int64), key))
+    req = tokens["request"].to_numpy(np.int64)[order] if "request" in tokens.columns else np.zeros(ts.size, np.int64)
+    n_req = int(req.max()) + 1 if req.size else 0
+    length = np.zeros(n_req, np.int64)
+    np.maximum.at(length, req, ts + 1)
+    out = pd.DataFrame({"request": [str(names[i]) if names is not None else str(i) for i in range(n_req)],
+                        "tokens": length})
+    for n in windows:
+        m = ts >= n
+        d = np.bincount(req[m], minlength=n_req)
+        h = np.bincount(req[m], weights=(gap[m] <= n), minlength=n_req)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[f"W{n}"] = np.where(d > 0, h / np.maximum(d, 1), np.nan)
+        out[f"W{n}_selections"] = d
+    return out
+
+
 def compute_trace_summary(tokens: pd.DataFrame, n_layers: int, n_experts: int,
-                          windows: Sequence[int] = REUSE_WINDOWS) -> pd.DataFrame:
-    """One row of headline figures for one trace: tokens, selections, overall Zipf slope,
-    W_n per window, top-8 share (mean/min/max over layers, first and last layer),
-    final coverage (pool) and per-layer distinct experts (min/max)."""
+                          windows: Sequence[int] = REUSE_WINDOWS, stream: pd.DataFrame | None = None
+                          ) -> pd.DataFrame:
+    """One row of headline figures for one trace: tokens, requests, selections,
+    overall Zipf slope, W_n per window (per request, pooled) and W_n_stream (the
+    pooled stream, given as ``stream``: token, layer, expert; default: tokens
+    without their requests), top-8 share (mean/min/max over layers, first and
+    last layer), final coverage (pool, in stream order) and per-layer distinct
+    experts (min/max)."""
+    if stream is None:
+        stream = tokens.drop(columns=["request"], errors="ignore")
     counts = selection_counts(tokens, n_layers, n_experts)
-    per = compute_layer_locality(counts)
     reuse = compute_reuse(tokens, n_experts, windows, n_layers=0)
-    cov = compute_coverage_growth(tokens, n_layers, n_experts, checkpoints=[])
+    reuse_stream = compute_reuse(stream, n_experts, windows, n_layers=0)
+    cov = compute_coverage_growth(stream, n_layers, n_experts, checkpoints=[])
+    n_req = int(tokens["request"].nunique()) if "request" in tokens.columns and len(tokens) else 1
+    return _summary_row(counts, reuse, reuse_stream, cov, int(stream["token"].max()) + 1 if len(stream) else 0,
+                        n_req, int(len(tokens)))
+
+
+def _summary_row(counts: np.ndarray, reuse: pd.DataFrame, reuse_stream: pd.DataFrame, cov: pd.DataFrame,
+                 n_tokens: int, n_req: int, selections: int) -> pd.DataFrame:
+    per = compute_layer_locality(counts)
     row: dict = {
-        "tokens": int(tokens["token"].max()) + 1 if len(tokens) else 0,
-        "selections": int(len(tokens)),
+        "tokens": n_tokens,
+        "requests": n_req,
+        "selections": selections,
         "zipf_slope": overall_zipf_slope(counts),
         "zipf_slope_layer_mean": float(np.nanmean(per["zipf_slope"])) if len(per) else np.nan,
     }
     for _, r in reuse.iterrows():
         row[f"W{int(r['window'])}"] = r["reuse"]
+    for _, r in reuse_stream.iterrows():
+        row[f"W{int(r['window'])}_stream"] = r["reuse"]
     t8 = per["top8_share"].to_numpy()
     row.update({
         "top8_share_mean": float(np.nanmean(t8)), "top8_share_min": float(np.nanmin(t8)),
@@ -259,6 +314,154 @@ def compute_trace_summary(tokens: pd.DataFrame, n_layers: int, n_experts: int,
         "layer_distinct_max": int(per["distinct_experts"].max()),
     })
     return pd.DataFrame([row])
+
+
+class LocalityStream:
+    """The locality statistics of a trace fed in chunks of whole steps, in bounded memory.
+
+    ``add(table)`` takes a typed table chunk (TypedTrace.table columns; steps do
+    not span chunks); ``results(names)`` returns what the in-memory functions
+    return for the whole trace: summary (compute_trace_summary), per_layer
+    (compute_layer_locality), reuse (compute_reuse with per-layer rows),
+    coverage (compute_coverage_growth on the stream) and per_request
+    (compute_request_reuse) -- equal to them exactly. State: per (request,
+    layer, expert) the last token seen (sorted arrays, merged per chunk), per
+    (layer, expert) the last and first stream token, counts.
+    """
+
+    def __init__(self, n_layers: int, n_experts: int, windows: Sequence[int] = REUSE_WINDOWS):
+        self.L, self.E = int(n_layers), int(n_experts)
+        self.N = self.L * self.E
+        self.windows = tuple(int(w) for w in windows)
+        nw = len(self.windows)
+        self.counts = np.zeros(self.N, np.int64)
+        self.keys = np.zeros(0, np.int64)  # (request, layer, expert), sorted
+        self.last = np.zeros(0, np.int64)  # their last token
+        self.hit_l = np.zeros((nw, self.L), np.int64)  # per-request windows, per layer
+        self.den_l = np.zeros((nw, self.L), np.int64)
+        self.hit_r = np.zeros((nw, 0), np.int64)
+        self.den_r = np.zeros((nw, 0), np.int64)
+        self.req_len = np.zeros(0, np.int64)
+        self.s_last = np.full(self.N, -(2**40), np.int64)  # stream: last token per (layer, expert)
+        self.s_first = np.full(self.N, -1, np.int64)
+        self.s_hit = np.zeros(nw, np.int64)
+        self.s_den = np.zeros(nw, np.int64)
+        self.s_tokens = 0
+        self.selections = 0
+
+    def _grow(self, n_req: int) -> None:
+        if n_req > self.req_len.size:
+            add = n_req - self.req_len.size
+            self.req_len = np.concatenate([self.req_len, np.zeros(add, np.int64)])
+            z = np.zeros((len(self.windows), add), np.int64)
+            self.hit_r = np.concatenate([self.hit_r, z], axis=1)
+            self.den_r = np.concatenate([self.den_r, z], axis=1)
+
+    def add(self, table: pd.DataFrame) -> None:
+        t = table[table["accepted"].to_numpy(bool)]
+        if not len(t):
+            return
+        E, N = self.E, self.N
+        req = t["request"].to_numpy(np.int64)
+        tok = t["token"].to_numpy(np.int64)
+        lay = t["layer"].to_numpy(np.int64)
+        eid = lay * E + t["expert"].to_numpy(np.int64)
+        self.selections += eid.size
+        self.counts += np.bincount(eid, minlength=N)
+        self._grow(int(req.max()) + 1)
+        np.maximum.at(self.req_len, req, tok + 1)
+        # per-request windows
+        key = req * N + eid
+        o = np.lexsort((tok, key))
+        ks, ts, ls, rs = key[o], tok[o], lay[o], req[o]
+        gap = np.full(ks.size, 2**40, np.int64)
+        same = ks[1:] == ks[:-1]
+        gap[1:][same] = ts[1:][same] - ts[:-1][same]
+        first = np.ones(ks.size, bool)
+        first[1:] = ~same
+        fk = ks[first]
+        pos = np.searchsorted(self.keys, fk)
+        found = (pos < self.keys.size) & (self.keys[np.minimum(pos, max(self.keys.size - 1, 0))] == fk) \
+            if self.keys.size else np.zeros(fk.size, bool)
+        fi = np.flatnonzero(first)
+        gap[fi[found]] = ts[fi[found]] - self.last[pos[found]]
+        lastpos = np.append(fi[1:] - 1, ks.size - 1)
+        self.last[pos[found]] = ts[lastpos[found]]
+        if (~found).any():
+            newk, newv = fk[~found], ts[lastpos[~found]]
+            ins = pos[~found]
+            self.keys = np.insert(self.keys, ins, newk)
+            self.last = np.insert(self.last, ins, newv)
+        for w, n in enumerate(self.windows):
+            m = ts >= n
+            h = m & (gap <= n)
+            self.hit_l[w] += np.bincount(ls[h], minlength=self.L)
+            self.den_l[w] += np.bincount(ls[m], minlength=self.L)
+            nr = self.req_len.size
+            self.hit_r[w] += np.bincount(rs[h], minlength=nr)
+            self.den_r[w] += np.bincount(rs[m], minlength=nr)
+        # the pooled stream: tokens in (step, request, token) order, continuing the previous chunks
+        step = t["step"].to_numpy(np.int64)
+        o2 = np.lexsort((tok, req, step))
+        new = np.ones(o2.size, bool)
+        new[1:] = (step[o2][1:] != step[o2][:-1]) | (req[o2][1:] != req[o2][:-1]) | (tok[o2][1:] != tok[o2][:-1])
+        stok = np.empty(o2.size, np.int64)
+        stok[o2] = np.cumsum(new) - 1 + self.s_tokens
+        self.s_tokens += int(new.sum())
+        o3 = np.lexsort((stok, eid))
+        ke, ts2 = eid[o3], stok[o3]
+        gap2 = np.empty(ke.size, np.int64)
+        same2 = np.zeros(ke.size, bool)
+        same2[1:] = ke[1:] == ke[:-1]
+        gap2[same2] = ts2[same2] - ts2[np.flatnonzero(same2) - 1]
+        gap2[~same2] = ts2[~same2] - self.s_last[ke[~same2]]
+        unseen = self.s_first[ke] < 0
+        self.s_first[ke[~same2 & unseen]] = ts2[~same2 & unseen]
+        lastmask = np.append(ke[1:] != ke[:-1], True)
+        self.s_last[ke[lastmask]] = ts2[lastmask]
+        for w, n in enumerate(self.windows):
+            m = ts2 >= n
+            self.s_hit[w] += int((m & (gap2 <= n)).sum())
+            self.s_den[w] += int(m.sum())
+
+    def results(self, names: Sequence[str] | None = None) -> dict:
+        L, E = self.L, self.E
+        counts = self.counts.reshape(L, E).astype(np.float64)
+        rows = []
+        for w, n in enumerate(self.windows):
+            den = int(self.den_l[w].sum())
+            rows.append({"layer": pd.NA, "window": n, "reuse": self.hit_l[w].sum() / den if den else np.nan,
+                         "selections": den})
+            d = self.den_l[w]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                r = np.where(d > 0, self.hit_l[w].astype(np.float64) / np.maximum(d, 1), np.nan)
+            for li in range(L):
+                rows.append({"layer": li, "window": n, "reuse": r[li], "selections": int(d[li])})
+        reuse = pd.DataFrame(rows)
+        reuse["layer"] = reuse["layer"].astype("Int64")
+        s_rows = [{"layer": pd.NA, "window": n, "reuse": self.s_hit[w] / self.s_den[w] if self.s_den[w] else np.nan,
+                   "selections": int(self.s_den[w])} for w, n in enumerate(self.windows)]
+        reuse_stream = pd.DataFrame(s_rows)
+        n_tok = self.s_tokens
+        firsts = self.s_first[self.s_first >= 0]
+        cum = np.cumsum(np.bincount(firsts, minlength=n_tok))
+        pts = [p for p in default_checkpoints(n_tok) if 0 < p <= n_tok] or ([n_tok] if n_tok else [])
+        distinct = np.array([cum[p - 1] for p in pts], dtype=np.int64)
+        cov = pd.DataFrame({"tokens": np.array(pts, np.int64), "distinct_experts": distinct,
+                            "coverage": distinct / (L * E)})
+        n_req = int((self.req_len > 0).sum())
+        summary = _summary_row(counts, reuse[reuse["layer"].isna()].reset_index(drop=True), reuse_stream,
+                               cov.iloc[-1:] if len(cov) else cov, n_tok, n_req, self.selections)
+        nr = self.req_len.size
+        per_req = pd.DataFrame({"request": [str(names[i]) if names is not None else str(i) for i in range(nr)],
+                                "tokens": self.req_len.copy()})
+        for w, n in enumerate(self.windows):
+            d = self.den_r[w]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                per_req[f"W{n}"] = np.where(d > 0, self.hit_r[w] / np.maximum(d, 1), np.nan)
+            per_req[f"W{n}_selections"] = d
+        return {"summary": summary, "per_layer": compute_layer_locality(counts), "reuse": reuse,
+                "coverage": cov, "per_request": per_req, "counts": counts}
 
 
 def compute_counts_locality(counts: Mapping[str, Mapping[int, np.ndarray]], top_n: int = 32

@@ -127,8 +127,15 @@ def _iter_batches(source: Source, columns: list[str], batch_rows: int) -> Iterat
             raise InputError(f"cannot read the page events: {e}", path=path) from None
     if isinstance(source, pq.ParquetFile):
         _require(source.schema_arrow.names, columns, path)
-        yield from source.iter_batches(batch_size=batch_rows, columns=columns)
-        return
+        it = source.iter_batches(batch_size=batch_rows, columns=columns)
+        while True:
+            try:
+                b = next(it)
+            except StopIteration:
+                return
+            except (OSError, pa.ArrowException) as e:  # a damaged page, found as the stream reaches it
+                raise InputError(f"cannot read the page events: {e}", path=path) from None
+            yield b
     if isinstance(source, pd.DataFrame):
         _require(list(source.columns), columns, None)
         source = pa.Table.from_pandas(source[columns], preserve_index=False)

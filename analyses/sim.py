@@ -156,20 +156,31 @@ def _sift_up(heap, hb, key, pos, k, sign):  # pragma: no cover - numba
 @njit(cache=True, nogil=True)
 def _lfu_kernel(group, item, n_groups, n_items, budget, cut):  # pragma: no cover - numba
     """Perfect LFU at one budget per group: min-heap on (frequency, last access)."""
-    n = item.shape[0]
     N = n_groups * n_items
-    freq = np.zeros(N, np.int64)
-    key = np.zeros(N, np.int64)  # freq << 34 | last access index
-    pos = np.full(N, -1, np.int64)
-    heap = np.zeros(n_groups * budget, np.int32)
-    size = np.zeros(n_groups, np.int64)
+    return _lfu_chunk(group, item, n_groups, n_items, budget, cut, 0, np.zeros(N, np.int64), np.zeros(N, np.int64),
+                      np.full(N, -1, np.int64), np.zeros(n_groups * budget, np.int32), np.zeros(n_groups, np.int64))
+
+
+def lfu_state(n_groups: int, n_items: int, budget: int) -> tuple:
+    """Fresh state for :func:`_lfu_chunk` (freq, key, pos, heap, size)."""
+    N = n_groups * n_items
+    return (np.zeros(N, np.int64), np.zeros(N, np.int64), np.full(N, -1, np.int64),
+            np.zeros(n_groups * budget, np.int32), np.zeros(n_groups, np.int64))
+
+
+@njit(cache=True, nogil=True)
+def _lfu_chunk(group, item, n_groups, n_items, budget, cut, base, freq, key, pos, heap,
+               size):  # pragma: no cover - numba
+    """LFU over one chunk (accesses base, base+1, ...), state carried in the arrays;
+    hits counted from chunk index cut on."""
+    n = item.shape[0]
     hits = 0
     for i in range(n):
         g = group[i] if n_groups > 1 else 0
         x = g * n_items + item[i]
         hb = g * budget
         freq[x] += 1
-        key[x] = (freq[x] << 34) | i
+        key[x] = (freq[x] << 34) | (base + i)
         k = pos[x]
         if k >= 0:
             if i >= cut:
@@ -196,30 +207,37 @@ def _next_use(gid, n_total):  # pragma: no cover - numba
     n = gid.shape[0]
     out = np.empty(n, np.int64)
     seen = np.full(n_total, n, np.int64)
-    for i in range(n - 1, -1, -1):
-        x = gid[i]
-        out[i] = seen[x]
-        seen[x] = i
+    _next_use_chunk(gid, seen, 0, out)
     return out
 
 
 @njit(cache=True, nogil=True)
-def _belady_kernel(group, item, n_groups, n_items, budget, cut, nxt):  # pragma: no cover - numba
-    """MIN over the scored window from the best post-warm state (see module doc)."""
-    n = item.shape[0]
-    N = n_groups * n_items
-    key = np.zeros(N, np.int64)  # next use of a resident item
-    pos = np.full(N, -1, np.int64)
-    heap = np.zeros(n_groups * budget, np.int32)
-    size = np.zeros(n_groups, np.int64)
-    # warm state: last warm access per item, and the forced (latest) item per group
-    lastw = np.full(N, -1, np.int64)
-    forced = np.full(n_groups, -1, np.int64)
-    for i in range(cut):
+def _next_use_chunk(gid, seen, base, out):  # pragma: no cover - numba
+    """Backwards over one chunk (accesses base .. base + len - 1): out[i] = the next
+    access of the same item (from seen, the state of the later chunks), seen updated."""
+    for i in range(gid.shape[0] - 1, -1, -1):
+        x = gid[i]
+        out[i] = seen[x]
+        seen[x] = base + i
+
+
+@njit(cache=True, nogil=True)
+def _warm_last(group, item, n_groups, n_items, base, lastw, forced):  # pragma: no cover - numba
+    """Over warm accesses: lastw[x] = the last access index of each item, forced[g] = the
+    item of each group's latest access (it must be resident at the cut)."""
+    for i in range(item.shape[0]):
         g = group[i] if n_groups > 1 else 0
         x = g * n_items + item[i]
-        lastw[x] = i
+        lastw[x] = base + i
         forced[g] = x
+
+
+@njit(cache=True, nogil=True)
+def _belady_start(n_groups, n_items, budget, n, lastw, forced, first_next, key, pos, heap,
+                  size):  # pragma: no cover - numba
+    """The best post-warm state: each group's forced item, then the warm items whose
+    next use (first_next[x], the first scored access) is soonest."""
+    N = n_groups * n_items
     m = 0
     for x in range(N):
         if lastw[x] >= 0:
@@ -231,14 +249,14 @@ def _belady_kernel(group, item, n_groups, n_items, budget, cut, nxt):  # pragma:
         if lastw[x] >= 0:
             cand[j] = x
             # group-major, then soonest next use (first scored access)
-            ckey[j] = (x // n_items) * (n + 1) + nxt[lastw[x]]
+            ckey[j] = (x // n_items) * (n + 1) + first_next[x]
             j += 1
     order = np.argsort(ckey)
     for g in range(n_groups):
         x = forced[g]
         if x >= 0 and budget > 0:
             heap[g * budget] = x
-            key[x] = nxt[lastw[x]]
+            key[x] = first_next[x]
             pos[x] = 0
             size[g] = 1
     for t in range(m):
@@ -247,12 +265,24 @@ def _belady_kernel(group, item, n_groups, n_items, budget, cut, nxt):  # pragma:
         if size[g] < budget and pos[x] < 0:
             k = size[g]
             heap[g * budget + k] = x
-            key[x] = nxt[lastw[x]]
+            key[x] = first_next[x]
             pos[x] = k
             size[g] = k + 1
             _sift_up(heap, g * budget, key, pos, k, -1)
+
+
+def belady_state(n_groups: int, n_items: int, budget: int) -> tuple:
+    """Fresh state for :func:`_belady_chunk` (key, pos, heap, size)."""
+    N = n_groups * n_items
+    return (np.zeros(N, np.int64), np.full(N, -1, np.int64), np.zeros(n_groups * budget, np.int32),
+            np.zeros(n_groups, np.int64))
+
+
+@njit(cache=True, nogil=True)
+def _belady_chunk(group, item, n_groups, n_items, budget, nxt, key, pos, heap, size):  # pragma: no cover - numba
+    """MIN over a chunk of scored accesses (nxt: each one's next use), state carried."""
     hits = 0
-    for i in range(cut, n):
+    for i in range(item.shape[0]):
         g = group[i] if n_groups > 1 else 0
         x = g * n_items + item[i]
         hb = g * budget
@@ -274,6 +304,19 @@ def _belady_kernel(group, item, n_groups, n_items, budget, cut, nxt):  # pragma:
             size[g] = k + 1
             _sift_up(heap, hb, key, pos, k, -1)
     return hits
+
+
+def _belady_kernel(group, item, n_groups, n_items, budget, cut, nxt):
+    """MIN over the scored window from the best post-warm state (see module doc)."""
+    N = n_groups * n_items
+    lastw = np.full(N, -1, np.int64)
+    forced = np.full(n_groups, -1, np.int64)
+    _warm_last(group[:cut] if n_groups > 1 else group, item[:cut], n_groups, n_items, 0, lastw, forced)
+    first_next = np.where(lastw >= 0, nxt[np.maximum(lastw, 0)], 0)
+    st = belady_state(n_groups, n_items, budget)
+    _belady_start(n_groups, n_items, budget, item.shape[0], lastw, forced, first_next, *st)
+    return _belady_chunk(group[cut:] if n_groups > 1 else group, item[cut:], n_groups, n_items, budget,
+                         nxt[cut:], *st)
 
 
 # ---------------------------------------------------------------------------
@@ -493,26 +536,33 @@ def compute_sim(acc: Accesses, policies: Sequence[str] = POLICIES, budgets: Sequ
                 else:
                     h = belady_hits(acc, b, scope, warm_fraction, nxt=nxt)
                 rows.append((policy, scope, b, b * per, h, static_table_name if policy == "static" else None))
-    n = win.scored_accesses
     df = pd.DataFrame(rows, columns=["policy", "scope", "budget", "budget_total", "hits", "static_table"])
+    return _finish_table(df, win.scored_accesses, win.scored_iterations, win.n_iterations, win.warm_iterations,
+                         float(warm_fraction), expert_bytes, acc.n_layers, acc.n_experts, len(acc))
+
+
+def _finish_table(df: pd.DataFrame, n: int, scored_iterations: int, n_iterations: int, warm_iterations: int,
+                  warm_fraction: float, expert_bytes: int | None, n_layers: int, n_experts: int,
+                  n_accesses: int) -> pd.DataFrame:
+    """The tidy table from (policy, scope, budget, budget_total, hits, static_table) rows."""
     df["budget"] = df["budget"].astype(np.int64)
     df["budget_total"] = df["budget_total"].astype(np.int64)
     df["hits"] = df["hits"].astype(np.int64)
     df["accesses"] = np.int64(n)
     df["misses"] = df["accesses"] - df["hits"]
     df["hit_rate"] = df["hits"] / n if n else np.nan
-    df["scored_iterations"] = np.int64(win.scored_iterations)
-    if expert_bytes is None or not win.scored_iterations:
+    df["scored_iterations"] = np.int64(scored_iterations)
+    if expert_bytes is None or not scored_iterations:
         df["miss_bytes_per_iteration"] = pd.Series([pd.NA] * len(df), dtype="Float64")
     else:
-        df["miss_bytes_per_iteration"] = (df["misses"] * float(expert_bytes) / win.scored_iterations
+        df["miss_bytes_per_iteration"] = (df["misses"] * float(expert_bytes) / scored_iterations
                                           ).astype("Float64")
     df["static_table"] = df["static_table"].astype("string")
     df = df[COLUMNS]
-    df.attrs.update(n_iterations=win.n_iterations, warm_iterations=win.warm_iterations,
-                    scored_iterations=win.scored_iterations, warm_fraction=float(warm_fraction),
-                    expert_bytes=expert_bytes, n_layers=acc.n_layers, n_experts=acc.n_experts,
-                    n_accesses=len(acc))
+    df.attrs.update(n_iterations=n_iterations, warm_iterations=warm_iterations,
+                    scored_iterations=scored_iterations, warm_fraction=float(warm_fraction),
+                    expert_bytes=expert_bytes, n_layers=n_layers, n_experts=n_experts,
+                    n_accesses=n_accesses)
     return df
 
 
@@ -544,9 +594,13 @@ def plot_sim(df: pd.DataFrame, ax) -> None:
 
 
 def is_plan(path: str | os.PathLike) -> bool:
-    """True when the file starts with a plan magic (checked on the head, nothing imported)."""
-    with open(path, "rb") as fh:
-        head = fh.read(max(len(m) for m in PLAN_MAGICS))
+    """True when the file starts with a plan magic (checked on the head, nothing imported).
+    InputError when it cannot be read."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(max(len(m) for m in PLAN_MAGICS))
+    except OSError as e:
+        raise InputError(f"cannot read: {e.strerror}", path=str(path)) from None
     return any(head.startswith(m) for m in PLAN_MAGICS)
 
 
@@ -563,10 +617,16 @@ def plan_expert_bytes(path: str | os.PathLike) -> int | None:
 
 
 def load_accesses(path: str | os.PathLike, k: int | None = None, n_layers: int | None = None,
-                  n_experts: int | None = None) -> Accesses:
+                  n_experts: int | None = None, order: str | None = None, request: str | None = None,
+                  info: dict | None = None) -> Accesses:
     """The access stream of a trace (typed .parquet or engine .jsonl) or of a plan
     (a file starting with a plan magic, read by moetrace.inputs.plan.read_accesses,
-    imported only then)."""
+    imported only then).
+
+    A trace gives the batch stream (per forward pass and layer, the union of its
+    requests' experts), or with request one request's own stream; order "rank"
+    (default) or "sorted" orders each slot's experts. info, when a dict, gets
+    stream (a sentence saying which), order and requests."""
     spath = str(path)
     if not os.path.exists(spath):
         raise InputError("no such file", path=spath)
@@ -577,13 +637,54 @@ def load_accesses(path: str | os.PathLike, k: int | None = None, n_layers: int |
             from moetrace.inputs.plan import read_accesses
         except ImportError as e:
             raise InputError(f"this is a plan but the plan reader is unavailable ({e})", path=spath) from None
-        return read_accesses(spath)
+        if request is not None:
+            raise UsageError("--request needs a trace: a plan holds no requests")
+        acc = read_accesses(spath)
+        if order is not None and order != acc.order:
+            if order == "rank":
+                raise UsageError("this plan was compiled in sorted order; compile it again with --order rank")
+            acc = _sorted_accesses(acc)
+        if info is not None:
+            meta_req = None
+            try:
+                from moetrace.inputs.plan import read_header
+
+                meta_req = read_header(spath).meta.get("request")
+            except Exception:  # noqa: BLE001 - the stream sentence is informational
+                pass
+            info.update(stream=f"the plan's stream ({'request ' + str(meta_req) if meta_req else 'as compiled'})",
+                        order=acc.order)
+        return acc
     from moetrace.inputs.trace import load_trace
 
-    return load_trace(spath, k=k, n_layers=n_layers, n_experts=n_experts).accesses()
+    tt = load_trace(spath, k=k, n_layers=n_layers, n_experts=n_experts)
+    n_req = tt.n_requests
+    if request is not None:
+        tt = tt.select_request(request)
+    acc = tt.accesses(order=order or "rank")
+    if info is not None:
+        info.update(stream=stream_sentence(request, tt.n_steps, n_req), order=acc.order, requests=n_req)
+    return acc
+
+
+def stream_sentence(request: str | None, n_passes: int, n_requests: int) -> str:
+    """Which access stream a simulation ran on, in words."""
+    if request is not None:
+        return f"request {request} alone ({n_passes} forward passes)"
+    if n_requests > 1:
+        return f"the batch stream: per forward pass the union of {n_requests} requests' experts"
+    return "one request"
+
+
+def _sorted_accesses(acc: Accesses) -> Accesses:
+    """The same stream with each slot's experts ascending."""
+    key = ((acc.iteration.astype(np.int64) * 2 + acc.pass_) * acc.n_layers + acc.layer) * acc.n_experts + acc.expert
+    o = np.argsort(key, kind="stable")
+    return Accesses(acc.iteration[o], acc.pass_[o], acc.layer[o], acc.expert[o], acc.n_layers, acc.n_experts,
+                    acc.n_iterations, "sorted")
 
 
 __all__ = ["POLICIES", "SCOPES", "Window", "window", "lru_hits", "lfu_hits", "belady_hits", "next_use",
            "static_hits", "static_hits_curve", "static_ranks", "static_table_counts", "simulate",
            "compute_sim", "plot_sim", "parse_budgets", "parse_policies", "load_accesses", "is_plan",
-           "plan_expert_bytes", "COLUMNS"]
+           "plan_expert_bytes", "stream_sentence", "COLUMNS"]

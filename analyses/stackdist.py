@@ -97,13 +97,31 @@ def stream(acc: Accesses, scope: str) -> tuple[np.ndarray, np.ndarray, int, int]
 def _stack_kernel(group, item, n_groups, n_items, cut, hist, dist_out):  # pragma: no cover - numba
     """One pass: hist[d] += 1 for every access at index >= cut with stack distance
     d (0 = first access); dist_out[i] = d when dist_out has one slot per access."""
-    n = item.shape[0]
-    S = 2 * n_items + 2  # time slots per group; > n_items so a compaction frees room
-    tree = np.zeros(n_groups * (S + 1), np.int32)  # Fenwick, 1-based, per group
-    owner = np.full(n_groups * S, -1, np.int32)  # slot -> item holding it (or -1)
-    last = np.full(n_groups * n_items, -1, np.int32)  # item -> slot of its latest access
+    S = 2 * n_items + 2
+    tree = np.zeros(n_groups * (S + 1), np.int32)
+    owner = np.full(n_groups * S, -1, np.int32)
+    last = np.full(n_groups * n_items, -1, np.int32)
     counter = np.zeros(n_groups, np.int64)
     live = np.zeros(n_groups, np.int64)
+    return _stack_chunk(group, item, n_groups, n_items, cut, hist, dist_out, tree, owner, last, counter, live)
+
+
+def stack_state(n_groups: int, n_items: int) -> tuple:
+    """Fresh state for :func:`_stack_chunk` (tree, owner, last, counter, live): O(items), not O(accesses)."""
+    S = 2 * n_items + 2
+    return (np.zeros(n_groups * (S + 1), np.int32), np.full(n_groups * S, -1, np.int32),
+            np.full(n_groups * n_items, -1, np.int32), np.zeros(n_groups, np.int64), np.zeros(n_groups, np.int64))
+
+
+@njit(cache=True, nogil=True)
+def _stack_chunk(group, item, n_groups, n_items, cut, hist, dist_out, tree, owner, last, counter,
+                 live):  # pragma: no cover - numba
+    """The stack-distance pass over one chunk of a stream, its state carried in the
+    arrays (a Fenwick tree per group over 2 * n_items + 2 time slots, the slot
+    owners, each item's latest slot, slot counters, live counts): a long stream
+    goes through in chunks with the same result as one call."""
+    n = item.shape[0]
+    S = 2 * n_items + 2  # time slots per group; > n_items so a compaction frees room
     write = dist_out.shape[0] == n
     for i in range(n):
         g = group[i] if n_groups > 1 else 0

@@ -32,13 +32,25 @@ def plan() -> None:
               help="oracle: hint after each layer the actual next-layer set")
 @click.option("--hints-from", type=click.Path(dir_okay=False), metavar="PREDICTOR.jsonl",
               help="a recorded predictor plan (engine JSONL; (step, layer) = predicted experts of that layer)")
+@click.option("--request", metavar="ID", help="compile one request alone (its forward passes only)")
+@click.option("--order", type=click.Choice(["rank", "sorted"]), default="rank", show_default=True,
+              help="order of a layer's experts within a step: as routed (rank) or ascending")
 @click.option("--json", "as_json", is_flag=True, help="print the summary as JSON")
-def compile_(traces, output, geometry, layers, experts, k, expert_bytes, hints, hints_from, as_json) -> None:
+def compile_(traces, output, geometry, layers, experts, k, expert_bytes, hints, hints_from, request, order,
+             as_json) -> None:
     """Compile TRACES (engine .jsonl or typed .parquet) into a replay plan.
 
-    Several traces are merged iteration by iteration (the batch union) and
-    truncated to the shortest. Geometry: explicit options win, then
-    --geometry, then the trace.
+    One iteration = one forward pass: per layer it reads the union of the
+    experts its requests selected (what the engine reads), in rank order
+    unless --order sorted; --request ID compiles one request alone. Several
+    traces are merged iteration by iteration (the batch union) and truncated
+    to the shortest. Geometry: explicit options win, then --geometry, then the
+    trace.
+
+    \b
+    Examples:
+      moetrace plan compile trace.jsonl -o plan.bin --geometry kimi-k3
+      moetrace plan compile served.jsonl --request s0.3 -o one.bin
     """
     from moetrace.errors import UsageError
     from moetrace.inputs.geometry import format_bytes
@@ -47,7 +59,8 @@ def compile_(traces, output, geometry, layers, experts, k, expert_bytes, hints, 
     if hints == "oracle" and hints_from:
         raise UsageError("--hints oracle and --hints-from are exclusive")
     h = compile_plan(list(traces), output, geometry=geometry, n_layers=layers, n_experts=experts, k=k,
-                     expert_bytes=expert_bytes, hints=None if hints == "none" else hints, hints_from=hints_from)
+                     expert_bytes=expert_bytes, hints=None if hints == "none" else hints, hints_from=hints_from,
+                     request=request, order=order)
     summary = _header_summary(output, h)
     if as_json:
         emit_json(summary)
@@ -82,6 +95,9 @@ def _header_summary(path, h) -> dict:
         "hint_count": h.n_hints if h.has_hints else None,
         "hint_stats": h.meta.get("hints") if h.has_hints else None,
         "inputs": h.n_inputs,
+        "order": h.order,
+        "requests": h.meta.get("requests"),
+        "request": h.meta.get("request"),
     }
 
 
@@ -124,8 +140,9 @@ def inspect(plan_path, as_json) -> None:
         rows.append(("hints", f"{s['hint_count']:,} ({s['hint_source']}), recall {rec}, precision {prec}"))
     else:
         rows.append(("hints", "none"))
-    if s["sources"]:
-        rows.append(("sources", ", ".join(s["sources"])))
+    sources = [x for x in s["sources"] if x is not None]
+    if sources:
+        rows.append(("sources", ", ".join(sources)))
     w = max(len(k) for k, _ in rows)
     for k, v in rows:
         click.echo(f"{k:<{w}}  {v}")

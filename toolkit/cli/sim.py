@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import tempfile
+
 import click
 
 from moetrace.cli.common import BYTES, emit_json
@@ -33,8 +38,14 @@ from moetrace.cli.common import BYTES, emit_json
 @click.option("--json", "as_json", is_flag=True, help="Print the window and one row per policy x scope x budget.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="OUT.png",
               help="Also write hit rate vs budget per policy.")
+@click.option("--request", "request", metavar="ID",
+              help="Simulate one request's own stream (default: the batch stream, per forward pass the union "
+                   "of every request's experts: what the engine reads).")
+@click.option("--order", type=click.Choice(["rank", "sorted"]), default=None,
+              help="Order of a layer's experts within a step: rank (as routed; default for traces) or sorted "
+                   "(ascending). It moves LRU at small budgets.")
 def sim(trace_or_plan, policy_text, budget_text, scope, global_text, static_table, warm_fraction,
-        expert_bytes, geometry_name, as_json, plot_path):
+        expert_bytes, geometry_name, as_json, plot_path, request, order):
     """Simulate expert caches on a router trace or a compiled plan.
 
     \b
@@ -79,19 +90,38 @@ def sim(trace_or_plan, policy_text, budget_text, scope, global_text, static_tabl
     if expert_bytes is None and geo is not None:
         expert_bytes = geo.expert_bytes or None
     kw = dict(k=geo.k, n_layers=geo.n_layers, n_experts=geo.n_experts) if geo else {}
-    acc = load_accesses(trace_or_plan, **kw)
-    if expert_bytes is None:
-        expert_bytes = plan_expert_bytes(trace_or_plan)
-    if geo is not None and (acc.n_layers, acc.n_experts) != (geo.n_layers, geo.n_experts):
-        raise UsageError(f"{trace_or_plan} is {acc.n_layers}x{acc.n_experts} but --geometry {geo.name} "
-                         f"is {geo.n_layers}x{geo.n_experts}")
-    if len(acc) == 0:
-        raise UsageError(f"{trace_or_plan} holds no accesses to simulate")
+    info: dict = {}
     table, table_name = static_table, static_table
     if "static" in policies and static_table not in ("oracle", "warm"):
         table = load_accesses(static_table, **kw)
-    df = compute_sim(acc, policies, budgets, scopes, gbudgets, warm_fraction, expert_bytes,
-                     table if "static" in policies else "oracle", table_name)
+    with _streamable(trace_or_plan, order, request, kw, info) as plan_path:
+        if plan_path is not None:
+            from moetrace.analyses.simstream import compute_sim_stream
+            from moetrace.inputs.plan import read_header
+
+            h = read_header(plan_path)
+            if expert_bytes is None:
+                expert_bytes = h.expert_bytes or None
+            if geo is not None and (h.n_layers, h.n_experts) != (geo.n_layers, geo.n_experts):
+                raise UsageError(f"{trace_or_plan} is {h.n_layers}x{h.n_experts} but --geometry {geo.name} "
+                                 f"is {geo.n_layers}x{geo.n_experts}")
+            if h.n_reads == 0:
+                raise UsageError(f"{trace_or_plan} holds no accesses to simulate")
+            df = compute_sim_stream(plan_path, policies, budgets, scopes, gbudgets, warm_fraction, expert_bytes,
+                                    table if "static" in policies else "oracle", table_name)
+            info.setdefault("order", h.order)
+        else:
+            acc = load_accesses(trace_or_plan, order=order, request=request, info=info, **kw)
+            if expert_bytes is None:
+                expert_bytes = plan_expert_bytes(trace_or_plan)
+            if geo is not None and (acc.n_layers, acc.n_experts) != (geo.n_layers, geo.n_experts):
+                raise UsageError(f"{trace_or_plan} is {acc.n_layers}x{acc.n_experts} but --geometry {geo.name} "
+                                 f"is {geo.n_layers}x{geo.n_experts}")
+            if len(acc) == 0:
+                raise UsageError(f"{trace_or_plan} holds no accesses to simulate")
+            df = compute_sim(acc, policies, budgets, scopes, gbudgets, warm_fraction, expert_bytes,
+                             table if "static" in policies else "oracle", table_name)
+            info.setdefault("order", acc.order)
     if plot_path:
         import matplotlib
 
@@ -107,9 +137,57 @@ def sim(trace_or_plan, policy_text, budget_text, scope, global_text, static_tabl
         plt.close(fig)
     if as_json:
         rows = df.astype(object).where(df.notna(), None).to_dict(orient="records")
-        emit_json({"input": str(trace_or_plan), **df.attrs, "static_table": table_name, "rows": rows})
+        emit_json({"input": str(trace_or_plan), **df.attrs, **info, "static_table": table_name, "rows": rows})
         return
+    click.echo(f"stream: {info.get('stream', 'as given')}; experts of a step in {info['order']} order")
     _print_table(df, str(trace_or_plan), policies, table_name, plot_path)
+
+
+@contextlib.contextmanager
+def _streamable(path: str, order, request, kw: dict, info: dict):
+    """The plan to simulate in bounded memory, or None for the in-memory path.
+
+    A plan is streamed as it is (unless it must be re-ordered or split by
+    request, which a plan cannot); an engine JSONL trace larger than
+    MOETRACE_STREAM_BYTES (default 8 MiB) is compiled to a temporary plan first."""
+    from moetrace.analyses.sim import is_plan
+
+    if not os.path.isfile(path):
+        yield None
+        return
+    if is_plan(path):
+        from moetrace.inputs.plan import read_header
+
+        h = read_header(path)
+        if request is None and (order is None or order == h.order):
+            req = h.meta.get("request")
+            info.update(stream=f"the plan's stream ({'request ' + str(req) if req else 'as compiled'})",
+                        order=h.order)
+            yield path
+            return
+        yield None
+        return
+    from moetrace.inputs.stream import is_streamable
+
+    if not is_streamable(path):
+        yield None
+        return
+    from moetrace.inputs.plan import compile_plan
+
+    tmp = tempfile.mkdtemp(prefix="moetrace-sim-")
+    try:
+        out = os.path.join(tmp, "plan.bin")
+        h = compile_plan([path], out, k=kw.get("k"), n_layers=kw.get("n_layers"), n_experts=kw.get("n_experts"),
+                         request=request, order=order or "rank")
+        from moetrace.analyses.sim import stream_sentence
+
+        n_req = (h.meta.get("requests") or [1])[0]
+        stream = stream_sentence(request, h.n_iterations, n_req)
+        info.update(stream=stream + " (compiled to a temporary plan, simulated in bounded memory)",
+                    order=h.order, requests=n_req)
+        yield out
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _print_table(df, source, policies, table_name, plot_path) -> None:

@@ -6,11 +6,11 @@ import click
 
 from moetrace.cli.common import emit_json
 
-_FORMATS = ("auto", "llamacpp", "vllm", "sglang", "csv", "parquet")
+_FORMATS = ("auto", "jsonl", "llamacpp", "vllm", "sglang", "csv", "parquet")
 
 
 @click.command("import")
-@click.argument("in_file", metavar="IN", type=click.Path(dir_okay=False))
+@click.argument("in_files", metavar="IN...", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("-o", "--out", required=True, type=click.Path(dir_okay=False),
               help="Engine JSONL to write (atomically).")
 @click.option("--format", "fmt", type=click.Choice(_FORMATS), default="auto", show_default=True,
@@ -30,13 +30,21 @@ _FORMATS = ("auto", "llamacpp", "vllm", "sglang", "csv", "parquet")
               help="Leading rows of a vLLM/SGLang array that are the prompt (default: from the file, else 0).")
 @click.option("--include-prefill", is_flag=True,
               help="Keep prompt tokens as steps (one per token) instead of excluding them.")
+@click.option("--max-batch", type=click.IntRange(min=1), metavar="N",
+              help="Engine logs without phase or request ids: a forward pass of more than N rows is prefill "
+                   "(default: the most common row count, the steady decode batch).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def import_(in_file, out, fmt, keep_warmup, warmup_min_repeats, k, layers, experts, geometry_name, key,
-            prompt_tokens, include_prefill, as_json):
+def import_(in_files, out, fmt, keep_warmup, warmup_min_repeats, k, layers, experts, geometry_name, key,
+            prompt_tokens, include_prefill, max_batch, as_json):
     """Convert another tool's router trace into engine JSONL.
 
     \b
     Formats:
+      jsonl     JSON Lines engine routing logs (vLLM/SGLang logging hooks): a
+                "type": "meta" line, then one "type": "route" line per token
+                row of each forward pass (req_id, token_idx, layer, topk_ids);
+                one file per layer (give them all: merged by forward pass) or
+                all layers in one; canonical step/layer/experts JSONL too
       llamacpp  eval-callback ffn_moe_topk-<il> tensors: a CSV (token, layer,
                 expert) or the raw llama-eval-callback log
       vllm      routed experts (--enable-return-routed-experts): int array
@@ -49,16 +57,20 @@ def import_(in_file, out, fmt, keep_warmup, warmup_min_repeats, k, layers, exper
 
     \b
     A leading block of at least N identical steps (warm-up junk: dummy
-    profiling passes) is dropped and reported; --keep-warmup keeps it.
+    profiling passes) is dropped and reported; --keep-warmup keeps it. In an
+    engine log each forward pass is a step; requests come from req_id when it
+    varies, else from the decode batch slot (the summary says which), and
+    prompt (prefill) rows are excluded.
     The output is validated with the canonical typed parser before writing.
 
     \b
     Examples:
       moetrace trace import routes.csv -o trace.jsonl
+      moetrace trace import layer_*.jsonl -o trace.jsonl
       moetrace trace import --format vllm routed.npy --prompt-tokens 57 -o trace.jsonl --json
     """
     from moetrace.inputs.importers import import_trace
-    from moetrace.inputs.trace import type_records, write_jsonl
+    from moetrace.inputs.trace import type_records, write_records
 
     if geometry_name:
         from moetrace.inputs.geometry import preset
@@ -67,14 +79,24 @@ def import_(in_file, out, fmt, keep_warmup, warmup_min_repeats, k, layers, exper
         k = k or g.k
         layers = layers or g.n_layers
         experts = experts or g.n_experts
-    res = import_trace(in_file, fmt, key=key, prompt_tokens=prompt_tokens, include_prefill=include_prefill,
-                       keep_warmup=keep_warmup, warmup_min_repeats=warmup_min_repeats, k=k, n_layers=layers)
-    tt = type_records(res.records, k=k, n_layers=res.n_layers(layers), n_experts=experts, path=str(in_file))
-    n = write_jsonl(((r.step, r.layer, r.experts) for r in res.records), out)
-    st = res.stats
+    in_file = in_files[0] if len(in_files) == 1 else f"{in_files[0]} (+{len(in_files) - 1} files)"
+    streamed = None
+    if len(in_files) == 1 and fmt in ("auto", "jsonl") and not (include_prefill or key or prompt_tokens
+                                                                 or max_batch):
+        streamed = _stream_import(in_files[0], out, keep_warmup, warmup_min_repeats, k, layers, experts)
+    if streamed is not None:
+        tt, st, n = streamed
+    else:
+        res = import_trace(list(in_files), fmt, key=key, prompt_tokens=prompt_tokens,
+                           include_prefill=include_prefill, keep_warmup=keep_warmup,
+                           warmup_min_repeats=warmup_min_repeats, k=k, n_layers=layers, max_batch=max_batch)
+        tt = type_records(res.records, k=k, n_layers=res.n_layers(layers), n_experts=experts,
+                          path=str(in_files[0]))
+        n = write_records(res.records, out)
+        st = res.stats
     wu = st["warmup"]
     summary = {
-        "input": str(in_file),
+        "input": str(in_files[0]) if len(in_files) == 1 else [str(x) for x in in_files],
         "output": str(out),
         "format": st["format"],
         "rows_read": st.get("rows_read", 0),
@@ -86,24 +108,36 @@ def import_(in_file, out, fmt, keep_warmup, warmup_min_repeats, k, layers, exper
         "warmup": wu,
         "records_written": n,
         "steps": tt.n_steps,
+        "requests": tt.n_requests,
         "layers": tt.n_layers,
         "experts": tt.n_experts,
         "k": tt.k,
         "accounting": tt.accounting,
-        "notes": st.get("notes", []),
+        "notes": st.get("notes", []) + tt.accounting.get("notes", []),
+        "warnings": tt.accounting.get("warnings", []),
     }
-    for extra in ("array", "array_shape", "passes_skipped", "source"):
+    for extra in ("array", "array_shape", "passes_skipped", "source", "meta", "requests_from", "segments",
+                  "max_batch", "forward_passes", "decode_passes"):
         if extra in st:
             summary[extra] = st[extra]
-    if wu["steps_dropped"]:
+    if wu["steps_dropped"] and wu.get("unit") == "forward passes":
+        click.echo(f"moetrace: {in_file}: dropped warm-up: {wu['steps_dropped']} leading forward passes "
+                   f"({wu['rows_dropped']} token rows); --keep-warmup keeps them", err=True)
+        for b in wu["blocks"]:
+            click.echo(f"moetrace:   passes {b['first_pass']}-{b['first_pass'] + b['passes'] - 1} (from line "
+                       f"{b['line']}): {b['reason']}", err=True)
+    elif wu["steps_dropped"]:
         click.echo(f"moetrace: {in_file}: dropped warm-up: {wu['steps_dropped']} leading steps of identical "
                    f"routes ({wu['rows_dropped']} {summary['rows_unit']}, {len(wu['blocks'])} block(s)); "
                    f"--keep-warmup keeps them", err=True)
     elif wu.get("candidates"):
         click.echo(f"moetrace: {in_file}: kept a leading block of identical routes "
-                   f"({sum(c for _, c in wu['candidates'])} steps) because of --keep-warmup", err=True)
+                   f"({sum(c['passes'] if isinstance(c, dict) else c[1] for c in wu['candidates'])} "
+                   f"{wu.get('unit', 'steps')}) because of --keep-warmup", err=True)
     for note in summary["notes"]:
         click.echo(f"moetrace: note: {note}", err=True)
+    for w in summary["warnings"]:
+        click.echo(f"moetrace: warning: {w}", err=True)
     if as_json:
         emit_json(summary)
         return
@@ -113,7 +147,35 @@ def import_(in_file, out, fmt, keep_warmup, warmup_min_repeats, k, layers, exper
         click.echo(f"  prefill excluded {summary['prefill_excluded']} {st.get('prefill_unit', 'rows')}")
     if summary["placeholder_layers_dropped"]:
         click.echo(f"  placeholder layers dropped {summary['placeholder_layers_dropped']} (renumbered from 0)")
-    click.echo(f"  warm-up dropped  {wu['steps_dropped']} steps ({wu['rows_dropped']} {summary['rows_unit']})")
+    click.echo(f"  warm-up dropped  {wu['steps_dropped']} {wu.get('unit', 'steps')} ({wu['rows_dropped']} "
+               f"{wu.get('rows_unit', summary['rows_unit'])})")
     click.echo(f"  written          {n} records: {tt.n_steps} steps x {tt.n_layers} layers, k={tt.k}, "
                f"{tt.n_experts} experts")
+    if tt.n_requests > 1 or "requests_from" in summary:
+        click.echo(f"  requests         {tt.n_requests} (from {summary.get('requests_from', 'the records')}"
+                   + (f"; {summary['segments']} batch segments" if summary.get("segments") else "") + ")")
     click.echo(f"  accepted tokens  {tt.accounting['accepted_tokens']}")
+
+
+def _stream_import(path, out, keep_warmup, min_repeats, k, layers, experts):
+    """A large canonical engine JSONL imported in bounded memory (validated chunk by
+    chunk, warm-up dropped, written atomically), or None for the in-memory path."""
+    from types import SimpleNamespace
+
+    from moetrace.inputs import stream as S
+    from moetrace.inputs.routelog import sniff
+
+    if not S.is_streamable(path) or sniff(path) != "engine":
+        return None
+    try:
+        ts, info, n = S.import_engine_jsonl(path, out, keep_warmup=keep_warmup, min_repeats=min_repeats, k=k,
+                                            n_layers=layers, n_experts=experts)
+    except S._Fallback:
+        return None
+    acc = ts.accounting()
+    tt = SimpleNamespace(n_steps=acc["steps"], n_requests=max(1, len(ts.requests)), n_layers=ts.n_layers,
+                         n_experts=ts.n_experts, k=ts.k, accounting=acc)
+    st = {"format": "jsonl", "source": "engine JSONL (streamed)", "rows_read": n + info["records_dropped"],
+          "rows_unit": "records", "prefill_excluded": acc.get("prefill_records_excluded", 0),
+          "prefill_unit": "records", "placeholder_layers_dropped": [], "warmup": info, "notes": []}
+    return tt, st, n

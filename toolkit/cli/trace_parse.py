@@ -39,10 +39,15 @@ def parse(trace_file, out, k, layers, experts, geometry_name, as_json):
         k = k or g.k
         layers = layers or g.n_layers
         experts = experts or g.n_experts
-    tt = parse_jsonl(trace_file, k=k, n_layers=layers, n_experts=experts)
-    if out:
-        tt.save(out)
-    acc = dict(tt.accounting, n_layers=tt.n_layers, n_experts=tt.n_experts, source=str(trace_file))
+    acc = _streamed(trace_file, out, k, layers, experts)
+    if acc is None:
+        tt = parse_jsonl(trace_file, k=k, n_layers=layers, n_experts=experts)
+        if out:
+            tt.save(out)
+        acc = dict(tt.accounting, n_layers=tt.n_layers, n_experts=tt.n_experts, source=str(trace_file))
+        n_layers, n_experts, kk = tt.n_layers, tt.n_experts, tt.k
+    else:
+        n_layers, n_experts, kk = acc["n_layers"], acc["n_experts"], acc["k"]
     if out:
         acc["typed_table"] = str(out)
     if as_json:
@@ -50,10 +55,31 @@ def parse(trace_file, out, k, layers, experts, geometry_name, as_json):
         return
     rk, sk = acc["records_by_kind"], acc["steps_by_kind"]
     click.echo(f"{trace_file}: {acc['steps']} steps, {acc['passes']} passes, {acc['records']} records "
-               f"({tt.n_layers} layers x {tt.n_experts} experts, k={tt.k})")
+               f"({n_layers} layers x {n_experts} experts, k={kk})")
     for kind in ("normal", "spec_accept", "spec_fallback"):
         click.echo(f"  {kind:<14} {sk[kind]:>8} steps {rk[kind]:>10} records")
     click.echo(f"  accepted tokens {acc['accepted_tokens']}  (prefill records excluded: "
                f"{acc['prefill_records_excluded']})")
     if out:
         click.echo(f"  typed table -> {out}")
+
+
+def _streamed(trace_file, out, k, layers, experts) -> dict | None:
+    """Type a large engine JSONL in bounded memory (moetrace.inputs.stream), writing the
+    typed Parquet chunk by chunk; None for the in-memory path (a small file, or
+    one the fast reader cannot take)."""
+    from moetrace.inputs import stream as S
+
+    if not S.is_streamable(trace_file):
+        return None
+    try:
+        ts = S.TypedStream(trace_file, k, layers, experts)
+        if out:
+            acc = S.save_typed(ts, out)
+        else:
+            for _ in ts.tables():
+                pass
+            acc = ts.accounting()
+    except S._Fallback:
+        return None
+    return dict(acc, n_layers=ts.n_layers, n_experts=ts.n_experts, source=str(trace_file))

@@ -27,7 +27,10 @@ def stats(traces, counts_path, top_n, preset_name, experts, per_layer, as_json):
 
     \b
     TRACES are engine JSONL or typed Parquet traces (statistics use accepted
-    tokens). Definitions: moetrace.analyses.locality. Examples:
+    tokens). With several requests, W_n windows stay within each request and
+    the figures pool the requests; "W_n stream" reads all requests as one
+    token stream. --json adds W_n per request. Definitions:
+    moetrace.analyses.locality. Examples:
       moetrace trace stats kimi.jsonl
       moetrace trace stats kimi_0.jsonl kimi_1.jsonl kimi_2.jsonl --json
       moetrace trace stats --counts olmoe_mixtral_expert_counts.json
@@ -62,28 +65,34 @@ def stats(traces, counts_path, top_n, preset_name, experts, per_layer, as_json):
         raise UsageError("give one or more TRACES, or --counts FILE")
 
     from moetrace.inputs.geometry import preset
-    from moetrace.inputs.trace import load_trace
+    from moetrace.inputs.trace import check_dense_pool, load_trace
 
     geo = preset(preset_name) if preset_name else None
     results, counts = [], {}
     for path in traces:
-        tt = load_trace(path, n_layers=geo.n_layers if geo else None,
-                        n_experts=experts or (geo.n_experts if geo else None))
-        L, E = tt.n_layers, experts or tt.n_experts
-        tok = tt.tokens()
+        n_layers = geo.n_layers if geo else None
+        n_experts = experts or (geo.n_experts if geo else None)
         name = _unique(os.path.basename(path), counts)
-        c = loc.selection_counts(tok, L, E)
-        counts[name] = c
-        summary = loc.compute_trace_summary(tok, L, E)
+        res = _streamed(path, n_layers, n_experts, loc, check_dense_pool)
+        if res is None:
+            tt = load_trace(path, n_layers=n_layers, n_experts=n_experts)
+            L, E = tt.n_layers, experts or tt.n_experts
+            check_dense_pool(L, E, str(path), "compute statistics", tt.accounting)
+            tok = tt.tokens()
+            stream = tt.stream_tokens()
+            c = loc.selection_counts(tok, L, E)
+            res = {"n_layers": L, "n_experts": E, "k": tt.k, "accounting": tt.accounting,
+                   "summary": loc.compute_trace_summary(tok, L, E, stream=stream),
+                   "per_layer": loc.compute_layer_locality(c), "reuse": loc.compute_reuse(tok, E, n_layers=L),
+                   "coverage": loc.compute_coverage_growth(stream, L, E),
+                   "per_request": loc.compute_request_reuse(tok, E, names=tt.requests), "counts": c}
+        for w in res["accounting"].get("warnings", []):
+            click.echo(f"moetrace: warning: {path}: {w}", err=True)
+        counts[name] = res.pop("counts")
+        summary = res["summary"]
         summary.insert(0, "trace", name)
-        results.append({
-            "trace": name, "path": path, "n_layers": L, "n_experts": E, "k": tt.k,
-            "accounting": tt.accounting,
-            "summary": _records(summary)[0],
-            "per_layer": loc.compute_layer_locality(c),
-            "reuse": loc.compute_reuse(tok, E, n_layers=L),
-            "coverage": loc.compute_coverage_growth(tok, L, E),
-        })
+        res.update(trace=name, path=path, summary=_records(summary)[0])
+        results.append(res)
     jac = None
     if len(counts) > 1:
         shapes = {v.shape for v in counts.values()}
@@ -96,7 +105,8 @@ def stats(traces, counts_path, top_n, preset_name, experts, per_layer, as_json):
                            "per_layer": _records(r["per_layer"]),
                            "reuse": _records(r["reuse"][r["reuse"]["layer"].isna()]),
                            "reuse_per_layer": _records(r["reuse"][r["reuse"]["layer"].notna()]),
-                           "coverage": _records(r["coverage"])} for r in results]}
+                           "coverage": _records(r["coverage"]),
+                           "per_request": _records(r["per_request"])} for r in results]}
         if jac is not None:
             out["jaccard"] = _records(jac)
             out["jaccard_range"] = [float(jac["jaccard"].min()), float(jac["jaccard"].max())]
@@ -104,12 +114,22 @@ def stats(traces, counts_path, top_n, preset_name, experts, per_layer, as_json):
         return
     for r in results:
         s = r["summary"]
+        nreq = s["requests"]
         click.echo(f"{r['trace']}: {r['n_layers']} layers x {r['n_experts']} experts, k={r['k']}, "
-                   f"{s['tokens']} accepted tokens, {s['selections']} selections")
+                   f"{s['tokens']} accepted tokens" + (f" of {nreq} requests" if nreq > 1 else " (one request)")
+                   + f", {s['selections']} selections")
         click.echo(f"  Zipf slope      {s['zipf_slope']:.3f} (layer-averaged curve; mean of per-layer fits "
                    f"{s['zipf_slope_layer_mean']:.3f})")
         click.echo("  reuse           " + "  ".join(
-            f"W{w} {_pct(s.get(f'W{w}'))}" for w in loc.REUSE_WINDOWS))
+            f"W{w} {_pct(s.get(f'W{w}'))}" for w in loc.REUSE_WINDOWS)
+            + ("  (windows within each request, pooled over requests)" if nreq > 1 else ""))
+        if nreq > 1:
+            click.echo("  reuse, stream   " + "  ".join(
+                f"W{w} {_pct(s.get(f'W{w}_stream'))}" for w in loc.REUSE_WINDOWS)
+                + "  (all requests read as one token stream: overstates reuse)")
+            pr = r["per_request"]
+            click.echo(f"  requests        {nreq}: {int(pr['tokens'].min())}-{int(pr['tokens'].max())} tokens; "
+                       + "  ".join(f"W{w} median {_pct(pr[f'W{w}'].median())}" for w in loc.REUSE_WINDOWS))
         click.echo(f"  top-8 share     mean {_pct(s['top8_share_mean'])}, min {_pct(s['top8_share_min'])}, "
                    f"max {_pct(s['top8_share_max'])}, first layer {_pct(s['top8_share_first'])}, "
                    f"last {_pct(s['top8_share_last'])}")
@@ -123,6 +143,26 @@ def stats(traces, counts_path, top_n, preset_name, experts, per_layer, as_json):
         n = int(jac["top_n"].iloc[0])
         click.echo(f"\ntop-{n} Jaccard (layer mean) {jac['jaccard'].min():.3f}-{jac['jaccard'].max():.3f}:")
         click.echo(jac.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+
+
+def _streamed(path, n_layers, n_experts, loc, check_dense_pool):
+    """Statistics of a large engine JSONL in bounded memory (moetrace.inputs.stream),
+    or None for the in-memory path (a small file, a typed Parquet, or a file the
+    fast reader cannot take)."""
+    from moetrace.inputs import stream as S
+
+    if not S.is_streamable(path):
+        return None
+    try:
+        ts = S.TypedStream(path, None, n_layers, n_experts)
+        check_dense_pool(ts.n_layers, ts.n_experts, str(path), "compute statistics", {"warnings": ts.warnings})
+        acc = loc.LocalityStream(ts.n_layers, ts.n_experts)
+        for t in ts.tables():
+            acc.add(t)
+    except S._Fallback:
+        return None
+    out = acc.results(ts.names)
+    return {"n_layers": ts.n_layers, "n_experts": ts.n_experts, "k": ts.k, "accounting": ts.accounting(), **out}
 
 
 def _pct(x) -> str:

@@ -16,8 +16,10 @@ Formats, and where each was pinned down (public sources; no code copied):
     an expert column (``expert``, ``expert_id``, ``expert_idx``,
     ``expert_index``, ``selected_expert``); optional ``rank`` (or ``slot``,
     ``topk_idx``, ``k_idx``: order within the record), ``weight`` (or
-    ``prob``, ``score``: ignored) and ``pass`` (0/1: a fallback pass of a
-    failed speculation). Names are case-insensitive. Instead of one expert per
+    ``prob``, ``score``: without a rank column, the record's experts are put in
+    descending weight order, which is rank order) and ``pass`` (0/1: a
+    fallback pass of a failed speculation). Without either, file order is
+    taken as rank order. Names are case-insensitive. Instead of one expert per
     row, a list column ``experts`` / ``topk_ids`` / ``expert_ids`` (Parquet
     list, or a CSV cell ``"5 17 3"`` / ``"[5, 17, 3]"``) holds a record per
     row. Rows are grouped by (step, pass, layer) after a stable sort, so
@@ -123,21 +125,23 @@ import pickle
 import re
 import zipfile
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
 from moetrace.errors import InputError, UsageError
 from moetrace.inputs.trace import Record
 
-FORMATS = ("llamacpp", "vllm", "sglang", "csv", "parquet")
+FORMATS = ("jsonl", "llamacpp", "vllm", "sglang", "csv", "parquet")
 DEFAULT_WARMUP_MIN_REPEATS = 16
+_MAX_ID = 2**62  # larger numbers are out of range for every id column (checked before the int64 cast)
 
 STEP_NAMES = ("step", "token", "pos", "tok", "token_idx", "token_index", "iteration")
 LAYER_NAMES = ("layer", "il", "layer_id", "layer_idx", "blk")
 EXPERT_NAMES = ("expert", "expert_id", "expert_idx", "expert_index", "selected_expert")
 EXPERTS_LIST_NAMES = ("experts", "topk_ids", "expert_ids")
 RANK_NAMES = ("rank", "slot", "topk_idx", "k_idx")
+WEIGHT_NAMES = ("weight", "prob", "score", "topk_weight")
 PASS_NAMES = ("pass",)
 
 
@@ -163,11 +167,21 @@ class ImportResult:
 # --------------------------------------------------------------------------- detection
 
 
+def _read_head(path: str, n: int) -> bytes:
+    """The first n bytes of a file (InputError naming it when it cannot be read)."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(n)
+    except OSError as e:
+        raise InputError(f"cannot open trace: {e.strerror}", path=path) from None
+
+
 def detect_format(path: str | os.PathLike) -> str:
     """Guess the format from the extension and the first bytes.
 
     .npy/.npz -> vllm; .pt/.pth -> sglang; .parquet or PAR1 magic -> parquet;
-    .json -> vllm or sglang by its keys; text with ``ffn_moe_topk-`` header
+    JSON Lines whose first line is an engine log line (meta / route) or a
+    canonical record -> jsonl; .json -> vllm or sglang by its keys; text with ``ffn_moe_topk-`` header
     lines -> llamacpp; other text -> csv.
     """
     spath = str(path)
@@ -186,8 +200,18 @@ def detect_format(path: str | os.PathLike) -> str:
     if head.startswith(b"PK\x03\x04"):
         # a zip: .npz or a torch.save archive
         return "sglang" if b"data.pkl" in head else "vllm"
-    if ext == ".json" or head.lstrip()[:1] in (b"{", b"["):
-        obj = _load_json(spath)
+    from moetrace.inputs.trace import UTF8_BOM
+
+    text_head = head[len(UTF8_BOM):] if head.startswith(UTF8_BOM) else head
+    if text_head.lstrip()[:1] == b"{":
+        from moetrace.inputs.routelog import sniff
+
+        if sniff(spath) is not None or ext in (".jsonl", ".ndjson"):
+            return "jsonl"  # (a damaged first line: the JSON Lines readers name it)
+    if ext == ".json" or text_head.lstrip()[:1] in (b"{", b"["):
+        obj = _load_json(spath, want_extra=True)
+        if obj is _JSONL:
+            return "jsonl"
         return "sglang" if _find_sglang_json(obj) is not None else "vllm"
     if b"ffn_moe_topk-" in head:
         return "llamacpp"
@@ -216,12 +240,27 @@ def _read_csv_frame(path: str):
     import pandas as pd
 
     try:
-        with open(path, "r", encoding="utf-8", newline="") as fh:
-            text = fh.read()
+        with open(path, "rb") as fh:
+            data = fh.read()
     except OSError as e:
         raise InputError(f"cannot open trace: {e.strerror}", path=path) from None
-    except UnicodeDecodeError:
-        raise InputError("not a text file (expected CSV with a header)", path=path) from None
+    from moetrace.inputs.trace import UTF8_BOM, utf16_error
+
+    err = utf16_error(data, path)
+    if err is not None:
+        raise err
+    bom = len(UTF8_BOM) if data.startswith(UTF8_BOM) else 0
+    try:
+        text = data[bom:].decode("utf-8")
+    except UnicodeDecodeError as e:
+        e.start += bom
+        line = data.count(b"\n", 0, e.start) + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise InputError(f"not UTF-8 text: byte 0x{data[e.start]:02x} at column {col}", path=path, line=line,
+                         offset=e.start, hint="save the CSV as UTF-8") from None
+    if "\0" in text:
+        i = text.index("\0")
+        raise InputError("a NUL byte in the text (not a CSV file?)", path=path, line=text.count("\n", 0, i) + 1)
     kept: list[str] = []
     lines: list[int] = []
     for lineno, raw in enumerate(text.splitlines(), 1):
@@ -237,11 +276,23 @@ def _read_csv_frame(path: str):
         df = pd.read_csv(io.StringIO("\n".join(kept)), sep=sep, dtype=str, keep_default_na=False,
                          skipinitialspace=True, engine="python" if sep == r"\s+" else "c")
     except Exception as e:  # pandas raises several parser error types
-        raise InputError(f"cannot parse CSV: {e}", path=path) from None
+        # pandas counts the lines it was given (comments and blank lines dropped): name the file's line
+        msg = str(e).split(". Error could possibly")[0]
+        # ("line N" counts from 1, "row N" from 0, both over the lines pandas was given)
+        m = re.search(r"\b(line|row) (\d+)", msg)
+        at = (int(m.group(2)) - (m.group(1) == "line")) if m else 0
+        line = lines[at] if 0 <= at < len(lines) else lines[0]
+        msg = re.sub(r"\s*(in|at) (line|row) \d+|\s*line \d+,?", "", msg).replace("Error tokenizing data. C error: ",
+                                                                                    "")
+        raise InputError(f"cannot parse CSV: {msg}", path=path, line=line) from None
     if len(df) != len(kept) - 1:
         raise InputError(f"CSV parser read {len(df)} rows from {len(kept) - 1} lines (quoted newlines?)",
                          path=path)
     df.columns = [str(c).strip().lower() for c in df.columns]
+    dup = sorted({c for c in df.columns if list(df.columns).count(c) > 1})
+    if dup:
+        raise InputError(f"the header names the column {dup[0]!r} twice (names are case-insensitive)", path=path,
+                         line=lines[0])
     return df, np.asarray(lines[1:], dtype=np.int64), lines[0]
 
 
@@ -261,6 +312,12 @@ def _int_column(values, name: str, path: str, lines: np.ndarray | None, header_l
             num = pd.to_numeric(pd.Series(arr, dtype=object).astype(str).str.strip(), errors="coerce").to_numpy(
                 np.float64)
         bad = ~np.isfinite(num) | (num != np.round(num))
+        with np.errstate(invalid="ignore"):
+            huge = ~bad & (np.abs(num) > _MAX_ID)
+        if huge.any():
+            i = int(np.argmax(huge))
+            raise InputError(f"column {name!r}: {str(arr[i]).strip()} is out of range (at most {_MAX_ID})",
+                             path=path, **_loc(i, lines))
         out = np.where(bad, 0, num).astype(np.int64)
     if bad.any():
         i = int(np.argmax(bad))
@@ -317,10 +374,14 @@ def read_table(path: str | os.PathLike, parquet: bool | None = None, n_layers: i
 
         try:
             tbl = pq.read_table(spath)
+            df = tbl.to_pandas()
         except Exception as e:  # pyarrow raises several types for damaged files
             raise InputError(f"cannot read Parquet: {e}", path=spath) from None
-        df = tbl.to_pandas()
         df.columns = [str(c).strip().lower() for c in df.columns]
+        dup = sorted({c for c in df.columns if list(df.columns).count(c) > 1})
+        if dup:
+            raise InputError(f"the table names the column {dup[0]!r} twice (names are case-insensitive)",
+                             path=spath)
         lines = None
         header_line = None
     else:
@@ -360,8 +421,8 @@ def read_table(path: str | os.PathLike, parquet: bool | None = None, n_layers: i
             if isinstance(v, str):
                 experts_rows.append(_parse_list_cell(v, c_list, spath, ln, i))
             else:
-                experts_rows.append(_parse_list_cell(" ".join(str(x) for x in np.asarray(v).tolist()), c_list,
-                                                     spath, ln, i))
+                items = np.asarray(v, dtype=object).reshape(-1).tolist() if v is not None else []
+                experts_rows.append(_parse_list_cell(" ".join(str(x) for x in items), c_list, spath, ln, i))
         if c_layer is None:
             raise InputError(f"a list column {c_list!r} needs a layer column (" + "|".join(LAYER_NAMES) + ")",
                              path=spath, line=header_line)
@@ -373,7 +434,18 @@ def read_table(path: str | os.PathLike, parquet: bool | None = None, n_layers: i
         return
 
     expert = _int_column(df[c_expert].to_numpy(), c_expert, spath, lines, header_line)
-    rank = _int_column(df[c_rank].to_numpy(), c_rank, spath, lines, header_line) if c_rank else np.arange(n)
+    c_weight = _pick(cols, WEIGHT_NAMES)
+    if c_rank:
+        rank = _int_column(df[c_rank].to_numpy(), c_rank, spath, lines, header_line)
+    elif c_weight:
+        # rank order = descending router weight (ties in file order)
+        import pandas as pd
+
+        w = pd.to_numeric(pd.Series(df[c_weight].to_numpy(), dtype=object).astype(str).str.strip(),
+                          errors="coerce").to_numpy(np.float64)
+        rank = np.where(np.isfinite(w), -w, 0.0)
+    else:
+        rank = np.arange(n)
     if c_layer is None:
         if not n_layers or not k:
             raise InputError("no layer column (" + "|".join(LAYER_NAMES) + ")", path=spath, line=header_line,
@@ -396,7 +468,8 @@ def read_table(path: str | os.PathLike, parquet: bool | None = None, n_layers: i
             for lay in range(n_layers):
                 sel = idx[lay * w:(lay + 1) * w]
                 yield Record(int(s_sorted[a]), lay, [int(x) for x in expert[sel]],
-                             int(lines[sel[0]]) if lines is not None else None, None), int(w)
+                             int(lines[sel[0]]) if lines is not None else None, None,
+                             lines=[int(x) for x in lines[sel]] if lines is not None else None), int(w)
         return
     layer = _int_column(df[c_layer].to_numpy(), c_layer, spath, lines, header_line)
     order = np.lexsort((np.arange(n), rank, layer, ps, step))
@@ -407,8 +480,10 @@ def read_table(path: str | os.PathLike, parquet: bool | None = None, n_layers: i
     ex_sorted = expert[order]
     for a, b in zip(starts, ends):
         i = int(order[a])
-        first_line = int(lines[order[a:b]].min()) if lines is not None else None
-        yield Record(int(step[i]), int(layer[i]), ex_sorted[a:b].tolist(), first_line, None), int(b - a)
+        row_lines = lines[order[a:b]] if lines is not None else None
+        first_line = int(row_lines.min()) if row_lines is not None else None
+        yield Record(int(step[i]), int(layer[i]), ex_sorted[a:b].tolist(), first_line, None,
+                     lines=row_lines.tolist() if row_lines is not None else None), int(b - a)
 
 
 # --------------------------------------------------------------------------- llama.cpp raw log
@@ -420,8 +495,7 @@ _NUM = re.compile(r"[-+]?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?")
 
 def is_llamacpp_log(path: str | os.PathLike) -> bool:
     """True when the file looks like llama-eval-callback output (ffn_moe_topk tensor headers)."""
-    with open(str(path), "rb") as fh:
-        head = fh.read(1 << 20)
+    head = _read_head(str(path), 1 << 20)
     return any(_LLAMA_HEAD.search(ln.decode("utf-8", "replace")) for ln in head.splitlines()
                if b"ffn_moe_topk-" in ln)
 
@@ -494,6 +568,8 @@ def read_llamacpp_log(path: str | os.PathLike, include_prefill: bool = False,
 
 def _as_int(v: str, path: str, line: int) -> int:
     f = float(v)
+    if not np.isfinite(f) or abs(f) > _MAX_ID:
+        raise InputError(f"{v} is out of range for an expert id", path=path, line=line)
     if f != int(f):
         raise InputError(f"{v} is not an integer expert id", path=path, line=line)
     if f < 0:
@@ -504,15 +580,37 @@ def _as_int(v: str, path: str, line: int) -> int:
 # --------------------------------------------------------------------------- arrays (vLLM, SGLang)
 
 
-def _load_json(path: str):
+def _load_json(path: str, want_extra: bool = False):
+    """A JSON document (InputError with the line of what is wrong). want_extra: return the
+    sentinel _JSONL instead of failing when a complete document is followed by more (JSON Lines)."""
+    from moetrace.inputs.trace import UTF8_BOM, utf16_error
+
     try:
-        with open(path, "r", encoding="utf-8") as fh:
-            return json.load(fh)
+        with open(path, "rb") as fh:
+            data = fh.read()
     except OSError as e:
         raise InputError(f"cannot open trace: {e.strerror}", path=path) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"not valid JSON ({getattr(e, 'msg', e)})", path=path,
-                         line=getattr(e, "lineno", None)) from None
+    err = utf16_error(data, path)
+    if err is not None:
+        raise err
+    bom = len(UTF8_BOM) if data.startswith(UTF8_BOM) else 0
+    try:
+        text = data[bom:].decode("utf-8")
+    except UnicodeDecodeError as e:
+        at = e.start + bom
+        raise InputError(f"not UTF-8 text (byte 0x{data[at]:02x})", path=path, line=data.count(b"\n", 0, at) + 1,
+                         offset=at) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        if want_extra and e.msg == "Extra data":
+            return _JSONL
+        raise InputError(f"not valid JSON ({e.msg} at column {e.colno})", path=path, line=e.lineno) from None
+    except RecursionError:
+        raise InputError("not valid JSON (nested too deeply)", path=path) from None
+
+
+_JSONL = object()  # _load_json(want_extra=True): the file is JSON Lines, not one document
 
 
 def _find_sglang_json(obj) -> dict | None:
@@ -535,8 +633,8 @@ def _decode_b64_array(s, path: str, where: str) -> np.ndarray | bytes:
     if raw.startswith(b"\x93NUMPY"):
         try:
             return np.load(io.BytesIO(raw), allow_pickle=False)
-        except ValueError as e:
-            raise InputError(f"{where}: bad .npy payload ({e})", path=path) from None
+        except Exception as e:  # noqa: BLE001 - numpy parses the header with ast: many error types
+            raise InputError(f"{where}: bad .npy payload ({type(e).__name__}: {e})", path=path) from None
     return raw
 
 
@@ -545,8 +643,7 @@ def load_vllm_array(path: str | os.PathLike, key: str | None = None) -> tuple[np
     spath = str(path)
     if detect_format(spath) != "vllm" and not spath.endswith((".npy", ".npz", ".json")):
         raise InputError("not a .npy/.npz/.json routed-experts file", path=spath)
-    with open(spath, "rb") as fh:
-        head = fh.read(8)
+    head = _read_head(spath, 8)
     if head.lstrip()[:1] in (b"{", b"["):
         obj = _load_json(spath)
         if isinstance(obj, list):
@@ -554,7 +651,8 @@ def load_vllm_array(path: str | os.PathLike, key: str | None = None) -> tuple[np
                 raise InputError(f"a list of {len(obj)} responses; import one response at a time", path=spath)
             obj = obj[0]
         choices = obj.get("choices") if isinstance(obj, dict) else None
-        if not choices or not isinstance(choices, list) or "routed_experts" not in choices[0]:
+        if (not choices or not isinstance(choices, list) or not isinstance(choices[0], dict)
+                or "routed_experts" not in choices[0]):
             raise InputError("no choices[0].routed_experts in the JSON", path=spath,
                              hint="start vLLM with --enable-return-routed-experts")
         if len(choices) > 1:
@@ -563,37 +661,62 @@ def load_vllm_array(path: str | os.PathLike, key: str | None = None) -> tuple[np
         if isinstance(arr, bytes):
             raise InputError("choices[0].routed_experts is not a base64 .npy payload", path=spath)
         usage = obj.get("usage") or {}
-        prompt = usage.get("prompt_tokens")
-        return arr, (int(prompt) if isinstance(prompt, int) else None), "choices[0].routed_experts"
+        if not isinstance(usage, dict):
+            raise InputError(f"usage is a {type(usage).__name__}, expected an object", path=spath)
+        prompt = _prompt_count(usage.get("prompt_tokens"), spath, "usage.prompt_tokens")
+        return arr, prompt, "choices[0].routed_experts"
     try:
         loaded = np.load(spath, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as e:
+    except Exception as e:  # noqa: BLE001 - numpy and zipfile raise many types for a damaged file
         raise InputError(f"cannot read numpy file ({e})", path=spath,
                          hint="object arrays are refused; save the routed experts as an int array") from None
     if isinstance(loaded, np.ndarray):
         return loaded, None, "array"
+    # an .npz: a zip whose members are read (and may be damaged) one by one
     with loaded:
-        keys = list(loaded.files)
-        if key is not None:
-            if key not in keys:
-                raise UsageError(f"{spath}: no array {key!r} in the .npz (it has {keys})")
-            chosen = key
-        else:
-            cands = [k_ for k_ in keys if loaded[k_].ndim in (2, 3) and loaded[k_].dtype.kind in "iu"]
-            named = [k_ for k_ in cands if any(s in k_.lower() for s in ("routed_experts", "topk", "expert"))]
-            pick = named or cands
-            if len(pick) != 1:
-                raise InputError(f"cannot tell which array holds the routed experts (arrays: {keys})",
-                                 path=spath, hint="pass --key NAME")
-            chosen = pick[0]
-        arr = loaded[chosen]
-        prompt = None
-        for pk in ("num_prompt_tokens", "prompt_tokens", "prompt_len"):
-            if pk in keys and loaded[pk].ndim == 0:
-                prompt = int(loaded[pk])
-        if prompt is None and "prompt_token_ids" in keys:
-            prompt = int(loaded["prompt_token_ids"].size)
+        try:
+            return _npz_routes(loaded, spath, key)
+        except (InputError, UsageError):
+            raise
+        except Exception as e:  # zipfile, zlib and numpy raise many types for a damaged member
+            raise InputError(f"cannot read the .npz ({type(e).__name__}: {e})", path=spath) from None
+
+
+def _npz_routes(loaded, spath: str, key: str | None) -> tuple[np.ndarray, int | None, str]:
+    keys = list(loaded.files)
+    if key is not None:
+        if key not in keys:
+            raise UsageError(f"{spath}: no array {key!r} in the .npz (it has {keys})")
+        chosen = key
+    else:
+        arrays = {k_: loaded[k_] for k_ in keys}
+        cands = [k_ for k_, a in arrays.items() if a.ndim in (2, 3) and a.dtype.kind in "iu"]
+        named = [k_ for k_ in cands if any(s in k_.lower() for s in ("routed_experts", "topk", "expert"))]
+        pick = named or cands
+        if len(pick) != 1:
+            raise InputError(f"cannot tell which array holds the routed experts (arrays: {keys})",
+                             path=spath, hint="pass --key NAME")
+        chosen = pick[0]
+    arr = loaded[chosen]
+    prompt = None
+    for pk in ("num_prompt_tokens", "prompt_tokens", "prompt_len"):
+        if pk in keys and loaded[pk].ndim == 0:
+            v = loaded[pk]
+            prompt = _prompt_count(v.item() if v.dtype.kind in "iub" else v.tolist(), spath, pk)
+    if prompt is None and "prompt_token_ids" in keys:
+        prompt = int(loaded["prompt_token_ids"].size)
     return arr, prompt, chosen
+
+
+def _prompt_count(v, path: str, where: str) -> int | None:
+    """A prompt length read from a file: None when absent, else a non-negative integer (InputError)."""
+    if v is None:
+        return None
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= int(v) <= _MAX_ID:
+        raise InputError(f"{where} is {str(v)[:40]}, not a token count", path=path)
+    return int(v)
 
 
 def records_from_array(arr: np.ndarray, path: str, where: str, *, n_layers: int | None = None,
@@ -611,9 +734,18 @@ def records_from_array(arr: np.ndarray, path: str, where: str, *, n_layers: int 
         if not np.all(np.isfinite(arr)) or not np.all(arr == np.round(arr)):
             bad = np.argwhere(~np.isfinite(arr) | (arr != np.round(arr)))[0]
             raise InputError(f"{where}{list(map(int, bad))} = {arr[tuple(bad)]} is not an integer", path=path)
+        if arr.size and np.abs(arr).max() > _MAX_ID:
+            bad = np.argwhere(np.abs(arr) > _MAX_ID)[0]
+            raise InputError(f"{where}{list(map(int, bad))} = {arr[tuple(bad)]} is out of range", path=path)
         arr = arr.astype(np.int64)
     elif arr.dtype.kind not in "iu":
         raise InputError(f"{where} has dtype {arr.dtype}, expected integer expert ids", path=path)
+    if arr.dtype.kind == "u" and arr.size and arr.max() > _MAX_ID:
+        bad = np.argwhere(arr > _MAX_ID)[0]
+        raise InputError(f"{where}{list(map(int, bad))} = {arr[tuple(bad)]} is out of range", path=path)
+    arr = arr.astype(np.int64, copy=False)  # (native byte order; -1 placeholders fit)
+    if prompt_tokens is not None and prompt_tokens < 0:
+        raise UsageError(f"--prompt-tokens must be >= 0, got {prompt_tokens}")
     reshaped = arr.ndim < 3
     if arr.ndim == 1:
         if not n_layers or not k:
@@ -629,6 +761,8 @@ def records_from_array(arr: np.ndarray, path: str, where: str, *, n_layers: int 
                              hint="pass --layers N if the rows are (token, layer) pairs in token-major order")
         if arr.shape[0] % n_layers:
             raise InputError(f"{where} has {arr.shape[0]} rows, not divisible into {n_layers} layers", path=path)
+        if arr.shape[1] == 0:
+            raise InputError(f"{where} has shape {arr.shape}: no experts per token", path=path)
         arr = arr.reshape(-1, n_layers, arr.shape[1])
     elif arr.ndim != 3:
         raise InputError(f"{where} has rank {arr.ndim} {arr.shape}; expected 3 (tokens, layers, k)", path=path)
@@ -717,16 +851,43 @@ class _StorageType:
         self.dtype = np.dtype(_STORAGE_DTYPES[name])
 
 
+_MAX_EXPANDED = 1 << 24  # elements a stride-0 (expanded) tensor may have beyond its storage
+
+
 def _rebuild_tensor(storage, storage_offset, size, stride, *rest):
+    """A tensor as a numpy array copied out of its storage. Offset, size and stride come from
+    the file: they are checked to stay inside the storage before any view is made (a damaged
+    file must not read memory the storage does not own)."""
+    if not isinstance(storage, np.ndarray) or storage.ndim != 1:
+        raise ValueError(f"a tensor's storage is a {type(storage).__name__}")
     arr = storage
+    off = int(storage_offset)
     size = tuple(int(s) for s in size)
     stride = tuple(int(s) for s in stride) if stride is not None else None
+    if off < 0 or any(s < 0 for s in size):
+        raise ValueError(f"tensor offset {off} / size {list(size)} is negative")
+    n = 1
+    for s_ in size:
+        n *= s_
     if not size:
-        return arr[storage_offset].copy()
+        if off >= arr.size:
+            raise ValueError(f"scalar at offset {off} past its storage of {arr.size}")
+        return arr[off].copy()
     if stride is None:
-        return arr[storage_offset:storage_offset + int(np.prod(size))].reshape(size).copy()
-    view = np.lib.stride_tricks.as_strided(arr[storage_offset:], shape=size,
-                                           strides=tuple(s * arr.itemsize for s in stride))
+        if off + n > arr.size:
+            raise ValueError(f"tensor of {n} elements at offset {off} past its storage of {arr.size}")
+        return arr[off:off + n].reshape(size).copy()
+    if len(stride) != len(size) or any(s_ < 0 for s_ in stride):
+        raise ValueError(f"tensor stride {list(stride)} does not fit size {list(size)}")
+    if n == 0:
+        return np.empty(size, arr.dtype)
+    last = off + sum((sz - 1) * st for sz, st in zip(size, stride))
+    if last >= arr.size:
+        raise ValueError(f"tensor (offset {off}, size {list(size)}, stride {list(stride)}) reaches past its "
+                         f"storage of {arr.size}")
+    if n > max(arr.size, _MAX_EXPANDED):
+        raise ValueError(f"tensor of {n} elements expands a storage of {arr.size}")
+    view = np.lib.stride_tricks.as_strided(arr[off:], shape=size, strides=tuple(s_ * arr.itemsize for s_ in stride))
     return np.array(view)
 
 
@@ -780,27 +941,50 @@ def load_torch_file(path: str | os.PathLike):
     spath = str(path)
     try:
         zf = zipfile.ZipFile(spath)
-    except (OSError, zipfile.BadZipFile) as e:
-        raise InputError(f"not a torch.save zip archive ({e})", path=spath,
+    except Exception as e:  # noqa: BLE001 - zipfile raises many types for a damaged archive
+        raise InputError(f"not a torch.save zip archive ({type(e).__name__}: {e})", path=spath,
                          hint="files from torch < 1.6 (legacy format) are not supported") from None
     with zf:
-        pkls = [n for n in zf.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
-        if not pkls:
-            raise InputError("no data.pkl in the archive: not a torch.save file", path=spath)
-        prefix = pkls[0][: -len("/data.pkl")] if "/" in pkls[0] else ""
-        bo = [n for n in zf.namelist() if n.endswith("byteorder")]
-        if bo and zf.read(bo[0]).strip() not in (b"little", b""):
-            raise InputError("big-endian torch file", path=spath)
-        with zf.open(pkls[0]) as fh:
-            try:
-                return _TorchZipUnpickler(io.BytesIO(fh.read()), zf, prefix, spath).load()
-            except InputError:
-                raise
-            except Exception as e:  # a damaged pickle raises many types
-                raise InputError(f"cannot unpickle data.pkl ({type(e).__name__}: {e})", path=spath) from None
+        try:
+            return _load_torch_zip(zf, spath)
+        except InputError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a damaged archive or pickle raises many types
+            raise InputError(f"damaged torch.save archive ({type(e).__name__}: {e})", path=spath) from None
+
+
+def _load_torch_zip(zf: zipfile.ZipFile, spath: str):
+    pkls = [n for n in zf.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
+    if not pkls:
+        raise InputError("no data.pkl in the archive: not a torch.save file", path=spath)
+    prefix = pkls[0][: -len("/data.pkl")] if "/" in pkls[0] else ""
+    bo = [n for n in zf.namelist() if n.endswith("byteorder")]
+    if bo and zf.read(bo[0]).strip() not in (b"little", b""):
+        raise InputError("big-endian torch file", path=spath)
+    with zf.open(pkls[0]) as fh:
+        data = fh.read()
+    try:
+        return _TorchZipUnpickler(io.BytesIO(data), zf, prefix, spath).load()
+    except InputError:
+        raise
+    except Exception as e:  # a damaged pickle raises many types
+        raise InputError(f"cannot unpickle data.pkl ({type(e).__name__}: {e})", path=spath) from None
 
 
 _SGLANG_DECODE, _SGLANG_EXTEND, _SGLANG_MIXED, _SGLANG_IDLE = 2, 1, 3, 4
+
+
+def _int_array(v, where: str, path: str) -> np.ndarray:
+    """A tensor (or nested list) of a dump as an int64 array of ids (InputError for anything else)."""
+    try:
+        arr = np.asarray(v)
+    except (ValueError, TypeError) as e:
+        raise InputError(f"{where} is not an array ({e})", path=path) from None
+    if arr.dtype.kind not in "iu":
+        raise InputError(f"{where} holds {arr.dtype} values, expected integer expert ids", path=path)
+    if arr.dtype.kind == "u" and arr.size and arr.max() > _MAX_ID:
+        raise InputError(f"{where} holds {arr.max()}, out of range", path=path)
+    return arr.astype(np.int64, copy=False)
 
 
 def _counts_error(path: str, what: str) -> InputError:
@@ -816,8 +1000,7 @@ def read_sglang(path: str | os.PathLike, include_prefill: bool = False, n_layers
                 stats: dict | None = None) -> Iterator[tuple[Record, int]]:
     """SGLang expert-distribution per_token dump (.pt) or return_routed_experts response (.json)."""
     spath = str(path)
-    with open(spath, "rb") as fh:
-        head = fh.read(8)
+    head = _read_head(spath, 8)
     if head.lstrip()[:1] in (b"{", b"["):
         mi = _find_sglang_json(_load_json(spath))
         if mi is None:
@@ -829,46 +1012,60 @@ def read_sglang(path: str | os.PathLike, include_prefill: bool = False, n_layers
             if len(arr) % 4:
                 raise InputError(f"meta_info.routed_experts holds {len(arr)} bytes, not int32s", path=spath)
             arr = np.frombuffer(arr, dtype="<i4")
-        pt = prompt_tokens if prompt_tokens is not None else mi.get("prompt_tokens")
+        pt = prompt_tokens if prompt_tokens is not None else _prompt_count(mi.get("prompt_tokens"), spath,
+                                                                            "meta_info.prompt_tokens")
         yield from records_from_array(arr, spath, "meta_info.routed_experts", n_layers=n_layers, k=k,
-                                      prompt_tokens=pt if isinstance(pt, int) else None,
+                                      prompt_tokens=pt,
                                       include_prefill=include_prefill, placeholder=-1, stats=stats)
         return
     obj = load_torch_file(spath)
     if not isinstance(obj, dict):
         raise InputError(f"unexpected SGLang dump: a {type(obj).__name__}, expected a dict", path=spath)
     if "logical_count" in obj and "records" not in obj:
-        lc = np.asarray(obj["logical_count"])
-        raise _counts_error(spath, f"'stat' per-layer expert counts (logical_count, shape {list(lc.shape)})")
+        shape = getattr(obj["logical_count"], "shape", None)
+        raise _counts_error(spath, "'stat' per-layer expert counts (logical_count"
+                            + (f", shape {list(shape)})" if shape is not None else ")"))
     recs = obj.get("records")
     if not isinstance(recs, list):
         raise InputError(f"unexpected SGLang dump: keys {sorted(map(str, obj))}", path=spath,
                          hint="expected an expert_distribution_recorder_*.pt from /dump_expert_distribution_record")
+    for ri, r in enumerate(recs):
+        if not isinstance(r, dict):
+            raise InputError(f"records[{ri}] is a {type(r).__name__}, expected a dict", path=spath)
     if recs and all("topk_ids_of_layer" not in r for r in recs):
         raise _counts_error(spath, "'per_pass' counts (global_physical_count per forward pass)")
     p2l = obj.get("last_physical_to_logical_map")
-    p2l = np.asarray(p2l) if p2l is not None else None
+    p2l = _int_array(p2l, "last_physical_to_logical_map", spath) if p2l is not None else None
+    if p2l is not None and p2l.ndim != 2:
+        raise InputError(f"last_physical_to_logical_map has rank {p2l.ndim}; expected (layers, physical experts)",
+                         path=spath)
     steps: list[np.ndarray] = []  # each (layers, k') logical ids, -1 padded
     prefill = 0
     skipped: dict[str, int] = collections.Counter()
     for ri, r in enumerate(recs):
-        ids = np.asarray(r.get("topk_ids_of_layer"))
+        where = f"records[{ri}].topk_ids_of_layer"
+        ids = _int_array(r.get("topk_ids_of_layer"), where, spath)
         if ids.ndim != 3:
-            raise InputError(f"records[{ri}].topk_ids_of_layer has rank {ids.ndim}; expected (layers, tokens, k)",
-                             path=spath)
-        mode = int(r.get("forward_mode", _SGLANG_DECODE))
+            raise InputError(f"{where} has rank {ids.ndim}; expected (layers, tokens, k)", path=spath)
+        mode = r.get("forward_mode", _SGLANG_DECODE)
+        if isinstance(mode, bool) or not isinstance(mode, int):
+            raise InputError(f"records[{ri}].forward_mode is {str(mode)[:40]}, expected an integer (SGLang's "
+                             "ForwardMode)", path=spath)
         ntok = ids.shape[1]
         if mode == _SGLANG_IDLE or ntok == 0:
             skipped["idle"] += 1
             continue
+        if steps and ids.shape[::2] != steps[0].shape:
+            raise InputError(f"{where} has {ids.shape[0]} layers x k={ids.shape[2]}, an earlier record "
+                             f"{steps[0].shape[0]} x k={steps[0].shape[1]}", path=spath)
         if p2l is not None:
-            if p2l.ndim != 2 or p2l.shape[0] != ids.shape[0]:
+            if p2l.shape[0] != ids.shape[0]:
                 raise InputError(f"last_physical_to_logical_map has shape {list(p2l.shape)}, records have "
                                  f"{ids.shape[0]} layers", path=spath)
             bad = (ids >= p2l.shape[1]) | (ids < -1)
             if bad.any():
                 lay, t, j = np.argwhere(bad)[0]
-                raise InputError(f"physical expert {ids[lay, t, j]} at records[{ri}].topk_ids_of_layer"
+                raise InputError(f"physical expert {ids[lay, t, j]} at {where}"
                                  f"[{lay}, {t}, {j}] is outside the map ({p2l.shape[1]} physical experts)",
                                  path=spath)
             lay_idx = np.arange(ids.shape[0])[:, None, None]
@@ -975,11 +1172,13 @@ def drop_warmup(records: list[Record], rows: list[int], min_repeats: int = DEFAU
 # --------------------------------------------------------------------------- entry point
 
 
-def import_trace(path: str | os.PathLike, fmt: str = "auto", *, key: str | None = None,
-                 prompt_tokens: int | None = None, include_prefill: bool = False, keep_warmup: bool = False,
-                 warmup_min_repeats: int = DEFAULT_WARMUP_MIN_REPEATS, k: int | None = None,
-                 n_layers: int | None = None) -> ImportResult:
-    """Read ``path`` in format ``fmt`` (or detect it) and drop the leading warm-up block.
+def import_trace(path: "str | os.PathLike | Sequence[str | os.PathLike]", fmt: str = "auto", *,
+                 key: str | None = None, prompt_tokens: int | None = None, include_prefill: bool = False,
+                 keep_warmup: bool = False, warmup_min_repeats: int = DEFAULT_WARMUP_MIN_REPEATS,
+                 k: int | None = None, n_layers: int | None = None, max_batch: int | None = None
+                 ) -> ImportResult:
+    """Read ``path`` (several paths: per-layer JSON Lines logs) in format ``fmt``
+    (or detect it) and drop the leading warm-up block.
 
     Returns an :class:`ImportResult`; type its records with
     ``type_records(result.records, k=..., n_layers=result.n_layers(n_layers), n_experts=...)``
@@ -987,14 +1186,70 @@ def import_trace(path: str | os.PathLike, fmt: str = "auto", *, key: str | None 
     Raises InputError (file plus line, row or array index) for bad input and
     UsageError for an unknown format or contradicting options.
     """
-    spath = str(path)
-    if not os.path.exists(spath):
-        raise InputError("no such file", path=spath)
+    paths = [str(path)] if isinstance(path, (str, os.PathLike)) else [str(p) for p in path]
+    if not paths:
+        raise UsageError("no trace to import")
+    for name, v, lo in (("k", k, 1), ("layers", n_layers, 1), ("prompt-tokens", prompt_tokens, 0),
+                        ("max-batch", max_batch, 1)):
+        if v is not None and v < lo:
+            raise UsageError(f"--{name} must be at least {lo}, got {v}")
+    for p in paths:
+        if not os.path.exists(p):
+            raise InputError("no such file", path=p)
+        if os.path.isdir(p):
+            raise InputError("is a directory, not a trace", path=p)
+    spath = paths[0]
+    detected = None
+    if fmt == "auto" or fmt in ("vllm", "sglang", "jsonl"):
+        detected = detect_format(spath)
+    stats: dict = {"format": fmt, "rows_read": 0, "prefill_excluded": 0, "placeholder_layers_dropped": []}
+    if fmt in ("vllm", "sglang") and detected == "jsonl":
+        stats.setdefault("notes", []).append(f"{spath} is a JSON Lines engine log, read as --format jsonl")
+        fmt = "jsonl"
     if fmt == "auto":
-        fmt = detect_format(spath)
+        fmt = detected
     if fmt not in FORMATS:
         raise UsageError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)} or auto")
-    stats: dict = {"format": fmt, "rows_read": 0, "prefill_excluded": 0, "placeholder_layers_dropped": []}
+    stats["format"] = fmt
+    if len(paths) > 1 and fmt != "jsonl":
+        raise UsageError(f"several input files are read only as JSON Lines engine logs (one per layer); "
+                         f"{spath} is {fmt}")
+    if max_batch is not None and fmt != "jsonl":
+        raise UsageError("--max-batch applies to JSON Lines engine logs only")
+    if fmt == "jsonl":
+        from moetrace.inputs.routelog import read_route_log, sniff
+
+        kinds = {p: sniff(p) for p in paths}
+        if all(v == "engine" for v in kinds.values()) and len(paths) == 1:
+            from moetrace.inputs.trace import read_jsonl
+
+            st: dict = {}
+            records = list(read_jsonl(spath, st))
+            stats.update(rows_read=len(records), rows_unit="records", source="engine JSONL",
+                         prefill_excluded=st.get("prefill_records", 0), prefill_unit="records")
+            records, rows, info = (records, [1] * len(records), {"steps_dropped": 0, "rows_dropped": 0,
+                                                                  "records_dropped": 0, "blocks": []})
+            if not keep_warmup:
+                records, rows, info = drop_warmup(records, rows, warmup_min_repeats, path=spath)
+            stats["warmup"] = info
+            stats.setdefault("notes", [])
+            return ImportResult(records, rows, stats)
+        not_logs = [p for p, v in kinds.items() if v != "routelog"]
+        if not_logs and not (len(paths) == 1 and kinds[spath] is None):
+            raise InputError("not an engine routing log (its first line is no meta or route line)",
+                             path=not_logs[0], hint="give every per-layer file of one run")
+        if include_prefill:
+            raise UsageError("--include-prefill does not apply to engine logs: a forward pass runs one token "
+                             "per request, and prompt rows are not tokens of a step")
+        stats["source"] = "engine routing log" + (f" ({len(paths)} files)" if len(paths) > 1 else "")
+        stats["rows_unit"] = "route lines"
+        records, rows = [], []
+        for rec, nr in read_route_log(paths, min_repeats=warmup_min_repeats, keep_warmup=keep_warmup,
+                                      max_batch=max_batch, stats=stats):
+            records.append(rec)
+            rows.append(nr)
+        stats.setdefault("notes", [])
+        return ImportResult(records, rows, stats)
     if fmt == "vllm":
         it = read_vllm(spath, key=key, prompt_tokens=prompt_tokens, include_prefill=include_prefill,
                        n_layers=n_layers, k=k, stats=stats)
@@ -1008,9 +1263,8 @@ def import_trace(path: str | os.PathLike, fmt: str = "auto", *, key: str | None 
         stats["rows_unit"] = "ffn_moe_topk token rows"
         it = read_llamacpp_log(spath, include_prefill=include_prefill, stats=stats)
     else:
-        if fmt == "parquet" or fmt == "csv" or fmt == "llamacpp":
-            it = read_table(spath, parquet=(fmt == "parquet") if fmt != "llamacpp" else False,
-                            n_layers=n_layers, k=k, stats=stats)
+        it = read_table(spath, parquet=(fmt == "parquet") if fmt != "llamacpp" else False,
+                        n_layers=n_layers, k=k, stats=stats)
         stats["rows_unit"] = "rows"
     records: list[Record] = []
     rows: list[int] = []

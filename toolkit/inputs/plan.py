@@ -1,4 +1,4 @@
-"""plan.bin: the compiled replay stream (format version 1.0).
+"""plan.bin: the compiled replay stream (format version 1.1).
 
 A plan is what the replay harness reads: the pool geometry, then every engine
 iteration as a list of passes, each pass the per-layer expert sets to read, plus
@@ -16,9 +16,11 @@ Header (offset 0)::
 
       0  8s   magic            b"MOETPLAN"
       8  u16  version_major    1; a reader rejects any other major version
-     10  u16  version_minor    0; minor bumps only use reserved bytes
+     10  u16  version_minor    1; minor bumps only use reserved bytes and flag bits
      12  u32  header_size      160 (the header CRC sits at header_size - 4)
-     16  u32  flags            bit 0: pass blocks carry hint sections
+     16  u32  flags            bit 0: pass blocks carry hint sections;
+                               bit 1 (1.1): experts within a layer are in rank
+                               order as routed, not ascending
      20  u32  n_layers
      24  u32  n_experts        experts per layer
      28  u32  k                experts per token
@@ -62,6 +64,7 @@ Pass block (4-byte aligned, starting at the index entry's offset)::
      20       counts[n_layers]       id dtype: experts read at each layer
               experts[n_reads]       id dtype: expert index within its layer,
                                      layer-major, ascending within a layer
+                                     (rank order when header flag bit 1)
               (hint section, when flag bit 0)
               hint_counts[n_layers]  id dtype
               hints[n_hints]         id dtype, layer-major, ascending
@@ -102,10 +105,11 @@ if TYPE_CHECKING:  # pandas is heavy: moetrace.inputs.trace is imported only whe
 
 MAGIC = b"MOETPLAN"
 VERSION_MAJOR = 1
-VERSION_MINOR = 0
+VERSION_MINOR = 1
 PLAN_SCHEMA = "moetrace.plan/1"
 HEADER_SIZE = 160
 FLAG_HINTS = 1
+FLAG_RANK_ORDER = 2
 HINT_SOURCES = ("none", "oracle", "predictor")
 PASS_TAG = 0x53534150  # b"PASS" little-endian
 
@@ -156,6 +160,11 @@ class PlanHeader:
     @property
     def has_hints(self) -> bool:
         return bool(self.flags & FLAG_HINTS)
+
+    @property
+    def order(self) -> str:
+        """The order of the experts within a layer: "rank" (as routed) or "sorted"."""
+        return "rank" if self.flags & FLAG_RANK_ORDER else "sorted"
 
     @property
     def geometry(self) -> Geometry:
@@ -246,137 +255,16 @@ def write_plan(
         raise UsageError(f"accesses have geometry {accesses.n_layers}x{accesses.n_experts}, "
                          f"the plan {L}x{E}")
     n_it = int(accesses.n_iterations)
-    skey, ex = _slot_keys(accesses, L, E, n_it, "accesses", canonical=True)
-    n = ex.size
-    id_bytes = 2 if E <= 0xFFFF else 4
-    idt = np.dtype("<u2" if id_bytes == 2 else "<u4")
-
-    # passes: runs of equal (iteration, pass); slots: runs of equal (iteration, pass, layer)
-    passkey = skey // L
-    lay = skey - passkey * L
-    new = np.ones(n, bool)
-    new[1:] = passkey[1:] != passkey[:-1]
-    starts = np.flatnonzero(new)
-    P = starts.size
-    pass_keys = passkey[starts]
-    pass_it = pass_keys // 2
-    pass_p = pass_keys % 2
-    pass_start = np.append(starts, n)
-    pidx = np.cumsum(new) - 1
-    del new
-    counts = np.bincount(pidx * L + lay, minlength=P * L).reshape(P, L) if n else np.zeros((0, L), np.int64)
-    del pidx, lay
-    ids = ex.astype(idt)
-
-    has_hints = hints is not None
-    hint_stats: dict = {}
-    if has_hints:
-        hint_source = hint_source or "predictor"
-        new_slot = np.ones(n, bool)
-        new_slot[1:] = skey[1:] != skey[:-1]
-        h_ids, h_counts, h_start, hint_stats = _issuer_hints(hints, skey[new_slot], pass_keys, P, L, E, n_it,
-                                                             known=(accesses, skey, ex))
-        del new_slot
-        h_ids = h_ids.astype(idt)
-    else:
-        hint_source = "none"
-    src_code = _hint_source_code(hint_source)
-
     if steps is None:
         steps = np.arange(n_it, dtype=np.int64)
     steps = np.asarray(steps, np.int64)
     if steps.size < n_it:
         raise UsageError(f"{steps.size} step numbers for {n_it} iterations")
-
-    meta = dict(meta or {})
-    meta.setdefault("schema", PLAN_SCHEMA)
-    meta.setdefault("toolkit_version", __version__)
-    meta.setdefault("geometry_name", geometry.name)
-    if has_hints:
-        meta["hints"] = {"source": hint_source, **meta.get("hints", {}), **hint_stats}
-    meta_bytes = json.dumps(meta, sort_keys=True, default=json_default).encode()
-    meta_offset = HEADER_SIZE
-    index_offset = _align(meta_offset + len(meta_bytes), 8)
-    blocks_offset = index_offset + INDEX_DTYPE.itemsize * n_it
-
-    index = np.zeros(n_it, INDEX_DTYPE)
-    index["step"] = steps[:n_it]
-    # passes of iteration i: pass rows [it_first[i], it_first[i+1])
-    it_first = np.searchsorted(pass_it, np.arange(n_it + 1))
-    index["n_passes"] = np.diff(it_first)
-    index["n_reads"] = np.diff(pass_start[it_first])
-
-    spath = os.fspath(path)
-    tmp = f"{spath}.tmp-{os.getpid()}"
-    n_hints_total = 0
-    try:
-        try:
-            fh = open(tmp, "wb")
-        except OSError as e:
-            raise InputError(f"cannot write the plan: {e.strerror}", path=spath) from None
-        with fh:
-            fh.write(b"\0" * blocks_offset)  # header, meta and index are filled in at the end
-            pos = blocks_offset
-            buf = bytearray()
-            cur_it = -1
-            for j in range(P):
-                i = int(pass_it[j])
-                if i != cur_it:
-                    cur_it = i
-                    index["offset"][i] = pos
-                s, e = pass_start[j], pass_start[j + 1]
-                parts = [counts[j].astype(idt).tobytes(), ids[s:e].tobytes()]
-                nh = 0
-                if has_hints:
-                    hs, he = h_start[j], h_start[j + 1]
-                    nh = int(he - hs)
-                    parts += [h_counts[j].astype(idt).tobytes(), h_ids[hs:he].tobytes()]
-                body_len = sum(len(x) for x in parts)
-                pad = _align(_PASS_HEAD.size + body_len, 4) - (_PASS_HEAD.size + body_len)
-                blk = b"".join([_PASS_HEAD.pack(PASS_TAG, i, int(pass_p[j]), FLAG_HINTS if has_hints else 0,
-                                                0, int(e - s), nh), *parts, b"\0" * pad])
-                buf += blk
-                buf += struct.pack("<I", zlib.crc32(blk))
-                pos += len(blk) + 4
-                n_hints_total += nh
-                if len(buf) >= _WRITE_FLUSH:
-                    fh.write(buf)
-                    buf.clear()
-            fh.write(buf)
-            # iterations without passes get an empty span where they fall
-            ends = np.zeros(n_it, np.int64)
-            offs = index["offset"].astype(np.int64)
-            npas = index["n_passes"].astype(np.int64)
-            nxt = pos
-            for i in range(n_it - 1, -1, -1):  # fill offsets of empty iterations, compute lengths
-                if npas[i] == 0:
-                    offs[i] = nxt
-                ends[i] = nxt
-                nxt = offs[i]
-            index["offset"] = offs
-            index["length"] = ends - offs
-            file_size = pos
-            index_bytes = index.tobytes()
-            flags = FLAG_HINTS if has_hints else 0
-            acc = -1 if accepted_tokens is None else int(accepted_tokens)
-            head = _HEADER.pack(MAGIC, VERSION_MAJOR, VERSION_MINOR, HEADER_SIZE, flags, L, E, geometry.k,
-                                geometry.expert_bytes, id_bytes, n_it, P, n, n_hints_total, acc,
-                                meta_offset, len(meta_bytes), index_offset, blocks_offset, file_size,
-                                zlib.crc32(meta_bytes), zlib.crc32(index_bytes), n_inputs, src_code)
-            fh.seek(0)
-            fh.write(head + struct.pack("<I", zlib.crc32(head)))
-            fh.write(meta_bytes)
-            fh.seek(index_offset)
-            fh.write(index_bytes)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, spath)
-    except OSError as e:
-        raise InputError(f"cannot write the plan: {e.strerror}", path=spath) from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return read_header(spath)
+    order = getattr(accesses, "order", "sorted")
+    src = (hint_source or "predictor") if hints is not None else "none"
+    with PlanWriter(path, geometry, order, hint_source=src) as w:
+        w.add(accesses, steps, hints=hints)
+        return w.close(accepted_tokens=accepted_tokens, n_inputs=n_inputs, meta=meta)
 
 
 def _sorted_unique(a: np.ndarray) -> np.ndarray:
@@ -387,11 +275,12 @@ def _sorted_unique(a: np.ndarray) -> np.ndarray:
     return a[np.r_[True, a[1:] != a[:-1]]]
 
 
-def _slot_keys(acc: "Accesses", L: int, E: int, n_it: int, what: str, canonical: bool
+def _slot_keys(acc: "Accesses", L: int, E: int, n_it: int, what: str, canonical: bool, rank: bool = False
                ) -> tuple[np.ndarray, np.ndarray]:
     """Validate an access stream; return its slot keys ((iteration * 2 + pass) * L + layer,
-    int64) and experts. canonical=True requires canonical order; otherwise the
-    stream is sorted and deduplicated."""
+    int64) and experts. canonical=True requires canonical order (with rank=True:
+    slots ascending, each expert once per slot, in any order within the slot);
+    otherwise the stream is sorted and deduplicated."""
     it, ps, lay, ex = acc.iteration, acc.pass_, acc.layer, acc.expert
     n = ex.size
     if not (it.size == ps.size == lay.size == n):
@@ -409,6 +298,12 @@ def _slot_keys(acc: "Accesses", L: int, E: int, n_it: int, what: str, canonical:
     skey += lay
     full = skey * E
     full += ex
+    if rank and canonical:
+        if n > 1 and not (bool(np.all(skey[1:] >= skey[:-1]))
+                          and bool(np.all(np.diff(np.sort(full)) > 0))):
+            raise UsageError(f"{what} are not in rank order (sorted by iteration, pass, layer; each expert once "
+                             "per layer)")
+        return skey, np.asarray(ex)
     if n > 1 and not bool(np.all(full[1:] > full[:-1])):
         if canonical:
             raise UsageError(f"{what} are not in canonical order (sorted by iteration, pass, layer, expert, "
@@ -457,19 +352,263 @@ def _issuer_hints(hints: "Accesses", slots: np.ndarray, pass_keys: np.ndarray, P
     return h_ids, h_counts, h_start, stats
 
 
+class PlanWriter:
+    """Writes a plan from access chunks in bounded memory (write_plan is one add).
+
+    ``add(acc, steps)`` takes the next iterations' accesses (the Accesses
+    layout, iterations numbered globally from 0 and contiguous across calls,
+    in canonical order for ``order``) and their engine step numbers; pass
+    blocks go to a temporary file as they come. ``close(...)`` writes the
+    header, meta and index in front of the blocks and renames the result into
+    place; ``abort()`` (or leaving a ``with`` block on an error) removes
+    everything. Only the iteration index (32 bytes per iteration) is held.
+    Hints (a writer made with a hint_source) need the whole stream in one add:
+    a slot's issuer may sit in the previous chunk.
+    """
+
+    def __init__(self, path: str | os.PathLike, geometry: Geometry, order: str = "sorted",
+                 hint_source: str = "none"):
+        self.hint_source = hint_source
+        self.has_hints = hint_source != "none"
+        self.hint_code = _hint_source_code(hint_source)
+        self.hint_stats: dict = {}
+        self.n_hints = 0
+        self.path = os.fspath(path)
+        self.geometry = geometry
+        self.order = order
+        self.L, self.E = geometry.n_layers, geometry.n_experts
+        self.id_bytes = 2 if self.E <= 0xFFFF else 4
+        self.idt = np.dtype("<u2" if self.id_bytes == 2 else "<u4")
+        self.tmp_blocks = f"{self.path}.tmp-{os.getpid()}.blocks"
+        self.tmp = f"{self.path}.tmp-{os.getpid()}"
+        try:
+            self.fh = open(self.tmp_blocks, "wb")
+        except OSError as e:
+            raise InputError(f"cannot write the plan: {e.strerror}", path=self.path) from None
+        self.index_parts: list[np.ndarray] = []
+        self.n_it = 0
+        self.n_passes = 0
+        self.n_reads = 0
+        self.pos = 0  # bytes of blocks written
+
+    def __enter__(self) -> "PlanWriter":
+        return self
+
+    def __exit__(self, et, ev, tb) -> None:
+        if et is not None:
+            self.abort()
+
+    def add(self, acc: "Accesses", steps: np.ndarray, hints: "Accesses | None" = None) -> None:
+        """Append iterations; hints (target-keyed, see write_plan) only in a writer made with a
+        hint_source, and only for a single add (an issuer may sit in the previous chunk)."""
+        L, E = self.L, self.E
+        first = self.n_it
+        n_it = int(acc.n_iterations) - first if acc.n_iterations > first else 0
+        it = acc.iteration.astype(np.int64) - first
+        sub = type(acc)(it, acc.pass_, acc.layer, acc.expert, L, E, n_it, acc.order)
+        skey, ex = _slot_keys(sub, L, E, n_it, "accesses", canonical=True, rank=self.order == "rank")
+        n = ex.size
+        passkey = skey // L
+        lay = skey - passkey * L
+        new = np.ones(n, bool)
+        if n:
+            new[1:] = passkey[1:] != passkey[:-1]
+        starts = np.flatnonzero(new)
+        P = starts.size
+        pass_keys = passkey[starts]
+        pass_it = pass_keys // 2
+        pass_p = pass_keys % 2
+        pass_start = np.append(starts, n)
+        pidx = np.cumsum(new) - 1
+        counts = np.bincount(pidx * L + lay, minlength=P * L).reshape(P, L) if n else np.zeros((0, L), np.int64)
+        del pidx, lay
+        ids = ex.astype(self.idt)
+        if self.has_hints:
+            if self.n_it or hints is None:
+                raise UsageError("a plan with hints is written in one add() with its hints")
+            new_slot = np.ones(n, bool)
+            new_slot[1:] = skey[1:] != skey[:-1]
+            h_ids, h_counts, h_start, self.hint_stats = _issuer_hints(hints, skey[new_slot], pass_keys, P, L, E,
+                                                                      n_it, known=(acc, skey, ex))
+            h_ids = h_ids.astype(self.idt)
+        index = np.zeros(n_it, INDEX_DTYPE)
+        index["step"] = np.asarray(steps, np.int64)[:n_it]
+        it_first = np.searchsorted(pass_it, np.arange(n_it + 1))
+        index["n_passes"] = np.diff(it_first)
+        index["n_reads"] = np.diff(pass_start[it_first])
+        offs = np.full(n_it, -1, np.int64)
+        buf = bytearray()
+        for j in range(P):
+            i = int(pass_it[j])
+            if offs[i] < 0:
+                offs[i] = self.pos
+            a, b = pass_start[j], pass_start[j + 1]
+            parts = [counts[j].astype(self.idt).tobytes(), ids[a:b].tobytes()]
+            nh = 0
+            if self.has_hints:
+                hs, he = h_start[j], h_start[j + 1]
+                nh = int(he - hs)
+                parts += [h_counts[j].astype(self.idt).tobytes(), h_ids[hs:he].tobytes()]
+                self.n_hints += nh
+            body_len = sum(len(x) for x in parts)
+            pad = _align(_PASS_HEAD.size + body_len, 4) - (_PASS_HEAD.size + body_len)
+            blk = b"".join([_PASS_HEAD.pack(PASS_TAG, first + i, int(pass_p[j]), FLAG_HINTS if self.has_hints else 0,
+                                            0, int(b - a), nh), *parts, b"\0" * pad])
+            buf += blk
+            buf += struct.pack("<I", zlib.crc32(blk))
+            self.pos += len(blk) + 4
+            if len(buf) >= _WRITE_FLUSH:
+                self.fh.write(buf)
+                buf.clear()
+        self.fh.write(buf)
+        # iterations without passes get an empty span where they fall
+        nxt = self.pos
+        ends = np.zeros(n_it, np.int64)
+        for i in range(n_it - 1, -1, -1):
+            if offs[i] < 0:
+                offs[i] = nxt
+            ends[i] = nxt
+            nxt = offs[i]
+        index["offset"] = offs  # relative to the blocks; shifted in close()
+        index["length"] = ends - offs
+        self.index_parts.append(index)
+        self.n_it += n_it
+        self.n_passes += P
+        self.n_reads += n
+
+    def close(self, accepted_tokens: int | None = None, n_inputs: int = 0, meta: dict | None = None
+              ) -> PlanHeader:
+        try:
+            self.fh.close()
+            meta = dict(meta or {})
+            meta.setdefault("schema", PLAN_SCHEMA)
+            meta.setdefault("toolkit_version", __version__)
+            meta.setdefault("geometry_name", self.geometry.name)
+            if self.has_hints:
+                meta["hints"] = {"source": self.hint_source, **meta.get("hints", {}), **self.hint_stats}
+            meta_bytes = json.dumps(meta, sort_keys=True, default=json_default).encode()
+            meta_offset = HEADER_SIZE
+            index_offset = _align(meta_offset + len(meta_bytes), 8)
+            blocks_offset = index_offset + INDEX_DTYPE.itemsize * self.n_it
+            index = np.concatenate(self.index_parts) if self.index_parts else np.zeros(0, INDEX_DTYPE)
+            index["offset"] = index["offset"] + np.uint64(blocks_offset)
+            index_bytes = index.tobytes()
+            file_size = blocks_offset + self.pos
+            flags = (FLAG_RANK_ORDER if self.order == "rank" else 0) | (FLAG_HINTS if self.has_hints else 0)
+            acc = -1 if accepted_tokens is None else int(accepted_tokens)
+            g = self.geometry
+            head = _HEADER.pack(MAGIC, VERSION_MAJOR, VERSION_MINOR, HEADER_SIZE, flags, self.L, self.E, g.k,
+                                g.expert_bytes, self.id_bytes, self.n_it, self.n_passes, self.n_reads, self.n_hints,
+                                acc, meta_offset, len(meta_bytes), index_offset, blocks_offset, file_size,
+                                zlib.crc32(meta_bytes), zlib.crc32(index_bytes), n_inputs, self.hint_code)
+            with open(self.tmp, "wb") as out:
+                out.write(head + struct.pack("<I", zlib.crc32(head)))
+                out.write(meta_bytes)
+                out.write(b"\0" * (index_offset - meta_offset - len(meta_bytes)))
+                out.write(index_bytes)
+                with open(self.tmp_blocks, "rb") as blocks:
+                    while True:
+                        chunk = blocks.read(_SPAN_BYTES)
+                        if not chunk:
+                            break
+                        out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(self.tmp, self.path)
+        except OSError as e:
+            self.abort()
+            raise InputError(f"cannot write the plan: {e.strerror}", path=self.path) from None
+        except BaseException:
+            self.abort()
+            raise
+        self.abort()  # removes the blocks file
+        return read_header(self.path)
+
+    def abort(self) -> None:
+        try:
+            self.fh.close()
+        except OSError:
+            pass
+        for f in (self.tmp_blocks, self.tmp):
+            if os.path.exists(f):
+                os.unlink(f)
+
+
 # ---------------------------------------------------------------------------
 # compiling traces
 
 
+def h_none(hints, hints_from) -> bool:
+    return hints in (None, "none") and hints_from is None
+
+
+def _is_streamable(src) -> bool:
+    """A path to an engine JSONL trace large enough for the streaming compiler
+    (moetrace.inputs.stream.is_streamable: MOETRACE_STREAM_BYTES, default 8 MiB)."""
+    from moetrace.inputs.stream import is_streamable
+
+    return is_streamable(os.fspath(src))
+
+
+def _compile_stream(path: str, out, L, E, K, base, expert_bytes: int, order: str, request: str | None,
+                    block_bytes: int | None = None) -> PlanHeader | None:
+    """Compile one engine JSONL in bounded memory (moetrace.inputs.stream); None when
+    the fast reader cannot take the file (the caller then uses the reference path,
+    which reports the exact error)."""
+    from moetrace.inputs import stream as S
+    from moetrace.inputs.trace import accesses_from_table
+
+    try:
+        ts = S.TypedStream(path, K, L, E, block_bytes)
+        L, E, K = ts.n_layers, ts.n_experts, ts.k
+        if K > E:
+            return None  # an inconsistent k: the reference parser says which record disagrees
+        custom = base is None or (L, E, K) != (base.n_layers, base.n_experts, base.k)
+        geo = Geometry(L, E, K, int(expert_bytes), "custom" if custom else base.name)
+        with PlanWriter(out, geo, order) as w:
+            for t in ts.tables():
+                if request is not None:
+                    code = ts.requests.get(str(request))
+                    t = t[t["request"].to_numpy() == code] if code is not None else t.iloc[:0]
+                if len(t) == 0:
+                    continue
+                acc = accesses_from_table(t, L, E, order=order)
+                steps = np.unique(t["step"].to_numpy(np.int64))
+                acc.iteration = acc.iteration + np.int32(w.n_it)
+                acc.n_iterations += w.n_it
+                w.add(acc, steps)
+            n_req = len(ts.requests)
+            accounting = ts.accounting()
+            accepted = accounting["accepted_tokens"]
+            if request is not None:
+                code = ts.requests.get(str(request))
+                if code is None:
+                    names = list(ts.requests)
+                    few = ", ".join(names[:8]) + (" ..." if len(names) > 8 else "")
+                    raise UsageError(f"no request {str(request)!r} in {path} ({len(names)} requests: {few})")
+                accepted = int(ts.typer.next_token[code])
+                accounting = dict(accounting, requests=1, request=str(request), steps=w.n_it,
+                                  accepted_tokens=accepted)
+            meta = {"sources": [{"path": path, "iterations": w.n_it, "accounting": accounting}],
+                    "merged_iterations": w.n_it, "order": order, "requests": [n_req if request is None else 1]}
+            if request is not None:
+                meta["request"] = str(request)
+            return w.close(accepted_tokens=accepted, n_inputs=1, meta=meta)
+    except S._Fallback:
+        return None
+
+
 def _window_accepted(tt: "TypedTrace", n_it: int) -> int:
-    """Accepted tokens of the first n_it iterations of a typed trace."""
-    steps = tt.table["step"].to_numpy()
+    """Accepted tokens (of every request) in the first n_it iterations of a typed trace."""
     if n_it >= tt.n_steps and "accepted_tokens" in tt.accounting:
         return int(tt.accounting["accepted_tokens"])
-    codes = tt.table["kind"].cat.codes.to_numpy()
-    _, first = np.unique(steps, return_index=True)
-    weight = np.array([1, 2, 1])  # normal, spec_accept, spec_fallback
-    return int(weight[codes[first[:n_it]]].sum())
+    steps = tt.table["step"].to_numpy()
+    u = np.unique(steps)
+    m = tt.table["accepted"].to_numpy(bool)
+    if n_it < u.size:
+        m = m & (steps < u[n_it])
+    key = tt.table["request"].to_numpy(np.int64)[m] * (1 << 32) + tt.table["token"].to_numpy(np.int64)[m]
+    return int(np.unique(key).size)
 
 
 def _check_typed(tt: "TypedTrace", path: str, n_layers: int | None, n_experts: int | None,
@@ -562,10 +701,16 @@ def compile_plan(
     expert_bytes: int | None = None,
     hints: str | None = None,
     hints_from: str | os.PathLike | None = None,
+    request: str | None = None,
+    order: str = "rank",
 ) -> PlanHeader:
     """Compile typed traces (engine .jsonl, typed .parquet, or TypedTrace objects) into plan.bin.
 
-    Several inputs are merged iteration by iteration and truncated to the
+    One iteration = one forward pass (step); per layer it reads the batch union
+    of the experts its requests selected, each once. request names one request
+    to compile alone (its forward passes only). order: "rank" keeps each
+    slot's experts as routed (best rank over the batch first), "sorted" makes
+    them ascending. Several inputs are merged iteration by iteration and truncated to the
     shortest (moetrace.inputs.trace.merge_accesses). Geometry: explicit n_layers /
     n_experts / k / expert_bytes win, then the preset named by geometry, then
     the trace (expert_bytes then defaults to 0 = unknown). hints="oracle" stores
@@ -601,6 +746,12 @@ def compile_plan(
     if expert_bytes < 0:
         raise UsageError("--expert-bytes must be >= 0")
 
+    if (len(inputs) == 1 and not isinstance(inputs[0], TypedTrace) and h_none(hints, hints_from)
+            and _is_streamable(inputs[0])):
+        h = _compile_stream(os.fspath(inputs[0]), out, L, E, K, base, int(expert_bytes), order, request)
+        if h is not None:
+            return h
+
     traces: list[TypedTrace] = []
     names: list[str] = []
     for src in inputs:
@@ -609,6 +760,8 @@ def compile_plan(
         else:
             name = os.fspath(src)
             tt = load_trace(name, k=K, n_layers=L, n_experts=E)
+        if request is not None:
+            tt = tt.select_request(request)
         _check_typed(tt, name, L, E, K)
         traces.append(tt)
         names.append(name)
@@ -622,7 +775,7 @@ def compile_plan(
     custom = base is None or (L, E, K) != (base.n_layers, base.n_experts, base.k)
     geo = Geometry(L, E, K, int(expert_bytes), "custom" if custom else base.name)
 
-    streams = [accesses_from_table(tt.table, L, E) for tt in traces]
+    streams = [accesses_from_table(tt.table, L, E, order=order) for tt in traces]
     acc = merge_accesses(streams)
     n_it = acc.n_iterations
     accepted = sum(_window_accepted(tt, n_it) for tt in traces)
@@ -631,7 +784,11 @@ def compile_plan(
         "sources": [{"path": nm, "iterations": s.n_iterations, "accounting": tt.accounting}
                     for nm, s, tt in zip(names, streams, traces)],
         "merged_iterations": n_it,
+        "order": order,
+        "requests": [tt.n_requests for tt in traces],
     }
+    if request is not None:
+        meta["request"] = str(request)
     h = None
     src = None
     if hints == "oracle":
@@ -646,6 +803,11 @@ def compile_plan(
 
 # ---------------------------------------------------------------------------
 # reading
+
+
+#: layer ids are int16 and global expert ids int32 wherever a plan is read into (Accesses, FlatPlan)
+_MAX_LAYERS = 2**15 - 1
+_MAX_EXPERT_IDS = 2**31 - 1
 
 
 def _read_exact(fh, offset: int, n: int) -> bytes:
@@ -665,6 +827,9 @@ def _parse_header(buf: bytes, path: str, actual_size: int) -> PlanHeader:
         raise PlanFormatError(f"unknown plan format version {major}.{minor} at offset 8 "
                               f"(this moetrace {__version__} reads {VERSION_MAJOR}.x)", path=path, offset=8,
                               hint="use the moetrace that wrote the plan, or recompile it with this one")
+    if len(buf) < 16:
+        raise PlanFormatError(f"truncated header: the file ends at offset {len(buf)}, a plan header "
+                              f"needs {HEADER_SIZE} bytes", path=path, offset=len(buf))
     (header_size,) = struct.unpack_from("<I", buf, 12)
     if header_size < HEADER_SIZE or header_size > 1 << 20:
         raise PlanFormatError(f"bad header_size {header_size} at offset 12", path=path, offset=12)
@@ -696,6 +861,16 @@ def _parse_header(buf: bytes, path: str, actual_size: int) -> PlanHeader:
         raise bad(f"blocks_offset {blocks_offset}", 104)
     if file_size < blocks_offset:
         raise bad(f"file_size {file_size} < blocks_offset {blocks_offset}", 112)
+    if L > _MAX_LAYERS or L * E > _MAX_EXPERT_IDS:
+        raise bad(f"geometry {L}x{E} is beyond what a reader keeps (at most {_MAX_LAYERS} layers and "
+                  f"{_MAX_EXPERT_IDS} expert ids)", 20)
+    # every pass block holds its head, CRC and per-layer counts, every read and hint an id: a header
+    # whose totals cannot fit in the file is damaged (and would make readers allocate for them)
+    per_pass = _PASS_HEAD.size + 4 + (2 * L if flags & FLAG_HINTS else L) * id_bytes
+    need = P * per_pass + (n_reads + n_hints) * id_bytes
+    if blocks_offset + need > file_size:
+        raise bad(f"{P} passes of {L} layers, {n_reads} reads and {n_hints} hints need at least {need} bytes "
+                  f"of pass blocks, file_size {file_size} leaves {file_size - blocks_offset}", 48)
     if src >= len(HINT_SOURCES):
         raise bad(f"hint_source {src}", 132)
     return PlanHeader(L, E, k, expert_bytes, id_bytes, n_it, P, n_reads, n_hints, None if acc < 0 else acc,
@@ -748,6 +923,9 @@ class PlanReader:
             h.meta = json.loads(meta)
         except (ValueError, UnicodeDecodeError):
             raise PlanFormatError("meta section is not JSON", path=path, offset=h.meta_offset) from None
+        if not isinstance(h.meta, dict):
+            raise PlanFormatError(f"meta section at offset {h.meta_offset} is not a JSON object "
+                                  f"(a {type(h.meta).__name__})", path=path, offset=h.meta_offset)
         # verify the index CRC and its chaining, chunk by chunk
         crc = 0
         expect = h.blocks_offset
@@ -826,10 +1004,13 @@ class PlanReader:
         hinted = h.has_hints
         pos = 0
         mv = memoryview(buf)
+        E = h.n_experts
         for r, e in enumerate(entries):
             i = first_it + r
             end = pos + int(e["length"])
             step = int(e["step"])
+            it_reads = 0
+            last_p = -1
             for _ in range(int(e["n_passes"])):
                 off = base_off + pos
                 if pos + _PASS_HEAD.size + 4 > end:
@@ -866,8 +1047,21 @@ class PlanReader:
                 if int(counts.sum(dtype=np.int64)) != nr or (hinted and int(hc.sum(dtype=np.int64)) != nh):
                     raise PlanFormatError(f"pass block at offset {off}: per-layer counts do not add up to n_reads",
                                           path=self.path, offset=off)
+                # checksums only prove the bytes are as written: the values must fit the geometry too
+                if p > 1 or p <= last_p:
+                    raise PlanFormatError(f"pass block at offset {off}: pass {p} of iteration {i} "
+                                          f"(passes are 0, then 1 for a fallback)", path=self.path, offset=off)
+                if (nr and int(experts.max()) >= E) or (hinted and nh and int(hx.max()) >= E):
+                    raise PlanFormatError(f"pass block at offset {off}: an expert index "
+                                          f">= n_experts={E}", path=self.path, offset=off)
+                last_p = p
+                it_reads += nr
                 yield PlanPass(i, p, step, off, counts, experts, hc, hx)
                 pos += blen + 4
+            if it_reads != int(e["n_reads"]):
+                at = h.index_offset + 32 * i
+                raise PlanFormatError(f"iteration {i}: its pass blocks read {it_reads} experts, the index entry "
+                                      f"at offset {at} says {int(e['n_reads'])}", path=self.path, offset=at)
             if pos != end:
                 raise PlanFormatError(f"iteration {i}: its pass blocks end at offset {base_off + pos}, the index "
                                       f"says {base_off + end}", path=self.path, offset=base_off + pos)
@@ -958,7 +1152,15 @@ def read_accesses(path: str | os.PathLike) -> "Accesses":
     per_pass = counts.sum(axis=1)
     return Accesses(np.repeat(n_iters, per_pass), np.repeat(n_pass, per_pass),
                     np.repeat(np.tile(np.arange(L, dtype=np.int16), h.n_passes), counts.ravel()),
-                    experts, L, h.n_experts, h.n_iterations)
+                    experts, L, h.n_experts, h.n_iterations, h.order)
+
+
+def _meta_sources(meta: dict) -> list:
+    """The source paths the meta names (a foreign writer's meta may hold anything there)."""
+    src = meta.get("sources")
+    if not isinstance(src, list):
+        return []
+    return [s["path"] if isinstance(s, dict) and isinstance(s.get("path"), str) else None for s in src]
 
 
 def inspect_plan(path: str | os.PathLike) -> dict:
@@ -1032,7 +1234,7 @@ def inspect_plan(path: str | os.PathLike) -> dict:
         "hint_precision": (hits / h.n_hints if h.n_hints else None) if has else None,
         "hint_stats": h.meta.get("hints") if has else None,
         "inputs": h.n_inputs,
-        "sources": [s.get("path") for s in h.meta.get("sources", [])],
+        "sources": _meta_sources(h.meta),
         "verified": True,
     }
     return out

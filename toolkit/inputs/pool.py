@@ -198,10 +198,13 @@ def open_pool(root: str | os.PathLike) -> Pool:
     root = Path(root)
     mpath = root / MANIFEST
     try:
-        text = mpath.read_text()
+        text = mpath.read_bytes().decode("utf-8")
     except OSError as e:
         raise InputError(f"cannot read the pool manifest: {e.strerror}", path=str(mpath),
                          hint="create a pool with `moetrace pool create`") from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"manifest is not UTF-8 text (byte {e.object[e.start]:#04x})", path=str(mpath),
+                         offset=e.start) from None
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
@@ -212,11 +215,14 @@ def open_pool(root: str | os.PathLike) -> Pool:
     if doc.get("checksum") != _checksum(doc):
         raise InputError("manifest checksum mismatch: it was edited or damaged", path=str(mpath),
                          hint="recreate the pool with `moetrace pool create --force`")
-    try:
-        g = Geometry(**doc["geometry"])
-        layout, extent, files = doc["layout"], int(doc["extent_bytes"]), list(doc["files"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise InputError(f"manifest field missing or malformed: {e}", path=str(mpath)) from None
+    g = _manifest_geometry(doc, str(mpath))
+    layout = doc.get("layout")
+    extent = _manifest_int(doc, "extent_bytes", str(mpath), 1)
+    page = _manifest_int(doc, "page_size", str(mpath), 1, default=PAGE)
+    files = doc.get("files")
+    if not isinstance(files, list) or not all(isinstance(f, str) and f for f in files):
+        raise InputError(f"manifest key 'files' must be a list of relative paths, not {_short(files)}",
+                         path=str(mpath))
     if layout not in LAYOUTS:
         raise InputError(f"unknown layout {layout!r}", path=str(mpath))
     want = g.n_total if layout == "files" else 1
@@ -224,13 +230,54 @@ def open_pool(root: str | os.PathLike) -> Pool:
         raise InputError(f"manifest lists {len(files)} files, the layout needs {want}", path=str(mpath))
     real_root = os.path.realpath(root)
     for f in files:
-        if os.path.isabs(f) or ".." in Path(f).parts:
+        if os.path.isabs(f) or ".." in Path(f).parts or "\0" in f:
             raise InputError(f"manifest names a file outside the pool directory: {f!r}", path=str(mpath))
         if not os.path.realpath(root / f).startswith(real_root + os.sep):
             raise InputError(f"manifest path {f!r} resolves outside the pool directory", path=str(mpath))
-    if extent < g.expert_bytes or extent % int(doc.get("page_size", PAGE)):
+    if extent < g.expert_bytes or extent % page:
         raise InputError("extent_bytes must be page-aligned and hold one expert", path=str(mpath))
     return Pool(root, g, layout, extent, files, doc)
+
+
+#: the largest integer a manifest field may hold (sizes and counts beyond it are damage)
+_MAX_INT = 1 << 53
+
+
+def _short(v) -> str:
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def _manifest_int(doc: dict, key: str, path: str, lo: int, default: int | None = None, where: str = "") -> int:
+    """doc[key] as an integer in [lo, 2**53]; InputError naming the key otherwise."""
+    if key not in doc and default is not None:
+        return default
+    v = doc.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= _MAX_INT:
+        raise InputError(f"manifest key {where + key!r} must be an integer in [{lo}, 2**53], not {_short(v)}",
+                         path=path)
+    return v
+
+
+def _manifest_geometry(doc: dict, path: str) -> Geometry:
+    g = doc.get("geometry")
+    if not isinstance(g, dict):
+        raise InputError(f"manifest key 'geometry' must be an object, not {_short(g)}", path=path)
+    vals = {k: _manifest_int(g, k, path, 1, where="geometry.") for k in ("n_layers", "n_experts", "k")}
+    vals["expert_bytes"] = _manifest_int(g, "expert_bytes", path, 0, where="geometry.")
+    name = g.get("name", "custom")
+    if not isinstance(name, str):
+        raise InputError(f"manifest key 'geometry.name' must be a string, not {_short(name)}", path=path)
+    if vals["k"] > vals["n_experts"]:
+        raise InputError(f"manifest geometry has k={vals['k']} > n_experts={vals['n_experts']}", path=path)
+    if vals["n_layers"] * vals["n_experts"] > 1 << 31:
+        raise InputError(f"manifest geometry {vals['n_layers']} x {vals['n_experts']} experts is beyond any pool",
+                         path=path)
+    unknown = set(g) - {"n_layers", "n_experts", "k", "expert_bytes", "name"}
+    if unknown:
+        raise InputError(f"manifest key 'geometry' holds unknown fields: {', '.join(sorted(map(str, unknown)))}",
+                         path=path)
+    return Geometry(vals["n_layers"], vals["n_experts"], vals["k"], vals["expert_bytes"], name)
 
 
 def verify_pool(pool: Pool) -> list[str]:

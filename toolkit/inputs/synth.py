@@ -336,7 +336,8 @@ def generate(cfg: SynthConfig, on_step: Callable[[int], None] | None = None
         sampler.commit(t, sel)
         sampler.advance()
         t += 1
-        return sel
+        # the model draws sets, not a router's ranking: a record lists them ascending
+        return np.sort(sel, axis=1)
 
     for step in range(cfg.steps):
         kind = kinds[step]
@@ -352,7 +353,7 @@ def generate(cfg: SynthConfig, on_step: Callable[[int], None] | None = None
                 yield step, lay, both[lay]
         else:
             sel = token()
-            draft = sampler.sample(t)  # the rejected draft position: not committed
+            draft = np.sort(sampler.sample(t), axis=1)  # the rejected draft position: not committed
             rejected = np.concatenate([sel, draft], axis=1)
             for lay in range(L):
                 yield step, lay, rejected[lay]

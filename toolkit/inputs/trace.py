@@ -3,18 +3,32 @@
 Engine format (JSON Lines, one router record per line)::
 
     {"step": 12, "layer": 3, "experts": [5, 17, ...]}
+    {"step": 12, "layer": 3, "experts": [9, 2, ...], "request": "r7"}
 
-Optional ``"phase": "prefill"`` records are excluded. Records of a step appear
-in layer order. No event tag exists, so each record is typed from its width and
-from per-layer duplication within a step (paper §2):
+``step`` is the engine's forward pass (one iteration of the replay). The
+optional ``request`` names the request the token belongs to: a forward pass of
+a serving engine runs one token of every running request (a decode batch), so
+one step holds one record per (request, layer). A trace without ``request``
+fields is one request. Optional ``"phase": "prefill"`` records are excluded.
+Within a record the experts are in rank order as routed (the router's top-k
+order); moetrace keeps that order (see :data:`ORDERS`).
+
+Records of a step appear in layer order per request. No event tag exists, so
+each (step, request) unit is typed from its record widths and from per-layer
+duplication (paper §2):
 
 * width k   -> one position (``normal``);
 * width 2k  -> two positions, speculation accepted (``spec_accept``, 2 tokens);
-* a layer routed twice in one step -> a failed speculation (first record,
-  usually width 2k) followed by a fallback pass (width k): ``spec_fallback``,
-  1 accepted token; both passes are replayed as issued.
+* a layer routed twice for one request in one step -> a failed speculation
+  (first record, usually width 2k) followed by a fallback pass (width k):
+  ``spec_fallback``, 1 accepted token; both passes are replayed as issued.
 
-accepted tokens = normal steps + 2 x spec_accept steps + spec_fallback steps.
+accepted tokens = normal units + 2 x spec_accept units + spec_fallback units.
+
+Layers are the ones present: a trace that routes only layers 8 and 9 has two
+layers, renumbered 0 and 1 (``accounting["layer_ids"]`` keeps the original
+ids), unless the caller gives ``n_layers`` (``--layers``), which keeps the ids
+as they are and bounds them.
 """
 
 from __future__ import annotations
@@ -31,30 +45,54 @@ from moetrace.errors import InputError, UsageError
 
 KINDS = ("normal", "spec_accept", "spec_fallback")
 KIND_DTYPE = pd.CategoricalDtype(list(KINDS))
-TRACE_SCHEMA = "moetrace.typed_trace/1"
+TRACE_SCHEMA = "moetrace.typed_trace/2"
+_OLD_SCHEMAS = ("moetrace.typed_trace/1",)  # no request/token columns: one request
+# Largest ids a trace may name: the typed table keeps experts as int32, layers as int16.
+MAX_EXPERT = 2**31 - 2
+MAX_LAYER = 2**15 - 2
+MAX_STEP = 2**62
+# An inferred pool wider than this many experts per layer is almost surely a stray id.
+WIDE_POOL_WARN = 4096
+# (layer, expert) pairs the dense analyses (trace stats, sim) keep a counter for, at most: 2^24,
+# a thousand times the largest model's pool; each counter array is then at most 128 MiB.
+MAX_DENSE_POOL = 2**24
+DEFAULT_REQUEST = "0"
+# The order of the experts a (step, pass, layer) slot reads: as routed (rank
+# order, the default whenever a trace keeps it) or ascending expert index.
+ORDERS = ("rank", "sorted")
 
 
 @dataclass
 class Record:
-    """One router record as read from a file (line/offset for error messages)."""
+    """One router record as read from a file (line/offset for error messages).
+
+    request: the request the token belongs to (None: the trace names none, one
+    request). lines: the source line of each expert, for tables with one
+    expert per row (errors then name the offending row, not the record's first).
+    """
 
     step: int
     layer: int
     experts: list[int]
     line: int | None = None
     offset: int | None = None
+    request: str | None = None
+    lines: list[int] | None = None
 
 
 @dataclass
 class TypedTrace:
-    """A typed router trace: one row per (step, pass, layer, position, expert).
+    """A typed router trace: one row per (step, request, pass, layer, position, expert).
 
-    Columns: step (int64, engine iteration), pass (int8, 0 or 1: 1 is the
-    fallback pass of a failed speculation), layer (int16), position (int8, 0
-    or 1: the second position of a spec_accept record), expert (int32, index
-    within the layer), kind (normal / spec_accept / spec_fallback), accepted
-    (bool: the selection belongs to an accepted token; False for the rejected
-    first pass of a spec_fallback step).
+    Columns: step (int64, engine forward pass), request (int32, index into
+    ``requests``), token (int32, the token's position within its request,
+    0-based over accepted tokens), pass (int8, 0 or 1: 1 is the fallback pass
+    of a failed speculation), layer (int16), position (int8, 0 or 1: the second
+    position of a spec_accept record), expert (int32, index within the layer),
+    kind (normal / spec_accept / spec_fallback), accepted (bool: the selection
+    belongs to an accepted token; False for the rejected first pass of a
+    spec_fallback unit). Rows keep the file's order, so the experts of a record
+    stay in rank order.
     """
 
     table: pd.DataFrame
@@ -63,10 +101,15 @@ class TypedTrace:
     n_experts: int
     accounting: dict = field(default_factory=dict)
     source: str = ""
+    requests: list = field(default_factory=lambda: [DEFAULT_REQUEST])
 
     @property
     def n_steps(self) -> int:
         return int(self.accounting.get("steps", self.table["step"].nunique()))
+
+    @property
+    def n_requests(self) -> int:
+        return len(self.requests)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the typed trace as Parquet with its accounting in the schema metadata."""
@@ -80,27 +123,126 @@ class TypedTrace:
             "n_experts": self.n_experts,
             "accounting": self.accounting,
             "source": self.source,
+            "requests": [str(x) for x in self.requests],
         }
         tbl = pa.Table.from_pandas(self.table, preserve_index=False)
         tbl = tbl.replace_schema_metadata({**(tbl.schema.metadata or {}), b"moetrace": json.dumps(meta).encode()})
         tmp = f"{path}.tmp-{os.getpid()}"
-        pq.write_table(tbl, tmp)
-        os.replace(tmp, path)
+        try:
+            pq.write_table(tbl, tmp)
+            os.replace(tmp, path)
+        except OSError as e:
+            raise InputError(f"cannot write the typed trace: {e.strerror or e}", path=str(path)) from None
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
 
-    def accesses(self) -> "Accesses":
-        return accesses_from_table(self.table, self.n_layers, self.n_experts)
+    def request_code(self, name: str) -> int:
+        """The code of the request named name (UsageError listing a few names if unknown)."""
+        try:
+            return [str(x) for x in self.requests].index(str(name))
+        except ValueError:
+            few = ", ".join(str(x) for x in self.requests[:8]) + (" ..." if len(self.requests) > 8 else "")
+            raise UsageError(f"no request {name!r} in {self.source or 'the trace'} "
+                             f"({len(self.requests)} requests: {few})") from None
+
+    def select_request(self, name: str) -> "TypedTrace":
+        """The trace of one request alone: its rows, steps renumbered by the forward passes it ran in."""
+        code = self.request_code(name)
+        t = self.table[self.table["request"].to_numpy() == code].reset_index(drop=True)
+        t["request"] = np.zeros(len(t), np.int32)
+        acc = dict(self.accounting)
+        tok = t.loc[t["accepted"], ["token", "position"]]
+        acc.update(requests=1, request=str(name), steps=int(t["step"].nunique()),
+                   accepted_tokens=int(tok["token"].max()) + 1 if len(tok) else 0, selections=int(len(t)))
+        return TypedTrace(t, self.k, self.n_layers, self.n_experts, acc, self.source, [str(name)])
+
+    def accesses(self, order: str = "rank") -> "Accesses":
+        """The access stream (see :class:`Accesses`). Its consumers (sim, replay) keep state per
+        (layer, expert): a pool larger than MAX_DENSE_POOL pairs is an InputError naming the
+        stray expert id that inferred it."""
+        check_dense_pool(self.n_layers, self.n_experts, self.source or "the trace", "simulate or replay",
+                         self.accounting)
+        return accesses_from_table(self.table, self.n_layers, self.n_experts, order=order)
 
     def tokens(self) -> pd.DataFrame:
-        """Accepted-token selections in token order: columns token, layer, expert."""
+        """Accepted-token selections: columns request, token (position within the
+        request), layer, expert, in (step, request) order."""
         t = self.table[self.table["accepted"]]
-        tok = t["step"].to_numpy(np.int64) * 2 + t["position"].to_numpy(np.int64)
-        codes, _ = pd.factorize(tok, sort=True)
-        return pd.DataFrame({"token": codes.astype(np.int64), "layer": t["layer"].to_numpy(),
-                             "expert": t["expert"].to_numpy()})
+        return pd.DataFrame({"request": t["request"].to_numpy(np.int32), "token": t["token"].to_numpy(np.int64),
+                             "layer": t["layer"].to_numpy(), "expert": t["expert"].to_numpy()})
+
+    def stream_tokens(self) -> pd.DataFrame:
+        """The pooled stream: every accepted token of every request read as one token
+        sequence, in (step, request, position) order. Columns token, layer, expert.
+        For a one-request trace this equals tokens()."""
+        t = self.table[self.table["accepted"]]
+        step = t["step"].to_numpy(np.int64)
+        req = t["request"].to_numpy(np.int64)
+        tok = t["token"].to_numpy(np.int64)
+        order = np.lexsort((tok, req, step))
+        key = np.empty(order.size, np.int64)
+        if order.size:
+            s, r, k_ = step[order], req[order], tok[order]
+            new = np.ones(order.size, bool)
+            new[1:] = (s[1:] != s[:-1]) | (r[1:] != r[:-1]) | (k_[1:] != k_[:-1])
+            key[order] = np.cumsum(new) - 1
+        return pd.DataFrame({"token": key, "layer": t["layer"].to_numpy(), "expert": t["expert"].to_numpy()})
 
 
-def _fail(msg: str, rec: Record | None, path: str | None, hint: str | None = None) -> InputError:
-    return InputError(msg, path=path, line=rec.line if rec else None, hint=hint)
+def check_dense_pool(n_layers: int, n_experts: int, path: str, what: str, accounting: dict | None = None) -> None:
+    """InputError when a pool of n_layers x n_experts is too large for an analysis that keeps a
+    counter per (layer, expert) (``what``: "compute statistics", "simulate"): the pool of a
+    trace is inferred from its largest expert id, so one stray id would make the analysis
+    allocate gigabytes. The error names the id and its line when the parser warned about it."""
+    if n_layers * n_experts <= MAX_DENSE_POOL:
+        return
+    import re
+
+    line = None
+    culprit = ""
+    for w in (accounting or {}).get("warnings", []):
+        m = re.match(r"expert id (\d+) \(line (\d+)\)", w) if isinstance(w, str) else None
+        if m:
+            culprit, line = f"expert id {m.group(1)} makes ", int(m.group(2))
+            break
+    raise InputError(f"{culprit}a pool of {n_layers} layers x {n_experts:,} experts, too large to {what} "
+                     f"(at most {MAX_DENSE_POOL:,} (layer, expert) pairs)", path=path, line=line,
+                     hint="is the largest expert id a stray value? Give --experts N (or a geometry preset) "
+                          "for the model's pool")
+
+
+def _fail(msg: str, rec: Record | None, path: str | None, hint: str | None = None,
+          expert_index: int | None = None) -> InputError:
+    line = rec.line if rec else None
+    if rec is not None and expert_index is not None and rec.lines is not None and expert_index < len(rec.lines):
+        line = rec.lines[expert_index]
+    return InputError(msg, path=path, line=line, offset=rec.offset if rec and line == rec.line else None,
+                      hint=hint)
+
+
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def utf16_error(head: bytes, path: str) -> InputError | None:
+    """The error for a text file that opens with a UTF-16 (or UTF-32) byte order mark, else None.
+    (A UTF-8 byte order mark is harmless: readers skip it.)"""
+    if head.startswith((b"\xff\xfe", b"\xfe\xff", b"\x00\x00\xfe\xff")):
+        return InputError("UTF-16 text (a byte order mark opens the file), not UTF-8", path=path, line=1, offset=0,
+                          hint="save the file as UTF-8")
+    return None
+
+
+def valid_text(v: object) -> bool:
+    """False for a string no UTF-8 writer can write: one holding a lone surrogate (JSON's
+    "\\ud800" escape reads as one)."""
+    if not isinstance(v, str):
+        return True
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def read_jsonl(path: str | os.PathLike, stats: dict | None = None) -> Iterator[Record]:
@@ -119,15 +261,23 @@ def read_jsonl(path: str | os.PathLike, stats: dict | None = None) -> Iterator[R
         for lineno, raw in enumerate(fh, 1):
             start = offset
             offset += len(raw)
+            if lineno == 1:
+                err = utf16_error(raw, spath)
+                if err is not None:
+                    raise err
             s = raw.strip()
             if not s:
                 continue
             try:
-                obj = json.loads(s)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                # strict UTF-8 (json.loads of bytes would let encoded surrogates through)
+                obj = json.loads(s.decode("utf-8").lstrip("\ufeff") if lineno == 1 else s.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                raise InputError(f"not UTF-8 text (byte 0x{s[e.start]:02x} at column {e.start + 1})",
+                                 path=spath, line=lineno, offset=start + e.start) from None
+            except (json.JSONDecodeError, RecursionError) as e:
                 col = getattr(e, "colno", None)
                 raise InputError(
-                    f"not valid JSON ({getattr(e, 'msg', str(e))}" + (f" at column {col})" if col else ")"),
+                    f"not valid JSON ({getattr(e, 'msg', type(e).__name__)}" + (f" at column {col})" if col else ")"),
                     path=spath, line=lineno, offset=start,
                 ) from None
             if not isinstance(obj, dict):
@@ -140,13 +290,22 @@ def read_jsonl(path: str | os.PathLike, stats: dict | None = None) -> Iterator[R
             try:
                 step, layer, experts = obj["step"], obj["layer"], obj["experts"]
             except KeyError as e:
+                hint = None
+                if obj.get("type") in ("meta", "route") or "topk_ids" in obj:
+                    hint = "this is an engine routing log: convert it with `moetrace trace import`"
                 raise InputError(f"record lacks the field {e.args[0]!r}", path=spath, line=lineno,
-                                 offset=start) from None
+                                 offset=start, hint=hint) from None
             if not (_is_int(step) and _is_int(layer)):
                 raise InputError("step and layer must be integers", path=spath, line=lineno, offset=start)
             if not isinstance(experts, list) or not all(_is_int(x) for x in experts):
                 raise InputError("experts must be a list of integers", path=spath, line=lineno, offset=start)
-            yield Record(step, layer, experts, lineno, start)
+            req = obj.get("request")
+            if req is not None:
+                if isinstance(req, bool) or not isinstance(req, (str, int)) or not valid_text(req):
+                    raise InputError("request must be a string (of valid Unicode: no lone surrogate) or an integer",
+                                     path=spath, line=lineno, offset=start)
+                req = str(req)
+            yield Record(step, layer, experts, lineno, start, req)
 
 
 def _is_int(x: object) -> bool:
@@ -164,103 +323,156 @@ def type_records(
     """Type engine records as normal / spec_accept / spec_fallback (module docstring).
 
     k is inferred as the smallest record width when not given; n_layers and
-    n_experts, when given, bound the layer and expert indices (else inferred).
-    Raises InputError (with file and line) for widths that are neither k nor
-    2k, unknown layers or experts, a step going backwards, a layer routed three
-    times in one step, or inconsistent widths within one step.
+    n_experts, when given, bound the layer and expert indices (else inferred:
+    the layers present, renumbered densely, and the largest expert + 1, with a
+    warning in accounting["warnings"] when that is implausibly wide). Raises
+    InputError (with file and line) for widths that are neither k nor 2k,
+    unknown or out-of-range layers or experts, a step going backwards, a layer
+    routed three times for one request in one step, inconsistent widths within
+    one unit, or records that name a request mixed with records that do not.
     """
     recs = list(records)
     if not recs:
         raise InputError("the trace holds no decode records", path=path,
                          hint="is every record marked \"phase\": \"prefill\", or is the file empty?")
-    widths = np.fromiter((len(r.experts) for r in recs), dtype=np.int64, count=len(recs))
+    n = len(recs)
+    widths = np.fromiter((len(r.experts) for r in recs), dtype=np.int64, count=n)
     if k is None:
         k = int(widths.min())
         if k <= 0:
             raise _fail("a record has no experts", recs[int(widths.argmin())], path)
     elif k <= 0:
         raise UsageError(f"k must be positive, got {k}")
-
-    n = len(recs)
+    for name, v in (("layers", n_layers), ("experts", n_experts)):
+        if v is not None and v <= 0:
+            raise UsageError(f"--{name} must be positive, got {v}")
+    named = recs[0].request is not None
+    req_code: dict[str, int] = {}
+    rec_req = np.zeros(n, np.int32)
     rec_pass = np.zeros(n, np.int8)
     rec_kind = np.zeros(n, np.int8)
+    rec_token = np.zeros(n, np.int64)
     rec_accepted = np.ones(n, bool)
+    next_token: list[int] = []
     max_layer = -1
     max_expert = -1
+    max_expert_at = 0
     prev_step = None
     i = 0
     n_steps = 0
     steps_by_kind = [0, 0, 0]
     while i < n:
         step = recs[i].step
+        if not -MAX_STEP <= step <= MAX_STEP:
+            raise _fail(f"step {step} is out of range (|step| <= 2^62)", recs[i], path)
         if prev_step is not None and step < prev_step:
             raise _fail(f"step goes backwards ({step} after {prev_step})", recs[i], path,
                         hint="records must be in engine order; concatenated traces need `plan compile` with several inputs")
         j = i
-        seen: dict[int, int] = {}
+        seen: dict[tuple[int, int], int] = {}
+        units: dict[int, list[int]] = {}
         while j < n and recs[j].step == step:
             r = recs[j]
-            if r.layer < 0 or (n_layers is not None and r.layer >= n_layers):
-                raise _fail(f"unknown layer {r.layer}" + (f" (the geometry has {n_layers} layers)" if n_layers else ""),
-                            r, path)
+            if (r.request is not None) != named:
+                raise _fail("this record " + ("names no request" if named else f"names request {r.request!r}")
+                            + " but the first record " + ("does" if named else "does not"), r, path,
+                            hint="give every record a \"request\", or none (one request)")
+            rq = req_code.setdefault(r.request if named else DEFAULT_REQUEST, len(req_code))
+            if rq == len(next_token):
+                next_token.append(0)
+            rec_req[j] = rq
+            if r.layer < 0 or r.layer > MAX_LAYER or (n_layers is not None and r.layer >= n_layers):
+                raise _fail(f"unknown layer {r.layer}" + (f" (the geometry has {n_layers} layers)" if n_layers
+                                                         else f" (layers are 0 to {MAX_LAYER})"), r, path)
             w = widths[j]
             if w != k and w != 2 * k:
                 raise _fail(f"record width {w} is neither k={k} nor 2k={2 * k}", r, path,
                             hint="pass --k if the inferred k is wrong")
             lo, hi = min(r.experts), max(r.experts)
-            if lo < 0 or (n_experts is not None and hi >= n_experts):
-                bad = lo if lo < 0 else hi
-                raise _fail(f"unknown expert {bad}" + (f" (the geometry has {n_experts} experts per layer)"
-                                                       if n_experts else ""), r, path)
+            if lo < 0:
+                raise _fail(f"unknown expert {lo}", r, path, expert_index=r.experts.index(lo))
+            if hi > MAX_EXPERT:
+                raise _fail(f"expert id {hi} is out of range (expert ids are 0 to {MAX_EXPERT})", r, path,
+                            expert_index=r.experts.index(hi))
+            if n_experts is not None and hi >= n_experts:
+                raise _fail(f"unknown expert {hi} (the geometry has {n_experts} experts per layer)", r, path,
+                            expert_index=r.experts.index(hi))
             for half in ((r.experts,) if w == k else (r.experts[:k], r.experts[k:])):
                 if len(set(half)) != len(half):
                     raise _fail("an expert appears twice in one position", r, path)
-            occ = seen.get(r.layer, 0)
+            occ = seen.get((rq, r.layer), 0)
             if occ >= 2:
-                raise _fail(f"layer {r.layer} routed three times in step {step}", r, path)
-            seen[r.layer] = occ + 1
+                raise _fail(f"layer {r.layer} routed three times in step {step}"
+                            + (f" for request {r.request!r}" if named else ""), r, path)
+            seen[(rq, r.layer)] = occ + 1
+            units.setdefault(rq, []).append(j)
             rec_pass[j] = occ
             max_layer = max(max_layer, r.layer)
-            max_expert = max(max_expert, hi)
+            if hi > max_expert:
+                max_expert, max_expert_at = hi, j
             j += 1
-        sl = slice(i, j)
-        if rec_pass[sl].max() > 0:
-            kind = 2
-            for jj in range(i, j):
-                if rec_pass[jj] == 1 and widths[jj] != k:
-                    raise _fail(f"fallback pass record has width {widths[jj]}, expected k={k}", recs[jj], path)
-            # the first pass of a layer that was routed again is the rejected speculation
-            twice = {lay for lay, c in seen.items() if c == 2}
-            for jj in range(i, j):
-                if rec_pass[jj] == 0 and recs[jj].layer in twice:
-                    rec_accepted[jj] = False
-        else:
-            w0 = widths[i]
-            bad = np.nonzero(widths[sl] != w0)[0]
-            if bad.size:
-                raise _fail(f"step {step} mixes record widths {w0} and {widths[i + bad[0]]} without a repeated layer",
-                            recs[i + int(bad[0])], path)
-            kind = 0 if w0 == k else 1
-        rec_kind[sl] = kind
-        steps_by_kind[kind] += 1
+        for rq, idx in units.items():
+            ix = np.asarray(idx)
+            if rec_pass[ix].max() > 0:
+                kind = 2
+                for jj in idx:
+                    if rec_pass[jj] == 1 and widths[jj] != k:
+                        raise _fail(f"fallback pass record has width {widths[jj]}, expected k={k}", recs[jj], path)
+                # the first pass of a layer that was routed again is the rejected speculation
+                twice = {lay for (q, lay), c in seen.items() if q == rq and c == 2}
+                for jj in idx:
+                    if rec_pass[jj] == 0 and recs[jj].layer in twice:
+                        rec_accepted[jj] = False
+            else:
+                w0 = widths[idx[0]]
+                bad = np.nonzero(widths[ix] != w0)[0]
+                if bad.size:
+                    who = f" for request {recs[idx[0]].request!r}" if named else ""
+                    raise _fail(f"step {step} mixes record widths {w0} and {widths[idx[int(bad[0])]]}{who} "
+                                "without a repeated layer", recs[idx[int(bad[0])]], path)
+                kind = 0 if w0 == k else 1
+            rec_kind[ix] = kind
+            rec_token[ix] = next_token[rq]
+            next_token[rq] += 2 if kind == 1 else 1
+            steps_by_kind[kind] += 1
         n_steps += 1
         prev_step = step
         i = j
 
-    n_layers = n_layers if n_layers is not None else max_layer + 1
-    n_experts = n_experts if n_experts is not None else max_expert + 1
+    accounting_notes: list[str] = []
+    warnings: list[str] = []
+    rec_layer = np.fromiter((r.layer for r in recs), np.int64, n)
+    layer_ids = None
+    if n_layers is None:
+        present = np.unique(rec_layer)
+        if present.size != max_layer + 1:
+            layer_ids = [int(x) for x in present]
+            rec_layer = np.searchsorted(present, rec_layer)
+            accounting_notes.append(
+                f"the trace routes {present.size} layers ({_ranges(layer_ids)}); they are layers 0-"
+                f"{present.size - 1} here (give --layers to keep the ids)")
+        n_layers = int(present.size)
+    if n_experts is None:
+        n_experts = max_expert + 1
+        if n_experts > WIDE_POOL_WARN:
+            r = recs[max_expert_at]
+            where = f"line {r.lines[r.experts.index(max_expert)]}" if r.lines else (
+                f"line {r.line}" if r.line else f"record {max_expert_at}")
+            warnings.append(f"expert id {max_expert} ({where}) makes a pool of {n_experts:,} experts per layer; "
+                            "if that is not the model's size, give --experts N or --geometry PRESET")
 
     experts = np.fromiter((x for r in recs for x in r.experts), dtype=np.int32, count=int(widths.sum()))
     rep = lambda a: np.repeat(a, widths)  # noqa: E731
     steps = rep(np.fromiter((r.step for r in recs), np.int64, n))
-    layers = rep(np.fromiter((r.layer for r in recs), np.int16, n))
     # position within the record: 0 for the first k experts, 1 for the second k
     starts = np.repeat(np.cumsum(widths) - widths, widths)
     position = ((np.arange(experts.size) - starts) >= k).astype(np.int8)
     table = pd.DataFrame({
         "step": steps,
+        "request": rep(rec_req),
+        "token": (rep(rec_token) + position).astype(np.int32),
         "pass": rep(rec_pass),
-        "layer": layers,
+        "layer": rep(rec_layer.astype(np.int16)),
         "position": position,
         "expert": experts,
         "kind": pd.Categorical.from_codes(rep(rec_kind), dtype=KIND_DTYPE),
@@ -269,17 +481,40 @@ def type_records(
     records_by_kind = np.bincount(rec_kind, minlength=3)
     accounting = {
         "steps": n_steps,
+        "requests": len(req_code),
         "records": n,
         "records_by_kind": {KINDS[c]: int(records_by_kind[c]) for c in range(3)},
         "steps_by_kind": {KINDS[c]: int(steps_by_kind[c]) for c in range(3)},
-        "passes": int(n_steps + steps_by_kind[2]),
         "accepted_tokens": int(steps_by_kind[0] + 2 * steps_by_kind[1] + steps_by_kind[2]),
         "selections": int(experts.size),
         "k": int(k),
     }
+    # a forward pass with a fallback for any request is two passes
+    accounting["passes"] = int(n_steps + len({int(recs[x].step) for x in np.flatnonzero(rec_pass)}))
+    if len(req_code) > 1:
+        accounting["unit"] = "steps_by_kind counts (step, request) units"
+    if layer_ids is not None:
+        accounting["layer_ids"] = layer_ids
+    if accounting_notes:
+        accounting["notes"] = accounting_notes
+    if warnings:
+        accounting["warnings"] = warnings
     if excluded:
         accounting["excluded"] = dict(excluded)
-    return TypedTrace(table, int(k), int(n_layers), int(n_experts), accounting, path or "")
+    names = list(req_code) if named else [DEFAULT_REQUEST]
+    return TypedTrace(table, int(k), int(n_layers), int(n_experts), accounting, path or "", names)
+
+
+def _ranges(ids: list[int]) -> str:
+    """[0, 1, 2, 5, 8, 9] -> '0-2, 5, 8-9'."""
+    out, i = [], 0
+    while i < len(ids):
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        out.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
+        i = j + 1
+    return ", ".join(out)
 
 
 def parse_jsonl(path: str | os.PathLike, k: int | None = None, n_layers: int | None = None,
@@ -303,6 +538,106 @@ def write_jsonl(records: Iterable[tuple[int, int, Iterable[int]]], path: str | o
                          % (step, layer, ", ".join(str(int(x)) for x in experts)))
                 n += 1
         os.replace(tmp, path)
+    except OSError as e:
+        raise InputError(f"cannot write the trace: {e.strerror or e}", path=str(path)) from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return n
+
+
+def _upgrade_v1(df: pd.DataFrame) -> pd.DataFrame:
+    """A typed table of schema 1 (no request/token columns) as one request."""
+    step = df["step"].to_numpy(np.int64)
+    pos = df["position"].to_numpy(np.int64)
+    acc = df["accepted"].to_numpy(bool)
+    tok = step * 2 + pos
+    codes = np.zeros(len(df), np.int64)
+    if acc.any():
+        u = np.unique(tok[acc])
+        codes = np.searchsorted(u, tok)
+    df.insert(1, "request", np.zeros(len(df), np.int32))
+    df.insert(2, "token", codes.astype(np.int32))
+    return df
+
+
+_TABLE_COLUMNS = ("step", "request", "token", "pass", "layer", "position", "expert", "kind", "accepted")
+
+
+def _meta_int(meta: dict, key: str) -> int:
+    """An integer of a typed trace's metadata (TypeError for anything else: a damaged trace)."""
+    v = meta[key]
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{key} is {json.dumps(v)[:40]}, not an integer")
+    return v
+
+
+_INT_COLUMNS = ("step", "request", "token", "pass", "layer", "position", "expert")
+# accounting keys consumers read, with the type they read them as
+_ACCOUNTING_INTS = ("steps", "accepted_tokens", "records", "selections", "requests", "passes", "k")
+_ACCOUNTING_TEXTS = ("warnings", "notes")
+
+
+def _check_table(tt: TypedTrace) -> None:
+    """A loaded typed table holds the columns, types and ranges its metadata promises, so
+    every consumer (stats, sim, plan compile) can read it; InputError naming the file if not."""
+    df = tt.table
+    src = tt.source
+    missing = [c for c in _TABLE_COLUMNS if c not in df.columns]
+    if missing:
+        raise InputError(f"the typed trace lacks the columns {missing}", path=src)
+    if not (1 <= tt.k <= MAX_EXPERT + 1 and 1 <= tt.n_layers <= MAX_LAYER + 1
+            and 1 <= tt.n_experts <= MAX_EXPERT + 1):
+        raise InputError(f"the typed trace's geometry is invalid (k={tt.k}, {tt.n_layers} layers, "
+                         f"{tt.n_experts} experts)", path=src)
+    if not len(df):
+        raise InputError("the typed trace holds no rows", path=src)
+    for col in _INT_COLUMNS:
+        if df[col].dtype.kind not in "iu":
+            raise InputError(f"the typed trace's {col} column holds {df[col].dtype} values, not integers",
+                             path=src, hint="re-create it with `moetrace trace parse`")
+    if df["accepted"].dtype.kind != "b":
+        raise InputError(f"the typed trace's accepted column holds {df['accepted'].dtype} values, not booleans",
+                         path=src)
+    if df["kind"].isna().any():
+        i = int(np.argmax(df["kind"].isna().to_numpy()))
+        raise InputError(f"the typed trace's kind column holds a value other than {', '.join(KINDS)} (row {i})",
+                         path=src)
+    for col, lo, hi in (("step", -MAX_STEP, MAX_STEP + 1), ("layer", 0, tt.n_layers), ("expert", 0, tt.n_experts),
+                        ("request", 0, len(tt.requests)), ("token", 0, 2**31 - 1), ("pass", 0, 2),
+                        ("position", 0, 2)):
+        v = df[col].to_numpy()
+        if v.min() < lo or v.max() >= hi:
+            raise InputError(f"the typed trace's {col} column holds {int(v.min() if v.min() < lo else v.max())}, "
+                             f"outside {lo}-{hi - 1}", path=src)
+    for key in _ACCOUNTING_INTS:
+        v = tt.accounting.get(key, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_STEP:
+            raise InputError(f"the typed trace's accounting.{key} is {json.dumps(v)[:40]}, not a count", path=src)
+    for key in _ACCOUNTING_TEXTS:
+        v = tt.accounting.get(key, [])
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise InputError(f"the typed trace's accounting.{key} is not a list of strings", path=src)
+
+
+def write_records(records: Iterable[Record], path: str | os.PathLike) -> int:
+    """Write records in engine JSONL format (with "request" when they name one), atomically.
+    Returns the count."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    n = 0
+    try:
+        with open(tmp, "w") as fh:
+            for r in records:
+                ex = ", ".join(str(int(x)) for x in r.experts)
+                if r.request is None:
+                    fh.write('{"step": %d, "layer": %d, "experts": [%s]}\n' % (r.step, r.layer, ex))
+                else:
+                    fh.write('{"step": %d, "layer": %d, "experts": [%s], "request": %s}\n'
+                             % (r.step, r.layer, ex, json.dumps(r.request)))
+                n += 1
+        os.replace(tmp, path)
+    except OSError as e:
+        raise InputError(f"cannot write the trace: {e.strerror or e}", path=str(path)) from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -315,22 +650,55 @@ def load_trace(path: str | os.PathLike, k: int | None = None, n_layers: int | No
     spath = str(path)
     if not os.path.exists(spath):
         raise InputError("no such file", path=spath)
-    with open(spath, "rb") as fh:
-        head = fh.read(4)
+    if os.path.isdir(spath):
+        raise InputError("is a directory, not a trace", path=spath)
+    try:
+        with open(spath, "rb") as fh:
+            head = fh.read(4)
+    except OSError as e:
+        raise InputError(f"cannot open trace: {e.strerror}", path=spath) from None
     if head == b"PAR1":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
         try:
             tbl = pq.read_table(spath)
         except Exception as e:  # pyarrow raises several types for damaged files
             raise InputError(f"cannot read Parquet: {e}", path=spath) from None
-        meta = json.loads((tbl.schema.metadata or {}).get(b"moetrace", b"{}"))
-        if meta.get("schema") != TRACE_SCHEMA:
+        raw = (tbl.schema.metadata or {}).get(b"moetrace")
+        if raw is None:  # a typed trace written chunk by chunk keeps it in the file's key-value metadata
+            try:
+                raw = (pq.ParquetFile(spath).metadata.metadata or {}).get(b"moetrace", b"{}")
+            except Exception:  # noqa: BLE001 - read_table succeeded; a missing footer key means not ours
+                raw = b"{}"
+        try:
+            meta = json.loads(raw)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            meta = {}
+        if not isinstance(meta, dict) or meta.get("schema") not in (TRACE_SCHEMA, *_OLD_SCHEMAS):
             raise InputError("Parquet file is not a moetrace typed trace", path=spath,
                              hint="make one with `moetrace trace parse TRACE.jsonl -o typed.parquet`")
-        df = tbl.to_pandas()
-        df["kind"] = df["kind"].astype(KIND_DTYPE)
-        tt = TypedTrace(df, meta["k"], meta["n_layers"], meta["n_experts"], meta["accounting"], spath)
+        try:
+            df = tbl.to_pandas()
+            if meta["schema"] in _OLD_SCHEMAS:
+                df = _upgrade_v1(df)
+            odd = [v for v in pd.unique(df["kind"].astype(object)) if not (isinstance(v, str) and v in KINDS)]
+            if odd:
+                raise InputError(f"the typed trace's kind column holds {str(odd[0])[:40]!r}, not one of "
+                                 f"{', '.join(KINDS)}", path=spath)
+            df["kind"] = df["kind"].astype(KIND_DTYPE)
+            requests = meta.get("requests", [DEFAULT_REQUEST])
+            if not isinstance(requests, list):
+                raise TypeError(f"requests is of type {type(requests).__name__}, not a list")
+            tt = TypedTrace(df, _meta_int(meta, "k"), _meta_int(meta, "n_layers"), _meta_int(meta, "n_experts"),
+                            dict(meta["accounting"]), spath, [str(x) for x in requests])
+            _check_table(tt)
+        except InputError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError, IndexError, NotImplementedError,
+                pa.ArrowException) as e:
+            raise InputError(f"damaged typed trace ({type(e).__name__}: {e})", path=spath,
+                             hint="re-create it with `moetrace trace parse`") from None
         if k is not None and k != tt.k:
             raise InputError(f"the typed trace has k={tt.k}, not {k}", path=spath)
         for name, given, col in (("layers", n_layers, "layer"), ("experts per layer", n_experts, "expert")):
@@ -348,10 +716,12 @@ def load_trace(path: str | os.PathLike, k: int | None = None, n_layers: int | No
 class Accesses:
     """The replay's access stream: per (iteration, pass, layer) the set of experts read.
 
-    Canonical order: sorted by (iteration, pass, layer, expert), each expert at
-    most once per (iteration, pass, layer) — a spec_accept record's two
-    positions read the union of their experts once. iteration is a dense
-    0-based engine-iteration index.
+    Canonical order: sorted by (iteration, pass, layer), each expert at most
+    once per (iteration, pass, layer) -- a spec_accept record's two positions,
+    and the requests of a batch, read the union of their experts once. Within
+    a slot the experts are ascending (order "sorted") or as routed (order
+    "rank": by the best rank any request gave them). iteration is a dense
+    0-based engine-iteration (forward pass) index.
     """
 
     iteration: np.ndarray  # int32
@@ -361,6 +731,7 @@ class Accesses:
     n_layers: int
     n_experts: int
     n_iterations: int
+    order: str = "sorted"
 
     def __len__(self) -> int:
         return int(self.expert.size)
@@ -375,29 +746,78 @@ class Accesses:
         """The first n_iterations iterations."""
         cut = int(np.searchsorted(self.iteration, n_iterations, side="left"))
         return Accesses(self.iteration[:cut], self.pass_[:cut], self.layer[:cut], self.expert[:cut],
-                        self.n_layers, self.n_experts, min(n_iterations, self.n_iterations))
+                        self.n_layers, self.n_experts, min(n_iterations, self.n_iterations), self.order)
 
 
-def accesses_from_table(table: pd.DataFrame, n_layers: int, n_experts: int) -> Accesses:
-    """Deduplicate a typed table into the canonical access stream."""
+def _record_rank(table: pd.DataFrame, k: int | None = None) -> np.ndarray:
+    """Each row's rank within its record (0 = the router's first choice): rows of a
+    record are contiguous and share (step, request, pass, layer); the second
+    position of a 2k record ranks again from 0."""
+    n = len(table)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    cols = [table[c].to_numpy() for c in ("step", "request", "pass", "layer") if c in table.columns]
+    new = np.zeros(n, bool)
+    new[0] = True
+    for c in cols:
+        new[1:] |= c[1:] != c[:-1]
+    start = np.maximum.accumulate(np.where(new, np.arange(n), 0))
+    rank = np.arange(n) - start
+    if "position" in table.columns:
+        pos = table["position"].to_numpy(np.int64)
+        if pos.any():
+            # the second position starts where position turns 1 within the record
+            new2 = new.copy()
+            new2[1:] |= pos[1:] != pos[:-1]
+            start2 = np.maximum.accumulate(np.where(new2, np.arange(n), 0))
+            rank = np.arange(n) - start2
+    return rank
+
+
+def accesses_from_table(table: pd.DataFrame, n_layers: int, n_experts: int, order: str = "sorted") -> Accesses:
+    """Deduplicate a typed table into the access stream: per (iteration, pass,
+    layer) the union of the experts its rows select (a batch union when several
+    requests ran in the step), each once.
+
+    order="sorted": experts ascending within a slot (the canonical order);
+    order="rank": as routed -- by the best rank any row gave the expert, ties in
+    file order (request order within the step).
+    """
+    if order not in ORDERS:
+        raise UsageError(f"unknown order {order!r}; one of {', '.join(ORDERS)}")
     step = table["step"].to_numpy(np.int64)
     it, _ = pd.factorize(step, sort=True)
     ps = table["pass"].to_numpy(np.int64)
     lay = table["layer"].to_numpy(np.int64)
     ex = table["expert"].to_numpy(np.int64)
-    key = ((it.astype(np.int64) * 2 + ps) * n_layers + lay) * n_experts + ex
-    key = np.sort(key, kind="stable")
-    if key.size:
-        key = key[np.concatenate(([True], key[1:] != key[:-1]))]
-    ex = key % n_experts
-    rest = key // n_experts
+    skey = (it.astype(np.int64) * 2 + ps) * n_layers + lay
+    key = skey * n_experts + ex
+    if order == "sorted":
+        key = np.sort(key, kind="stable")
+        if key.size:
+            key = key[np.concatenate(([True], key[1:] != key[:-1]))]
+        ex = key % n_experts
+        rest = key // n_experts
+    else:
+        rank = _record_rank(table)
+        o1 = np.lexsort((rank, skey))  # slot order, then best rank, then file order
+        pos1 = np.empty_like(o1)
+        pos1[o1] = np.arange(o1.size)
+        o2 = np.lexsort((pos1, key))  # per (slot, expert): the earliest in o1 first
+        first = np.ones(o2.size, bool)
+        if o2.size:
+            first[1:] = key[o2][1:] != key[o2][:-1]
+        keep = o2[first]
+        keep = keep[np.argsort(pos1[keep], kind="stable")]
+        ex = ex[keep]
+        rest = skey[keep]
     lay = rest % n_layers
-    rest //= n_layers
+    rest = rest // n_layers
     ps = rest % 2
     it = rest // 2
     n_it = int(it[-1]) + 1 if it.size else 0
     return Accesses(it.astype(np.int32), ps.astype(np.int8), lay.astype(np.int16), ex.astype(np.int32),
-                    n_layers, n_experts, n_it)
+                    n_layers, n_experts, n_it, order)
 
 
 def merge_accesses(streams: list[Accesses]) -> Accesses:
@@ -415,8 +835,9 @@ def merge_accesses(streams: list[Accesses]) -> Accesses:
     parts = [s.head(n_it) for s in streams]
     table = pd.DataFrame({
         "step": np.concatenate([p.iteration for p in parts]),
+        "request": np.repeat(np.arange(len(parts), dtype=np.int32), [len(p) for p in parts]),
         "pass": np.concatenate([p.pass_ for p in parts]),
         "layer": np.concatenate([p.layer for p in parts]),
         "expert": np.concatenate([p.expert for p in parts]),
     })
-    return accesses_from_table(table, n_layers, n_experts)
+    return accesses_from_table(table, n_layers, n_experts, order=streams[0].order)

@@ -125,19 +125,21 @@ def check_doc(res: CheckResult, base, cand) -> dict[str, Any]:
 
 
 def write_check_report(res: CheckResult, base, cand, out: str | os.PathLike) -> dict[str, Any]:
-    """check.html / CHECK.md / tables through the report writer."""
-    from moetrace.reports.report import Report, _write
+    """check.html / CHECK.md / tables through the report writer (built aside, then moved into
+    ``out``: a failure leaves what was there untouched)."""
+    from moetrace.reports.report import Report, _write, staged
 
-    rep = Report(Path(out), f"moetrace check: {Path(cand).name} against {Path(base).name}")
-    rep.h(2, "Verdict", "verdict")
-    rep.p(res.verdict())
-    for n in res.notes:
-        rep.p(n)
-    for g, df in res.tables.items():
-        rep.h(2, f"Capacity {g}")
-        rep.table(f"check_{g.replace(' ', '').replace('>', '').replace('-', '_')}", df,
-                  "Per metric: medians, spread, candidate / base, Welch p, bootstrap 95 % interval of the ratio",
-                  None)
-    rep.summary.update(check_doc(res, base, cand))
-    Path(out).mkdir(parents=True, exist_ok=True)
-    return _write(rep, ("verdict",))
+    out = Path(out)
+    with staged(out, clear=()) as stage:
+        rep = Report(stage, f"moetrace check: {Path(cand).name} against {Path(base).name}")
+        rep.h(2, "Verdict", "verdict")
+        rep.p(res.verdict())
+        for n in res.notes:
+            rep.p(n)
+        for g, df in res.tables.items():
+            rep.h(2, f"Capacity {g}")
+            rep.table(f"check_{g.replace(' ', '').replace('>', '').replace('-', '_')}", df,
+                      "Per metric: medians, spread, candidate / base, Welch p, bootstrap 95 % interval of the ratio",
+                      None)
+        rep.summary.update(check_doc(res, base, cand))
+        return _write(rep, ("verdict",), final=out)

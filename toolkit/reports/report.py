@@ -19,13 +19,15 @@ from a ``compute_*`` function of moetrace.analyses; this module only arranges th
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as _dt
 import html
 import json
 import math
 import os
 import shutil
-from collections.abc import Callable, Iterable, Mapping
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -167,8 +169,11 @@ figure.svg svg{max-width:100%;height:auto}
 """
 
 
-def _write(rep: Report, sections: Iterable[str]) -> dict[str, Any]:
+def _write(rep: Report, sections: Iterable[str], final: Path | None = None) -> dict[str, Any]:
+    """Write the report into ``rep.out`` (a staging directory); the paths in the returned
+    document are those in ``final`` (where :func:`staged` moves it), default ``rep.out``."""
     out = rep.out
+    final = final or out
     (out / "tables").mkdir(parents=True, exist_ok=True)
     (out / "figures").mkdir(parents=True, exist_ok=True)
     for name, df in rep.tables.items():
@@ -188,7 +193,7 @@ def _write(rep: Report, sections: Iterable[str]) -> dict[str, Any]:
     (out / "REPORT.md").write_text(md)
     doc = {"schema": "moetrace.report/1", "title": rep.title, "summary": rep.summary,
            "tables": sorted(rep.tables), "figures": sorted(rep.figures), "files": rep.files, "notes": rep.notes,
-           "html": str(out / "report.html"), "markdown": str(out / "REPORT.md")}
+           "html": str(final / "report.html"), "markdown": str(final / "REPORT.md")}
     (out / "report.json").write_text(json.dumps(doc, indent=1, default=json_default) + "\n")
     return doc
 
@@ -553,13 +558,51 @@ def _header(rep: Report, run) -> None:
 
 
 def _prepare_out(out: Path, force: bool) -> None:
+    """Refuse a non-empty ``out`` that holds no earlier report (unless ``force``); nothing is
+    changed there until the new report is complete (:func:`staged`)."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out} exists and is not a directory", hint="choose another --out")
     if out.exists() and any(out.iterdir()):
         if not (out / "report.json").exists() and not force:
             raise UsageError(f"{out} exists, is not empty and holds no earlier report",
                              hint="choose another --out, or pass --force")
-        for sub in ("tables", "figures"):
-            shutil.rmtree(out / sub, ignore_errors=True)
+
+
+def _merge_into(src: Path, dst: Path) -> None:
+    """Move every file under ``src`` to the same place under ``dst`` (replacing namesakes)."""
+    dst.mkdir(exist_ok=True)
+    for entry in sorted(src.iterdir()):
+        d = dst / entry.name
+        if entry.is_dir() and not entry.is_symlink():
+            _merge_into(entry, d)
+        else:
+            os.replace(entry, d)
+
+
+@contextlib.contextmanager
+def staged(out: Path, clear: tuple[str, ...] = ("tables", "figures")) -> Iterator[Path]:
+    """A staging directory inside ``out`` (``.report.tmp-*``) to build a report in. When the
+    block completes, the ``clear`` subdirectories of an earlier report are removed and every
+    file built replaces its namesake in ``out``; when it raises, the staging directory goes
+    (and ``out`` too if this created it, empty): a failed report leaves the earlier one
+    untouched."""
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=".report.tmp-", dir=out))
+    try:
+        yield stage
+        for sub in clear:
+            shutil.rmtree(out / sub, ignore_errors=True)
+        _merge_into(stage, out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        if created:
+            try:
+                out.rmdir()
+            except OSError:
+                pass
+        raise
+    shutil.rmtree(stage, ignore_errors=True)
 
 
 def build_run_report(run, out: str | os.PathLike, *, sections: Iterable[str] = SECTIONS,
@@ -569,14 +612,15 @@ def build_run_report(run, out: str | os.PathLike, *, sections: Iterable[str] = S
     sections = _check_sections(sections)
     out = Path(out)
     _prepare_out(out, force)
-    rep = Report(out, title or f"moetrace report: {run.name}")
-    say = progress or (lambda s: None)
-    _header(rep, run)
-    wants_sim = ("amp" in sections or "reclaim" in sections) and has_pool(run)
-    sim = _sim(run, Path(plan) if plan else None, rep.notes) if wants_sim else None
-    run_sections(rep, run, sections, sim, say)
-    rep.summary["kind"] = "cell" if run.cell is not None else "run"
-    return _write(rep, sections)
+    with staged(out) as stage:
+        rep = Report(stage, title or f"moetrace report: {run.name}")
+        say = progress or (lambda s: None)
+        _header(rep, run)
+        wants_sim = ("amp" in sections or "reclaim" in sections) and has_pool(run)
+        sim = _sim(run, Path(plan) if plan else None, rep.notes) if wants_sim else None
+        run_sections(rep, run, sections, sim, say)
+        rep.summary["kind"] = "cell" if run.cell is not None else "run"
+        return _write(rep, sections, final=out)
 
 
 def has_pool(run) -> bool:
@@ -648,13 +692,18 @@ def build_sweep_report(sweep, out: str | os.PathLike, *, sections: Iterable[str]
                        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Table 2, Fig. 2 and the per-cell reclaim verdicts of a sweep, then the full run
     report of one recorded cell (``cell``; default: the smallest capacity recorded)."""
-    from moetrace.analyses import reclaim as R
-
     sections = _check_sections(sections)
     out = Path(out)
     _prepare_out(out, force)
+    with staged(out) as stage:
+        return _sweep_report(sweep, out, stage, sections, cell, plan, progress)
+
+
+def _sweep_report(sweep, out: Path, stage: Path, sections, cell, plan, progress) -> dict[str, Any]:
+    from moetrace.analyses import reclaim as R
+
     say = progress or (lambda s: None)
-    rep = Report(out, f"moetrace sweep report: {sweep.path.name}")
+    rep = Report(stage, f"moetrace sweep report: {sweep.path.name}")
     rep.h(2, "Capacity sweep (the paper's Table 2)", "sweep")
     t2 = compute_table2(sweep)
     rep.table("table2", t2, "Per capacity C: iteration time, device and miss bytes per iteration, amplification",
@@ -673,7 +722,7 @@ def build_sweep_report(sweep, out: str | os.PathLike, *, sections: Iterable[str]
     if not sweep.cells:
         rep.p("No cell of this sweep was recorded (run the sweep with --record for per-expert detail).")
         rep.summary["kind"] = "sweep"
-        return _write(rep, ("sweep",))
+        return _write(rep, ("sweep",), final=out)
     chosen = None
     if cell is not None:
         chosen = next((c for c in sweep.cells if c.name == cell), None)
@@ -692,7 +741,7 @@ def build_sweep_report(sweep, out: str | os.PathLike, *, sections: Iterable[str]
     sim = _sim(chosen, Path(plan) if plan else None, rep.notes)
     run_sections(rep, chosen, sections, sim, say)
     rep.summary["kind"] = "sweep"
-    return _write(rep, ("sweep",) + sections)
+    return _write(rep, ("sweep",) + sections, final=out)
 
 
 def default_detail_cell(cells: list):

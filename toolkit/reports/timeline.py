@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from moetrace.errors import InputError
+
 PID_REPLAY, PID_KERNEL, PID_RECORDER = 1, 2, 3
 MAX_COUNTER_POINTS = 20_000
 
@@ -132,9 +134,14 @@ def _resident_points(tables) -> list[tuple[int, int]]:
     import pyarrow.parquet as pq
 
     if hasattr(tables, "path"):
-        f = pq.ParquetFile(tables.path("page_events"))
-        n = f.metadata.num_rows
-        batches = f.iter_batches(batch_size=1 << 20, columns=["ts_ns", "kind", "pages"])
+        from moetrace.analyses.page_events import _iter_batches
+
+        path = tables.path("page_events")
+        try:
+            n = pq.ParquetFile(path).metadata.num_rows
+        except (OSError, pa.ArrowException) as e:
+            raise InputError(f"cannot read the page events: {e}", path=str(path)) from None
+        batches = _iter_batches(path, ["ts_ns", "kind", "pages"], 1 << 20)
     else:
         t = pa.Table.from_pandas(tables["page_events"][["ts_ns", "kind", "pages"]], preserve_index=False)
         n = t.num_rows

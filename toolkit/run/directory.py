@@ -112,16 +112,59 @@ def write_table(run_dir: str | os.PathLike, name: str, df: pd.DataFrame) -> Path
     return path
 
 
+def read_json(path: str | os.PathLike, what: str = "file") -> Any:
+    """A JSON file's document; InputError naming the file (and the line, or the byte offset of
+    text that is not UTF-8) when it cannot be read or parsed."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise InputError(f"cannot read the {what}: {e.strerror}", path=str(path)) from None
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise InputError(f"{what} is not UTF-8 text (byte {raw[e.start]:#04x})", path=str(path),
+                         offset=e.start) from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"{what} is not valid JSON ({e.msg})", path=str(path), line=e.lineno) from None
+    except RecursionError:
+        raise InputError(f"{what} nests too deep to be JSON moetrace wrote", path=str(path)) from None
+
+
+def read_table(path: str | os.PathLike, name: str | None = None, manifest: dict[str, Any] | None = None,
+               **kw) -> pd.DataFrame:
+    """A Parquet table of a run; InputError naming the file for anything pyarrow or pandas
+    cannot read (truncation, damaged pages, footer or pandas metadata) and for a table that
+    decodes but is not what its readers need (:func:`moetrace.run.validate.check_table`:
+    columns, keys, expert ids inside the geometry of ``manifest``)."""
+    from moetrace.run.validate import check_table
+
+    path = Path(path)
+    name = name or path.stem
+    try:
+        df = pd.read_parquet(path, **kw)
+    except Exception as e:  # noqa: BLE001 - pyarrow and pandas raise many types for a damaged file
+        raise InputError(f"cannot read table {name!r}: {type(e).__name__}: {e}".strip(), path=str(path)) from None
+    if "columns" not in kw:
+        check_table(name, df, str(path), manifest)
+    return df
+
+
 def read_manifest(run_dir: str | os.PathLike) -> dict[str, Any]:
-    """The manifest of a run; refuses unknown schemas and newer versions."""
+    """The manifest of a run; refuses unknown schemas and newer versions, and values of the
+    wrong type where analyses read them (:mod:`moetrace.run.validate`)."""
+    from moetrace.run.validate import check_manifest
+
     path = Path(run_dir) / MANIFEST
     try:
-        doc = json.loads(path.read_text())
-    except OSError as e:
-        raise InputError(f"cannot read the run manifest: {e.strerror}", path=str(path),
-                         hint="is this a run directory made by `moetrace record`?") from None
-    except json.JSONDecodeError as e:
-        raise InputError(f"manifest is not valid JSON ({e.msg})", path=str(path), line=e.lineno) from None
+        doc = read_json(path, "run manifest")
+    except InputError as e:
+        if e.line is None and e.offset is None:
+            e.message += "\n  hint: is this a run directory made by `moetrace record`?"
+        raise
+    if not isinstance(doc, dict):
+        raise InputError(f"not a moetrace run manifest (a JSON {type(doc).__name__}, not an object)",
+                         path=str(path))
     schema = str(doc.get("schema", ""))
     name, _, ver = schema.partition("/")
     if name != RUN_SCHEMA or not ver.isdigit():
@@ -129,6 +172,7 @@ def read_manifest(run_dir: str | os.PathLike) -> dict[str, Any]:
     if int(ver) > RUN_SCHEMA_VERSION:
         raise InputError(f"run schema version {ver} is newer than this moetrace reads ({RUN_SCHEMA_VERSION})",
                          path=str(path), hint="upgrade moetrace")
+    check_manifest(doc, str(path))
     return doc
 
 
@@ -139,10 +183,10 @@ def load_run(run_dir: str | os.PathLike) -> tuple[dict[str, Any], dict[str, pd.D
     doc = read_manifest(d)
     tables: dict[str, pd.DataFrame] = {}
     for p in sorted(d.glob("*.parquet")):
-        tables[p.stem] = pd.read_parquet(p)
+        tables[p.stem] = read_table(p, manifest=doc)
     it = d / REPLAY_SUBDIR / "iterations.parquet"
     if it.exists():
-        tables["iterations"] = pd.read_parquet(it)
+        tables["iterations"] = read_table(it, "iterations", manifest=doc)
     return doc, tables
 
 

@@ -14,7 +14,6 @@ read through the paths relative to it (a cell's ``replay/``, a sweep's ``cells/`
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -34,17 +33,14 @@ class Tables(Mapping):
     """The run's Parquet tables by name, each read on first use (``iterations``: the
     replay's iteration log)."""
 
-    def __init__(self, paths: dict[str, Path]):
+    def __init__(self, paths: dict[str, Path], manifest: dict[str, Any] | None = None):
         self._paths = dict(sorted(paths.items()))
         self._cache: dict[str, pd.DataFrame] = {}
+        self._manifest = manifest  # the geometry the per-expert tables are checked against
 
     def __getitem__(self, name: str) -> pd.DataFrame:
         if name not in self._cache:
-            p = self._paths[name]
-            try:
-                self._cache[name] = pd.read_parquet(p)
-            except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
-                raise InputError(f"cannot read table {name!r}: {e}", path=str(p)) from None
+            self._cache[name] = rundir.read_table(self._paths[name], name, self._manifest)
         return self._cache[name]
 
     def __iter__(self) -> Iterator[str]:
@@ -77,7 +73,17 @@ class Run:
 
     @property
     def folded(self) -> str | None:
-        return self.folded_path.read_text() if self.folded_path is not None else None
+        """stacks.folded (InputError naming it when it cannot be read or is not UTF-8)."""
+        if self.folded_path is None:
+            return None
+        try:
+            raw = self.folded_path.read_bytes()
+            return raw.decode("utf-8")
+        except OSError as e:
+            raise InputError(f"cannot read: {e.strerror}", path=str(self.folded_path)) from None
+        except UnicodeDecodeError as e:
+            raise InputError(f"stacks.folded is not UTF-8 text (byte {raw[e.start]:#04x})",
+                             path=str(self.folded_path), offset=e.start) from None
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -112,12 +118,15 @@ class Sweep:
 
 
 def _json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except OSError as e:
-        raise InputError(f"cannot read: {e.strerror}", path=str(path)) from None
-    except json.JSONDecodeError as e:
-        raise InputError(f"not valid JSON ({e.msg})", path=str(path), line=e.lineno) from None
+    """cell.json, replay.json or a snapshots file: a JSON object whose values have the types
+    the analyses read (:mod:`moetrace.run.validate`); InputError naming the file otherwise."""
+    from moetrace.run.validate import check_side_file
+
+    doc = rundir.read_json(path, path.name)
+    if not isinstance(doc, dict):
+        raise InputError(f"{path.name} holds a JSON {type(doc).__name__}, not an object", path=str(path))
+    check_side_file(doc, str(path))
+    return doc
 
 
 def _replay_dir(run: Path, manifest: dict[str, Any]) -> Path | None:
@@ -160,7 +169,7 @@ def open_run(path: str | os.PathLike, unrecorded: bool = False) -> Run:
             replay = _json(rdir / "replay.json")
     snaps = _json(p / "snapshots.json") if (p / "snapshots.json").is_file() else {}
     folded = p / "stacks.folded"
-    return Run(p, manifest, Tables(paths), snaps, cell, replay, folded if folded.is_file() else None)
+    return Run(p, manifest, Tables(paths, manifest), snaps, cell, replay, folded if folded.is_file() else None)
 
 
 def _open_unrecorded_cell(p: Path, cell: dict[str, Any]) -> Run:
@@ -180,8 +189,11 @@ def open_sweep(path: str | os.PathLike) -> Sweep:
     if not (p / SWEEP_RESULTS).is_file():
         raise InputError("not a sweep directory (no results.parquet)", path=str(p),
                          hint="give the --out directory of `moetrace sweep`")
-    results = pd.read_parquet(p / SWEEP_RESULTS)
-    cap = pd.read_parquet(p / "capacity.parquet") if (p / "capacity.parquet").is_file() else None
+    from moetrace.run.validate import check_sweep_tables
+
+    results = rundir.read_table(p / SWEEP_RESULTS, "results")
+    cap = rundir.read_table(p / "capacity.parquet", "capacity") if (p / "capacity.parquet").is_file() else None
+    check_sweep_tables(results, cap, p)
     cells = []
     names = [Path(str(d)).name for d in results["cell_dir"]] if "cell_dir" in results else []
     for name in names:

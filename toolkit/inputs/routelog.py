@@ -1,0 +1,422 @@
+"""Engine routing logs: JSON Lines written by a logging hook in a serving engine.
+
+Shape (vLLM and SGLang hooks write much the same)::
+
+    {"type": "meta", "model": "Qwen/Qwen1.5-MoE-A2.7B", "engine": "vllm", "layers": [8], "top_k": 4, ...}
+    {"type": "route", "req_id": "0", "token_idx": 0, "layer": 8, "topk_ids": [12, 3, 40, 7],
+     "topk_weights": [0.41, 0.22, 0.2, 0.17]}
+    ...
+
+One file per logged layer, or all layers in one file; several files are merged
+by forward pass. The first line may be metadata (``"type": "meta"``, kept in
+the import's account); every other line is one token row of one forward pass
+at one layer. Field names (first match wins):
+
+* experts: ``topk_ids`` | ``expert_ids`` | ``experts`` -- in rank order as routed
+* layer: ``layer`` | ``layer_id`` | ``layer_idx``
+* row: ``token_idx`` | ``token_index`` | ``row`` -- the row's index within
+  its forward pass, restarting at 0 on every pass
+* request (optional): ``req_id`` | ``request_id`` | ``seq_id`` | ``request``
+* forward pass (optional): ``step`` | ``forward_pass`` | ``pass_id`` | ``iteration``
+* phase (optional): ``phase`` ("prefill" / "decode") | ``is_prefill`` (bool)
+
+Forward passes. With a pass field, its value; without one, a pass ends where
+a row of a layer the pass has already logged comes back to row 0 (per-layer
+files: every row 0 starts a pass; one file with all layers: layer-major rows).
+Within a pass and layer the rows must count 0, 1, 2, ...; every layer of a
+pass must hold the same rows (in every file).
+
+What each pass is, in log order:
+
+1. warm-up junk: the engine's start-up profiling and graph-capture passes run
+   dummy tokens, so every row of such a pass routes identically. Leading passes
+   whose rows all carry one route are dropped while they have at least
+   ``min_repeats`` rows, or repeat the route of a pass already dropped (small
+   capture batches); each dropped block is reported with its reason.
+2. prefill: rows of prompt tokens. With a phase field, as it says. With a
+   request field that varies, the rows of a request that has several rows in a
+   pass (its prompt). Otherwise by size: a pass with more rows than the decode
+   batch (``max_batch``; default: the most common row count of the passes
+   left) is prefill. Prefill rows are excluded, as everywhere in moetrace.
+3. decode: one row per running sequence. The request of a row is its request
+   field when that varies; when it is absent or one constant for the whole log
+   (it then identifies nothing), it is inferred from the row's slot in the
+   decode batch while the batch's composition holds: a segment of decode
+   passes with the same row count and no prefill between them; the request of
+   slot j in segment s is named ``s<s>.<j>``. A batch that shrinks or grows
+   starts a new segment (which sequence left is not in the log), so a
+   sequence that outlives a change is counted as two requests.
+
+The records come out as ``(step = forward pass index in the log, layer,
+experts, request)``, experts in rank order.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from moetrace.errors import InputError, UsageError
+from moetrace.inputs.trace import Record, valid_text
+
+EXPERT_KEYS = ("topk_ids", "expert_ids", "experts")
+LAYER_KEYS = ("layer", "layer_id", "layer_idx")
+ROW_KEYS = ("token_idx", "token_index", "row")
+REQUEST_KEYS = ("req_id", "request_id", "seq_id", "request")
+PASS_KEYS = ("step", "forward_pass", "pass_id", "iteration")
+DEFAULT_MIN_REPEATS = 16
+
+
+def _first(obj: dict, keys: Sequence[str]):
+    for key in keys:
+        if key in obj:
+            return key, obj[key]
+    return None, None
+
+
+def sniff(path: str | os.PathLike) -> str | None:
+    """"routelog" when the file's first JSON line is a meta or route line (or has
+    topk_ids), "engine" when it is a canonical step/layer/experts record, else None."""
+    try:
+        with open(str(path), "rb") as fh:
+            first = b""
+            for raw in fh:
+                if raw.strip():
+                    first = raw.strip()
+                    break
+    except OSError:
+        return None
+    if first.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark
+        first = first[3:].lstrip()
+    if not first.startswith(b"{"):
+        return None
+    try:
+        obj = json.loads(first)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    if not isinstance(obj, dict):
+        return None
+    if obj.get("type") in ("meta", "route") or _first(obj, EXPERT_KEYS[:2])[0]:
+        return "routelog"
+    if {"step", "layer", "experts"} <= obj.keys():
+        return "engine"
+    return None
+
+
+@dataclass
+class _Pass:
+    """One forward pass: per layer, its rows' experts and source lines; per row its request/phase."""
+
+    index: int
+    layers: dict = field(default_factory=dict)  # layer -> [experts list per row]
+    lines: dict = field(default_factory=dict)  # layer -> [line per row]
+    requests: list | None = None  # per row (from the first layer logged)
+    phases: list | None = None  # per row: True prefill, False decode, None unknown
+    where: tuple = ("", 0)  # (file, line) of its first row
+    first_layer: int | None = None  # the layer whose rows give requests and phases
+
+    @property
+    def n_rows(self) -> int:
+        return len(next(iter(self.layers.values()))) if self.layers else 0
+
+
+def _int_field(obj: dict, keys: Sequence[str], what: str, path: str, line: int, required: bool = True,
+               lo: int = 0, hi: int = 2**62):
+    key, v = _first(obj, keys)
+    if key is None:
+        if required:
+            raise InputError(f"JSON Lines: a route line needs a {what} field ({' | '.join(keys)})",
+                             path=path, line=line)
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise InputError(f"JSON Lines: {key} must be an integer, got {json.dumps(v)[:40]}", path=path, line=line)
+    if not lo <= v <= hi:
+        raise InputError(f"JSON Lines: {key} {v} is out of range ({lo} to {hi})", path=path, line=line)
+    return v
+
+
+def _read_file(path: str, stats: dict) -> list[_Pass]:
+    """The forward passes of one log file (see the module docstring)."""
+    from moetrace.inputs.trace import MAX_EXPERT, MAX_LAYER
+
+    try:
+        fh = open(path, "rb")
+    except OSError as e:
+        raise InputError(f"cannot open trace: {e.strerror}", path=path) from None
+    passes: list[_Pass] = []
+    cur: _Pass | None = None
+    cur_id = None
+    next_row: dict[int, int] = {}
+    explicit = None
+    rows = 0
+    with fh:
+        offset = 0
+        for lineno, raw in enumerate(fh, 1):
+            start = offset
+            offset += len(raw)
+            if lineno == 1:
+                from moetrace.inputs.trace import utf16_error
+
+                err = utf16_error(raw, path)
+                if err is not None:
+                    raise err
+            s = raw.strip()
+            if not s:
+                continue
+            try:
+                # strict UTF-8 (json.loads of bytes would let encoded surrogates through)
+                obj = json.loads(s.decode("utf-8").lstrip("\ufeff") if lineno == 1 else s.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                raise InputError(f"JSON Lines: not UTF-8 text (byte 0x{s[e.start]:02x} at column {e.start + 1})",
+                                 path=path, line=lineno, offset=start + e.start) from None
+            except (ValueError, RecursionError) as e:
+                col = getattr(e, "colno", None)
+                raise InputError(f"JSON Lines: not a valid JSON line ({getattr(e, 'msg', type(e).__name__)}"
+                                 + (f" at column {col})" if col else ")"), path=path, line=lineno,
+                                 offset=start) from None
+            if not isinstance(obj, dict):
+                raise InputError(f"JSON Lines: a line must be a JSON object, got {type(obj).__name__}",
+                                 path=path, line=lineno, offset=start)
+            typ = obj.get("type", "route")
+            if typ == "meta":
+                stats.setdefault("meta", {})[path] = obj
+                continue
+            if typ != "route":
+                stats.setdefault("lines_skipped", collections.Counter())[str(typ)[:40]] += 1
+                continue
+            layer = _int_field(obj, LAYER_KEYS, "layer", path, lineno, hi=MAX_LAYER)
+            row = _int_field(obj, ROW_KEYS, "row index", path, lineno, hi=2**31)
+            pid = _int_field(obj, PASS_KEYS, "forward pass", path, lineno, required=False)
+            ekey, ex = _first(obj, EXPERT_KEYS)
+            if ekey is None:
+                raise InputError(f"JSON Lines: a route line needs the experts ({' | '.join(EXPERT_KEYS)})",
+                                 path=path, line=lineno, offset=start)
+            if not isinstance(ex, list) or not ex or not all(isinstance(x, int) and not isinstance(x, bool)
+                                                             for x in ex):
+                raise InputError(f"JSON Lines: {ekey} must be a non-empty list of integers", path=path,
+                                 line=lineno, offset=start)
+            bad = [x for x in ex if not 0 <= x <= MAX_EXPERT]
+            if bad:
+                raise InputError(f"JSON Lines: expert id {bad[0]} in {ekey} is out of range (0 to {MAX_EXPERT})",
+                                 path=path, line=lineno, offset=start)
+            rkey, req = _first(obj, REQUEST_KEYS)
+            if req is not None and (isinstance(req, bool) or not isinstance(req, (str, int)) or not valid_text(req)):
+                raise InputError(f"JSON Lines: {rkey} must be a string (of valid Unicode: no lone surrogate) or an "
+                                 "integer", path=path, line=lineno)
+            phase = None
+            if "phase" in obj:
+                phase = {"prefill": True, "decode": False}.get(obj["phase"]) if isinstance(obj["phase"], str) else None
+                if phase is None:
+                    raise InputError(f"JSON Lines: phase {json.dumps(obj['phase'])[:30]} is neither "
+                                     "\"prefill\" nor \"decode\"", path=path, line=lineno)
+            elif "is_prefill" in obj:
+                if not isinstance(obj["is_prefill"], bool):
+                    raise InputError("JSON Lines: is_prefill must be true or false", path=path, line=lineno)
+                phase = obj["is_prefill"]
+            if explicit is None:
+                explicit = pid is not None
+            elif explicit != (pid is not None):
+                raise InputError("JSON Lines: some route lines name their forward pass and others do not",
+                                 path=path, line=lineno)
+            if explicit:
+                new = cur is None or pid != cur_id
+                if new and cur is not None and pid < cur_id:
+                    raise InputError(f"JSON Lines: forward pass {pid} comes after {cur_id}", path=path,
+                                     line=lineno, hint="the log's lines must be in engine order")
+            else:
+                new = cur is None or (row == 0 and layer in cur.layers)
+            if new:
+                cur = _Pass(len(passes), where=(path, lineno))
+                cur_id = pid
+                passes.append(cur)
+                next_row = {}
+            want = next_row.get(layer, 0)
+            if row != want:
+                raise InputError(f"JSON Lines: row {row} of layer {layer} where row {want} was expected "
+                                 f"(forward pass {cur.index} from line {cur.where[1]})", path=path, line=lineno,
+                                 hint="rows of a pass count 0, 1, 2, ... per layer; is a line missing?")
+            next_row[layer] = row + 1
+            if layer not in cur.layers:
+                cur.layers[layer] = []
+                cur.lines[layer] = []
+                if cur.requests is None:
+                    cur.requests, cur.phases = [], []
+                    cur.first_layer = layer
+            cur.layers[layer].append(ex)
+            cur.lines[layer].append(lineno)
+            if layer == cur.first_layer:
+                cur.requests.append(None if req is None else str(req))
+                cur.phases.append(phase)
+            rows += 1
+    stats["rows_read"] = stats.get("rows_read", 0) + rows
+    for p in passes:
+        counts = {lay: len(v) for lay, v in p.layers.items()}
+        if len(set(counts.values())) > 1:
+            lay = min(counts, key=counts.get)
+            raise InputError(f"JSON Lines: forward pass {p.index} (from line {p.where[1]}) logs "
+                             f"{counts[lay]} rows at layer {lay} but {max(counts.values())} at another layer",
+                             path=path, line=p.lines[lay][-1])
+    return passes
+
+
+def _merge(per_file: list[tuple[str, list[_Pass]]]) -> list[_Pass]:
+    """Merge per-layer files pass by pass (pass i of every file is one forward pass)."""
+    if len(per_file) == 1:
+        return per_file[0][1]
+    n = {path: len(ps) for path, ps in per_file}
+    if len(set(n.values())) > 1:
+        (pa, na), (pb, nb) = min(n.items(), key=lambda x: x[1]), max(n.items(), key=lambda x: x[1])
+        raise InputError(f"JSON Lines: {pa} holds {na} forward passes but {pb} holds {nb}; per-layer files "
+                         "are merged pass by pass", path=pa, hint="were the files written by the same run?")
+    owner: dict[int, str] = {}
+    for path, ps in per_file:
+        for lay in {lay for p in ps for lay in p.layers}:
+            if lay in owner:
+                raise InputError(f"JSON Lines: layer {lay} is logged in {owner[lay]} and in {path}", path=path)
+            owner[lay] = path
+    out = []
+    for i in range(len(per_file[0][1])):
+        base = per_file[0][1][i]
+        merged = _Pass(i, where=base.where, requests=base.requests, phases=base.phases)
+        for path, ps in per_file:
+            p = ps[i]
+            if p.n_rows != base.n_rows:
+                raise InputError(f"JSON Lines: forward pass {i} has {p.n_rows} rows here but {base.n_rows} rows in "
+                                 f"{base.where[0]} (line {base.where[1]})", path=path, line=p.where[1])
+            merged.layers.update(p.layers)
+            merged.lines.update(p.lines)
+        out.append(merged)
+    return out
+
+
+def _route_sig(p: _Pass):
+    """The pass's single route (per layer, the one expert set all its rows share), or None."""
+    sig = []
+    for lay in sorted(p.layers):
+        rows = p.layers[lay]
+        first = frozenset(rows[0])
+        if any(frozenset(r) != first for r in rows[1:]):
+            return None
+        sig.append((lay, first))
+    return tuple(sig)
+
+
+def read_route_log(paths: Sequence[str | os.PathLike], *, min_repeats: int = DEFAULT_MIN_REPEATS,
+                   keep_warmup: bool = False, max_batch: int | None = None,
+                   stats: dict | None = None) -> Iterator[tuple[Record, int]]:
+    """Read engine routing logs (module docstring) as (Record, source rows) pairs of decode tokens.
+
+    stats receives: rows_read, meta, warmup (passes/rows dropped, blocks with
+    reasons), prefill_excluded (rows), forward_passes, decode_passes,
+    requests_from ("req_id" or "decode batch slot"), segments, max_batch.
+    Raises InputError ("JSON Lines: ...", file and line) for bad lines.
+    """
+    if min_repeats < 2:
+        raise UsageError(f"--warmup-min-repeats must be at least 2, got {min_repeats}")
+    stats = stats if stats is not None else {}
+    per_file = [(str(p), _read_file(str(p), stats)) for p in paths]
+    passes = _merge(per_file)
+    stats["forward_passes"] = len(passes)
+    if not passes:
+        raise InputError("JSON Lines: the log holds no route lines", path=str(paths[0]))
+
+    # 1. warm-up: leading passes of one identical route
+    blocks: list[dict] = []
+    dropped_sigs: set = set()
+    w = 0
+    while w < len(passes):
+        p = passes[w]
+        sig = _route_sig(p)
+        if sig is None or not (p.n_rows >= min_repeats or sig in dropped_sigs):
+            break
+        reason = (f"{p.n_rows} rows of one identical route (dummy tokens: profiling or graph capture)"
+                  if sig not in dropped_sigs else "the route of an earlier warm-up pass (graph capture)")
+        if blocks and blocks[-1]["reason"] == reason:
+            blocks[-1]["passes"] += 1
+            blocks[-1]["rows"] += p.n_rows
+        else:
+            blocks.append({"first_pass": p.index, "line": p.where[1], "file": p.where[0], "passes": 1,
+                           "rows": p.n_rows, "reason": reason})
+        dropped_sigs.add(sig)
+        w += 1
+    if keep_warmup:
+        stats["warmup"] = {"steps_dropped": 0, "rows_dropped": 0, "records_dropped": 0, "blocks": [],
+                           "kept": True, "candidates": blocks, "unit": "forward passes"}
+        w = 0
+    else:
+        if w == len(passes):
+            raise InputError(f"JSON Lines: all {len(passes)} forward passes are warm-up junk (one identical "
+                             "route per pass)", path=str(paths[0]), hint="pass --keep-warmup to import them")
+        stats["warmup"] = {"steps_dropped": w, "rows_dropped": int(sum(b["rows"] for b in blocks)),
+                           "records_dropped": 0, "blocks": blocks, "min_repeats": min_repeats,
+                           "unit": "forward passes", "rows_unit": "token rows"}
+    real = passes[w:]
+
+    # 2. requests and phases
+    req_values = {r for p in real for r in p.requests}
+    varying = len(req_values - {None}) > 1 and None not in req_values
+    has_phase = all(ph is not None for p in real for ph in p.phases)
+    if not varying:
+        if max_batch is None:
+            sizes = collections.Counter(p.n_rows for p in real if not has_phase)
+            max_batch = max(sizes.items(), key=lambda x: (x[1], x[0]))[0] if sizes else None
+        stats["max_batch"] = max_batch
+    stats["requests_from"] = "req_id" if varying else "decode batch slot"
+    if not varying and len(req_values) == 1 and None not in req_values:
+        stats.setdefault("notes", []).append(
+            f"req_id is {next(iter(req_values))!r} on every row, so it names no request: requests are "
+            "inferred from the decode batch slot")
+    prefill_rows = 0
+    segment = -1
+    prev_size = None
+    decode_passes = 0
+    sizes_seen: list[int] = []
+    for p in real:
+        n = p.n_rows
+        if has_phase:
+            decode = [not ph for ph in p.phases]
+        elif varying:
+            cnt = collections.Counter(p.requests)
+            decode = [cnt[r] == 1 for r in p.requests]
+        else:
+            decode = [n <= max_batch] * n
+        nd = sum(decode)
+        prefill_rows += n - nd
+        if nd == 0:
+            prev_size = None  # a prefill pass: the batch composition changes
+            continue
+        decode_passes += 1
+        if not varying:
+            if nd != prev_size:
+                segment += 1
+                sizes_seen.append(nd)
+            prev_size = nd
+        slot = 0
+        lays = sorted(p.layers)
+        names = []
+        for j in range(n):
+            if not decode[j]:
+                names.append(None)
+                continue
+            names.append(p.requests[j] if varying else f"s{segment}.{slot}")
+            slot += 1
+        for lay in lays:
+            rows, lines = p.layers[lay], p.lines[lay]
+            for j in range(n):
+                if decode[j]:
+                    yield Record(p.index, lay, rows[j], lines[j], None, names[j]), 1
+    stats["prefill_excluded"] = prefill_rows
+    stats["prefill_unit"] = "token rows"
+    stats["decode_passes"] = decode_passes
+    if not varying:
+        stats["segments"] = segment + 1
+        stats["segment_batch_sizes"] = sizes_seen[:50]
+    if decode_passes == 0:
+        raise InputError(f"JSON Lines: no decode passes among {len(real)} forward passes ({prefill_rows} prefill "
+                         "rows)", path=str(paths[0]),
+                         hint="pass --max-batch N if decode passes have more rows than the inferred batch")
