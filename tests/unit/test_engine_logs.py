@@ -202,7 +202,9 @@ def test_json_lines_errors_name_the_line(tmp_path):
     f.write_text("\n".join(lines) + "\n")
     with pytest.raises(InputError, match=r"line 200: JSON Lines: forward pass 10 has 1 rows here but 2 rows in"):
         import_trace(log.files)
-    # a row index out of sequence
+    # a row index out of sequence (in an intact log)
+    log = write_engine_log(tmp_path / "log3", requests=2, decode_lens=[10, 10])
+    f = log.files[1]
     lines = f.read_text().splitlines()
     row = json.loads(lines[205])
     row["token_idx"] += 3
@@ -300,3 +302,26 @@ def test_old_typed_parquet_still_loads(tmp_path):
     back = load_trace(tmp_path / "old.parquet")
     assert back.requests == ["0"]
     assert np.array_equal(back.table["token"].to_numpy(), tt.table["token"].to_numpy())
+
+
+@pytest.mark.parametrize("real_ids", [False, True])
+def test_streamed_import_of_engine_logs_equals_the_in_memory_one(tmp_path, monkeypatch, real_ids):
+    """Above MOETRACE_STREAM_BYTES the logs are read twice, one forward pass at a time
+    (first the warm-up, sizes and request fields, then the records), written as they
+    come and validated chunk by chunk: the same output and summary as in memory."""
+    log = write_engine_log(tmp_path / "log", requests=4, decode_lens=[30, 30, 20, 30], real_ids=real_ids,
+                           arrivals={3: 4}, seed=2)
+    outs = []
+    for limit, name in ((str(1 << 40), "mem.jsonl"), ("0", "stream.jsonl")):
+        monkeypatch.setenv("MOETRACE_STREAM_BYTES", limit)
+        r = run("trace", "import", *log.files, "-o", tmp_path / name, "--json")
+        outs.append(_json(r))
+    assert (tmp_path / "mem.jsonl").read_text() == (tmp_path / "stream.jsonl").read_text()
+    a, b = outs
+    assert b["source"].endswith("streamed") and not a["source"].endswith("streamed")
+    for key in ("records_written", "steps", "requests", "layers", "experts", "k", "warmup", "prefill_excluded",
+                "rows_read", "requests_from", "segments", "max_batch", "forward_passes", "decode_passes"):
+        assert a.get(key) == b.get(key), key
+    acc_a = {k: v for k, v in a["accounting"].items() if k != "prefill_records_excluded"}
+    assert acc_a == b["accounting"]
+    assert not [f for f in tmp_path.iterdir() if ".tmp-" in f.name]

@@ -734,8 +734,9 @@ def records_from_array(arr: np.ndarray, path: str, where: str, *, n_layers: int 
         if not np.all(np.isfinite(arr)) or not np.all(arr == np.round(arr)):
             bad = np.argwhere(~np.isfinite(arr) | (arr != np.round(arr)))[0]
             raise InputError(f"{where}{list(map(int, bad))} = {arr[tuple(bad)]} is not an integer", path=path)
-        if arr.size and np.abs(arr).max() > _MAX_ID:
-            bad = np.argwhere(np.abs(arr) > _MAX_ID)[0]
+        mag = np.abs(arr.astype(np.float64))  # float16/32 cannot hold the bound itself
+        if arr.size and mag.max() > _MAX_ID:
+            bad = np.argwhere(mag > _MAX_ID)[0]
             raise InputError(f"{where}{list(map(int, bad))} = {arr[tuple(bad)]} is out of range", path=path)
         arr = arr.astype(np.int64)
     elif arr.dtype.kind not in "iu":

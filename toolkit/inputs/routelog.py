@@ -54,6 +54,7 @@ experts, request)``, experts in rank order.
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import os
 from dataclasses import dataclass, field
@@ -140,15 +141,30 @@ def _int_field(obj: dict, keys: Sequence[str], what: str, path: str, line: int, 
     return v
 
 
+def _check_pass(p: _Pass, path: str) -> _Pass:
+    counts = {lay: len(v) for lay, v in p.layers.items()}
+    if len(set(counts.values())) > 1:
+        lay = min(counts, key=counts.get)
+        raise InputError(f"JSON Lines: forward pass {p.index} (from line {p.where[1]}) logs "
+                         f"{counts[lay]} rows at layer {lay} but {max(counts.values())} at another layer",
+                         path=path, line=p.lines[lay][-1])
+    return p
+
+
 def _read_file(path: str, stats: dict) -> list[_Pass]:
     """The forward passes of one log file (see the module docstring)."""
+    return list(_iter_file(path, stats))
+
+
+def _iter_file(path: str, stats: dict) -> Iterator[_Pass]:
+    """The forward passes of one log file, one at a time (a pass is complete when the next begins)."""
     from moetrace.inputs.trace import MAX_EXPERT, MAX_LAYER
 
     try:
         fh = open(path, "rb")
     except OSError as e:
         raise InputError(f"cannot open trace: {e.strerror}", path=path) from None
-    passes: list[_Pass] = []
+    n_passes = 0
     cur: _Pass | None = None
     cur_id = None
     next_row: dict[int, int] = {}
@@ -231,9 +247,11 @@ def _read_file(path: str, stats: dict) -> list[_Pass]:
             else:
                 new = cur is None or (row == 0 and layer in cur.layers)
             if new:
-                cur = _Pass(len(passes), where=(path, lineno))
+                if cur is not None:
+                    yield _check_pass(cur, path)
+                cur = _Pass(n_passes, where=(path, lineno))
+                n_passes += 1
                 cur_id = pid
-                passes.append(cur)
                 next_row = {}
             want = next_row.get(layer, 0)
             if row != want:
@@ -253,45 +271,43 @@ def _read_file(path: str, stats: dict) -> list[_Pass]:
                 cur.requests.append(None if req is None else str(req))
                 cur.phases.append(phase)
             rows += 1
+    if cur is not None:
+        yield _check_pass(cur, path)
     stats["rows_read"] = stats.get("rows_read", 0) + rows
-    for p in passes:
-        counts = {lay: len(v) for lay, v in p.layers.items()}
-        if len(set(counts.values())) > 1:
-            lay = min(counts, key=counts.get)
-            raise InputError(f"JSON Lines: forward pass {p.index} (from line {p.where[1]}) logs "
-                             f"{counts[lay]} rows at layer {lay} but {max(counts.values())} at another layer",
-                             path=path, line=p.lines[lay][-1])
-    return passes
 
 
-def _merge(per_file: list[tuple[str, list[_Pass]]]) -> list[_Pass]:
-    """Merge per-layer files pass by pass (pass i of every file is one forward pass)."""
-    if len(per_file) == 1:
-        return per_file[0][1]
-    n = {path: len(ps) for path, ps in per_file}
-    if len(set(n.values())) > 1:
-        (pa, na), (pb, nb) = min(n.items(), key=lambda x: x[1]), max(n.items(), key=lambda x: x[1])
-        raise InputError(f"JSON Lines: {pa} holds {na} forward passes but {pb} holds {nb}; per-layer files "
-                         "are merged pass by pass", path=pa, hint="were the files written by the same run?")
+def _merge(paths: Sequence[str], stats: dict) -> Iterator[_Pass]:
+    """Merge per-layer files pass by pass (pass i of every file is one forward pass), streaming."""
+    gens = [(p, _iter_file(p, stats)) for p in paths]
+    if len(gens) == 1:
+        yield from gens[0][1]
+        return
     owner: dict[int, str] = {}
-    for path, ps in per_file:
-        for lay in {lay for p in ps for lay in p.layers}:
-            if lay in owner:
-                raise InputError(f"JSON Lines: layer {lay} is logged in {owner[lay]} and in {path}", path=path)
-            owner[lay] = path
-    out = []
-    for i in range(len(per_file[0][1])):
-        base = per_file[0][1][i]
+    i = 0
+    while True:
+        got = [(path, next(g, None)) for path, g in gens]
+        ended = [path for path, p in got if p is None]
+        if ended:
+            if len(ended) == len(got):
+                return
+            n = {path: i + (0 if p is None else 1 + sum(1 for _ in g))
+                 for (path, p), (_, g) in zip(got, gens)}
+            (pa, na), (pb, nb) = min(n.items(), key=lambda x: x[1]), max(n.items(), key=lambda x: x[1])
+            raise InputError(f"JSON Lines: {pa} holds {na} forward passes but {pb} holds {nb}; per-layer files "
+                             "are merged pass by pass", path=pa, hint="were the files written by the same run?")
+        base = got[0][1]
         merged = _Pass(i, where=base.where, requests=base.requests, phases=base.phases)
-        for path, ps in per_file:
-            p = ps[i]
+        for path, p in got:
+            for lay in p.layers:
+                if owner.setdefault(lay, path) != path:
+                    raise InputError(f"JSON Lines: layer {lay} is logged in {owner[lay]} and in {path}", path=path)
             if p.n_rows != base.n_rows:
                 raise InputError(f"JSON Lines: forward pass {i} has {p.n_rows} rows here but {base.n_rows} rows in "
                                  f"{base.where[0]} (line {base.where[1]})", path=path, line=p.where[1])
             merged.layers.update(p.layers)
             merged.lines.update(p.lines)
-        out.append(merged)
-    return out
+        yield merged
+        i += 1
 
 
 def _route_sig(p: _Pass):
@@ -319,58 +335,68 @@ def read_route_log(paths: Sequence[str | os.PathLike], *, min_repeats: int = DEF
     if min_repeats < 2:
         raise UsageError(f"--warmup-min-repeats must be at least 2, got {min_repeats}")
     stats = stats if stats is not None else {}
-    per_file = [(str(p), _read_file(str(p), stats)) for p in paths]
-    passes = _merge(per_file)
-    stats["forward_passes"] = len(passes)
-    if not passes:
-        raise InputError("JSON Lines: the log holds no route lines", path=str(paths[0]))
-
-    # 1. warm-up: leading passes of one identical route
+    spaths = [str(p) for p in paths]
+    # first pass (streaming): warm-up blocks, pass sizes, what the request and phase fields hold
     blocks: list[dict] = []
     dropped_sigs: set = set()
     w = 0
-    while w < len(passes):
-        p = passes[w]
-        sig = _route_sig(p)
-        if sig is None or not (p.n_rows >= min_repeats or sig in dropped_sigs):
-            break
-        reason = (f"{p.n_rows} rows of one identical route (dummy tokens: profiling or graph capture)"
-                  if sig not in dropped_sigs else "the route of an earlier warm-up pass (graph capture)")
-        if blocks and blocks[-1]["reason"] == reason:
-            blocks[-1]["passes"] += 1
-            blocks[-1]["rows"] += p.n_rows
-        else:
-            blocks.append({"first_pass": p.index, "line": p.where[1], "file": p.where[0], "passes": 1,
-                           "rows": p.n_rows, "reason": reason})
-        dropped_sigs.add(sig)
-        w += 1
+    n_passes = 0
+    looking = True
+    sizes: collections.Counter = collections.Counter()
+    req_values: set = set()  # at most two names (and None) are kept: enough to tell constant from varying
+    has_phase = True
+    for p in _merge(spaths, stats):
+        n_passes += 1
+        if looking:
+            sig = _route_sig(p)
+            if sig is not None and (p.n_rows >= min_repeats or sig in dropped_sigs):
+                reason = (f"{p.n_rows} rows of one identical route (dummy tokens: profiling or graph capture)"
+                          if sig not in dropped_sigs else "the route of an earlier warm-up pass (graph capture)")
+                if blocks and blocks[-1]["reason"] == reason:
+                    blocks[-1]["passes"] += 1
+                    blocks[-1]["rows"] += p.n_rows
+                else:
+                    blocks.append({"first_pass": p.index, "line": p.where[1], "file": p.where[0], "passes": 1,
+                                   "rows": p.n_rows, "reason": reason})
+                dropped_sigs.add(sig)
+                w += 1
+                if not keep_warmup:
+                    continue
+            else:
+                looking = False
+        sizes[p.n_rows] += 1
+        if len(req_values) < 3:
+            req_values.update(p.requests)
+        has_phase = has_phase and all(ph is not None for ph in p.phases)
+    stats["forward_passes"] = n_passes
+    if not n_passes:
+        raise InputError("JSON Lines: the log holds no route lines", path=spaths[0])
     if keep_warmup:
         stats["warmup"] = {"steps_dropped": 0, "rows_dropped": 0, "records_dropped": 0, "blocks": [],
                            "kept": True, "candidates": blocks, "unit": "forward passes"}
         w = 0
     else:
-        if w == len(passes):
-            raise InputError(f"JSON Lines: all {len(passes)} forward passes are warm-up junk (one identical "
-                             "route per pass)", path=str(paths[0]), hint="pass --keep-warmup to import them")
+        if w == n_passes:
+            raise InputError(f"JSON Lines: all {n_passes} forward passes are warm-up junk (one identical "
+                             "route per pass)", path=spaths[0], hint="pass --keep-warmup to import them")
         stats["warmup"] = {"steps_dropped": w, "rows_dropped": int(sum(b["rows"] for b in blocks)),
                            "records_dropped": 0, "blocks": blocks, "min_repeats": min_repeats,
                            "unit": "forward passes", "rows_unit": "token rows"}
-    real = passes[w:]
 
-    # 2. requests and phases
-    req_values = {r for p in real for r in p.requests}
+    # requests and phases
     varying = len(req_values - {None}) > 1 and None not in req_values
-    has_phase = all(ph is not None for p in real for ph in p.phases)
     if not varying:
         if max_batch is None:
-            sizes = collections.Counter(p.n_rows for p in real if not has_phase)
-            max_batch = max(sizes.items(), key=lambda x: (x[1], x[0]))[0] if sizes else None
+            mx = max(sizes.items(), key=lambda x: (x[1], x[0]))[0] if sizes and not has_phase else None
+            max_batch = mx
         stats["max_batch"] = max_batch
     stats["requests_from"] = "req_id" if varying else "decode batch slot"
     if not varying and len(req_values) == 1 and None not in req_values:
         stats.setdefault("notes", []).append(
             f"req_id is {next(iter(req_values))!r} on every row, so it names no request: requests are "
             "inferred from the decode batch slot")
+    real = itertools.islice(_merge(spaths, {}), w, None)  # second pass: the records
+    n_real = n_passes - w
     prefill_rows = 0
     segment = -1
     prev_size = None
@@ -417,6 +443,6 @@ def read_route_log(paths: Sequence[str | os.PathLike], *, min_repeats: int = DEF
         stats["segments"] = segment + 1
         stats["segment_batch_sizes"] = sizes_seen[:50]
     if decode_passes == 0:
-        raise InputError(f"JSON Lines: no decode passes among {len(real)} forward passes ({prefill_rows} prefill "
+        raise InputError(f"JSON Lines: no decode passes among {n_real} forward passes ({prefill_rows} prefill "
                          "rows)", path=str(paths[0]),
                          hint="pass --max-batch N if decode passes have more rows than the inferred batch")

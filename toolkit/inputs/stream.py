@@ -91,11 +91,50 @@ def read_chunks(path: str | os.PathLike, block_bytes: int = DEFAULT_BLOCK_BYTES,
     parser then names the line).
     """
     try:
+        if not _objects_only(str(path)):
+            raise _Fallback()
         yield from _read_chunks(path, block_bytes, requests, stats)
     except (InputError, UsageError, _Fallback):
         raise
     except Exception:  # noqa: BLE001 - pyarrow and numpy raise many types on odd input
         raise _Fallback() from None
+
+
+_PRESCANNED: dict = {}
+
+
+def _objects_only(path: str, block: int = 16 << 20) -> bool:
+    """True when every non-blank line of the file starts with '{' (a JSON object).
+
+    pyarrow's JSON reader (26.0) crashes the process (SIGSEGV) on a block that
+    opens with a ``null`` line, so nothing else is handed to it: any other line
+    sends the file to the reference parser, which names it. A numpy pass over
+    the bytes, remembered per (path, size, mtime) for the process."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    key = (path, st.st_size, st.st_mtime_ns)
+    if key in _PRESCANNED:
+        return _PRESCANNED[key]
+    ok = True
+    prev_nl = True  # the file starts a line
+    with open(path, "rb") as fh:
+        while ok:
+            buf = fh.read(block)
+            if not buf:
+                break
+            a = np.frombuffer(buf, np.uint8)
+            starts = np.flatnonzero(a == 10) + 1  # bytes that begin a line
+            if prev_nl:
+                starts = np.concatenate([[0], starts])
+            starts = starts[starts < a.size]
+            first = a[starts]
+            # a line must begin with '{' or be blank ('\n', '\r')
+            ok = bool(np.all((first == ord("{")) | (first == 10) | (first == 13)))
+            prev_nl = a[-1] == 10
+    _PRESCANNED[key] = ok
+    return ok
 
 
 def _read_chunks(path: str | os.PathLike, block_bytes: int, requests: dict | None,
@@ -556,9 +595,14 @@ class TypedStream:
         return acc
 
 
+def stream_limit() -> int:
+    """Inputs larger than this many bytes take the streaming path (MOETRACE_STREAM_BYTES, default 8 MiB)."""
+    return int(os.environ.get("MOETRACE_STREAM_BYTES", STREAM_BYTES))
+
+
 def is_streamable(path: str | os.PathLike, limit: int | None = None) -> bool:
     """An engine JSONL (not a typed Parquet) larger than MOETRACE_STREAM_BYTES (default 8 MiB)."""
-    limit = int(os.environ.get("MOETRACE_STREAM_BYTES", STREAM_BYTES)) if limit is None else limit
+    limit = stream_limit() if limit is None else limit
     try:
         if os.path.getsize(path) <= limit:
             return False
