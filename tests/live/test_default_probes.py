@@ -57,8 +57,12 @@ def test_bpf_stats_count_each_probe_and_switch_off_again(live, tmp_path):
     rt = doc["bpf_runtime"]
     assert rt["stats_enabled"] is True and rt["total_run_time_ns"] > 0
     add = rt["programs"]["pagecache"]["tracepoint__filemap__mm_filemap_add_to_page_cache"]
-    # the program runs from attach to detach; it counts (add_events) only while armed
+    # the program runs from attach to detach; it counts (add_events) only while armed. It is
+    # attached system-wide until detach, so other processes' adds run it while the maps are read
+    # (a CI run with a concurrent job measured run_cnt 1248 before the read, add_runs 1261):
+    # the kernel's run count is read just before and just after the probe's own counter
     st = doc["stats"]["pagecache"]
-    assert add["run_cnt"] == st["add_runs"] >= st["add_events"] > 0
+    assert add["run_cnt"] <= st["add_runs"] <= add["run_cnt_after"]
+    assert st["add_runs"] >= st["add_events"] > 0
     assert rt["per_probe_runs"]["reads"] > 0 and 0 < rt["cpu_fraction_of_wall"] < 1
     assert open("/proc/sys/kernel/bpf_stats_enabled").read().strip() == before

@@ -235,29 +235,34 @@ def _sniff_sep(header: str) -> str:
     return r"\s+"
 
 
-def _read_csv_frame(path: str):
-    """Read a CSV with a header into a DataFrame of strings plus the file line of each row."""
-    import pandas as pd
+def _read_utf8(path: str, hint: str | None = None) -> str:
+    """A whole text file as str: UTF-8 (a BOM allowed); UTF-16 or a byte that is not UTF-8
+    is an InputError with its line, column and offset."""
+    from moetrace.inputs.trace import UTF8_BOM, utf16_error
 
     try:
         with open(path, "rb") as fh:
             data = fh.read()
     except OSError as e:
         raise InputError(f"cannot open trace: {e.strerror}", path=path) from None
-    from moetrace.inputs.trace import UTF8_BOM, utf16_error
-
     err = utf16_error(data, path)
     if err is not None:
         raise err
     bom = len(UTF8_BOM) if data.startswith(UTF8_BOM) else 0
     try:
-        text = data[bom:].decode("utf-8")
+        return data[bom:].decode("utf-8")
     except UnicodeDecodeError as e:
-        e.start += bom
-        line = data.count(b"\n", 0, e.start) + 1
-        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-        raise InputError(f"not UTF-8 text: byte 0x{data[e.start]:02x} at column {col}", path=path, line=line,
-                         offset=e.start, hint="save the CSV as UTF-8") from None
+        at = e.start + bom
+        col = at - (data.rfind(b"\n", 0, at) + 1) + 1
+        raise InputError(f"not UTF-8 text: byte 0x{data[at]:02x} at column {col}", path=path,
+                         line=data.count(b"\n", 0, at) + 1, offset=at, hint=hint) from None
+
+
+def _read_csv_frame(path: str):
+    """Read a CSV with a header into a DataFrame of strings plus the file line of each row."""
+    import pandas as pd
+
+    text = _read_utf8(path, hint="save the CSV as UTF-8")
     if "\0" in text:
         i = text.index("\0")
         raise InputError("a NUL byte in the text (not a CSV file?)", path=path, line=text.count("\n", 0, i) + 1)
@@ -583,23 +588,7 @@ def _as_int(v: str, path: str, line: int) -> int:
 def _load_json(path: str, want_extra: bool = False):
     """A JSON document (InputError with the line of what is wrong). want_extra: return the
     sentinel _JSONL instead of failing when a complete document is followed by more (JSON Lines)."""
-    from moetrace.inputs.trace import UTF8_BOM, utf16_error
-
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read()
-    except OSError as e:
-        raise InputError(f"cannot open trace: {e.strerror}", path=path) from None
-    err = utf16_error(data, path)
-    if err is not None:
-        raise err
-    bom = len(UTF8_BOM) if data.startswith(UTF8_BOM) else 0
-    try:
-        text = data[bom:].decode("utf-8")
-    except UnicodeDecodeError as e:
-        at = e.start + bom
-        raise InputError(f"not UTF-8 text (byte 0x{data[at]:02x})", path=path, line=data.count(b"\n", 0, at) + 1,
-                         offset=at) from None
+    text = _read_utf8(path)
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
@@ -666,20 +655,25 @@ def load_vllm_array(path: str | os.PathLike, key: str | None = None) -> tuple[np
         prompt = _prompt_count(usage.get("prompt_tokens"), spath, "usage.prompt_tokens")
         return arr, prompt, "choices[0].routed_experts"
     try:
-        loaded = np.load(spath, allow_pickle=False)
-    except Exception as e:  # noqa: BLE001 - numpy and zipfile raise many types for a damaged file
-        raise InputError(f"cannot read numpy file ({e})", path=spath,
-                         hint="object arrays are refused; save the routed experts as an int array") from None
-    if isinstance(loaded, np.ndarray):
-        return loaded, None, "array"
-    # an .npz: a zip whose members are read (and may be damaged) one by one
-    with loaded:
+        fh = open(spath, "rb")  # (ours to close: np.load of a path leaks it when a zip is damaged)
+    except OSError as e:
+        raise InputError(f"cannot open trace: {e.strerror}", path=spath) from None
+    with fh:
         try:
-            return _npz_routes(loaded, spath, key)
-        except (InputError, UsageError):
-            raise
-        except Exception as e:  # zipfile, zlib and numpy raise many types for a damaged member
-            raise InputError(f"cannot read the .npz ({type(e).__name__}: {e})", path=spath) from None
+            loaded = np.load(fh, allow_pickle=False)
+        except Exception as e:  # noqa: BLE001 - numpy and zipfile raise many types for a damaged file
+            raise InputError(f"cannot read numpy file ({e})", path=spath,
+                             hint="object arrays are refused; save the routed experts as an int array") from None
+        if isinstance(loaded, np.ndarray):
+            return loaded, None, "array"
+        # an .npz: a zip whose members are read (and may be damaged) one by one
+        with loaded:
+            try:
+                return _npz_routes(loaded, spath, key)
+            except (InputError, UsageError):
+                raise
+            except Exception as e:  # zipfile, zlib and numpy raise many types for a damaged member
+                raise InputError(f"cannot read the .npz ({type(e).__name__}: {e})", path=spath) from None
 
 
 def _npz_routes(loaded, spath: str, key: str | None) -> tuple[np.ndarray, int | None, str]:

@@ -63,7 +63,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from moetrace.errors import InputError, UsageError
-from moetrace.inputs.trace import Record, valid_text
+from moetrace.inputs.trace import Record, json_lines, valid_text
 
 EXPERT_KEYS = ("topk_ids", "expert_ids", "experts")
 LAYER_KEYS = ("layer", "layer_id", "layer_idx")
@@ -160,117 +160,89 @@ def _iter_file(path: str, stats: dict) -> Iterator[_Pass]:
     """The forward passes of one log file, one at a time (a pass is complete when the next begins)."""
     from moetrace.inputs.trace import MAX_EXPERT, MAX_LAYER
 
-    try:
-        fh = open(path, "rb")
-    except OSError as e:
-        raise InputError(f"cannot open trace: {e.strerror}", path=path) from None
     n_passes = 0
     cur: _Pass | None = None
     cur_id = None
     next_row: dict[int, int] = {}
     explicit = None
     rows = 0
-    with fh:
-        offset = 0
-        for lineno, raw in enumerate(fh, 1):
-            start = offset
-            offset += len(raw)
-            if lineno == 1:
-                from moetrace.inputs.trace import utf16_error
-
-                err = utf16_error(raw, path)
-                if err is not None:
-                    raise err
-            s = raw.strip()
-            if not s:
-                continue
-            try:
-                # strict UTF-8 (json.loads of bytes would let encoded surrogates through)
-                obj = json.loads(s.decode("utf-8").lstrip("\ufeff") if lineno == 1 else s.decode("utf-8"))
-            except UnicodeDecodeError as e:
-                raise InputError(f"JSON Lines: not UTF-8 text (byte 0x{s[e.start]:02x} at column {e.start + 1})",
-                                 path=path, line=lineno, offset=start + e.start) from None
-            except (ValueError, RecursionError) as e:
-                col = getattr(e, "colno", None)
-                raise InputError(f"JSON Lines: not a valid JSON line ({getattr(e, 'msg', type(e).__name__)}"
-                                 + (f" at column {col})" if col else ")"), path=path, line=lineno,
-                                 offset=start) from None
-            if not isinstance(obj, dict):
-                raise InputError(f"JSON Lines: a line must be a JSON object, got {type(obj).__name__}",
-                                 path=path, line=lineno, offset=start)
-            typ = obj.get("type", "route")
-            if typ == "meta":
-                stats.setdefault("meta", {})[path] = obj
-                continue
-            if typ != "route":
-                stats.setdefault("lines_skipped", collections.Counter())[str(typ)[:40]] += 1
-                continue
-            layer = _int_field(obj, LAYER_KEYS, "layer", path, lineno, hi=MAX_LAYER)
-            row = _int_field(obj, ROW_KEYS, "row index", path, lineno, hi=2**31)
-            pid = _int_field(obj, PASS_KEYS, "forward pass", path, lineno, required=False)
-            ekey, ex = _first(obj, EXPERT_KEYS)
-            if ekey is None:
-                raise InputError(f"JSON Lines: a route line needs the experts ({' | '.join(EXPERT_KEYS)})",
-                                 path=path, line=lineno, offset=start)
-            if not isinstance(ex, list) or not ex or not all(isinstance(x, int) and not isinstance(x, bool)
-                                                             for x in ex):
-                raise InputError(f"JSON Lines: {ekey} must be a non-empty list of integers", path=path,
-                                 line=lineno, offset=start)
-            bad = [x for x in ex if not 0 <= x <= MAX_EXPERT]
-            if bad:
-                raise InputError(f"JSON Lines: expert id {bad[0]} in {ekey} is out of range (0 to {MAX_EXPERT})",
-                                 path=path, line=lineno, offset=start)
-            rkey, req = _first(obj, REQUEST_KEYS)
-            if req is not None and (isinstance(req, bool) or not isinstance(req, (str, int)) or not valid_text(req)):
-                raise InputError(f"JSON Lines: {rkey} must be a string (of valid Unicode: no lone surrogate) or an "
-                                 "integer", path=path, line=lineno)
-            phase = None
-            if "phase" in obj:
-                phase = {"prefill": True, "decode": False}.get(obj["phase"]) if isinstance(obj["phase"], str) else None
-                if phase is None:
-                    raise InputError(f"JSON Lines: phase {json.dumps(obj['phase'])[:30]} is neither "
-                                     "\"prefill\" nor \"decode\"", path=path, line=lineno)
-            elif "is_prefill" in obj:
-                if not isinstance(obj["is_prefill"], bool):
-                    raise InputError("JSON Lines: is_prefill must be true or false", path=path, line=lineno)
-                phase = obj["is_prefill"]
-            if explicit is None:
-                explicit = pid is not None
-            elif explicit != (pid is not None):
-                raise InputError("JSON Lines: some route lines name their forward pass and others do not",
-                                 path=path, line=lineno)
-            if explicit:
-                new = cur is None or pid != cur_id
-                if new and cur is not None and pid < cur_id:
-                    raise InputError(f"JSON Lines: forward pass {pid} comes after {cur_id}", path=path,
-                                     line=lineno, hint="the log's lines must be in engine order")
-            else:
-                new = cur is None or (row == 0 and layer in cur.layers)
-            if new:
-                if cur is not None:
-                    yield _check_pass(cur, path)
-                cur = _Pass(n_passes, where=(path, lineno))
-                n_passes += 1
-                cur_id = pid
-                next_row = {}
-            want = next_row.get(layer, 0)
-            if row != want:
-                raise InputError(f"JSON Lines: row {row} of layer {layer} where row {want} was expected "
-                                 f"(forward pass {cur.index} from line {cur.where[1]})", path=path, line=lineno,
-                                 hint="rows of a pass count 0, 1, 2, ... per layer; is a line missing?")
-            next_row[layer] = row + 1
-            if layer not in cur.layers:
-                cur.layers[layer] = []
-                cur.lines[layer] = []
-                if cur.requests is None:
-                    cur.requests, cur.phases = [], []
-                    cur.first_layer = layer
-            cur.layers[layer].append(ex)
-            cur.lines[layer].append(lineno)
-            if layer == cur.first_layer:
-                cur.requests.append(None if req is None else str(req))
-                cur.phases.append(phase)
-            rows += 1
+    for lineno, start, obj in json_lines(path, "JSON Lines: ", "not a valid JSON line"):
+        if not isinstance(obj, dict):
+            raise InputError(f"JSON Lines: a line must be a JSON object, got {type(obj).__name__}",
+                             path=path, line=lineno, offset=start)
+        typ = obj.get("type", "route")
+        if typ == "meta":
+            stats.setdefault("meta", {})[path] = obj
+            continue
+        if typ != "route":
+            stats.setdefault("lines_skipped", collections.Counter())[str(typ)[:40]] += 1
+            continue
+        layer = _int_field(obj, LAYER_KEYS, "layer", path, lineno, hi=MAX_LAYER)
+        row = _int_field(obj, ROW_KEYS, "row index", path, lineno, hi=2**31)
+        pid = _int_field(obj, PASS_KEYS, "forward pass", path, lineno, required=False)
+        ekey, ex = _first(obj, EXPERT_KEYS)
+        if ekey is None:
+            raise InputError(f"JSON Lines: a route line needs the experts ({' | '.join(EXPERT_KEYS)})",
+                             path=path, line=lineno, offset=start)
+        if not isinstance(ex, list) or not ex or not all(isinstance(x, int) and not isinstance(x, bool)
+                                                         for x in ex):
+            raise InputError(f"JSON Lines: {ekey} must be a non-empty list of integers", path=path,
+                             line=lineno, offset=start)
+        bad = [x for x in ex if not 0 <= x <= MAX_EXPERT]
+        if bad:
+            raise InputError(f"JSON Lines: expert id {bad[0]} in {ekey} is out of range (0 to {MAX_EXPERT})",
+                             path=path, line=lineno, offset=start)
+        rkey, req = _first(obj, REQUEST_KEYS)
+        if req is not None and (isinstance(req, bool) or not isinstance(req, (str, int)) or not valid_text(req)):
+            raise InputError(f"JSON Lines: {rkey} must be a string (of valid Unicode: no lone surrogate) or an "
+                             "integer", path=path, line=lineno)
+        phase = None
+        if "phase" in obj:
+            phase = {"prefill": True, "decode": False}.get(obj["phase"]) if isinstance(obj["phase"], str) else None
+            if phase is None:
+                raise InputError(f"JSON Lines: phase {json.dumps(obj['phase'])[:30]} is neither "
+                                 "\"prefill\" nor \"decode\"", path=path, line=lineno)
+        elif "is_prefill" in obj:
+            if not isinstance(obj["is_prefill"], bool):
+                raise InputError("JSON Lines: is_prefill must be true or false", path=path, line=lineno)
+            phase = obj["is_prefill"]
+        if explicit is None:
+            explicit = pid is not None
+        elif explicit != (pid is not None):
+            raise InputError("JSON Lines: some route lines name their forward pass and others do not",
+                             path=path, line=lineno)
+        if explicit:
+            new = cur is None or pid != cur_id
+            if new and cur is not None and pid < cur_id:
+                raise InputError(f"JSON Lines: forward pass {pid} comes after {cur_id}", path=path,
+                                 line=lineno, hint="the log's lines must be in engine order")
+        else:
+            new = cur is None or (row == 0 and layer in cur.layers)
+        if new:
+            if cur is not None:
+                yield _check_pass(cur, path)
+            cur = _Pass(n_passes, where=(path, lineno))
+            n_passes += 1
+            cur_id = pid
+            next_row = {}
+        want = next_row.get(layer, 0)
+        if row != want:
+            raise InputError(f"JSON Lines: row {row} of layer {layer} where row {want} was expected "
+                             f"(forward pass {cur.index} from line {cur.where[1]})", path=path, line=lineno,
+                             hint="rows of a pass count 0, 1, 2, ... per layer; is a line missing?")
+        next_row[layer] = row + 1
+        if layer not in cur.layers:
+            cur.layers[layer] = []
+            cur.lines[layer] = []
+            if cur.requests is None:
+                cur.requests, cur.phases = [], []
+                cur.first_layer = layer
+        cur.layers[layer].append(ex)
+        cur.lines[layer].append(lineno)
+        if layer == cur.first_layer:
+            cur.requests.append(None if req is None else str(req))
+            cur.phases.append(phase)
+        rows += 1
     if cur is not None:
         yield _check_pass(cur, path)
     stats["rows_read"] = stats.get("rows_read", 0) + rows

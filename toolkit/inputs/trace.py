@@ -33,6 +33,7 @@ as they are and bounds them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -127,15 +128,8 @@ class TypedTrace:
         }
         tbl = pa.Table.from_pandas(self.table, preserve_index=False)
         tbl = tbl.replace_schema_metadata({**(tbl.schema.metadata or {}), b"moetrace": json.dumps(meta).encode()})
-        tmp = f"{path}.tmp-{os.getpid()}"
-        try:
+        with _atomic(path, "typed trace") as tmp:
             pq.write_table(tbl, tmp)
-            os.replace(tmp, path)
-        except OSError as e:
-            raise InputError(f"cannot write the typed trace: {e.strerror or e}", path=str(path)) from None
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
 
     def request_code(self, name: str) -> int:
         """The code of the request named name (UsageError listing a few names if unknown)."""
@@ -245,24 +239,23 @@ def valid_text(v: object) -> bool:
     return True
 
 
-def read_jsonl(path: str | os.PathLike, stats: dict | None = None) -> Iterator[Record]:
-    """Stream engine-format records from a JSONL file, skipping prefill records
-    (counted in stats["prefill_records"] when a dict is given).
+def json_lines(path: str, prefix: str = "", invalid: str = "not valid JSON") -> Iterator[tuple[int, int, object]]:
+    """(line number, byte offset, decoded value) of every non-blank line of a JSON Lines file.
 
-    Raises InputError with the line (and column) of a malformed record.
-    """
-    spath = str(path)
+    Strict UTF-8 (a BOM allowed on line 1; UTF-16 refused on line 1); a line that
+    is not UTF-8 or not JSON is an InputError with its line, column and offset,
+    its message starting with prefix."""
     try:
-        fh = open(spath, "rb")
+        fh = open(path, "rb")
     except OSError as e:
-        raise InputError(f"cannot open trace: {e.strerror}", path=spath) from None
+        raise InputError(f"cannot open trace: {e.strerror}", path=path) from None
     with fh:
         offset = 0
         for lineno, raw in enumerate(fh, 1):
             start = offset
             offset += len(raw)
             if lineno == 1:
-                err = utf16_error(raw, spath)
+                err = utf16_error(raw, path)
                 if err is not None:
                     raise err
             s = raw.strip()
@@ -272,40 +265,50 @@ def read_jsonl(path: str | os.PathLike, stats: dict | None = None) -> Iterator[R
                 # strict UTF-8 (json.loads of bytes would let encoded surrogates through)
                 obj = json.loads(s.decode("utf-8").lstrip("\ufeff") if lineno == 1 else s.decode("utf-8"))
             except UnicodeDecodeError as e:
-                raise InputError(f"not UTF-8 text (byte 0x{s[e.start]:02x} at column {e.start + 1})",
-                                 path=spath, line=lineno, offset=start + e.start) from None
-            except (json.JSONDecodeError, RecursionError) as e:
+                raise InputError(f"{prefix}not UTF-8 text (byte 0x{s[e.start]:02x} at column {e.start + 1})",
+                                 path=path, line=lineno, offset=start + e.start) from None
+            except (ValueError, RecursionError) as e:
                 col = getattr(e, "colno", None)
-                raise InputError(
-                    f"not valid JSON ({getattr(e, 'msg', type(e).__name__)}" + (f" at column {col})" if col else ")"),
-                    path=spath, line=lineno, offset=start,
-                ) from None
-            if not isinstance(obj, dict):
-                raise InputError("a record must be a JSON object with step, layer, experts",
+                raise InputError(f"{prefix}{invalid} ({getattr(e, 'msg', type(e).__name__)}"
+                                 + (f" at column {col})" if col else ")"), path=path, line=lineno,
+                                 offset=start) from None
+            yield lineno, start, obj
+
+
+def read_jsonl(path: str | os.PathLike, stats: dict | None = None) -> Iterator[Record]:
+    """Stream engine-format records from a JSONL file, skipping prefill records
+    (counted in stats["prefill_records"] when a dict is given).
+
+    Raises InputError with the line (and column) of a malformed record.
+    """
+    spath = str(path)
+    for lineno, start, obj in json_lines(spath):
+        if not isinstance(obj, dict):
+            raise InputError("a record must be a JSON object with step, layer, experts",
+                             path=spath, line=lineno, offset=start)
+        if obj.get("phase") == "prefill":
+            if stats is not None:
+                stats["prefill_records"] = stats.get("prefill_records", 0) + 1
+            continue
+        try:
+            step, layer, experts = obj["step"], obj["layer"], obj["experts"]
+        except KeyError as e:
+            hint = None
+            if obj.get("type") in ("meta", "route") or "topk_ids" in obj:
+                hint = "this is an engine routing log: convert it with `moetrace trace import`"
+            raise InputError(f"record lacks the field {e.args[0]!r}", path=spath, line=lineno,
+                             offset=start, hint=hint) from None
+        if not (_is_int(step) and _is_int(layer)):
+            raise InputError("step and layer must be integers", path=spath, line=lineno, offset=start)
+        if not isinstance(experts, list) or not all(_is_int(x) for x in experts):
+            raise InputError("experts must be a list of integers", path=spath, line=lineno, offset=start)
+        req = obj.get("request")
+        if req is not None:
+            if isinstance(req, bool) or not isinstance(req, (str, int)) or not valid_text(req):
+                raise InputError("request must be a string (of valid Unicode: no lone surrogate) or an integer",
                                  path=spath, line=lineno, offset=start)
-            if obj.get("phase") == "prefill":
-                if stats is not None:
-                    stats["prefill_records"] = stats.get("prefill_records", 0) + 1
-                continue
-            try:
-                step, layer, experts = obj["step"], obj["layer"], obj["experts"]
-            except KeyError as e:
-                hint = None
-                if obj.get("type") in ("meta", "route") or "topk_ids" in obj:
-                    hint = "this is an engine routing log: convert it with `moetrace trace import`"
-                raise InputError(f"record lacks the field {e.args[0]!r}", path=spath, line=lineno,
-                                 offset=start, hint=hint) from None
-            if not (_is_int(step) and _is_int(layer)):
-                raise InputError("step and layer must be integers", path=spath, line=lineno, offset=start)
-            if not isinstance(experts, list) or not all(_is_int(x) for x in experts):
-                raise InputError("experts must be a list of integers", path=spath, line=lineno, offset=start)
-            req = obj.get("request")
-            if req is not None:
-                if isinstance(req, bool) or not isinstance(req, (str, int)) or not valid_text(req):
-                    raise InputError("request must be a string (of valid Unicode: no lone surrogate) or an integer",
-                                     path=spath, line=lineno, offset=start)
-                req = str(req)
-            yield Record(step, layer, experts, lineno, start, req)
+            req = str(req)
+        yield Record(step, layer, experts, lineno, start, req)
 
 
 def _is_int(x: object) -> bool:
@@ -529,21 +532,22 @@ def parse_jsonl(path: str | os.PathLike, k: int | None = None, n_layers: int | N
 
 def write_jsonl(records: Iterable[tuple[int, int, Iterable[int]]], path: str | os.PathLike) -> int:
     """Write (step, layer, experts) records in engine JSONL format, atomically. Returns the count."""
+    return write_records((Record(int(st), int(lay), list(ex)) for st, lay, ex in records), path)
+
+
+@contextlib.contextmanager
+def _atomic(path: str | os.PathLike, what: str) -> Iterator[str]:
+    """A temporary path beside path, moved onto it when the block ends cleanly, removed
+    otherwise; an OSError becomes InputError ("cannot write the <what>")."""
     tmp = f"{path}.tmp-{os.getpid()}"
-    n = 0
     try:
-        with open(tmp, "w") as fh:
-            for step, layer, experts in records:
-                fh.write('{"step": %d, "layer": %d, "experts": [%s]}\n'
-                         % (step, layer, ", ".join(str(int(x)) for x in experts)))
-                n += 1
+        yield tmp
         os.replace(tmp, path)
     except OSError as e:
-        raise InputError(f"cannot write the trace: {e.strerror or e}", path=str(path)) from None
+        raise InputError(f"cannot write the {what}: {e.strerror or e}", path=str(path)) from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return n
 
 
 def _upgrade_v1(df: pd.DataFrame) -> pd.DataFrame:
@@ -623,24 +627,16 @@ def _check_table(tt: TypedTrace) -> None:
 def write_records(records: Iterable[Record], path: str | os.PathLike) -> int:
     """Write records in engine JSONL format (with "request" when they name one), atomically.
     Returns the count."""
-    tmp = f"{path}.tmp-{os.getpid()}"
     n = 0
-    try:
-        with open(tmp, "w") as fh:
-            for r in records:
-                ex = ", ".join(str(int(x)) for x in r.experts)
-                if r.request is None:
-                    fh.write('{"step": %d, "layer": %d, "experts": [%s]}\n' % (r.step, r.layer, ex))
-                else:
-                    fh.write('{"step": %d, "layer": %d, "experts": [%s], "request": %s}\n'
-                             % (r.step, r.layer, ex, json.dumps(r.request)))
-                n += 1
-        os.replace(tmp, path)
-    except OSError as e:
-        raise InputError(f"cannot write the trace: {e.strerror or e}", path=str(path)) from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with _atomic(path, "trace") as tmp, open(tmp, "w") as fh:
+        for r in records:
+            ex = ", ".join(str(int(x)) for x in r.experts)
+            if r.request is None:
+                fh.write('{"step": %d, "layer": %d, "experts": [%s]}\n' % (r.step, r.layer, ex))
+            else:
+                fh.write('{"step": %d, "layer": %d, "experts": [%s], "request": %s}\n'
+                         % (r.step, r.layer, ex, json.dumps(r.request)))
+            n += 1
     return n
 
 

@@ -558,6 +558,10 @@ class _Recording:
         tracepoint) runs when the child exits, while the tables are written."""
         from moetrace.kernel.bpf import release_in_child
 
+        # the programs stay attached (system-wide) until the child below lets go, so other processes'
+        # events still run them while the maps are read: run counts are read before and after the
+        # probes' own counters, through duplicates of the program fds (bcc closes its own)
+        dups = _prog_fd_dups(self.recorders) if self.stats_fd is not None else {}
         self.manifest["bpf_runtime"] = _runtime(self.recorders, self.stats_fd is not None,
                                                 self.t_end - self.t_start)
         t0 = time.perf_counter()
@@ -572,6 +576,7 @@ class _Recording:
                 continue
             if r.collected and r.name not in EXPERTS_PROBES:
                 self._write_probe(r)  # on disk as soon as drained: a later crash cannot lose them
+        _runs_after(dups, self.manifest["bpf_runtime"])
         self.releaser.release()
         self.manifest["detached"] = True
         self.manifest["timings"]["collect_detach_s"] = round(time.perf_counter() - t0, 4)
@@ -686,6 +691,35 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
         return rec.write()
     finally:
         rec.cleanup()
+
+
+def _prog_fd_dups(recorders) -> dict[str, dict[str, int]]:
+    """{probe: {program: a duplicate of its fd}}, to read run counts after bcc closed its fds."""
+    out: dict[str, dict[str, int]] = {}
+    for r in recorders:
+        b = r.bpf_handle()
+        if b is None:
+            continue
+        for name, fn in b.funcs.items():
+            try:
+                out.setdefault(r.name, {})[name.decode() if isinstance(name, bytes) else str(name)] = os.dup(fn.fd)
+            except OSError:
+                pass
+    return out
+
+
+def _runs_after(dups: dict[str, dict[str, int]], runtime: dict[str, Any]) -> None:
+    """Add run_cnt_after (read after every probe's counters) to each program of runtime, close the dups."""
+    from moetrace.kernel.bpf import prog_fdinfo
+
+    progs = runtime.get("programs") or {}
+    for probe, fds in dups.items():
+        for name, fd in fds.items():
+            try:
+                if probe in progs and name in progs[probe]:
+                    progs[probe][name]["run_cnt_after"] = prog_fdinfo(fd).get("run_cnt")
+            finally:
+                os.close(fd)
 
 
 def _runtime(recorders, enabled: bool, wall_ns: int) -> dict[str, Any]:
