@@ -325,3 +325,14 @@ def test_streamed_import_of_engine_logs_equals_the_in_memory_one(tmp_path, monke
     acc_a = {k: v for k, v in a["accounting"].items() if k != "prefill_records_excluded"}
     assert acc_a == b["accounting"]
     assert not [f for f in tmp_path.iterdir() if ".tmp-" in f.name]
+
+
+def test_a_plan_of_a_stray_id_is_refused_by_sim_before_it_allocates(tmp_path):
+    """A stray expert id compiles to a plan of a huge pool; sim says so instead of allocating it."""
+    rows = [{"step": s, "layer": 0, "experts": [s % 7, 10]} for s in range(20)]
+    rows[13]["experts"] = [3, 2_000_000_000]
+    p = _write(tmp_path / "t.jsonl", [json.dumps(r) for r in rows])
+    run("plan", "compile", p, "-o", tmp_path / "p.bin")
+    for args in (("sim", tmp_path / "p.bin"), ("sim", tmp_path / "p.bin", "--order", "sorted")):
+        r = run(*args, ok=False)
+        assert "too large to simulate" in r.output and "2,000,000,001 experts" in r.output, r.output

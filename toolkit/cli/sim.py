@@ -157,8 +157,12 @@ def _streamable(path: str, order, request, kw: dict, info: dict):
         return
     if is_plan(path):
         from moetrace.inputs.plan import read_header
+        from moetrace.inputs.trace import check_dense_pool
 
         h = read_header(path)
+        # the simulators keep state per (layer, expert): a plan compiled from a trace with a stray id
+        # can name a pool of billions (its header says so; nothing is allocated before this)
+        check_dense_pool(h.n_layers, h.n_experts, path, "simulate")
         if request is None and (order is None or order == h.order):
             req = h.meta.get("request")
             info.update(stream=f"the plan's stream ({'request ' + str(req) if req else 'as compiled'})",
