@@ -31,7 +31,8 @@ Reuse W_n
     every request's selections (a trace with no request longer than n tokens
     gives NA). ``W_n stream`` is the same on the pooled stream: every request's
     tokens read as one sequence in forward-pass order (what a trace without
-    requests would say; it overstates reuse when requests run concurrently).
+    requests would say; with concurrent requests it is wrong either way: a
+    short window compares other requests' tokens, a long one pools them).
 Coverage
     Distinct (layer, expert) pairs selected by the first t tokens divided by
     the pool size n_layers * n_experts; per layer, distinct experts / n_experts.

@@ -126,7 +126,7 @@ def stats(traces, counts_path, top_n, preset_name, experts, per_layer, as_json):
         if nreq > 1:
             click.echo("  reuse, stream   " + "  ".join(
                 f"W{w} {_pct(s.get(f'W{w}_stream'))}" for w in loc.REUSE_WINDOWS)
-                + "  (all requests read as one token stream: overstates reuse)")
+                + "  (all requests read as one token stream, as a tool without requests reads them)")
             pr = r["per_request"]
             click.echo(f"  requests        {nreq}: {int(pr['tokens'].min())}-{int(pr['tokens'].max())} tokens; "
                        + "  ".join(f"W{w} median {_pct(pr[f'W{w}'].median())}" for w in loc.REUSE_WINDOWS))
