@@ -136,11 +136,13 @@ def _sigkill_then_next_cell_cleans(setup, mounted_before):
         assert "/sys/kernel/debug" in Path(f"/proc/{pids[0]}/mounts").read_text()
         assert "/sys/kernel/debug" not in _trace_mounts()
     bpids = [int(x) for x in (scope_path(name + ".balloon") / "cgroup.procs").read_text().split()]
-    # the cell sizes its balloon from MemAvailable when it gets there, after its watch probe
-    # compiled (CI: 899 MiB locked where this test's own MemAvailable said 1088): hold the
-    # machine's Mlocked to the balloon's own VmLck, not to a figure computed here
+    # the balloon's own exact oracle: its VmLck is its one locked mapping, resident and locked
+    # in full (the machine's Mlocked is no oracle: anything else may unlock meanwhile; a fresh
+    # machine's CI saw Mlocked - base 26 pages short of the balloon's VmLck)
     locked = _vmlck(bpids[0])
-    assert bpids and locked > 512 * MIB and read_meminfo()["Mlocked_bytes"] - base >= locked
+    maps = _locked_mappings(bpids[0])
+    assert bpids and locked > 512 * MIB and len(maps) == 1, maps
+    assert maps[0] == {"size": locked, "rss": locked, "locked": locked}, maps
     p.kill()
     p.wait(30)
     wait_dead(pids + bpids)  # replay and balloon die with their parent
@@ -156,6 +158,21 @@ def _sigkill_then_next_cell_cleans(setup, mounted_before):
 
     stale = json.loads((setup / "out-next" / "cell.json").read_text())["stale_scopes_removed"]
     assert str(scope_path(name)) in stale and str(scope_path(name + ".balloon")) in stale
+
+
+def _locked_mappings(pid: int) -> list[dict[str, int]]:
+    """{size, rss, locked} bytes of every VM_LOCKED mapping of ``pid`` (/proc/PID/smaps)."""
+    out: list[dict[str, int]] = []
+    cur: dict[str, int] = {}
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        key, _, val = line.partition(":")
+        if key in ("Size", "Rss", "Locked"):
+            cur[key.lower()] = int(val.split()[0]) * 1024
+        elif key == "VmFlags":
+            if "lo" in val.split():
+                out.append(cur)
+            cur = {}
+    return out
 
 
 def _vmlck(pid: int) -> int:

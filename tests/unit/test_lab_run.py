@@ -102,7 +102,8 @@ def test_accel_auto_falls_back_to_tcg_when_kvm_hangs_and_remembers_it(fake, tmp_
     # the next auto run does not try KVM again
     res = L.run_in_guest("6.12", ["true"], tmp_path / "lab2", qemu=str(q), timeout_s=30, accel="auto")
     doc = json.loads((tmp_path / "lab2" / "lab.json").read_text())
-    assert doc["accel"] == "tcg" and "KVM hung this kernel here before" in doc["kvm_fallback"]
+    assert doc["accel"] == "tcg" and "KVM failed this kernel here before" in doc["kvm_fallback"]
+    assert "did not reach COMMAND within 1 s" in doc["kvm_fallback"]
     assert (tmp_path / "kvm.log").read_text() == "kvm\n"
     with pytest.raises(MoetraceError, match="--accel kvm: the guest did not reach COMMAND within 1 s"):
         L.run_in_guest("6.12", ["true"], tmp_path / "lab3", qemu=str(q), timeout_s=30, accel="kvm")
@@ -117,4 +118,42 @@ def test_accel_auto_falls_back_to_tcg_when_kvm_hangs_and_remembers_it(fake, tmp_
     from moetrace.errors import UsageError
     with pytest.raises(UsageError, match="--accel kvm: cannot open /dev/kvm"):
         L.run_in_guest("6.12", ["true"], tmp_path / "lab6", qemu=str(q), timeout_s=30, accel="kvm")
+    assert not list(Path(tmp_path).glob("moetrace-lab-*"))
+
+
+ABORTING_KVM = r'''#!/usr/bin/env python3
+import os, sys
+if "kvm" in sys.argv[1:]:  # QEMU on a host whose KVM refuses an MSR: it aborts at once, console empty
+    open(os.environ["FAKE_KVM_LOG"], "a").write("kvm\n")
+    sys.stderr.write("qemu-system-x86_64: error: failed to set MSR 0x10a to 0x69\n"
+                     "qemu-system-x86_64: ../../target/i386/kvm/kvm.c:2893: kvm_buf_set_msrs: Assertion failed.\n")
+    sys.stderr.flush()
+    os.abort()
+os.execv(sys.executable, [sys.executable, os.environ["FAKE_TCG"], *sys.argv[1:]])
+'''
+
+
+def test_accel_auto_falls_back_to_tcg_when_qemu_aborts_under_kvm(fake, tmp_path, monkeypatch):
+    """A QEMU that aborts under KVM before the guest starts (measured on one machine of this kind:
+    `failed to set MSR 0x10a`, SIGABRT, empty console) is a KVM failure like a hang: auto boots
+    under TCG with QEMU's own words in lab.json and remembers it; --accel kvm fails with them."""
+    q = tmp_path / "qemu-abort"
+    q.write_text(ABORTING_KVM.replace("/usr/bin/env python3", sys.executable))
+    q.chmod(0o755)
+    monkeypatch.setenv("FAKE_TCG", str(fake))
+    monkeypatch.setenv("FAKE_PANICS", "0")
+    monkeypatch.setenv("FAKE_KVM_LOG", str(tmp_path / "kvm.log"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(L, "kvm_unusable", lambda dev="/dev/kvm": None)
+    res = L.run_in_guest("6.12", ["true"], tmp_path / "lab", qemu=str(q), timeout_s=30, accel="auto")
+    doc = json.loads((tmp_path / "lab" / "lab.json").read_text())
+    assert res.exit_status == 5 and doc["accel"] == "tcg"
+    assert doc["kvm_fallback"] == ("QEMU stopped under KVM before COMMAND started (killed by signal 6: "
+                                   "qemu-system-x86_64: error: failed to set MSR 0x10a to 0x69)")
+    res = L.run_in_guest("6.12", ["true"], tmp_path / "lab2", qemu=str(q), timeout_s=30, accel="auto")
+    assert res.doc["accel"] == "tcg" and "failed to set MSR 0x10a" in res.doc["kvm_fallback"]
+    assert res.doc["kvm_fallback"].startswith("KVM not tried: KVM failed this kernel here before")
+    assert (tmp_path / "kvm.log").read_text() == "kvm\n"
+    with pytest.raises(MoetraceError, match="--accel kvm: QEMU stopped under KVM .*signal 6"):
+        L.run_in_guest("6.12", ["true"], tmp_path / "lab3", qemu=str(q), timeout_s=30, accel="kvm")
     assert not list(Path(tmp_path).glob("moetrace-lab-*"))

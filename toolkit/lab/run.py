@@ -7,8 +7,9 @@ The guest: a busybox initramfs built here (the kernel's 9p / virtio modules from
 read-only, a guest tmpfs over /tmp, and one writable 9p share, the lab directory, at
 ``/tmp/lab`` in the guest. The command runs there as PID 1's child with MGLRU switched as
 asked; its exit status, the guest's kernel release and MGLRU state land in ``lab.json``.
-QEMU runs under TCG (this host's nested KVM hangs a stock kernel); a guest still running at
-the timeout is killed (by pid) and reported.
+``--accel auto`` tries KVM first and boots under TCG when KVM fails before COMMAND starts, in
+any way (a hang, an abort, an exit), with the reason in lab.json; a guest still running at the
+timeout is killed (by pid) and reported.
 """
 
 from __future__ import annotations
@@ -276,29 +277,35 @@ def kvm_unusable(dev: str = "/dev/kvm") -> str | None:
 
 
 def accel_cache() -> Path:
-    """Where `--accel auto` remembers a KVM that hung ($XDG_CACHE_HOME or ~/.cache)."""
+    """Where `--accel auto` remembers a KVM that failed ($XDG_CACHE_HOME or ~/.cache)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "moetrace" / "lab-accel.json"
 
 
-def _kvm_hung_before(release: str) -> str | None:
-    """When KVM last hung this guest kernel on this host kernel (ISO time), or None."""
+def _kvm_failed_before(release: str) -> str | None:
+    """"<ISO time>: <reason>" of the last KVM failure of this guest kernel on this host kernel,
+    or None. (Caches written before reasons were kept hold ``kvm_hung``: a hang.)"""
     try:
         seen = json.loads(accel_cache().read_text())
     except (OSError, ValueError):
         return None
     hit = seen.get(f"{os.uname().release} {release}") if isinstance(seen, dict) else None
-    return hit.get("kvm_hung") if isinstance(hit, dict) else None
+    if not isinstance(hit, dict):
+        return None
+    if hit.get("kvm_failed"):
+        return f"{hit['kvm_failed']}: {hit.get('reason') or 'no reason kept'}"
+    return f"{hit['kvm_hung']}: it hung before COMMAND" if hit.get("kvm_hung") else None
 
 
-def _remember_kvm_hung(release: str) -> None:
+def _remember_kvm_failed(release: str, reason: str) -> None:
     path = accel_cache()
     try:
         seen = json.loads(path.read_text())
         seen = seen if isinstance(seen, dict) else {}
     except (OSError, ValueError):
         seen = {}
-    seen[f"{os.uname().release} {release}"] = {"kvm_hung": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    seen[f"{os.uname().release} {release}"] = {"kvm_failed": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                               "reason": reason}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -306,6 +313,24 @@ def _remember_kvm_hung(release: str) -> None:
         os.replace(tmp, path)
     except OSError:  # not remembered: the next auto run tries KVM again
         pass
+
+
+def kvm_failure(status: str, started: bool, rc: int | None, err: bytes, console: str = "") -> str | None:
+    """Why a KVM boot failed before COMMAND started, or None when it did not fail so. Any way
+    counts (environment.md, "Measured turn 3": KVM differs from machine to machine): the guest
+    hung (killed at the KVM deadline), or QEMU stopped before the guest reached COMMAND (an
+    abort such as "failed to set MSR 0x10a", exit -6 with an empty console, or any exit)."""
+    if status == "boot-timeout":
+        return (f"the guest did not reach COMMAND within {KVM_BOOT_DEADLINE_S:.0f} s under KVM "
+                f"(a nested KVM that hangs stock kernels does this)")
+    if started or status != "ok":
+        return None
+    if rc == 0:
+        return f"the guest powered off under KVM before COMMAND started: {_why_stopped(console)}"
+    lines = [ln.strip() for ln in err.decode(errors="replace").splitlines() if ln.strip()]
+    said = next((ln for ln in lines if "error" in ln.lower()), lines[0] if lines else "nothing on stderr")
+    how = f"killed by signal {-rc}" if rc is not None and rc < 0 else f"exit status {rc}"
+    return f"QEMU stopped under KVM before COMMAND started ({how}: {said[:300]})"
 
 
 #: QEMU arguments of each accelerator (TCG's CPU model and threading: see TCG_CPU, TCG_THREAD)
@@ -361,9 +386,9 @@ def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2
             img = pool_image(Path(pool), Path(tmp) / "pool.ext4")
             drives = ["-drive", f"file={img},if=virtio,format=raw,readonly=on"]
         console = Path(tmp) / "console.log"
-        hung = _kvm_hung_before(release) if accel == "auto" and not kvm_why else None
-        if hung:
-            kvm_why = (f"KVM hung this kernel here before ({hung}; remembered in {accel_cache()}: "
+        before = _kvm_failed_before(release) if accel == "auto" and not kvm_why else None
+        if before:
+            kvm_why = (f"KVM failed this kernel here before ({before}; remembered in {accel_cache()}: "
                        f"--accel kvm tries it again)")
         accels = ["kvm", "tcg"] if accel == "auto" and not kvm_why else ["tcg"] if accel != "kvm" else ["kvm"]
         kvm_fallback = None if accel != "auto" or not kvm_why else f"KVM not tried: {kvm_why}"
@@ -381,14 +406,13 @@ def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2
             started = (out / ".guest-status.json").exists
             status, err, rc = _qemu(argv, timeout_s, started, KVM_BOOT_DEADLINE_S if used == "kvm" else None)
             text = console.read_text(errors="replace") if console.exists() else ""
-            if status == "boot-timeout":
-                why = (f"the guest did not reach COMMAND within {KVM_BOOT_DEADLINE_S:.0f} s under KVM "
-                       f"(a nested KVM that hangs stock kernels does this)")
+            why = kvm_failure(status, started(), rc, err, text) if used == "kvm" else None
+            if why:
                 if not accels:
                     (out / "console.log").write_text(text)
                     raise MoetraceError(f"--accel kvm: {why}", hint="--accel tcg (or auto: falls back by itself)")
                 kvm_fallback = why
-                _remember_kvm_hung(release)
+                _remember_kvm_failed(release, why)
                 print(f"moetrace lab: {why}; falling back to TCG (remembered in {accel_cache()})", file=sys.stderr)
                 used = accels.pop(0)
                 for f in (".guest-status.json", "stdout", "stderr"):
