@@ -10,7 +10,9 @@ warn() { printf 'bootstrap: WARNING: %s\n' "$*" >&2; }
 need_apt=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
 # chromium: the HTML report is checked in a real browser (tests/live/test_report_browser.py)
-for p in python3-bpfcc bpfcc-tools python3-venv python3-pip fio chromium; do
+# clang, bpftool, libbpf-dev: the CO-RE probes are compiled once, here (scripts/build-probes.sh);
+# libbpf1 (a dependency of python3-bpfcc) loads them at record time
+for p in python3-bpfcc bpfcc-tools python3-venv python3-pip fio chromium clang bpftool libbpf-dev libbpf1; do
   have_pkg "$p" || need_apt+=("$p")
 done
 krel=$(uname -r)
@@ -43,6 +45,10 @@ if [ -n "${fallback:-}" ] && [ ! -e "/lib/modules/$krel/build/include" ] && [ "$
   warn "no kernel headers for $krel in the distro; linked $fallback instead."
   warn "with mismatched headers only tracepoint-argument (and syscall-argument) probes are safe."
 fi
+
+# The probes, compiled once against this machine's BTF (CO-RE: the objects load on every kernel
+# with BTF, the lab's included). Rebuilds only what is stale.
+bash scripts/build-probes.sh
 
 # The kernel lab's QEMU and kernels (Debian 6.1 and 6.12 with MGLRU): `moetrace lab kernels` and
 # the lab tests read them. Root only; MOETRACE_NO_LAB=1 skips it.

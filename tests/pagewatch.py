@@ -13,7 +13,6 @@ any moment, to hold the recordings against.
 
 from __future__ import annotations
 
-import ctypes
 import threading
 import time
 from pathlib import Path
@@ -25,14 +24,13 @@ import pandas as pd
 class PageWatcher:
     def __init__(self, pool_dir: Path, ring_pages: int = 1024):
         from moetrace.inputs.pool import open_pool
-        from moetrace.kernel.bpf import EventStream, load_probe
-        from moetrace.record.recorder import pool_map
-        from moetrace.record.spec import resolve
-        from moetrace.record.probes.pagecache import EVICTORS
-        from moetrace.record.probes import PROBES
-
         from moetrace.kernel.bpf import require_tracefs
         from moetrace.kernel.features import Features
+        from moetrace.record.probe import RecordContext
+        from moetrace.record.probes import PROBES
+        from moetrace.record.probes.pagecache import EVICTORS, PagecacheRecorder
+        from moetrace.record.recorder import pool_map
+        from moetrace.record.spec import resolve
 
         spec = PROBES["pagecache"]
         self.evictors = EVICTORS
@@ -46,19 +44,14 @@ class PageWatcher:
         plan = resolve(spec, feats)
         assert plan.status != "no", plan.reason
         self.plan = plan
-        knobs = spec.knob_values(**dict(plan.knobs))
-        knobs.update(POOL_DEV=self.pmap.pool_dev, N_EXPERTS=self.pmap.n_total, PPE=self.pmap.pages_per_expert,
-                     WPE=self.pmap.words_per_expert, TRACK_READS=0, FOLLOW_FORKS=0, STREAM_EVENTS=1,
-                     RING_PAGES=ring_pages, EPOCHS=0)
         self.dtype = spec.struct("page_event").dtype()
-        self.probe = load_probe("pagecache", {k: int(v) for k, v in knobs.items()})  # not gated: always counting
-        t = self.probe.table("inodes")
-        for ino, (base, n) in self.pmap.inodes.items():
-            t[t.Key(ino)] = t.Leaf(base, n)
-        stats = self.probe.table("stats")
-        slot = spec.stats.index("ring_drops")
-        self.stream = EventStream(self.probe, "events", self.dtype.itemsize, "ring",
-                                  kernel_lost=lambda: stats[ctypes.c_int(slot)].value)
+        # the pagecache probe's own recorder, ungated (always counting), streaming every add and
+        # delete, following no process, no epochs
+        ctx = RecordContext(features=feats, plan=plan, pmap=self.pmap, stream=True, gated=False,
+                            stream_max_records=50_000_000,
+                            knobs={"TRACK_READS": 0, "FOLLOW_FORKS": 0, "RING_PAGES": ring_pages, "EPOCHS": 0})
+        self.rec = PagecacheRecorder(ctx).open()
+        self.stream = self.rec.stream
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
         self._thread.start()
@@ -77,10 +70,9 @@ class PageWatcher:
         self._stop.set()
         self._thread.join()
         self.stream.poll(0)
-        self.stream.finish()
+        self.rec.close()  # drains the ring, closes the last interval, detaches
         self.lost = self.stream.lost_kernel + self.stream.lost_user
-        raw = self.stream.records()
-        self.probe.close()
+        raw = self.rec.events_raw or b""
         ev = pd.DataFrame(np.frombuffer(raw, self.dtype))
         if ev.empty:
             ev = pd.DataFrame({c: pd.Series(dtype="int64") for c in self.dtype.names})

@@ -16,7 +16,6 @@ Debian's python3-bpfcc is importable from /usr/bin/python3 and venvs made with
 from __future__ import annotations
 
 import ctypes
-import errno
 import os
 import re
 import signal
@@ -152,8 +151,33 @@ class LoadedProbe:
     compile_s: float = 0.0
     attach_s: float = 0.0
 
+    backend = "bcc"
+
     def table(self, name: str):
         return self.bpf[name.encode()]
+
+    def put(self, table: str, key: bytes, value: bytes) -> None:
+        """One map element from raw bytes (the same call on either backend)."""
+        t = self.table(table)
+        t[t.Key.from_buffer_copy(key)] = t.Leaf.from_buffer_copy(value)
+
+    def prog_fds(self) -> dict[str, int]:
+        return prog_fds_of(self.bpf)
+
+    def open_ring(self, table: str, callback) -> None:
+        self.table(table).open_ring_buffer(callback)
+
+    def open_perf(self, table: str, callback, page_cnt: int, lost_cb) -> None:
+        self.table(table).open_perf_buffer(callback, page_cnt=page_cnt, lost_cb=lost_cb)
+
+    def ring_poll(self, timeout_ms: int) -> None:
+        self.bpf.ring_buffer_poll(timeout_ms)
+
+    def ring_consume(self) -> None:
+        self.bpf.ring_buffer_consume()
+
+    def perf_poll(self, timeout_ms: int) -> None:
+        self.bpf.perf_buffer_poll(timeout_ms)
 
     def arm(self, on: bool = True) -> bool:
         """Start (or stop) counting: a probe compiled with MOE_GATED=1 counts only while
@@ -229,6 +253,171 @@ def load_probe(name: str, knobs: dict[str, int | bool], extra_cflags: tuple[str,
     return LoadedProbe(name, b, cflags, t2 - t0, tps, compile_s=t1 - t0, attach_s=t2 - t1)
 
 
+# ---------------------------------------------------------------------------
+# CO-RE objects: compiled once (scripts/build-probes.sh), loaded by libbpf
+
+
+def object_path(name: str) -> Path:
+    """probes/build/<name>.bpf.o (``MOETRACE_PROBE_OBJECTS`` overrides the directory)."""
+    d = os.environ.get("MOETRACE_PROBE_OBJECTS")
+    return (Path(d) if d else PROBES_DIR / "build") / f"{name}.bpf.o"
+
+
+def core_source(name: str) -> Path:
+    return PROBES_DIR / f"{name}.bpf.c"
+
+
+def backend_for(name: str) -> str:
+    """"core" (the CO-RE object through libbpf) where probes/<name>.bpf.c exists, else "bcc";
+    ``MOETRACE_BPF_BACKEND=bcc`` keeps the compile-per-run path (measured against in
+    tests/bench/bench_record.py while both exist)."""
+    want = os.environ.get("MOETRACE_BPF_BACKEND", "").strip().lower()
+    if want == "bcc" and (PROBES_DIR / f"{name}.c").exists():
+        return "bcc"
+    return "core" if core_source(name).exists() else "bcc"
+
+
+def stale_object(name: str) -> str | None:
+    """Why probes/build/<name>.bpf.o cannot be used as it is (missing, older than its sources),
+    with the command that builds it; None when it is current."""
+    obj = object_path(name)
+    fix = "build it: bash scripts/build-probes.sh (make setup runs it)"
+    if not obj.exists():
+        return f"no compiled object {obj}; {fix}"
+    if os.environ.get("MOETRACE_PROBE_OBJECTS"):
+        return None
+    t = obj.stat().st_mtime
+    for src in (core_source(name), PROBES_DIR / "moetrace.bpf.h"):
+        if src.exists() and src.stat().st_mtime > t:
+            return f"{obj} is older than {src.name}; re{fix}"
+    return None
+
+
+@dataclass
+class CoreProbe:
+    """A CO-RE object loaded by libbpf and attached: the same calls as :class:`LoadedProbe`."""
+
+    name: str
+    obj: Any
+    compile_attach_s: float
+    tracepoints: list[str] = field(default_factory=list)
+    closed: bool = False
+    compile_s: float = 0.0  # open + load (libbpf relocations, verifier): no compiler
+    attach_s: float = 0.0
+    attached: dict[str, str] = field(default_factory=dict)  # program -> "kind target"
+    _rings: list = field(default_factory=list)
+    backend = "core"
+
+    @property
+    def bpf(self):  # the bcc object of a LoadedProbe; a CoreProbe has none
+        return None
+
+    def table(self, name: str):
+        return self.obj.map(name)
+
+    def put(self, table: str, key: bytes, value: bytes) -> None:
+        self.obj.map(table).update(key, value)
+
+    def prog_fds(self) -> dict[str, int]:
+        return {} if self.closed else self.obj.prog_fds()
+
+    def open_ring(self, table: str, callback) -> None:
+        from moetrace.kernel.libbpf import RingBuffer
+
+        self._rings.append(RingBuffer(self.obj.map(table), lambda data, size: callback(None, data, size)))
+
+    def open_perf(self, table: str, callback, page_cnt: int, lost_cb) -> None:
+        raise ProbeError(f"probe {self.name}: perf buffers are not used by CO-RE probes (ring buffers are)")
+
+    def ring_poll(self, timeout_ms: int) -> None:
+        for i, r in enumerate(self._rings):
+            r.poll(timeout_ms if i == 0 else 0)
+
+    def ring_consume(self) -> None:
+        for r in self._rings:
+            r.consume()
+
+    def perf_poll(self, timeout_ms: int) -> None:
+        pass
+
+    def arm(self, on: bool = True) -> bool:
+        if self.closed:
+            return False
+        self.obj.store_u32("armed", 1 if on else 0)
+        return True
+
+    def close(self) -> None:
+        """Detach every link and free the maps (idempotent)."""
+        if not self.closed:
+            self.closed = True
+            for r in self._rings:
+                r.free()
+            self._rings = []
+            self.obj.close()
+
+    def __enter__(self) -> "CoreProbe":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def load_core(name: str, knobs: dict[str, int | bool], attach: list[tuple[str, str, str]],
+              map_sizes: dict[str, int] | None = None, gated: bool = False,
+              attach_targets: dict[str, str] | None = None) -> CoreProbe:
+    """Open probes/build/<name>.bpf.o, set its knobs (read-only globals, lower-case names) and map
+    sizes, load only the programs of ``attach`` ((program, kind, target): kind tracepoint
+    "cat:event", kprobe / kretprobe symbol, fentry / fexit / tp_btf), attach them in that order.
+    ``attach_targets``: {program: kernel function} of fentry/fexit programs, set before load.
+    Everything is detached on failure."""
+    from moetrace.kernel.libbpf import BpfObject
+
+    why = stale_object(name)
+    if why:
+        raise ProbeError(f"probe {name}: {why}")
+    t0 = time.perf_counter()
+    obj = BpfObject(object_path(name), name)
+    try:
+        values = {k.lower(): int(v) for k, v in knobs.items()}
+        values["gated"] = int(gated)
+        obj.set_globals(values)
+        for m, n in (map_sizes or {}).items():
+            obj.set_max_entries(m, n)
+        wanted = {prog for prog, _k, _t in attach}
+        for prog in obj.programs:
+            obj.set_autoload(prog, prog in wanted)
+        for prog, func in (attach_targets or {}).items():
+            obj.set_attach_target(prog, func)
+        obj.load()
+        t1 = time.perf_counter()
+        done: dict[str, str] = {}
+        tps: list[str] = []
+        for prog, kind, target in attach:
+            if kind == "tracepoint":
+                cat, ev = target.split(":", 1)
+                obj.attach_tracepoint(prog, cat, ev)
+                tps.append(target)
+            elif kind in ("kprobe", "kretprobe"):
+                obj.attach_kprobe(prog, target, retprobe=kind == "kretprobe")
+            elif kind in ("fentry", "fexit", "tp_btf"):
+                obj.attach_trace(prog)
+            else:
+                raise ProbeError(f"probe {name}: cannot attach {prog} as {kind}")
+            done[prog] = f"{kind} {target}"
+    except BaseException:
+        obj.close()
+        raise
+    t2 = time.perf_counter()
+    return CoreProbe(name, obj, t2 - t0, sorted(tps), compile_s=t1 - t0, attach_s=t2 - t1, attached=done)
+
+
+def prog_fds_of(bpf) -> dict[str, int]:
+    """{program: fd} of a bcc BPF object's loaded programs."""
+    if bpf is None:
+        return {}
+    return {(n.decode() if isinstance(n, bytes) else str(n)): f.fd for n, f in bpf.funcs.items()}
+
+
 def prog_fdinfo(fd: int) -> dict[str, int]:
     """Integer fields of /proc/self/fdinfo/<fd> of a BPF program (prog_id, run_cnt,
     run_time_ns, recursion_misses, ...)."""
@@ -245,14 +434,15 @@ def prog_fdinfo(fd: int) -> dict[str, int]:
     return out
 
 
-def recursion_misses(bpf, default: int | None = None) -> dict[str, int | None]:
-    """{program: runs the kernel skipped to BPF recursion protection} of a bcc BPF object's
-    loaded programs (fdinfo ``recursion_misses``, 5.12+; ``default`` where it is absent):
-    the only loss of in-kernel counters."""
-    if bpf is None:
-        return {}
-    return {(n.decode() if isinstance(n, bytes) else str(n)): prog_fdinfo(f.fd).get("recursion_misses", default)
-            for n, f in bpf.funcs.items()}
+def _fds(progs) -> dict[str, int]:
+    return dict(progs) if isinstance(progs, dict) else prog_fds_of(progs)
+
+
+def recursion_misses(progs, default: int | None = None) -> dict[str, int | None]:
+    """{program: runs the kernel skipped to BPF recursion protection} of loaded programs
+    (``progs``: {program: fd}, or a bcc BPF object) from fdinfo ``recursion_misses`` (5.12+;
+    ``default`` where it is absent): the only loss of in-kernel counters."""
+    return {n: prog_fdinfo(fd).get("recursion_misses", default) for n, fd in _fds(progs).items()}
 
 
 def percpu_sums(table):
@@ -272,16 +462,13 @@ def percpu_sums(table):
     return out
 
 
-def prog_runtime(bpf) -> dict[str, dict[str, int | None]]:
-    """{program: {"run_cnt", "run_time_ns"}} of a bcc BPF object's loaded programs. The
-    kernel counts them only while run-time statistics are on (:func:`enable_stats`)."""
+def prog_runtime(progs) -> dict[str, dict[str, int | None]]:
+    """{program: {"run_cnt", "run_time_ns"}} of loaded programs ({program: fd}, or a bcc BPF
+    object). The kernel counts them only while run-time statistics are on (:func:`enable_stats`)."""
     out: dict[str, dict[str, int | None]] = {}
-    if bpf is None:
-        return out
-    for name, fn in bpf.funcs.items():
-        info = prog_fdinfo(fn.fd)
-        out[name.decode() if isinstance(name, bytes) else str(name)] = {
-            "run_cnt": info.get("run_cnt"), "run_time_ns": info.get("run_time_ns")}
+    for name, fd in _fds(progs).items():
+        info = prog_fdinfo(fd)
+        out[name] = {"run_cnt": info.get("run_cnt"), "run_time_ns": info.get("run_time_ns")}
     return out
 
 
@@ -352,11 +539,10 @@ class EventStream:
         self.intervals: list[IntervalLoss] = []
         self._t0 = time.monotonic_ns()
         self._mark = (0, 0, self._kl0)  # records, lost_user, kernel lost at interval start
-        t = probe.table(table)
         if kind == "ring":
-            t.open_ring_buffer(self._on_record)
+            probe.open_ring(table, self._on_record)
         else:
-            t.open_perf_buffer(self._on_record, page_cnt=page_cnt, lost_cb=self._on_lost)
+            probe.open_perf(table, self._on_record, page_cnt, self._on_lost)
 
     def _kernel_lost_now(self) -> int:
         if self.kind == "perf":
@@ -380,9 +566,9 @@ class EventStream:
     def poll(self, timeout_ms: int = 100) -> None:
         """Consume ready records (waiting at most ``timeout_ms``); close intervals on time."""
         if self.kind == "ring":
-            self.probe.bpf.ring_buffer_poll(timeout_ms)
+            self.probe.ring_poll(timeout_ms)
         else:
-            self.probe.bpf.perf_buffer_poll(timeout_ms)
+            self.probe.perf_poll(timeout_ms)
         now = time.monotonic_ns()
         if now - self._t0 >= self.interval_ns:
             self._close_interval(now)
@@ -397,9 +583,9 @@ class EventStream:
     def finish(self) -> None:
         """Drain what is left and close the last interval."""
         if self.kind == "ring":
-            self.probe.bpf.ring_buffer_consume()
+            self.probe.ring_consume()
         else:
-            self.probe.bpf.perf_buffer_poll(0)
+            self.probe.perf_poll(0)
         self._close_interval(time.monotonic_ns())
 
     @property
@@ -466,53 +652,16 @@ def prog_id_exists(prog_id: int) -> bool:
 
 
 def read_array(table, dtype: np.dtype, value_size: int | None = None) -> np.ndarray:
-    """Every value of a BPF_ARRAY as a numpy structured array, by BPF_MAP_LOOKUP_BATCH
-    (one syscall per 64 Ki entries instead of one per entry); falls back to per-entry
-    lookups where the kernel lacks batch ops. ``value_size``: what the kernel copies per
-    entry when it is not the map's value size (a per-CPU array: 8-byte-rounded value x
-    possible CPUs)."""
-    from bcc.libbcc import lib
+    """Every value of an array map (a bcc table or a :class:`moetrace.kernel.libbpf.Map`) as a
+    numpy structured array, by BPF_MAP_LOOKUP_BATCH (one syscall per 64 Ki entries instead of
+    one per entry; per-entry lookups where the kernel lacks batch ops). ``value_size``: what the
+    kernel copies per entry when it is not the map's value size (a per-CPU array: the
+    8-byte-rounded value x possible CPUs)."""
+    from moetrace.kernel.libbpf import read_array_fd
 
-    n = len(table)
-    dtype = np.dtype(dtype)
-    size = ctypes.sizeof(table.Leaf) if value_size is None else value_size
-    if dtype.itemsize != size:
-        raise ValueError(f"dtype {dtype} ({dtype.itemsize} B) != the map's value size {size} B")
-    out = np.zeros(n, dtype)
-    keys = np.zeros(min(n, 65536), np.uint32)
-    chunk = len(keys)
-    vals = np.zeros(chunk, dtype)
-    in_b, out_b = ctypes.c_uint32(0), ctypes.c_uint32(0)
-    got = 0
-    first = True
-    while got < n:
-        cnt = ctypes.c_uint32(min(chunk, n - got))
-        res = lib.bpf_lookup_batch(table.map_fd, None if first else ctypes.byref(in_b), ctypes.byref(out_b),
-                                   ctypes.c_void_p(keys.ctypes.data), ctypes.c_void_p(vals.ctypes.data),
-                                   ctypes.byref(cnt))
-        err = ctypes.get_errno()
-        k = cnt.value
-        if k:
-            out[keys[:k]] = vals[:k]
-            got += k
-        if res != 0:
-            if err == errno.ENOENT:
-                break
-            if first and err in (errno.EINVAL, 524):  # 524: ENOTSUPP, no batch ops
-                return _read_array_slow(table, dtype)
-            raise OSError(err, f"BPF_MAP_LOOKUP_BATCH: {os.strerror(err)}")
-        first = False
-        in_b.value = out_b.value
-        if k == 0:
-            break
-    return out
-
-
-def _read_array_slow(table, dtype: np.dtype) -> np.ndarray:
-    out = np.zeros(len(table), dtype)
-    for i in range(len(table)):
-        out[i] = np.frombuffer(bytes(table[ctypes.c_int(i)]), dtype)[0]
-    return out
+    if value_size is None:
+        value_size = getattr(table, "value_size", None) or ctypes.sizeof(table.Leaf)
+    return read_array_fd(table.map_fd, len(table), np.dtype(dtype), value_size)
 
 
 # ---------------------------------------------------------------------------

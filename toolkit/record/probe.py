@@ -122,7 +122,7 @@ class ProbeRecorder:
         return bool(self.ctx.gated)
 
     def bpf_handle(self):
-        """The bcc BPF object while attached, else None."""
+        """The bcc BPF object while attached, else None (a CO-RE probe has none)."""
         if self.probe is None or self.probe.closed:
             return None
         return self.probe.bpf
@@ -166,9 +166,35 @@ class ProbeRecorder:
         return plan
 
     def load_planned(self, knobs: dict[str, int], extra_cflags: tuple[str, ...] | None = None):
-        """Compile + load probes/<name>.c with ``knobs``; check that the tracepoints bcc
-        attached are exactly the plan's (groups whose knob is on), attach the plan's kprobes;
-        sets ``probe`` and ``compile_attach_s``. Detaches everything on failure."""
+        """Load the probe with ``knobs`` and attach what its plan says (groups whose knob is on):
+        the CO-RE object through libbpf where probes/<name>.bpf.c exists (no compiler), else
+        compile probes/<name>.c with bcc. Sets ``probe`` and ``compile_attach_s``; detaches
+        everything on failure."""
+        from moetrace.kernel.bpf import backend_for
+
+        off = {g.name for g in self.spec.attach if g.knob is not None and not knobs.get(g.knob, 1)}
+        self.kprobes: dict[str, str] = {}
+        if backend_for(self.name) == "core":
+            return self._load_core(knobs, off)
+        return self._load_bcc(knobs, off, extra_cflags)
+
+    def _load_core(self, knobs: dict[str, int], off: set[str]):
+        from moetrace.kernel.bpf import load_core
+
+        attach = [(e.candidate.fn_name, e.candidate.kind, e.candidate.target) for e in self.ctx.plan.attached
+                  if e.candidate.kind != "debugfs" and e.group not in off]
+        sizes = self.spec.map_sizes(knobs) if self.spec.map_sizes is not None else None
+        try:
+            self.probe = load_core(self.name, knobs, attach, sizes, gated=self.ctx.gated)
+        except ProbeError as e:
+            raise self.error(e.message, hint=e.hint) from None
+        self.compile_attach_s = self.probe.compile_attach_s
+        for e in self.ctx.plan.attached:
+            if e.candidate.kind in ("kprobe", "kretprobe", "fentry", "fexit") and e.group not in off:
+                self.kprobes[e.group] = e.candidate.target
+        return self.probe
+
+    def _load_bcc(self, knobs: dict[str, int], off: set[str], extra_cflags: tuple[str, ...] | None):
         from moetrace.kernel.bpf import QUIET_CFLAGS, load_probe
 
         try:
@@ -177,7 +203,6 @@ class ProbeRecorder:
         except ProbeError as e:
             raise self.error(e.message, hint=e.hint) from None
         self.compile_attach_s = self.probe.compile_attach_s
-        off = {g.name for g in self.spec.attach if g.knob is not None and not knobs.get(g.knob, 1)}
         plan = self.ctx.plan
         planned = sorted(e.candidate.target for e in plan.attached
                          if e.candidate.kind == "tracepoint" and e.group not in off)
@@ -187,7 +212,6 @@ class ProbeRecorder:
             raise self.error(f"probe {self.name} attached {got}, its attach plan says {planned}",
                              hint=f"probes/{self.name}.c and its declaration in moetrace/record/probes/{self.name}.py disagree "
                                   "(tests/*/test_probe_build.py checks them)")
-        self.kprobes: dict[str, str] = {}
         try:
             for e in plan.attached:
                 if e.candidate.kind == "kprobe" and e.group not in off:
@@ -216,20 +240,24 @@ class ProbeRecorder:
             out[k] = int(v)
         return out
 
+    def prog_fds(self) -> dict[str, int]:
+        """{program: fd} of the loaded BPF programs (either backend; {} once detached)."""
+        if self.probe is not None and not self.probe.closed:
+            return self.probe.prog_fds()
+        from moetrace.kernel.bpf import prog_fds_of
+
+        return prog_fds_of(self.bpf_handle())
+
     def prog_ids(self) -> list[int]:
         """Ids of the loaded BPF programs (the kill tests check they are gone)."""
         from moetrace.kernel.bpf import prog_info as bpf_prog_info
 
-        b = self.bpf_handle()
-        if b is None:
-            return []
-        return [i["id"] for i in (bpf_prog_info(f.fd) for f in b.funcs.values()) if i is not None]
+        return [i["id"] for i in (bpf_prog_info(fd) for fd in self.prog_fds().values()) if i is not None]
 
     def recursion_misses(self) -> dict[str, int | None]:
         from moetrace.kernel.bpf import recursion_misses
 
-        b = self.bpf_handle()
-        return {} if b is None else recursion_misses(b)
+        return recursion_misses(self.prog_fds())
 
 
 class EngineProbe(ProbeRecorder):

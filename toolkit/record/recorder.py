@@ -248,13 +248,15 @@ def _features(mount: bool = False):
     return Features("/", mount=mount)
 
 
-def check_can_record(features) -> None:
-    """Refuse without privileges (naming the missing one), tracefs or headers."""
-    from moetrace.kernel.bpf import require_headers, require_privileges, require_tracefs
+def check_can_record(features, probes: tuple[str, ...] | list[str] = ()) -> None:
+    """Refuse without privileges (naming the missing one), tracefs, or the headers a probe still
+    compiled by bcc needs (the CO-RE probes need none)."""
+    from moetrace.kernel.bpf import backend_for, require_headers, require_privileges, require_tracefs
 
     require_privileges(features.privileges)
     require_tracefs(features)
-    require_headers(features)
+    if any(backend_for(p) == "bcc" for p in probes if p in RECORDED):
+        require_headers(features)
 
 
 def record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) -> RecordResult:
@@ -317,7 +319,7 @@ class _Recording:
                 raise UsageError(f"--knob {p}.*: the {p} probe's knobs are derived from the pool and the kernel",
                                  hint=f"--knob applies to {', '.join(p for p in RECORDED if p not in DERIVED_KNOBS)}")
         self.feats = feats = _features()
-        check_can_record(feats)
+        check_can_record(feats, wanted)
         notes.extend(feats.notes)
         self.plans = {p: resolve(PROBES[p], feats) for p in wanted}
         for p, plan in self.plans.items():
@@ -436,7 +438,7 @@ class _Recording:
                                 log_dir=self.log_dir, stream=opts.stream_events, t0_ns=time.monotonic_ns(),
                                 notes=self.notes, say=self.say, stream_max_records=opts.stream_max_records,
                                 knobs=dict(opts.knobs.get(name, {})), gated=True, recording=recording)
-            self.say(f"compiling and attaching {name} ...")
+            self.say(f"loading and attaching {name} ...")
             rec = recorder_class(name)(ctx)
             try:
                 rec.open()
@@ -456,6 +458,7 @@ class _Recording:
             if rec.compile_attach_s is not None:
                 manifest["timings"][f"{name}_compile_attach_s"] = round(rec.compile_attach_s, 4)
             manifest.setdefault("knobs", {})[name] = dict(rec.knobs)
+            self.attach_plan[name]["loader"] = _loader_of(rec)
             rec.describe(manifest)
             self.say(f"attached {name}" + (f" in {rec.compile_attach_s:.2f} s" if rec.compile_attach_s else ""))
 
@@ -693,16 +696,28 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
         rec.cleanup()
 
 
+def _loader_of(rec) -> dict[str, Any]:
+    """How a probe was loaded: "core" (its compiled object through libbpf: no compiler at record
+    time) or "bcc" (compiled from C now), with the object or source file."""
+    from moetrace.kernel.bpf import object_path, probe_source
+
+    probe = getattr(rec, "probe", None)
+    if getattr(probe, "backend", "") == "core":
+        return {"backend": "core", "object": str(object_path(rec.name))}
+    try:
+        src = str(probe_source(rec.name))
+    except MoetraceError:
+        src = None
+    return {"backend": "bcc", "source": src}
+
+
 def _prog_fd_dups(recorders) -> dict[str, dict[str, int]]:
-    """{probe: {program: a duplicate of its fd}}, to read run counts after bcc closed its fds."""
+    """{probe: {program: a duplicate of its fd}}, to read run counts after the loader closed its fds."""
     out: dict[str, dict[str, int]] = {}
     for r in recorders:
-        b = r.bpf_handle()
-        if b is None:
-            continue
-        for name, fn in b.funcs.items():
+        for name, fd in r.prog_fds().items():
             try:
-                out.setdefault(r.name, {})[name.decode() if isinstance(name, bytes) else str(name)] = os.dup(fn.fd)
+                out.setdefault(r.name, {})[name] = os.dup(fd)
             except OSError:
                 pass
     return out
@@ -729,9 +744,9 @@ def _runtime(recorders, enabled: bool, wall_ns: int) -> dict[str, Any]:
 
     progs: dict[str, Any] = {}
     for r in recorders:
-        b = r.bpf_handle()
-        if b is not None:
-            progs[r.name] = prog_runtime(b)
+        fds = r.prog_fds()
+        if fds:
+            progs[r.name] = prog_runtime(fds)
     per = {p: sum(v["run_time_ns"] or 0 for v in fns.values()) for p, fns in progs.items()}
     runs = {p: sum(v["run_cnt"] or 0 for v in fns.values()) for p, fns in progs.items()}
     total = sum(per.values())

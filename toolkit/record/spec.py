@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 if TYPE_CHECKING:
     from moetrace.kernel.features import Features
@@ -149,6 +149,11 @@ class ProbeSpec:
     stats: tuple[str, ...] = ()
     structs: tuple[Struct, ...] = ()
     more_tables: tuple[tuple[str, tuple[Column, ...]], ...] = ()
+    #: {map: max_entries} from the knob values, for the CO-RE object's loader (its C file
+    #: sizes every map 1: the sizes live here, beside the knobs they come from)
+    map_sizes: Callable[[dict[str, int]], dict[str, int]] | None = None
+    #: knobs computed from the others ({knob: value}), applied by :meth:`knob_values` last
+    derived: Callable[[dict[str, Any]], dict[str, int]] | None = None
 
     def tables(self) -> dict[str, tuple[Column, ...]]:
         """{run-directory table: its columns}: ``table``/``schema`` first, then ``more_tables``."""
@@ -167,7 +172,10 @@ class ProbeSpec:
         unknown = set(overrides) - names
         if unknown:
             raise ValueError(f"probe {self.name}: unknown knob(s) {sorted(unknown)}; knobs: {sorted(names)}")
-        return {k.name: overrides.get(k.name, k.default) for k in self.knobs}
+        out = {k.name: overrides.get(k.name, k.default) for k in self.knobs}
+        if self.derived is not None:
+            out.update(self.derived(out))
+        return out
 
     def cflags(self, **overrides: int | str) -> list[str]:
         """``-DNAME=value`` for every knob (defaults, then ``overrides`` by knob name)."""
@@ -232,6 +240,8 @@ class AttachPlan:
     headers: str
     blocked: str = ""
     knobs: dict[str, int] = field(default_factory=dict)
+    #: "core" (the compiled object through libbpf) or "bcc" (compiled from C at load)
+    loader: str = "bcc"
 
     @property
     def status(self) -> Literal["yes", "no", "degraded"]:
@@ -268,7 +278,7 @@ class AttachPlan:
     def to_dict(self) -> dict[str, Any]:
         """For the run manifest and `doctor --json`."""
         return {"probe": self.probe, "status": self.status, "reason": self.reason, "needs": self.needs,
-                "headers": self.headers, "blocked": self.blocked, "knobs": dict(self.knobs),
+                "headers": self.headers, "loader": self.loader, "blocked": self.blocked, "knobs": dict(self.knobs),
                 "entries": [e.to_dict() for e in self.entries]}
 
 
@@ -276,12 +286,12 @@ def _not_checked(reason: str) -> bool:
     return reason.startswith("could not check")
 
 
-def candidate_reason(cand: AttachCandidate, feats: "Features", needs: str) -> str | None:
+def candidate_reason(cand: AttachCandidate, feats: "Features", needs: str, core: bool = False) -> str | None:
     """None when ``cand`` can be attached on ``feats``' kernel, else why not.
 
     Order: infrastructure (tracefs, kprobes, perf, debugfs), then the target itself
-    (format file, kallsyms), then headers (a candidate needing kernel structs with
-    mismatched headers)."""
+    (format file, kallsyms), then headers (a bcc candidate needing kernel structs with
+    mismatched headers; a CO-RE object reads structs through BTF relocations: ``core``)."""
     need = cand.needs or needs
     r: str | None
     if cand.kind in ("tracepoint", "raw_tracepoint"):
@@ -302,7 +312,7 @@ def candidate_reason(cand: AttachCandidate, feats: "Features", needs: str) -> st
             missing = [f for f in cand.fields if f not in fmt]
             if missing:
                 return f"format of {cand.target} lacks {', '.join(missing)} (the probe reads them)"
-    if need == "exact-headers" and cand.kind != "debugfs" and feats.headers != "exact":
+    if need == "exact-headers" and not core and cand.kind != "debugfs" and feats.headers != "exact":
         return f"headers {feats.headers}: {cand.describe()} reads kernel structs ({feats.headers_detail})"
     return None
 
@@ -312,9 +322,16 @@ def resolve(spec: ProbeSpec, feats: "Features | None" = None) -> AttachPlan:
     if feats is None:
         from moetrace.kernel.features import Features
         feats = Features()
+    from moetrace.kernel.bpf import backend_for
+
     blocked = ""
+    loader = backend_for(spec.name)
+    core = loader == "core"
     bpf_groups = any(c.kind != "debugfs" for g in spec.attach for c in g.candidates)
-    if bpf_groups and feats.headers == "none":
+    if bpf_groups and core and not getattr(feats, "btf", True):
+        blocked = ("no kernel BTF (/sys/kernel/btf/vmlinux): libbpf cannot relocate the compiled probe "
+                   "(a kernel built with CONFIG_DEBUG_INFO_BTF=y has it)")
+    elif bpf_groups and not core and feats.headers == "none":
         blocked = f"no kernel headers: bcc cannot compile ({feats.headers_detail})"
     elif bpf_groups:
         ok, detail = feats.bpf()
@@ -325,7 +342,7 @@ def resolve(spec: ProbeSpec, feats: "Features | None" = None) -> AttachPlan:
         tried: list[tuple[AttachCandidate, str]] = []
         chosen: AttachCandidate | None = None
         for c in g.candidates:
-            r = candidate_reason(c, feats, spec.needs)
+            r = candidate_reason(c, feats, spec.needs, core)
             if r is None and blocked and c.kind != "debugfs":
                 r = blocked
             if r is None:
@@ -343,7 +360,8 @@ def resolve(spec: ProbeSpec, feats: "Features | None" = None) -> AttachPlan:
             entries.append(PlanEntry(g.name, g.required, "unavailable", None, reason, checked, tried))
     if blocked and any(e.attached for e in entries):
         blocked = ""  # a BPF-free group (debugfs sampler) still runs: report per group instead
-    return AttachPlan(spec.name, entries, spec.needs, feats.headers, blocked, _derive_knobs(spec, entries, feats))
+    return AttachPlan(spec.name, entries, spec.needs, feats.headers, blocked, _derive_knobs(spec, entries, feats),
+                      loader)
 
 
 def _derive_knobs(spec: ProbeSpec, entries: list[PlanEntry], feats: "Features") -> dict[str, int]:

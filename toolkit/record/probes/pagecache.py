@@ -8,8 +8,8 @@ It feeds the run's ``experts`` table (with block's device bytes: :func:`experts_
 
 from __future__ import annotations
 
-import ctypes
 import os
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +83,8 @@ PAGECACHE = ProbeSpec(
         Knob("WPE", 1, "64-bit bitmap words per expert = ceil(PPE / 64)"),
         Knob("HAVE_ORDER", 1, "1: the add/delete formats carry the folio order (set from the format files)"),
         Knob("MAX_FOLIO_PAGES", 512, "largest folio handled in full; pages beyond it count as unprocessed"),
+        Knob("MAX_SEGS", 514, "derived: expert pieces one folio may span = MAX_FOLIO_PAGES / PPE + 2"),
+        Knob("MAX_WPS", 10, "derived: bitmap words one piece may span = min(PPE, MAX_FOLIO_PAGES) / 64 + 2"),
         Knob("TRACK_READS", 1, "1: count read-syscall bytes of the followed tgids (exit_* groups)"),
         Knob("FOLLOW_FORKS", 1, "1: a followed tgid's new processes are followed too (newtask group)"),
         Knob("STREAM_EVENTS", 0, "1: one ring record per (event, expert piece): the per-page stream"),
@@ -108,6 +110,8 @@ PAGECACHE = ProbeSpec(
         Column("requested_pages", "Int64", "pages", "pages the replay's reads cover (NA without a replay log)"),
         Column("hit_pages", "Int64", "pages", "requested_pages - added_pages (negative: readahead charged here)"),
     ) + _evictor_cols(),
+    map_sizes=lambda k: _map_sizes(k),
+    derived=lambda k: _derived(k),
     more_tables=(
         ("expert_epochs", (
             Column("epoch", "int32", "", "epochs.parquet row: one per replay iteration (or per phase)"),
@@ -138,14 +142,33 @@ PAGECACHE = ProbeSpec(
 )
 
 SPEC = PAGECACHE
+MAX_TGIDS = 1024
+
+
+def _derived(k: dict) -> dict[str, int]:
+    """The loop bounds (the verifier tracks no division, so the loader computes them)."""
+    ppe, mfp = max(1, int(k["PPE"])), int(k["MAX_FOLIO_PAGES"])
+    return {"MAX_SEGS": mfp // ppe + 2, "MAX_WPS": min(ppe, mfp) // 64 + 2}
+
+
+def _map_sizes(k: dict[str, int]) -> dict[str, int]:
+    """The CO-RE object's map sizes from its knobs (probes/pagecache.bpf.c names the maps)."""
+    n, ev = int(k["N_EXPERTS"]), 9  # 9: N_EVICTORS (moetrace.bpf.h; EVICTORS here)
+    eps = int(k["EPOCHS"])
+    return {"inodes": n + 16, "counts": n + 1, "evicted_bm": max(1, n * int(k["WPE"])), "stats": len(SPEC.stats),
+            "tgids": MAX_TGIDS, "evictors": (n + 1) * ev, "task_ctx": int(k["MOE_MAX_TASKS"]),
+            "events": 4096 * (int(k["RING_PAGES"]) if k["STREAM_EVENTS"] else 1), "epoch_now": 1,
+            "epoch_counts": max(1, eps * (n + 1)), "epoch_evictors": max(1, eps * ev)}
 PAGE_EVENT_DTYPE = SPEC.struct("page_event").dtype()
 EXPERT_COUNTS_DTYPE = SPEC.struct("expert_counts").dtype()
 RING_DROPS_SLOT = SPEC.stats.index("ring_drops")
 U64 = np.dtype("<u8")
 
 
-def pagecache_knobs(plan_knobs: dict[str, int], pmap, stream: bool, reads_recorded: bool) -> dict[str, int]:
-    """Every -D knob: the declaration's defaults, the attach plan's, then the pool's."""
+def pagecache_knobs(plan_knobs: dict[str, int], pmap, stream: bool, reads_recorded: bool,
+                    user: dict[str, int] | None = None) -> dict[str, int]:
+    """Every knob: the declaration's defaults, the attach plan's, the pool's, then ``user``'s
+    (``record --knob``, already checked), then the derived ones."""
     from moetrace.run.epochs import epochs_for
 
     over: dict[str, int] = dict(plan_knobs)
@@ -155,6 +178,7 @@ def pagecache_knobs(plan_knobs: dict[str, int], pmap, stream: bool, reads_record
     over["STREAM_EVENTS"] = int(stream)
     if reads_recorded:
         over["TRACK_READS"] = 0  # the reads probe counts every read call: not twice
+    over.update(user or {})
     return {k: int(v) for k, v in SPEC.knob_values(**over).items()}
 
 
@@ -179,11 +203,11 @@ class PagecacheRecorder(ProbeRecorder):
         return self.stream is not None
 
     def open(self) -> "PagecacheRecorder":
-        from moetrace.kernel.bpf import EventStream
+        from moetrace.kernel.bpf import EventStream, read_array
 
         plan = self.require_plan()
         knobs = pagecache_knobs(plan.knobs, self.ctx.pmap, self.ctx.stream,
-                                reads_recorded="reads" in self.ctx.recording)
+                                reads_recorded="reads" in self.ctx.recording, user=self.with_user_knobs({}))
         self.knobs = knobs
         if not knobs["HAVE_ORDER"]:
             self.ctx.notes.append("add/delete tracepoints carry no folio order: every event counts one page")
@@ -194,13 +218,12 @@ class PagecacheRecorder(ProbeRecorder):
                                  for g in sorted(off) if g.startswith("exit_")}
         pmap = self.ctx.pmap
         if pmap is not None:
-            t = self.probe.table("inodes")
             for ino, (base, n) in pmap.inodes.items():
-                t[t.Key(ino)] = t.Leaf(base, n)
+                self.probe.put("inodes", struct.pack("<Q", ino), struct.pack("<II", base, n))
         if self.ctx.stream:
             stats_t = self.probe.table("stats")
             self.stream = EventStream(self.probe, "events", PAGE_EVENT_DTYPE.itemsize, "ring",
-                                      kernel_lost=lambda: stats_t[ctypes.c_int(RING_DROPS_SLOT)].value,
+                                      kernel_lost=lambda: int(read_array(stats_t, U64)[RING_DROPS_SLOT]),
                                       max_records=self.ctx.stream_max_records)
         if knobs.get("EPOCHS"):
             # the replay writes the epoch itself (moetrace.replay.epochs.EpochWriter): an inherited
@@ -224,8 +247,7 @@ class PagecacheRecorder(ProbeRecorder):
             self.epoch_fd = None
 
     def follow(self, pid: int) -> None:
-        tg = self.probe.table("tgids")
-        tg[tg.Key(pid)] = tg.Leaf(1)
+        self.probe.put("tgids", struct.pack("<I", pid), b"\x01")
 
     def poll(self, timeout_ms: int = 0) -> None:
         if self.stream is not None:
@@ -233,7 +255,7 @@ class PagecacheRecorder(ProbeRecorder):
 
     def close(self) -> None:
         """Read the counters (totals, evictors, epochs, stats), finish the stream, detach."""
-        from moetrace.kernel.bpf import array_values, read_array
+        from moetrace.kernel.bpf import read_array
 
         if self.closed:
             return
@@ -251,7 +273,7 @@ class PagecacheRecorder(ProbeRecorder):
                 self.epoch_counts = read_array(self.probe.table("epoch_counts"), EXPERT_COUNTS_DTYPE)
                 self.epoch_evictors = read_array(self.probe.table("epoch_evictors"), U64).astype(
                     np.int64).reshape(-1, len(EVICTORS))
-            self.stats = dict(zip(SPEC.stats, (int(v.value) for v in array_values(self.probe.table("stats")))))
+            self.stats = dict(zip(SPEC.stats, read_array(self.probe.table("stats"), U64).astype(np.int64).tolist()))
             self.misses = self.recursion_misses()
         except Exception as e:  # noqa: BLE001 - a read failure must still detach
             self.abort()
