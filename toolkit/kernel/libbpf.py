@@ -98,11 +98,13 @@ _SIGS: dict[str, tuple] = {
     "btf__resolve_size": (ctypes.c_int64, [ctypes.c_void_p, ctypes.c_uint32]),
     "bpf_map_update_elem": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64]),
     "bpf_map_lookup_elem": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]),
+    "bpf_map_get_next_key": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]),
     "bpf_map_delete_elem": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p]),
     "bpf_map_lookup_batch": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                             ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint32), ctypes.c_void_p]),
     "bpf_map_update_batch": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                                             ctypes.POINTER(ctypes.c_uint32), ctypes.c_void_p]),
+    "libbpf_num_possible_cpus": (ctypes.c_int, []),
     "ring_buffer__new": (ctypes.c_void_p, [ctypes.c_int, RING_SAMPLE_FN, ctypes.c_void_p, ctypes.c_void_p]),
     "ring_buffer__poll": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int]),
     "ring_buffer__consume": (ctypes.c_int, [ctypes.c_void_p]),
@@ -211,6 +213,47 @@ class Map:
         the map's value size (a per-CPU array: the 8-byte-rounded value x possible CPUs)."""
         return read_array_fd(self.fd, self.max_entries, np.dtype(dtype),
                              self.value_size if value_size is None else value_size)
+
+    def read_percpu(self, dtype) -> np.ndarray:
+        """A per-CPU array map as numpy: shape (entries, possible CPUs) of ``dtype`` (the kernel
+        copies each value rounded up to 8 bytes, once per possible CPU)."""
+        dtype = np.dtype(dtype)
+        ncpu = possible_cpus()
+        slot = -(-self.value_size // 8) * 8
+        if dtype.itemsize != self.value_size:
+            raise ValueError(f"map {self.name}: dtype {dtype} is not {self.value_size} B")
+        padded = np.dtype({"names": ["v"], "formats": [dtype], "offsets": [0], "itemsize": slot})
+        raw = read_array_fd(self.fd, self.max_entries, np.dtype((padded, (ncpu,))), slot * ncpu)
+        return raw["v"]
+
+    def percpu_sums(self) -> np.ndarray:
+        """Per-index sums over CPUs of a per-CPU array of u64, as int64."""
+        return self.read_percpu(np.uint64).sum(axis=1, dtype=np.uint64).astype(np.int64)
+
+    def keys(self, key_dtype) -> np.ndarray:
+        """Every key of a hash map (BPF_MAP_GET_NEXT_KEY walk)."""
+        return hash_keys(self.fd, np.dtype(key_dtype))
+
+
+def possible_cpus() -> int:
+    n = lib().libbpf_num_possible_cpus()
+    if n <= 0:
+        raise OSError(-n, "libbpf_num_possible_cpus")
+    return n
+
+
+def hash_keys(fd: int, key_dtype: np.dtype) -> np.ndarray:
+    """The keys of hash map ``fd``, walked with bpf_map_get_next_key."""
+    L = lib()
+    out = []
+    cur = np.zeros(1, key_dtype)
+    nxt = np.zeros(1, key_dtype)
+    prev = None
+    while L.bpf_map_get_next_key(fd, prev, nxt.ctypes.data) == 0:
+        out.append(nxt[0].copy())
+        cur[:] = nxt
+        prev = cur.ctypes.data
+    return np.array(out, dtype=key_dtype)
 
 
 def read_array_fd(fd: int, n: int, dtype: np.dtype, size: int) -> np.ndarray:
