@@ -44,6 +44,10 @@ const volatile u32 gated = 0;
 volatile u32 armed = 0;
 #define MOE_GATE() do { if (gated && !armed) return 0; } while (0)
 
+// 1 while the probe counts (ungated, or armed): for programs that must keep their state while
+// unarmed and gate only what they count (reads: a call entered before arming is timed in full).
+static __always_inline int moe_armed(void) { return !gated || armed; }
+
 // -- the inode -> expert map (pagecache, lru) -------------------------------------------------
 // A pool file's inode maps to the expert id of its first extent and the experts it holds
 // (1: files layout; every expert: one pool file). record/probes/*.py declares the same struct.
@@ -125,12 +129,70 @@ static __always_inline u64 moe_popcount64(u64 x)
     return (x * 0x0101010101010101ULL) >> 56;
 }
 
+// bcc's bpf_log2l: floor(log2(v)) + 1, with 0 and 1 both 1 (slot s of a log2 histogram holds
+// [2^(s-1), 2^s), slot 1 also 0): the convention every recorder's histogram tables decode.
+static __always_inline u32 moe_log2(u32 v)
+{
+    u32 r = (v > 0xFFFF) << 4;
+    v >>= r;
+    u32 shift = (v > 0xFF) << 3;
+    v >>= shift;
+    r |= shift;
+    shift = (v > 0xF) << 2;
+    v >>= shift;
+    r |= shift;
+    shift = (v > 0x3) << 1;
+    v >>= shift;
+    r |= shift;
+    return r | (v >> 1);
+}
+
+static __always_inline u32 moe_log2l(u64 v)
+{
+    u32 hi = v >> 32;
+    return hi ? moe_log2(hi) + 33 : moe_log2((u32)v) + 1;
+}
+
+// Pages of the folio a filemap add/delete event names: 1 << order where the format carries the
+// order (since large folios; have_order: the plan's reading of the format file), else 1.
+static __always_inline u64 moe_folio_pages(struct trace_event_raw_mm_filemap_op_page_cache *ctx, u32 have_order)
+{
+    if (have_order && bpf_core_field_exists(ctx->order))
+        return 1ULL << (ctx->order & 31);
+    return 1;
+}
+
 // One u64 slot of an array map += v (stats, per-class counters).
 static __always_inline void moe_add(void *map, u32 slot, u64 v)
 {
     u64 *p = bpf_map_lookup_elem(map, &slot);
     if (p)
         __sync_fetch_and_add(p, v);
+}
+
+// The task-context bits (CTX_*) of the current thread in a u32 -> u32 map (each probe's
+// `task_ctx`, an LRU hash: the oldest idle task goes first); 0 when it has none.
+static __always_inline u32 moe_ctx_get(void *map)
+{
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    u32 *c = bpf_map_lookup_elem(map, &tid);
+    return c ? *c : 0;
+}
+
+// Set (on) or clear (off) context bits of the current thread, rewriting its entry in place.
+static __always_inline int moe_ctx_set(void *map, u32 bits, int on)
+{
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    u32 *c = bpf_map_lookup_elem(map, &tid);
+    if (c) {
+        *c = on ? (*c | bits) : (*c & ~bits);
+        return 0;
+    }
+    if (!on)
+        return 0;
+    u32 v = bits;
+    bpf_map_update_elem(map, &tid, &v, BPF_ANY);
+    return 0;
 }
 
 #endif  // MOETRACE_BPF_H

@@ -411,6 +411,22 @@ def load_core(name: str, knobs: dict[str, int | bool], attach: list[tuple[str, s
     return CoreProbe(name, obj, t2 - t0, sorted(tps), compile_s=t1 - t0, attach_s=t2 - t1, attached=done)
 
 
+def load_either(name: str, knobs: dict[str, int | bool], attach: list[tuple[str, str, str]],
+                map_sizes: dict[str, int] | None = None, gated: bool = False,
+                extra_cflags: tuple[str, ...] = QUIET_CFLAGS) -> "LoadedProbe | CoreProbe":
+    """Load probe ``name`` by the loader :func:`backend_for` picks and attach ``attach``
+    ((program, kind, target), as :func:`load_core` takes it): the CO-RE object (``map_sizes``
+    apply), or bcc's compile of probes/<name>.c whose programs are plain C functions attached
+    explicitly (tracepoints only: bcc attaches a TRACEPOINT_PROBE by itself). For probes whose
+    recorder runs outside :class:`moetrace.record.probe.ProbeRecorder` (block, reclaim)."""
+    if backend_for(name) == "core":
+        return load_core(name, knobs, attach, map_sizes, gated=gated)
+    other = [f"{kind} {target}" for _p, kind, target in attach if kind != "tracepoint"]
+    if other:
+        raise ProbeError(f"probe {name}: the bcc loader attaches tracepoints only, not {', '.join(other)}")
+    return load_probe(name, knobs, extra_cflags, gated=gated, attach=[(t, p) for p, _k, t in attach])
+
+
 def prog_fds_of(bpf) -> dict[str, int]:
     """{program: fd} of a bcc BPF object's loaded programs."""
     if bpf is None:
@@ -489,6 +505,13 @@ def enable_stats() -> int:
     if fd < 0:
         raise OSError(-fd, f"BPF_ENABLE_STATS: {os.strerror(-fd)}")
     return fd
+
+
+def entry_count(table) -> int:
+    """Entries in a hash map (a bcc table or a CO-RE map)."""
+    if hasattr(table, "keys") and hasattr(table, "key_size"):  # moetrace.kernel.libbpf.Map
+        return len(table.keys(np.dtype((np.void, table.key_size))))
+    return len(table.items())
 
 
 def array_values(table) -> list:

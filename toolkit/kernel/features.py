@@ -25,6 +25,7 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+import errno
 import os
 import re
 import subprocess
@@ -428,6 +429,45 @@ def kprobes_reason(root: str | os.PathLike = "/") -> str | None:
     return "kprobes not built (no kprobe_events in tracefs, no kprobe PMU: CONFIG_KPROBES off)"
 
 
+def fentry_reason(root: str | os.PathLike, func: str, privileged: bool) -> str | None:
+    """None when an fentry program (a BPF trampoline) can be loaded on ``func`` here, else the
+    kernel's reason. Asked by loading a two-instruction fentry program (the live kernel only:
+    a fake tree answers from its files). EPERM before the verifier is a symptom; the causes are
+    named where they can be read: this machine kind's ``kernel.init_private`` (a non-upstream
+    patch that lets only PID 1 load fentry / fexit / fmod_ret / freplace / LSM programs,
+    checked in bpf_prog_load before the verifier; found by reading the kernel's code: no log
+    line, no lockdown message), else lockdown."""
+    if not btf_available(root):
+        return "no kernel BTF (/sys/kernel/btf/vmlinux): fentry needs the function's BTF"
+    ip = (_read(_p(root, "proc/sys/kernel/init_private")) or "").strip()
+    if _rootkey(root) != "/":  # a fake tree: its kallsyms stands for the BTF's functions
+        if not kallsyms_count(func, root):
+            return f"no BTF for function {func} (inlined, or static in several copies)"
+        return _init_private_reason() if ip == "1" else None
+    if not privileged:
+        return "could not check fentry: loading a BPF program needs root (CAP_BPF + CAP_PERFMON)"
+    from moetrace.kernel.libbpf import trial_fentry
+
+    err, log = trial_fentry(func)
+    if err == 0:
+        return None
+    if err == errno.ENOENT and log.startswith("no BTF"):
+        return f"{log} (inlined, or static in several copies)"
+    if err == errno.EPERM and not log:
+        if ip == "1" and os.getpid() != 1:
+            return _init_private_reason()
+        lock = (_read(_p(root, "sys/kernel/security/lockdown")) or "").strip()
+        return ("fentry load refused (EPERM) before the verifier ran" +
+                (f"; lockdown: {lock}" if lock else "") + "; kprobes are the fallback")
+    last = log.splitlines()[-1] if log else ""
+    return f"fentry load refused ({errno.errorcode.get(err, err)}){': ' + last if last else ''}"
+
+
+def _init_private_reason() -> str:
+    return ("kernel.init_private=1: this kernel (a non-upstream patch) lets only PID 1 load fentry/fexit/"
+            "LSM programs (bpf_prog_load returns EPERM before the verifier, with no log)")
+
+
 def btf_available(root: str | os.PathLike = "/") -> bool:
     """True when the kernel exposes its BTF (/sys/kernel/btf/vmlinux)."""
     return _p(root, "sys/kernel/btf/vmlinux").exists()
@@ -655,6 +695,11 @@ class Features:
 
     def kprobes_reason(self) -> str | None:
         return self._memo("kprobes", lambda: kprobes_reason(self.root))
+
+    def fentry_reason(self, func: str) -> str | None:
+        """None when an fentry program on ``func`` loads here, else the kernel's reason."""
+        privileged = bool(self.privileges.get("root") or self.privileges.get("cap_bpf"))
+        return self._memo(("fentry", func), lambda: fentry_reason(self.root, func, privileged))
 
     def symbol_reason(self, symbol: str) -> str | None:
         """None when ``symbol`` is in kallsyms exactly once, else why it cannot be attached."""

@@ -105,6 +105,7 @@ _SIGS: dict[str, tuple] = {
     "bpf_map_update_batch": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                                             ctypes.POINTER(ctypes.c_uint32), ctypes.c_void_p]),
     "libbpf_num_possible_cpus": (ctypes.c_int, []),
+    "btf__load_vmlinux_btf": (ctypes.c_void_p, []),
     "ring_buffer__new": (ctypes.c_void_p, [ctypes.c_int, RING_SAMPLE_FN, ctypes.c_void_p, ctypes.c_void_p]),
     "ring_buffer__poll": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int]),
     "ring_buffer__consume": (ctypes.c_int, [ctypes.c_void_p]),
@@ -542,3 +543,55 @@ class BpfObject:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# ---------------------------------------------------------------------------
+# asking the kernel: can a BPF trampoline (fentry) be loaded here?
+
+_BTF_KIND_FUNC = 12
+_vmlinux_btf = None
+
+
+def vmlinux_func_id(func: str) -> int | None:
+    """The BTF id of kernel function ``func`` in the running kernel's BTF, or None (no BTF, or
+    no such function: inlined, static with several copies, or not built)."""
+    global _vmlinux_btf
+    L = lib()
+    if _vmlinux_btf is None:
+        _vmlinux_btf = L.btf__load_vmlinux_btf() or 0
+    if not _vmlinux_btf:
+        return None
+    tid = L.btf__find_by_name_kind(_vmlinux_btf, func.encode(), _BTF_KIND_FUNC)
+    return tid if tid > 0 else None
+
+
+_BPF_PROG_LOAD = 5
+_BPF_PROG_TYPE_TRACING = 26
+_BPF_TRACE_FENTRY = 24
+
+
+def trial_fentry(func: str) -> tuple[int, str]:
+    """Load (and at once close) a two-instruction fentry program on ``func``: (0, "") when the
+    kernel accepts it, else (errno, the verifier log). Needs CAP_BPF + CAP_PERFMON (root)."""
+    import struct as st
+
+    from moetrace.kernel.syscalls import sys_bpf
+
+    btf_id = vmlinux_func_id(func)
+    if btf_id is None:
+        return errno_mod.ENOENT, f"no BTF for function {func}"
+    insns = ctypes.create_string_buffer(st.pack("<BBhiBBhi", 0xB7, 0, 0, 0, 0x95, 0, 0, 0), 16)  # r0 = 0; exit
+    lic = ctypes.create_string_buffer(b"GPL")
+    log = ctypes.create_string_buffer(1 << 16)
+    attr = (ctypes.c_uint8 * 128)()
+    # union bpf_attr, BPF_PROG_LOAD: prog_type, insn_cnt, insns, license, log_level, log_size,
+    # log_buf, ..., expected_attach_type at 68, attach_btf_id at 108 (UAPI, append-only)
+    st.pack_into("<IIQQIIQ", attr, 0, _BPF_PROG_TYPE_TRACING, 2, ctypes.addressof(insns),
+                 ctypes.addressof(lic), 1, len(log), ctypes.addressof(log))
+    st.pack_into("<I", attr, 68, _BPF_TRACE_FENTRY)
+    st.pack_into("<I", attr, 108, btf_id)
+    fd = sys_bpf(_BPF_PROG_LOAD, attr)
+    if fd >= 0:
+        os.close(fd)
+        return 0, ""
+    return -fd, log.value.decode(errors="replace").strip()

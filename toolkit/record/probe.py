@@ -187,7 +187,7 @@ class ProbeRecorder:
         try:
             self.probe = load_core(self.name, knobs, attach, sizes, gated=self.ctx.gated)
         except ProbeError as e:
-            raise self.error(e.message, hint=e.hint) from None
+            raise self.error(e.message) from None
         self.compile_attach_s = self.probe.compile_attach_s
         for e in self.ctx.plan.attached:
             if e.candidate.kind in ("kprobe", "kretprobe", "fentry", "fexit") and e.group not in off:
@@ -201,7 +201,7 @@ class ProbeRecorder:
             self.probe = load_probe(self.name, knobs, QUIET_CFLAGS if extra_cflags is None else extra_cflags,
                                     gated=self.ctx.gated)
         except ProbeError as e:
-            raise self.error(e.message, hint=e.hint) from None
+            raise self.error(e.message) from None
         self.compile_attach_s = self.probe.compile_attach_s
         plan = self.ctx.plan
         planned = sorted(e.candidate.target for e in plan.attached

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any, Callable, Literal
 if TYPE_CHECKING:
     from moetrace.kernel.features import Features
 
-Kind = Literal["tracepoint", "raw_tracepoint", "kprobe", "kretprobe", "perf_event", "debugfs"]
+Kind = Literal["tracepoint", "raw_tracepoint", "kprobe", "kretprobe", "fentry", "fexit", "perf_event", "debugfs"]
 Needs = Literal["tracepoint-args", "exact-headers"]
-KINDS = ("tracepoint", "raw_tracepoint", "kprobe", "kretprobe", "perf_event", "debugfs")
+KINDS = ("tracepoint", "raw_tracepoint", "kprobe", "kretprobe", "fentry", "fexit", "perf_event", "debugfs")
 from moetrace.probes import PROBES_DIR  # noqa: E402
 
 
@@ -299,6 +299,8 @@ def candidate_reason(cand: AttachCandidate, feats: "Features", needs: str, core:
         r = feats.tracepoint_reason(cat, ev)
     elif cand.kind in ("kprobe", "kretprobe"):
         r = feats.kprobes_reason() or feats.symbol_reason(cand.target)
+    elif cand.kind in ("fentry", "fexit"):
+        r = (None if core else "bcc's C of this probe has no fentry programs") or feats.fentry_reason(cand.target)
     elif cand.kind == "perf_event":
         r = feats.perf_event_reason(cand.target)
     else:  # debugfs
@@ -410,6 +412,13 @@ def kp_cand(sym: str, fn: str | None = None, note: str = "", needs: Needs | None
             kind: Kind = "kprobe") -> AttachCandidate:
     fn = fn or ("kp_" if kind == "kprobe" else "kret_") + sym.replace(".", "_")
     return AttachCandidate(kind, sym, fn, note, needs)
+
+
+def fn_cands(sym: str, note: str = "", needs: Needs | None = None) -> tuple[AttachCandidate, AttachCandidate]:
+    """A kernel function hook: fentry (BPF trampoline: no kprobe machinery, a direct call) where
+    the kernel allows it, else a kprobe; programs fe_<sym> / kp_<sym> of the probe's C."""
+    return (AttachCandidate("fentry", sym, "fe_" + sym.replace(".", "_"), note, needs),
+            AttachCandidate("kprobe", sym, "kp_" + sym.replace(".", "_"), note, needs))
 
 
 def group(name: str, *cands: AttachCandidate, required: bool = True, note: str = "",

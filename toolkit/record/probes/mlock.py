@@ -50,7 +50,8 @@ import numpy as np
 from moetrace.lazyimport import pandas as pd
 
 from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
-                                  AttachGroup, Column, Knob, ProbeSpec, Struct, bcc_tp, group, kp_cand, tp_cand)
+                                  AttachGroup, Column, Knob, ProbeSpec, Struct, bcc_tp, fn_cands, group, kp_cand,
+                                  tp_cand)
 from moetrace.errors import ProbeError
 from moetrace.record.probe import ProbeRecorder, schema_doc
 
@@ -100,15 +101,17 @@ MLOCK = ProbeSpec(
            required=False, knob="MOE_TRACK_EXIT"),
         group("exec", bcc_tp("sched:sched_process_exec", note="execve gives the process a new mm: nothing locked"),
            required=False, knob="MOE_TRACK_EXEC"),
-        group("kp_mlock_folio", kp_cand("mlock_folio", needs="exact-headers",
-                                 note="a folio mlocked (reads folio->flags for PG_head); mlock_page before the "
-                                      "mlock folio conversion (6.1 already has mlock_folio)"),
-           required=False, knob="MOE_KP_MLOCK_FOLIO"),
-        group("kp_mlock_new", kp_cand("mlock_new_folio", needs="exact-headers",
-                               note="renamed from mlock_new_page by the mlock folio conversion (6.3)"),
-           kp_cand("mlock_new_page", needs="exact-headers", note="6.1 name"), required=False, knob="MOE_KP_MLOCK_NEW"),
-        group("kp_munlock", kp_cand("munlock_folio", needs="exact-headers", note="6.3+ name"),
-           kp_cand("munlock_page", needs="exact-headers", note="6.1 name"), required=False, knob="MOE_KP_MUNLOCK"),
+        group("kp_mlock_folio", *fn_cands("mlock_folio", needs="exact-headers",
+                                          note="a folio mlocked (reads folio->flags for PG_head); mlock_page "
+                                               "before the mlock folio conversion (6.1 already has mlock_folio)"),
+              required=False, knob="MOE_KP_MLOCK_FOLIO"),
+        group("kp_mlock_new", *fn_cands("mlock_new_folio", needs="exact-headers",
+                                        note="renamed from mlock_new_page by the mlock folio conversion (6.3)"),
+              *fn_cands("mlock_new_page", needs="exact-headers", note="6.1 name"), required=False,
+              knob="MOE_KP_MLOCK_NEW"),
+        group("kp_munlock", *fn_cands("munlock_folio", needs="exact-headers", note="6.3+ name"),
+              *fn_cands("munlock_page", needs="exact-headers", note="6.1 name"), required=False,
+              knob="MOE_KP_MUNLOCK"),
     ),
     knobs=(
         Knob("MOE_HAVE_MLOCK2", 1, "1: compile mlock2 enter/exit (set from the attach plan)"),
@@ -123,8 +126,9 @@ MLOCK = ProbeSpec(
         Knob("MOE_KP_MLOCK_FOLIO", 0, "1: compile the mlock_folio kprobe (exact headers; set from the plan)"),
         Knob("MOE_KP_MLOCK_NEW", 0, "1: compile the mlock_new_folio / mlock_new_page kprobe"),
         Knob("MOE_KP_MUNLOCK", 0, "1: compile the munlock_folio / munlock_page kprobe"),
-        Knob("MOE_PG_HEAD", -1, "PG_head's bit in folio->flags (6 on 6.12, 16 on 6.1), from the kernel's BTF; "
-                                "-1: from <linux/page-flags.h> (doubles the compile: 18 s under the lab's TCG)"),
+        Knob("MOE_PG_HEAD", -1, "PG_head's bit in folio->flags (6 on 6.12, 16 on 6.1); -1: the running "
+                                "kernel's own (CO-RE: its enum pageflags; bcc: <linux/page-flags.h>, unless the "
+                                "recorder reads it from BTF)"),
         Knob("MOE_MAX_TASKS", 4096, "tid -> call in flight entries"),
         Knob("MOE_MAX_TGIDS", 1024, "followed processes"),
         Knob("MOE_RINGBUF_PAGES", 16, "ring buffer size in pages (power of two)"),
@@ -162,6 +166,8 @@ MLOCK = ProbeSpec(
                                     ("flags", "u32"), ("start", "u64"), ("len", "u64"), ("len2", "u64"),
                                     ("ret", "s64"), ("latency_ns", "u64"))),),
     enrichment=True,
+    map_sizes=lambda k: {"pending_calls": int(k["MOE_MAX_TASKS"]), "tgids": int(k["MOE_MAX_TGIDS"]),
+                         "stats": 9, "events": 4096 * int(k["MOE_RINGBUF_PAGES"])},
 )
 
 SPEC = MLOCK
@@ -459,12 +465,12 @@ class MlockRecorder(ProbeRecorder):
         self.pending_left = 0
 
     def open(self) -> "MlockRecorder":
-        from moetrace.kernel.bpf import EventStream
+        from moetrace.kernel.bpf import EventStream, backend_for, read_array
 
         plan = self.require_plan()
         knobs = {k: int(v) for k, v in SPEC.knob_values(**plan.knobs).items()}
-        if knobs["MOE_PG_HEAD"] < 0 and (knobs["MOE_KP_MLOCK_FOLIO"] or knobs["MOE_KP_MLOCK_NEW"]
-                                         or knobs["MOE_KP_MUNLOCK"]):
+        hooks = knobs["MOE_KP_MLOCK_FOLIO"] or knobs["MOE_KP_MLOCK_NEW"] or knobs["MOE_KP_MUNLOCK"]
+        if knobs["MOE_PG_HEAD"] < 0 and hooks and backend_for(self.name) == "bcc":  # CO-RE: the kernel's enum
             from moetrace.kernel import btf
 
             pg_head = btf.vmlinux().enum_value("PG_head") if btf.vmlinux() is not None else None
@@ -474,18 +480,15 @@ class MlockRecorder(ProbeRecorder):
         self.load_planned(self.knobs, self.extra_cflags)
         stats_t = self.probe.table("stats")
         slot = STATS.index("ring_lost")
-        import ctypes
-
         self.stream = EventStream(self.probe, "events", EVENT_DTYPE.itemsize, "ring",
-                                  kernel_lost=lambda: stats_t[ctypes.c_int(slot)].value,
+                                  kernel_lost=lambda: int(read_array(stats_t, np.uint64)[slot]),
                                   max_records=min(self.ctx.stream_max_records, MAX_RECORDS))
         return self
 
     def follow(self, pid: int) -> None:
         if self.probe is None:
             return
-        t = self.probe.table("tgids")
-        t[t.Key(pid)] = t.Leaf(1)
+        self.probe.put("tgids", int(pid).to_bytes(4, "little"), b"\x01")
         self.followed.append(int(pid))
 
     def poll(self, timeout_ms: int = 0) -> None:
@@ -496,12 +499,12 @@ class MlockRecorder(ProbeRecorder):
         if self.closed or self.probe is None:
             self.closed = True
             return
-        from moetrace.kernel.bpf import array_values
+        from moetrace.kernel.bpf import entry_count, read_array
 
         try:
             self.stream.finish()
-            self.stats = dict(zip(STATS, (int(v.value) for v in array_values(self.probe.table("stats")))))
-            self.pending_left = len(self.probe.table("pending_calls").items())
+            self.stats = dict(zip(STATS, read_array(self.probe.table("stats"), np.uint64).astype(np.int64).tolist()))
+            self.pending_left = entry_count(self.probe.table("pending_calls"))
             raw = self.stream.records()
         finally:
             self.probe.close()
@@ -514,6 +517,15 @@ class MlockRecorder(ProbeRecorder):
         super().abort()
 
     # -- output ----------------------------------------------------------------------------
+    def function_hooks(self) -> dict[str, str]:
+        """{hook group: "fentry <function>" | "kprobe <function>"} of the function hooks attached
+        (fentry where the kernel allows trampolines; the plan says why not where it does not)."""
+        out = {}
+        for e in self.ctx.plan.attached:
+            if e.candidate.kind in ("fentry", "fexit", "kprobe", "kretprobe") and e.group in self.kprobes:
+                out[e.group] = f"{e.candidate.kind} {e.candidate.target}"
+        return out
+
     def replay_check(self) -> dict[str, Any] | None:
         """The probe's locked bytes at the replay's loop entry against the replay's own VmLck
         (replay.json), or None without a replay log."""
@@ -557,6 +569,7 @@ class MlockRecorder(ProbeRecorder):
             "total_locked_bytes_end": total_end,
             "max_total_locked_bytes": int(tot.max()) if len(tot) else 0,
             "kprobes": dict(self.kprobes),
+            "function_hooks": self.function_hooks(),
             "replay_check": self.replay_check(),
             "page_bytes": PAGE,
             "note": "locked bytes per process from its calls (an exact interval set, page-rounded like "
