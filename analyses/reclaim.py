@@ -75,7 +75,10 @@ def compute_psi(snapshots: Mapping[str, Any]) -> pd.DataFrame:
     pre, post = (snapshots or {}).get("pre") or {}, (snapshots or {}).get("post") or {}
     if not pre.get("psi") or not post.get("psi"):
         return pd.DataFrame(columns=["resource", "level", "stall_us", "wall_us", "stall_share"])
-    wall_us = (int(post["monotonic_ns"]) - int(pre["monotonic_ns"])) / 1e3
+    try:
+        wall_us: float | None = (int(post["monotonic_ns"]) - int(pre["monotonic_ns"])) / 1e3
+    except (KeyError, TypeError, ValueError):  # a snapshot without its clock: the stall has no wall
+        wall_us = None
     rows = []
     for res in ("memory", "io", "cpu"):
         for level in ("some", "full"):
@@ -84,7 +87,7 @@ def compute_psi(snapshots: Mapping[str, Any]) -> pd.DataFrame:
             except (KeyError, TypeError):
                 continue
             rows.append({"resource": res, "level": level, "stall_us": d, "wall_us": wall_us,
-                         "stall_share": d / wall_us if wall_us > 0 else None})
+                         "stall_share": d / wall_us if wall_us else None})
     return pd.DataFrame(rows)
 
 

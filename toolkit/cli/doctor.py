@@ -94,7 +94,10 @@ def probe_rows(plans) -> list[Row]:
     """A summary row per probe, then one row per attach group."""
     rows: list[Row] = []
     for name, plan in plans.items():
-        rows.append(_row("probe", name, plan.status, plan.reason or f"all {len(plan.entries)} attach points",
+        how = ("loaded from its compiled CO-RE object (libbpf)" if plan.loader == "core"
+               else "compiled by bcc at load")
+        rows.append(_row("probe", name, plan.status,
+                         (plan.reason or f"all {len(plan.entries)} attach points") + f"; {how}",
                          checked=all(e.checked for e in plan.entries)))
         for e in plan.entries:
             if e.attached:

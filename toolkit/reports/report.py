@@ -486,7 +486,8 @@ def section_reclaim(rep: Report, run, it: pd.DataFrame | None) -> None:
     if len(psi):
         rep.table("reclaim_psi", psi, "Pressure stall (PSI) over the recording", None)
         m = psi[(psi["resource"] == "memory") & (psi["level"] == "some")]
-        rep.summary["psi_memory_some_share"] = float(m["stall_share"].iloc[0]) if len(m) else None
+        share = m["stall_share"].iloc[0] if len(m) else None
+        rep.summary["psi_memory_some_share"] = None if share is None or pd.isna(share) else float(share)
     if it is not None and len(it):
         w = R.compute_refault_windows(it)
         fig, ax = F.new_figure()
