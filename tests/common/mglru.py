@@ -97,6 +97,8 @@ def _tree(root: Path, mglru: bool = True, debugfs: bool = True, text: str | None
     inc = root / "lib/modules/6.12.95+deb12-amd64/build/include/generated"
     inc.mkdir(parents=True)
     (inc / "utsrelease.h").write_text('#define UTS_RELEASE "6.12.95+deb12-amd64"\n')
+    (root / "sys/kernel/btf").mkdir(parents=True)  # BTF, as every lab kernel has (the CO-RE object needs it)
+    (root / "sys/kernel/btf/vmlinux").write_bytes(b"")
     if mglru:
         (root / "sys/kernel/mm/lru_gen").mkdir(parents=True)
         (root / "sys/kernel/mm/lru_gen/enabled").write_text("0x0007\n")

@@ -43,7 +43,7 @@ def test_full_default_set_records_on_612_with_mglru_under_a_v2_memcg(lab_pool, t
     assert m["complete"] is True and m["exit_status"] == 0 and m["kernel"]["release"] == K612
     assert m["mglru"]["on"] is True and m["cgroup"] == "/sys/fs/cgroup/lab"
     assert {p: a["recorded"] for p, a in m["attach_plan"].items()} == {p: True for p in DEFAULT_RECORD}
-    assert "failed_probes" not in m and m["knobs"]["mlock"]["MOE_PG_HEAD"] == 6  # 6.12's PG_head, from its BTF
+XX
     for table in ("experts", "epochs", "lru", "reclaim", "mlock", "block_latency", "reads", "stacks", "lru_gen",
                   "mglru_aging"):
         assert (run / f"{table}.parquet").is_file(), table

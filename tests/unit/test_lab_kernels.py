@@ -9,7 +9,8 @@ import pytest
 
 from moetrace.errors import InputError
 from moetrace.kernel import btf as B
-from moetrace.lab.kernels import kernel_facts, parse_config
+from moetrace.kernel.kconfig import parse_config
+from moetrace.lab.kernels import kernel_facts
 
 
 def _btf(types: list[tuple[int, str, int, int, bytes]]) -> bytes:

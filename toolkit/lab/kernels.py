@@ -11,7 +11,6 @@ before booting it.
 
 from __future__ import annotations
 
-import gzip
 import os
 import platform
 from dataclasses import asdict, dataclass, field
@@ -25,19 +24,6 @@ LAB_FUNCTIONS = ("evict_folios", "isolate_folios", "should_run_aging", "try_to_i
 CONFIG_KEYS = ("CONFIG_LRU_GEN", "CONFIG_LRU_GEN_ENABLED", "CONFIG_KPROBES", "CONFIG_DEBUG_INFO_BTF",
                "CONFIG_BPF_SYSCALL", "CONFIG_MEMCG", "CONFIG_9P_FS", "CONFIG_VIRTIO_BLK", "CONFIG_KERNEL_XZ",
                "CONFIG_KERNEL_ZSTD")
-
-
-def parse_config(text: str) -> dict[str, str]:
-    """A kernel .config: {CONFIG_X: 'y' | 'm' | value}; '# CONFIG_X is not set' gives 'n'."""
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("# CONFIG_") and line.endswith(" is not set"):
-            out[line[2:-len(" is not set")]] = "n"
-        elif line.startswith("CONFIG_") and "=" in line:
-            k, _, v = line.partition("=")
-            out[k] = v.strip('"')
-    return out
 
 
 @dataclass
@@ -88,17 +74,12 @@ def kernel_facts(release: str, root: str | os.PathLike = "/") -> KernelFacts:
     """What moetrace needs to know of kernel ``release`` (installed under ``root``)."""
     from moetrace.errors import InputError
     from moetrace.kernel import btf as B
+    from moetrace.kernel.kconfig import config_text, parse_config
 
     r = Path(root)
     running = release == platform.release() and Path(root) == Path("/")
     notes: list[str] = []
-    cfg_text, cfg_src = None, None
-    boot_cfg = r / "boot" / f"config-{release}"
-    if boot_cfg.is_file():
-        cfg_text, cfg_src = boot_cfg.read_text(errors="replace"), str(boot_cfg)
-    elif running and Path("/proc/config.gz").is_file():
-        cfg_text, cfg_src = gzip.decompress(Path("/proc/config.gz").read_bytes()).decode(errors="replace"), \
-            "/proc/config.gz"
+    cfg_text, cfg_src = config_text(release, root)
     cfg = parse_config(cfg_text) if cfg_text else {}
     if not cfg:
         notes.append("no kernel config found (/boot/config-RELEASE or /proc/config.gz)")

@@ -29,7 +29,8 @@ import numpy as np
 from moetrace.lazyimport import pandas as pd
 
 from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
-                                  AttachGroup, Column, Knob, ProbeSpec, Struct, bcc_tp, group, kp_cand, tp_cand)
+                                  AttachGroup, Column, Knob, ProbeSpec, Struct, bcc_tp, fn_cands, group, kp_cand,
+                                  tp_cand)
 from moetrace.kernel import lru_gen
 from moetrace.errors import InputError, ProbeError
 from moetrace.record.probe import ProbeRecorder, schema_doc
@@ -56,23 +57,24 @@ MGLRU = ProbeSpec(
                                       "Python sampler of <debugfs>/lru_gen (MOE_LRU_GEN_FULL=1: lru_gen_full): "
                                       "wherever MGLRU is built, no BPF")),
         _mglru_kp("evict_folios", "MOE_HAVE_EVICT_FOLIOS",
-                  kp_cand("evict_folios", note="6.1: (lruvec, sc, swappiness, bool *need_swapping); 6.12 drops "
-                                           "need_swapping; only counted")),
-        _mglru_kp("isolate_folios", "MOE_HAVE_ISOLATE_FOLIOS", kp_cand("isolate_folios", note="only counted")),
+                  *fn_cands("evict_folios", note="6.1: (lruvec, sc, swappiness, bool *need_swapping); 6.12 drops "
+                                                 "need_swapping; only counted")),
+        _mglru_kp("isolate_folios", "MOE_HAVE_ISOLATE_FOLIOS", *fn_cands("isolate_folios", note="only counted")),
         _mglru_kp("should_run_aging", "MOE_HAVE_SHOULD_RUN_AGING",
-                  kp_cand("should_run_aging", note="6.1 only: gone from kallsyms by 6.12 (inlined)")),
+                  *fn_cands("should_run_aging", note="6.1 only: gone by 6.12 (inlined)")),
         _mglru_kp("inc_max_seq", "MOE_HAVE_INC_MAX_SEQ",
-                  kp_cand("try_to_inc_max_seq", note="6.1: (lruvec, max_seq, sc, can_swap, force_scan); 6.12: "
-                                                 "(lruvec, seq, can_swap, force_scan): PARM2 is the seq either way"),
-                  kp_cand("inc_max_seq", note="the aging step itself; 6.8+ returns bool and takes seq (not read)"),
-                  kp_cand("inc_max_seq.constprop.0", note="6.12 exports only a compiler clone: arguments not read")),
+                  *fn_cands("try_to_inc_max_seq", note="6.1: (lruvec, max_seq, sc, can_swap, force_scan); 6.12: "
+                                                      "(lruvec, seq, can_swap, force_scan): the 2nd is the seq "
+                                                      "either way"),
+                  *fn_cands("inc_max_seq", note="the aging step itself; 6.8+ returns bool and takes seq (not read)"),
+                  kp_cand("inc_max_seq.constprop.0", note="6.12 has only a compiler clone (no BTF: kprobe only); "
+                                                          "arguments not read")),
         _mglru_kp("folio_inc_gen", "MOE_HAVE_FOLIO_INC_GEN",
-                  kp_cand("folio_inc_gen", needs="exact-headers",
-                      note="per-folio generation: reads folio->flags (LRU_GEN_MASK / LRU_GEN_PGOFF from the "
-                           "build's <linux/mmzone.h>)")),
-        _mglru_kp("look_around", "MOE_HAVE_LOOK_AROUND", kp_cand("lru_gen_look_around", note="6.12 returns bool")),
-        _mglru_kp("workingset_eviction", "MOE_HAVE_WS_EVICTION", kp_cand("workingset_eviction")),
-        _mglru_kp("workingset_refault", "MOE_HAVE_WS_REFAULT", kp_cand("workingset_refault")),
+                  *fn_cands("folio_inc_gen", note="per-folio generation: reads folio->flags at the build's "
+                                                  "LRU_GEN_PGOFF (derived from the kernel's config and BTF)")),
+        _mglru_kp("look_around", "MOE_HAVE_LOOK_AROUND", *fn_cands("lru_gen_look_around", note="6.12 returns bool")),
+        _mglru_kp("workingset_eviction", "MOE_HAVE_WS_EVICTION", *fn_cands("workingset_eviction")),
+        _mglru_kp("workingset_refault", "MOE_HAVE_WS_REFAULT", *fn_cands("workingset_refault")),
     ),
     knobs=(
         Knob("MOE_HAVE_EVICT_FOLIOS", 0, "1: compile the evict_folios kprobe (set from the attach plan)"),
@@ -92,18 +94,9 @@ MGLRU = ProbeSpec(
                                     "the kernel's BTF gives the offsets; 0: off"),
         Knob("MOE_EVICT_RINGBUF_PAGES", 4096, "eviction ring size in pages (power of two; 16 MiB holds ~350k "
                                              "records: the TCG guest drains it slowly)"),
-        *(Knob(k, 0, f"derived: {doc} (from the running kernel's BTF)") for k, doc in (
-            ("MOE_POOL_DEV", "the pool's s_dev, kernel encoding"),
-            ("MOE_OFF_FOLIO_MAPPING", "offsetof(struct folio, mapping)"),
-            ("MOE_OFF_FOLIO_INDEX", "offsetof(struct folio, index)"),
-            ("MOE_OFF_FOLIO_MEMCG", "offsetof(struct folio, memcg_data)"),
-            ("MOE_OFF_AS_HOST", "offsetof(struct address_space, host)"),
-            ("MOE_OFF_INODE_INO", "offsetof(struct inode, i_ino)"),
-            ("MOE_OFF_INODE_SB", "offsetof(struct inode, i_sb)"),
-            ("MOE_OFF_SB_DEV", "offsetof(struct super_block, s_dev)"),
-            ("MOE_OFF_MEMCG_ID", "offsetof(struct mem_cgroup, id.id)"),
-            ("MOE_OFF_MEMCG_NODEINFO", "offsetof(struct mem_cgroup, nodeinfo)"),
-            ("MOE_OFF_PN_MIN_SEQ_FILE", "offsetof(struct mem_cgroup_per_node, lruvec.lrugen.min_seq[1])"))),
+        Knob("MOE_POOL_DEV", 0, "derived: the pool's s_dev, kernel encoding (the eviction records' filter)"),
+        Knob("MOE_LRU_GEN_PGOFF", -1, "derived: the build's LRU_GEN_PGOFF (folio_inc_gen's generation field), from "
+                                      "the kernel's config and BTF; -1: unknown (folio_inc_gen not loaded)"),
     ),
     table="lru_gen",
     schema=_GEN_COLS[:3] + (
@@ -151,41 +144,41 @@ MGLRU = ProbeSpec(
              Struct("evict_event", (("ts_ns", "u64"), ("ino", "u64"), ("index", "u64"), ("min_seq", "u64"),
                                     ("memcg_id", "u32"), ("tgid", "u32")))),
     enrichment=True,
+    map_sizes=lambda k: {"stats": 11, "inc_gen_from": 5, "aging": 4096 * int(k["MOE_RINGBUF_PAGES"]),
+                         "evictions": 4096 * int(k["MOE_EVICT_RINGBUF_PAGES"]) if k["MOE_EVICT_EVENTS"] else 4096},
 )
 
 SPEC = MGLRU
 STATS = SPEC.stats
 AGING_DTYPE = SPEC.struct("aging_event").dtype()
 EVICT_DTYPE = SPEC.struct("evict_event").dtype()
-#: -D knob -> (struct, member path) resolved in the running kernel's BTF for the eviction records
-EVICT_OFFSETS = {
-    "MOE_OFF_FOLIO_MAPPING": ("folio", "mapping"), "MOE_OFF_FOLIO_INDEX": ("folio", "index"),
-    "MOE_OFF_FOLIO_MEMCG": ("folio", "memcg_data"), "MOE_OFF_AS_HOST": ("address_space", "host"),
-    "MOE_OFF_INODE_INO": ("inode", "i_ino"), "MOE_OFF_INODE_SB": ("inode", "i_sb"),
-    "MOE_OFF_SB_DEV": ("super_block", "s_dev"), "MOE_OFF_MEMCG_ID": ("mem_cgroup", "id.id"),
-    "MOE_OFF_MEMCG_NODEINFO": ("mem_cgroup", "nodeinfo"),
-    "MOE_OFF_PN_MIN_SEQ_FILE": ("mem_cgroup_per_node", "lruvec.lrugen.min_seq[1]"),
-}
+def lru_gen_layout(release: str | None = None) -> tuple[int | None, str]:
+    """(LRU_GEN_PGOFF of the running kernel, "") or (None, why not): from its config
+    (/boot/config-R, /proc/config.gz) and two enumerators of its BTF (the layout is a build
+    macro, in neither BTF nor the object)."""
+    import platform
+
+    from moetrace.kernel import btf
+    from moetrace.kernel.kconfig import config_text, lru_gen_pgoff, parse_config
+
+    release = release or platform.release()
+    text, _src = config_text(release)
+    if text is None:
+        return None, f"no kernel config for {release} (/boot/config-{release} or /proc/config.gz)"
+    b = btf.vmlinux()
+    if b is None:
+        return None, "no kernel BTF (/sys/kernel/btf/vmlinux)"
+    nr, zones = b.enum_value("__NR_PAGEFLAGS"), b.enum_value("__MAX_NR_ZONES")
+    if nr is None or zones is None:
+        return None, "the kernel's BTF lacks __NR_PAGEFLAGS / __MAX_NR_ZONES"
+    return lru_gen_pgoff(parse_config(text), nr, zones)
 
 
-def evict_offsets(btf) -> tuple[dict[str, int] | None, str]:
-    """({knob: offset}, "") from a kernel's BTF, or (None, why not)."""
-    if btf is None:
-        return None, "no BTF (/sys/kernel/btf/vmlinux)"
-    out = {}
-    for knob, (st, path) in EVICT_OFFSETS.items():
-        try:
-            out[knob] = btf.offset_of(st, path)
-        except InputError as e:
-            return None, e.message
-    return out, ""
 #: aging record kinds of probes/mglru.c, in AGING_* order
 AGING_KINDS = ("try_to_inc_max_seq", "inc_max_seq", "inc_max_seq.constprop.0")
 SEQ_UNKNOWN = (1 << 64) - 1
 #: kprobe group knobs (MOE_HAVE_*), from the declaration
 KPROBE_KNOBS = tuple(dict.fromkeys(g.knob for g in SPEC.attach if g.knob is not None))
-QUIET_CFLAGS = ("-Wno-ignored-attributes", "-Wno-duplicate-decl-specifier", "-Wno-unused-function",
-                "-Wno-macro-redefined")
 
 
 class MglruRecorder(ProbeRecorder):
@@ -200,8 +193,7 @@ class MglruRecorder(ProbeRecorder):
     error = ProbeError
     needs_poll = True
 
-    def __init__(self, ctx, period_ms: int | None = None, full: bool | None = None,
-                 extra_cflags: tuple[str, ...] = QUIET_CFLAGS, clock=time.monotonic_ns):
+    def __init__(self, ctx, period_ms: int | None = None, full: bool | None = None, clock=time.monotonic_ns):
         super().__init__(ctx)
         over: dict[str, int] = {k: int(v) for k, v in ctx.plan.knobs.items() if k in {x.name for x in SPEC.knobs}}
         over = self.with_user_knobs(over)
@@ -214,7 +206,6 @@ class MglruRecorder(ProbeRecorder):
             raise ProbeError("MOE_LRU_GEN_PERIOD_MS must be > 0")
         self.period_ns = self.knobs["MOE_LRU_GEN_PERIOD_MS"] * 1_000_000
         self.full = bool(self.knobs["MOE_LRU_GEN_FULL"])
-        self.extra_cflags = tuple(extra_cflags)
         self.clock = clock
         self.path: Path | None = None
         self.samples: list[tuple[int, int, lru_gen.LruGenSample]] = []
@@ -254,46 +245,51 @@ class MglruRecorder(ProbeRecorder):
         return self
 
     def _open_bpf(self) -> None:
-        import ctypes
-
-        from moetrace.kernel.bpf import EventStream
+        from moetrace.kernel.bpf import EventStream, read_array
 
         self._plan_evictions()
+        self._plan_inc_gen()
         try:
-            self.load_planned(self.knobs, self.extra_cflags)
+            self.load_planned(self.knobs)
         except ProbeError:
             self.probe = None
             raise
+        st = self.probe.table("stats")
+        lost = lambda slot: (lambda: int(read_array(st, np.uint64)[slot]))  # noqa: E731
         if self.knobs["MOE_HAVE_INC_MAX_SEQ"]:
-            stats_t = self.probe.table("stats")
-            slot = STATS.index("ring_lost")
             self.stream = EventStream(self.probe, "aging", AGING_DTYPE.itemsize, "ring",
-                                      kernel_lost=lambda: stats_t[ctypes.c_int(slot)].value,
+                                      kernel_lost=lost(STATS.index("ring_lost")),
                                       max_records=min(self.ctx.stream_max_records, 1_000_000))
         if self.knobs["MOE_EVICT_EVENTS"]:
-            st = self.probe.table("stats")
-            eslot = STATS.index("evict_lost")
             self.evict_stream = EventStream(self.probe, "evictions", EVICT_DTYPE.itemsize, "ring",
-                                            kernel_lost=lambda: st[ctypes.c_int(eslot)].value,
+                                            kernel_lost=lost(STATS.index("evict_lost")),
                                             max_records=self.ctx.stream_max_records)
 
     def _plan_evictions(self) -> None:
-        """MOE_EVICT_EVENTS stays 1 only with the workingset_eviction kprobe, a pool and
-        the offsets from this kernel's BTF; otherwise 0, and why (in the summary)."""
+        """MOE_EVICT_EVENTS stays 1 only with workingset_eviction attached and a pool named (the
+        fields are read through CO-RE relocations: no offsets to find); otherwise 0, and why."""
         k = self.knobs
         why = ("off (--knob mglru.MOE_EVICT_EVENTS=0)" if not k["MOE_EVICT_EVENTS"] else
                "workingset_eviction is not attached" if not k["MOE_HAVE_WS_EVICTION"] else
                "no pool named" if self.ctx.pmap is None else "")
-        offsets = None
-        if not why:
-            from moetrace.kernel import btf
-
-            offsets, why = evict_offsets(btf.vmlinux())
         if why:
             k["MOE_EVICT_EVENTS"] = 0
             self.evict_why_not = why
             return
-        k.update(offsets, MOE_POOL_DEV=int(self.ctx.pmap.pool_dev))
+        k["MOE_POOL_DEV"] = int(self.ctx.pmap.pool_dev)
+
+    def _plan_inc_gen(self) -> None:
+        """folio_inc_gen needs the build's LRU_GEN_PGOFF: derived, or the group is not loaded (with why)."""
+        k = self.knobs
+        if not k["MOE_HAVE_FOLIO_INC_GEN"] or k["MOE_LRU_GEN_PGOFF"] >= 0:
+            return
+        pgoff, why = lru_gen_layout()
+        if pgoff is None:
+            k["MOE_HAVE_FOLIO_INC_GEN"] = 0
+            self.compiled_out["folio_inc_gen"] = f"the generation field's position is unknown: {why}"
+            self.ctx.notes.append(f"mglru: folio_inc_gen not loaded: {why}")
+            return
+        k["MOE_LRU_GEN_PGOFF"] = pgoff
 
     def _sample(self) -> None:
         """Read and parse the file once; a failure is counted, never raised."""
@@ -335,7 +331,7 @@ class MglruRecorder(ProbeRecorder):
         self._sample()
         try:
             if self.probe is not None:
-                from moetrace.kernel.bpf import array_values
+                from moetrace.kernel.bpf import read_array
 
                 if self.stream is not None:
                     self.stream.finish()
@@ -343,9 +339,9 @@ class MglruRecorder(ProbeRecorder):
                 if self.evict_stream is not None:
                     self.evict_stream.finish()
                     self.evict_raw = self.evict_stream.records()
-                self.stats = dict(zip(STATS, (int(v.value) for v in array_values(self.probe.table("stats")))))
+                self.stats = dict(zip(STATS, read_array(self.probe.table("stats"), np.uint64).astype(np.int64).tolist()))
                 if self.knobs["MOE_HAVE_FOLIO_INC_GEN"]:
-                    self.inc_gen = [int(v.value) for v in array_values(self.probe.table("inc_gen_from"))]
+                    self.inc_gen = read_array(self.probe.table("inc_gen_from"), np.uint64).astype(np.int64).tolist()
         finally:
             if self.probe is not None:
                 self.probe.close()
@@ -407,7 +403,7 @@ class MglruRecorder(ProbeRecorder):
                 "read_ms_mean": (self.read_ns_total / len(self.samples) / 1e6) if self.samples else None,
                 "lruvecs": per, "kprobes": dict(self.kprobes), "kprobe_counts": dict(self.stats),
                 "eviction_records": ({"recorded": True, "records": len(self.evict_raw) // EVICT_DTYPE.itemsize,
-                                      "offsets": {k: self.knobs[k] for k in EVICT_OFFSETS}}
+                                      "fields": "CO-RE relocations against the running kernel's BTF"}
                                      if self.knobs["MOE_EVICT_EVENTS"] else
                                      {"recorded": False, "why_not": self.evict_why_not})}
 
