@@ -161,6 +161,27 @@ class LoadedProbe:
         t = self.table(table)
         t[t.Key.from_buffer_copy(key)] = t.Leaf.from_buffer_copy(value)
 
+    def get(self, table: str, key: bytes) -> bytes | None:
+        """One map element's raw value, None when absent (the same call on either backend)."""
+        t = self.table(table)
+        try:
+            return bytes(t[t.Key.from_buffer_copy(key)])
+        except KeyError:
+            return None
+
+    def delete(self, table: str, key: bytes) -> bool:
+        """Remove one map element; False when it was not there."""
+        t = self.table(table)
+        try:
+            del t[t.Key.from_buffer_copy(key)]
+        except KeyError:
+            return False
+        return True
+
+    def items(self, table: str, key_dtype, value_dtype) -> tuple[np.ndarray, np.ndarray]:
+        """Every (key, value) of a hash map as two numpy arrays of the given record dtypes."""
+        return _pair_arrays([(bytes(k), bytes(v)) for k, v in self.table(table).items()], key_dtype, value_dtype)
+
     def prog_fds(self) -> dict[str, int]:
         return prog_fds_of(self.bpf)
 
@@ -293,6 +314,16 @@ def stale_object(name: str) -> str | None:
     return None
 
 
+def _pair_arrays(pairs: list[tuple[bytes, bytes]], key_dtype, value_dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Raw (key, value) pairs of a map as two numpy arrays; the dtypes must be the map's sizes."""
+    kd, vd = np.dtype(key_dtype), np.dtype(value_dtype)
+    if pairs and (len(pairs[0][0]) != kd.itemsize or len(pairs[0][1]) != vd.itemsize):
+        raise ValueError(f"map records are {len(pairs[0][0])} / {len(pairs[0][1])} B, the dtypes "
+                         f"{kd.itemsize} / {vd.itemsize} B")
+    return (np.frombuffer(b"".join(k for k, _v in pairs), kd).copy(),
+            np.frombuffer(b"".join(v for _k, v in pairs), vd).copy())
+
+
 @dataclass
 class CoreProbe:
     """A CO-RE object loaded by libbpf and attached: the same calls as :class:`LoadedProbe`."""
@@ -306,6 +337,7 @@ class CoreProbe:
     attach_s: float = 0.0
     attached: dict[str, str] = field(default_factory=dict)  # program -> "kind target"
     _rings: list = field(default_factory=list)
+    _readers: list = field(default_factory=list)
     backend = "core"
 
     @property
@@ -318,6 +350,19 @@ class CoreProbe:
     def put(self, table: str, key: bytes, value: bytes) -> None:
         self.obj.map(table).update(key, value)
 
+    def get(self, table: str, key: bytes) -> bytes | None:
+        return self.obj.map(table).lookup(key)
+
+    def delete(self, table: str, key: bytes) -> bool:
+        return self.obj.map(table).delete(key)
+
+    def items(self, table: str, key_dtype, value_dtype) -> tuple[np.ndarray, np.ndarray]:
+        """Every (key, value) of a hash map (a key walk, then one lookup per key; a key deleted
+        in between is left out)."""
+        m = self.obj.map(table)
+        pairs = [(k, m.lookup(k)) for k in (x.tobytes() for x in m.keys(np.dtype((np.void, m.key_size))))]
+        return _pair_arrays([(k, v) for k, v in pairs if v is not None], key_dtype, value_dtype)
+
     def prog_fds(self) -> dict[str, int]:
         return {} if self.closed else self.obj.prog_fds()
 
@@ -325,6 +370,14 @@ class CoreProbe:
         from moetrace.kernel.libbpf import RingBuffer
 
         self._rings.append(RingBuffer(self.obj.map(table), lambda data, size: callback(None, data, size)))
+
+    def ring_reader(self, table: str, record_size: int):
+        """The ring ``table`` read in place (moetrace.kernel.libbpf.MmapRing), closed with the probe."""
+        from moetrace.kernel.libbpf import MmapRing
+
+        r = MmapRing(self.obj.map(table), record_size)
+        self._readers.append(r)
+        return r
 
     def open_perf(self, table: str, callback, page_cnt: int, lost_cb) -> None:
         raise ProbeError(f"probe {self.name}: perf buffers are not used by CO-RE probes (ring buffers are)")
@@ -352,7 +405,9 @@ class CoreProbe:
             self.closed = True
             for r in self._rings:
                 r.free()
-            self._rings = []
+            for r in self._readers:
+                r.close()
+            self._rings, self._readers = [], []
             self.obj.close()
 
     def __enter__(self) -> "CoreProbe":
@@ -367,8 +422,9 @@ def load_core(name: str, knobs: dict[str, int | bool], attach: list[tuple[str, s
               attach_targets: dict[str, str] | None = None) -> CoreProbe:
     """Open probes/build/<name>.bpf.o, set its knobs (read-only globals, lower-case names) and map
     sizes, load only the programs of ``attach`` ((program, kind, target): kind tracepoint
-    "cat:event", kprobe / kretprobe symbol, fentry / fexit / tp_btf), attach them in that order.
-    ``attach_targets``: {program: kernel function} of fentry/fexit programs, set before load.
+    "cat:event", kprobe / kretprobe symbol, fentry / fexit / tp_btf), attach them in that order;
+    a perf_event program is loaded, not attached (its perf events are the caller's to open:
+    :func:`moetrace.kernel.perf.attach_cpu_clock`). ``attach_targets``: {program: kernel function} of fentry/fexit programs, set before load.
     Everything is detached on failure."""
     from moetrace.kernel.libbpf import BpfObject
 
@@ -401,6 +457,8 @@ def load_core(name: str, knobs: dict[str, int | bool], attach: list[tuple[str, s
                 obj.attach_kprobe(prog, target, retprobe=kind == "kretprobe")
             elif kind in ("fentry", "fexit", "tp_btf"):
                 obj.attach_trace(prog)
+            elif kind == "perf_event":
+                continue  # loaded only: the caller opens its perf events (one per CPU) and attaches
             else:
                 raise ProbeError(f"probe {name}: cannot attach {prog} as {kind}")
             done[prog] = f"{kind} {target}"
@@ -565,9 +623,12 @@ class EventStream:
         self.intervals: list[IntervalLoss] = []
         self._t0 = time.monotonic_ns()
         self._mark = (0, 0, self._kl0)  # records, lost_user, kernel lost at interval start
-        if kind == "ring":
+        #: a CO-RE probe's ring is read in place, every ready record at once (no call per record)
+        self._reader = probe.ring_reader(table, record_size) if kind == "ring" and hasattr(probe, "ring_reader") \
+            else None
+        if self._reader is None and kind == "ring":
             probe.open_ring(table, self._on_record)
-        else:
+        elif self._reader is None:
             probe.open_perf(table, self._on_record, page_cnt, self._on_lost)
 
     def _kernel_lost_now(self) -> int:
@@ -586,12 +647,28 @@ class EventStream:
         self.kept += 1
         return 0
 
+    def _take(self, data: bytes) -> None:
+        """Records read in one batch: kept up to ``max_records``, the rest counted lost (user side)."""
+        n = len(data) // self.record_size
+        self._n += n
+        room = max(0, self.max_records - self.kept)
+        if n > room:
+            self._lost_user += n - room
+            data = data[:room * self.record_size]
+            n = room
+        if n:
+            self.chunks.append(data)
+            self.kept += n
+
     def _on_lost(self, n: int) -> None:
         self._perf_lost += int(n)
 
     def poll(self, timeout_ms: int = 100) -> None:
         """Consume ready records (waiting at most ``timeout_ms``); close intervals on time."""
-        if self.kind == "ring":
+        if self._reader is not None:
+            self._reader.wait(timeout_ms)
+            self._take(self._reader.read())
+        elif self.kind == "ring":
             self.probe.ring_poll(timeout_ms)
         else:
             self.probe.perf_poll(timeout_ms)
@@ -608,7 +685,9 @@ class EventStream:
 
     def finish(self) -> None:
         """Drain what is left and close the last interval."""
-        if self.kind == "ring":
+        if self._reader is not None:
+            self._take(self._reader.read())
+        elif self.kind == "ring":
             self.probe.ring_consume()
         else:
             self.probe.perf_poll(0)

@@ -27,11 +27,25 @@ def parse_config(text: str) -> dict[str, str]:
     return out
 
 
+#: where scripts/lab-setup.sh unpacks kernels that must not become the host's (a newer Debian
+#: kernel from sid or backports): LAB_KERNELS/RELEASE/usr/lib/modules/RELEASE/{vmlinuz,config,...}
+LAB_KERNELS = Path(os.environ.get("MOETRACE_LAB_KERNELS", "/var/lib/moetrace/lab/kernels"))
+
+
+def unpacked_tree(release: str) -> Path | None:
+    """The modules directory of an unpacked lab kernel (it holds vmlinuz and config), or None."""
+    d = LAB_KERNELS / release / "usr" / "lib" / "modules" / release
+    return d if (d / "vmlinuz").is_file() else None
+
+
 def config_text(release: str, root: str | os.PathLike = "/",
                 extra: tuple[str | os.PathLike, ...] = ()) -> tuple[str | None, str | None]:
     """(the .config text of kernel ``release``, where it was read) or (None, None): ``extra``
-    paths first, then ROOT/boot/config-RELEASE, then /proc/config.gz when ``release`` runs."""
-    for p in (*map(Path, extra), Path(root) / "boot" / f"config-{release}"):
+    paths first, then ROOT/boot/config-RELEASE, ROOT/usr/lib/modules/RELEASE/config (where newer
+    Debian kernels keep it), an unpacked lab kernel's, then /proc/config.gz when ``release`` runs."""
+    tree = unpacked_tree(release) if Path(root) == Path("/") else None
+    for p in (*map(Path, extra), Path(root) / "boot" / f"config-{release}",
+              Path(root) / "usr" / "lib" / "modules" / release / "config", *((tree / "config",) if tree else ())):
         if p.is_file():
             return p.read_text(errors="replace"), str(p)
     if release == platform.release() and Path(root) == Path("/") and Path("/proc/config.gz").is_file():

@@ -84,6 +84,11 @@ def kernel_facts(release: str, root: str | os.PathLike = "/") -> KernelFacts:
     if not cfg:
         notes.append("no kernel config found (/boot/config-RELEASE or /proc/config.gz)")
     image = r / "boot" / f"vmlinuz-{release}"
+    if not image.is_file() and r == Path("/"):
+        from moetrace.kernel.kconfig import unpacked_tree
+
+        tree = unpacked_tree(release)
+        image = tree / "vmlinuz" if tree is not None else image
     btf_path = Path("/sys/kernel/btf/vmlinux") if running and Path("/sys/kernel/btf/vmlinux").exists() else (
         image if image.is_file() else None)
     b = None
@@ -112,11 +117,16 @@ def kernel_facts(release: str, root: str | os.PathLike = "/") -> KernelFacts:
 
 
 def list_kernels(root: str | os.PathLike = "/") -> list[KernelFacts]:
-    """The running kernel first, then every /boot/vmlinuz-* (by release)."""
+    """The running kernel first, then every /boot/vmlinuz-* (by release), then the kernels the lab
+    set-up unpacked without installing them (a newer Debian kernel)."""
     r = Path(root)
     releases = [platform.release()] if Path(root) == Path("/") else []
     for img in sorted((r / "boot").glob("vmlinuz-*")):
         rel = img.name[len("vmlinuz-"):]
         if rel not in releases:
             releases.append(rel)
+    if Path(root) == Path("/"):
+        from moetrace.lab.run import unpacked_releases
+
+        releases += [rel for rel in unpacked_releases() if rel not in releases]
     return [kernel_facts(rel, root) for rel in releases]

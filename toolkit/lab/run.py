@@ -59,24 +59,64 @@ ALIASES = {"6.1": "6.1.0-47-amd64", "6.12": "6.12.95+deb12-amd64"}
 
 
 def resolve_kernel(kernel: str) -> tuple[str, Path]:
-    """(release, image) of '6.1', '6.12', a release under /boot, or an image path."""
+    """(release, image) of '6.1', '6.12', 'newest' (the newest unpacked lab kernel), a release
+    under /boot or unpacked by the lab set-up (also by its version prefix, '7.2'), or an image path."""
+    from moetrace.kernel.kconfig import unpacked_tree
+
     if "/" in kernel:
         img = Path(kernel)
         rel = img.name.removeprefix("vmlinuz-")
     else:
-        rel = ALIASES.get(kernel, kernel)
-        img = Path(f"/boot/vmlinuz-{rel}")
+        rel = ALIASES.get(kernel) or _unpacked_alias(kernel) or kernel
+        tree = unpacked_tree(rel)
+        img = tree / "vmlinuz" if tree is not None and not Path(f"/boot/vmlinuz-{rel}").is_file() \
+            else Path(f"/boot/vmlinuz-{rel}")
     if not img.is_file():
         raise UsageError(f"no kernel image {img}", hint="`moetrace lab setup` installs the lab kernels; "
                                                        "`moetrace lab kernels` lists what is here")
-    if not Path(f"/lib/modules/{rel}/modules.dep").is_file():
-        raise UsageError(f"no modules for {rel} under /lib/modules", hint="install its linux-image package")
+    if not (modules_dir(rel) / "modules.dep").is_file():
+        raise UsageError(f"no modules for {rel} (no {modules_dir(rel) / 'modules.dep'})",
+                         hint="install its linux-image package, or `moetrace lab setup` for the lab's kernels")
     return rel, img
+
+
+def unpacked_releases() -> list[str]:
+    """Releases the lab set-up unpacked (not installed as the host's kernels), oldest first."""
+    from moetrace.kernel.kconfig import LAB_KERNELS, unpacked_tree
+
+    rels = [d.name for d in LAB_KERNELS.glob("*") if unpacked_tree(d.name) is not None] \
+        if LAB_KERNELS.is_dir() else []
+    return sorted(rels, key=_version_key)
+
+
+def _version_key(release: str) -> tuple:
+    import re
+
+    return tuple(int(x) for x in re.findall(r"\d+", release.split("+")[0].split("-")[0])) + (release,)
+
+
+def _unpacked_alias(kernel: str) -> str | None:
+    """'newest' or a version prefix ('7.2') of an unpacked lab kernel."""
+    rels = unpacked_releases()
+    if kernel == "newest":
+        return rels[-1] if rels else None
+    hit = [r for r in rels if r.startswith(kernel + ".") or r.startswith(kernel + "+")]
+    return hit[-1] if hit else None
+
+
+def modules_dir(release: str) -> Path:
+    """/lib/modules/RELEASE for an installed kernel, else an unpacked lab kernel's."""
+    from moetrace.kernel.kconfig import unpacked_tree
+
+    installed = Path(f"/lib/modules/{release}")
+    if (installed / "modules.dep").is_file():
+        return installed
+    return unpacked_tree(release) or installed
 
 
 def module_files(release: str, wanted=GUEST_MODULES) -> list[Path]:
     """The .ko files to load, dependencies first (built-in modules left out)."""
-    base = Path(f"/lib/modules/{release}")
+    base = modules_dir(release)
     deps: dict[str, list[str]] = {}
     for line in (base / "modules.dep").read_text().splitlines():
         mod, _, rest = line.partition(":")

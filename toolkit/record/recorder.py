@@ -413,14 +413,7 @@ class _Recording:
         t0 = time.perf_counter()
         from moetrace.lazyimport import warm
 
-        first = ()
-        if any(e.candidate.kind == "kprobe" for p in self.wanted if p in ("mlock", "mglru") and p in self.plans
-               for e in self.plans[p].attached):
-            from moetrace.kernel import btf
-
-            first = (btf.vmlinux,)  # PG_head, the eviction records' struct offsets: mlock and mglru read it
-        # pandas/pyarrow for the tables (and the BTF), on the other CPU while clang compiles
-        warming = warm(first=first)
+        warming = warm()
         try:
             self._open_each()
         finally:

@@ -158,17 +158,14 @@ def lru_gen_layout(release: str | None = None) -> tuple[int | None, str]:
     macro, in neither BTF nor the object)."""
     import platform
 
-    from moetrace.kernel import btf
     from moetrace.kernel.kconfig import config_text, lru_gen_pgoff, parse_config
+    from moetrace.kernel.libbpf import vmlinux_enum_value
 
     release = release or platform.release()
     text, _src = config_text(release)
     if text is None:
         return None, f"no kernel config for {release} (/boot/config-{release} or /proc/config.gz)"
-    b = btf.vmlinux()
-    if b is None:
-        return None, "no kernel BTF (/sys/kernel/btf/vmlinux)"
-    nr, zones = b.enum_value("__NR_PAGEFLAGS"), b.enum_value("__MAX_NR_ZONES")
+    nr, zones = vmlinux_enum_value("pageflags", "__NR_PAGEFLAGS"), vmlinux_enum_value("zone_type", "__MAX_NR_ZONES")
     if nr is None or zones is None:
         return None, "the kernel's BTF lacks __NR_PAGEFLAGS / __MAX_NR_ZONES"
     return lru_gen_pgoff(parse_config(text), nr, zones)
