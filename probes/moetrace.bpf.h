@@ -129,28 +129,36 @@ static __always_inline u64 moe_popcount64(u64 x)
     return (x * 0x0101010101010101ULL) >> 56;
 }
 
-// bcc's bpf_log2l: floor(log2(v)) + 1, with 0 and 1 both 1 (slot s of a log2 histogram holds
-// [2^(s-1), 2^s), slot 1 also 0): the convention every recorder's histogram tables decode.
-static __always_inline u32 moe_log2(u32 v)
+// 1 when v > c, for v and c below 2^63, without a branch: the sign bit of c - v (barrier_var
+// keeps the compiler from turning it back into a compare and branch).
+static __always_inline u64 moe_above(u64 v, u64 c)
 {
-    u32 r = (v > 0xFFFF) << 4;
-    v >>= r;
-    u32 shift = (v > 0xFF) << 3;
-    v >>= shift;
-    r |= shift;
-    shift = (v > 0xF) << 2;
-    v >>= shift;
-    r |= shift;
-    shift = (v > 0x3) << 1;
-    v >>= shift;
-    r |= shift;
-    return r | (v >> 1);
+    barrier_var(v);
+    return (c - v) >> 63;
 }
 
+// bcc's bpf_log2l: floor(log2(v)) + 1, with 0 and 1 both 1 (slot s of a log2 histogram holds
+// [2^(s-1), 2^s), slot 1 also 0): the convention every recorder's histogram tables decode.
+// Branch-free: a branch per halving step splits the verifier's state into one path per slot,
+// each a constant it then tracks exactly as a map key or offset; that multiplied the
+// verification of reads' exit programs (~100k instructions each with branches).
 static __always_inline u32 moe_log2l(u64 v)
 {
-    u32 hi = v >> 32;
-    return hi ? moe_log2(hi) + 33 : moe_log2((u32)v) + 1;
+    u64 r = moe_above(v >> 1, 0x7FFFFFFF) << 5;  // v >= 2^32 (v >> 1: below 2^63)
+    v >>= r;
+    u64 s = moe_above(v, 0xFFFF) << 4;
+    v >>= s;
+    r |= s;
+    s = moe_above(v, 0xFF) << 3;
+    v >>= s;
+    r |= s;
+    s = moe_above(v, 0xF) << 2;
+    v >>= s;
+    r |= s;
+    s = moe_above(v, 0x3) << 1;
+    v >>= s;
+    r |= s;
+    return (u32)(r | (v >> 1)) + 1;
 }
 
 // Pages of the folio a filemap add/delete event names: 1 << order where the format carries the

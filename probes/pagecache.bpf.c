@@ -115,30 +115,10 @@ static __always_inline u32 current_epoch(void)
     return e < epochs ? e : epochs - 1;
 }
 
-// -- evictor context --------------------------------------------------------------------------
+// -- evictor context (moetrace.bpf.h: the task's CTX_* bits in task_ctx) ------------------------
 
-static __always_inline u32 ctx_of_current(void)
-{
-    u32 tid = (u32)bpf_get_current_pid_tgid();
-    u32 *c = bpf_map_lookup_elem(&task_ctx, &tid);
-    return c ? *c : 0;
-}
-
-// set (on) or clear (off) bits of the current task's context, rewriting its entry in place
-static __always_inline int ctx_set(u32 bits, int on)
-{
-    u32 tid = (u32)bpf_get_current_pid_tgid();
-    u32 *c = bpf_map_lookup_elem(&task_ctx, &tid);
-    if (c) {
-        *c = on ? (*c | bits) : (*c & ~bits);
-        return 0;
-    }
-    if (!on)
-        return 0;
-    u32 v = bits;
-    bpf_map_update_elem(&task_ctx, &tid, &v, BPF_ANY);
-    return 0;
-}
+static __always_inline u32 ctx_of_current(void) { return moe_ctx_get(&task_ctx); }
+static __always_inline int ctx_set(u32 bits, int on) { return moe_ctx_set(&task_ctx, bits, on); }
 
 static __always_inline void evictor_add(u32 eid, u32 ev, u64 pages)
 {
@@ -313,13 +293,6 @@ static __always_inline int other_dev(u64 ino)
     return 0;
 }
 
-static __always_inline u64 folio_pages(struct trace_event_raw_mm_filemap_op_page_cache *ctx)
-{
-    if (have_order && bpf_core_field_exists(ctx->order))
-        return 1ULL << (ctx->order & 31);
-    return 1;
-}
-
 SEC("tracepoint/filemap/mm_filemap_add_to_page_cache")
 int tracepoint__filemap__mm_filemap_add_to_page_cache(struct trace_event_raw_mm_filemap_op_page_cache *ctx)
 {
@@ -330,7 +303,7 @@ int tracepoint__filemap__mm_filemap_add_to_page_cache(struct trace_event_raw_mm_
     if (pool_dev && ctx->s_dev != pool_dev)
         return other_dev(ino);
     stat_add(STAT_POOL_DEV_ADD_EVENTS, 1);
-    return account(ino, ctx->index, folio_pages(ctx), 0, 0);
+    return account(ino, ctx->index, moe_folio_pages(ctx, have_order), 0, 0);
 }
 
 SEC("tracepoint/filemap/mm_filemap_delete_from_page_cache")
@@ -342,7 +315,7 @@ int tracepoint__filemap__mm_filemap_delete_from_page_cache(struct trace_event_ra
     if (pool_dev && ctx->s_dev != pool_dev)
         return other_dev(ino);
     stat_add(STAT_POOL_DEV_DELETE_EVENTS, 1);
-    return account(ino, ctx->index, folio_pages(ctx), 1, moe_evictor(ctx_of_current()));
+    return account(ino, ctx->index, moe_folio_pages(ctx, have_order), 1, moe_evictor(ctx_of_current()));
 }
 
 // -- read bytes of the followed processes (group exit_*, knob track_reads) ---------------------

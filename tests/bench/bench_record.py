@@ -153,7 +153,10 @@ def run_recorded(cmd: list[str], run_dir: Path, stream: bool, bpf_stats: bool = 
 
 def _one_lifecycle(run_dir: Path, pythonpath: str | None) -> dict[str, float]:
     env = _env()
-    if pythonpath:
+    if pythonpath and pythonpath.startswith("env:"):  # this tree with an environment variable set
+        k, _, v = pythonpath[4:].partition("=")
+        env[k] = v
+    elif pythonpath:
         env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
     rec = [sys.executable, "-m", "moetrace.cli.record", "--out", str(run_dir)]
     if PROBES:
@@ -246,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
                          "kernel's release)")
     ap.add_argument("--lifecycle-baseline", action="append", default=[], metavar="LABEL=PYTHONPATH",
                     help="another moetrace source tree to time the same way (e.g. before=/tmp/old), put first on "
-                         "PYTHONPATH; repeatable")
+                         "PYTHONPATH; or this tree with a variable set, LABEL=env:VAR=VALUE (e.g. "
+                         "bcc=env:MOETRACE_BPF_BACKEND=bcc: the compile-per-run loader); repeatable")
     a = ap.parse_args(argv)
     global PROBES
     PROBES = a.probes

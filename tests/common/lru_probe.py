@@ -98,8 +98,12 @@ INSERTION_FMT = ('print fmt: "folio=%p pfn=0x%lx lru=%d flags=%s%s%s%s%s%s", REC
                  'REC->flags & 0x0020u ? "d" : " ", REC->flags & 0x0040u ? "B" : " "')
 
 
-def _defines(prefix: str) -> list[tuple[str, int]]:
-    return [(n, int(i)) for n, i in re.findall(r"^#define %s(\w+) (\d+)$" % prefix, SRC, re.M)]
+#: the CO-RE source (probes/lru.bpf.c): the same indices as its bcc twin
+CORE_SRC = bpf.core_source("lru").read_text()
+
+
+def _defines(prefix: str, src: str = SRC) -> list[tuple[str, int]]:
+    return [(n, int(i)) for n, i in re.findall(r"^#define %s(\w+) (\d+)$" % prefix, src, re.M)]
 
 
 def _pmap(n: int, ppe: int, inodes: dict | None = None):
@@ -166,4 +170,4 @@ def pressure_pool(tmp_path_factory):
     return make_layered_pool(tmp_path_factory.mktemp("lrupressure"), PL, PE)
 
 
-__all__ = ['CACHE_BYTES', 'FIELDS', 'HEADROOM_BYTES', 'HISTOGRAMS', 'HIST_SLOTS', 'INSERTION_FMT', 'KNOB_SETS', 'MIB', 'MOETRACE', 'N', 'PAGE', 'PAGES', 'PE', 'PL', 'POOL_PAGES', 'Path', 'RECORD', 'REPLAY', 'SPEC', 'SRC', 'SimpleNamespace', '_common_checks', '_defines', '_drop', '_load', '_moetrace', '_pmap', '_record', '_resident_pages', 'anon_flag_from_format', 'bpf', 'io_lock', 'json', 'lru_knobs', 'lru_tables', 'lrurec', 'np', 'os', 'pd', 'pools', 'pressure_pool', 'pytest', 're', 'rundir', 'subprocess', 'sys', 'time']
+__all__ = ['CACHE_BYTES', 'CORE_SRC', 'FIELDS', 'HEADROOM_BYTES', 'HISTOGRAMS', 'HIST_SLOTS', 'INSERTION_FMT', 'KNOB_SETS', 'MIB', 'MOETRACE', 'N', 'PAGE', 'PAGES', 'PE', 'PL', 'POOL_PAGES', 'Path', 'RECORD', 'REPLAY', 'SPEC', 'SRC', 'SimpleNamespace', '_common_checks', '_defines', '_drop', '_load', '_moetrace', '_pmap', '_record', '_resident_pages', 'anon_flag_from_format', 'bpf', 'io_lock', 'json', 'lru_knobs', 'lru_tables', 'lrurec', 'np', 'os', 'pd', 'pools', 'pressure_pool', 'pytest', 're', 'rundir', 'subprocess', 'sys', 'time']

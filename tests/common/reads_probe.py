@@ -53,7 +53,8 @@ from moetrace.record.spec import resolve
 from moetrace.record.probes import PROBES
 
 
-from moetrace.record.probes.reads import (CLASSES, FD_FIELDS, HIST_SLOTS, NOPOS, READ_CALL_DTYPE, UNATTRIBUTED, Collected,
+from moetrace.record.probes.reads import (CLASSES, FD_FIELDS, HIST_SLOTS, NOPOS, READ_CALL_DTYPE, SYSCALLS, UNATTRIBUTED,
+                               Collected,
                                FdResolver, PoolIndex, Resolution, build, calls_table, kernel_dev, reads_knobs,
                                replay_oracle)
 
@@ -147,4 +148,4 @@ def _replay_log(run: Path) -> tuple[dict, pd.DataFrame]:
     return json.loads((rep / "replay.json").read_text()), pd.read_parquet(rep / "iterations.parquet")
 
 
-__all__ = ['BIN', 'CLASSES', 'Collected', 'FD_FIELDS', 'FILES_POOL', 'FdResolver', 'HIST_SLOTS', 'KNOB_SETS', 'MIB', 'N', 'NOPOS', 'ONE_FILE_POOL', 'PAGES', 'PROBES', 'Path', 'PoolIndex', 'READ_CALL_DTYPE', 'RECORD', 'REPLAY', 'Resolution', 'SPEC', 'UNATTRIBUTED', '_collected', '_drop', '_fd_row', '_moetrace', '_record', '_replay_log', 'build', 'calls_table', 'io_lock', 'json', 'kernel_dev', 'mmap', 'np', 'os', 'pd', 'pools', 'pytest', 'reads_knobs', 'replay_oracle', 'resolve', 'rundir', 'subprocess', 'sys', 'textwrap']
+__all__ = ['BIN', 'CLASSES', 'Collected', 'FD_FIELDS', 'FILES_POOL', 'FdResolver', 'HIST_SLOTS', 'KNOB_SETS', 'MIB', 'N', 'NOPOS', 'ONE_FILE_POOL', 'PAGES', 'PROBES', 'Path', 'PoolIndex', 'READ_CALL_DTYPE', 'RECORD', 'REPLAY', 'Resolution', 'SPEC', 'SYSCALLS', 'UNATTRIBUTED', '_collected', '_drop', '_fd_row', '_moetrace', '_record', '_replay_log', 'build', 'calls_table', 'io_lock', 'json', 'kernel_dev', 'mmap', 'np', 'os', 'pd', 'pools', 'pytest', 'reads_knobs', 'replay_oracle', 'resolve', 'rundir', 'subprocess', 'sys', 'textwrap']

@@ -1,4 +1,4 @@
-"""The reclaim probe (probes/reclaim.c + toolkit/record/probes/reclaim.py).
+"""The reclaim probe (probes/reclaim.bpf.c and probes/reclaim.c + toolkit/record/probes/reclaim.py).
 
 Tiers: the C file and its Python side agree (no kernel); it compiles, loads and detaches
 (probe_build, needs root); live: a reader in a cgroup v1/v2 memory scope of 64 MiB reads
@@ -60,6 +60,10 @@ from moetrace.record.probes.reclaim import (FIELDS, GROUPS, HAVE_KNOBS, KINDS, S
 SRC = reclaimrec.SOURCE.read_text()
 
 
+#: the CO-RE source (probes/reclaim.bpf.c): the same kinds, fields and slots as SRC
+CORE_SRC = reclaimrec.SOURCE.with_suffix(".bpf.c").read_text()
+
+
 from conftest import io_lock as shared_io_lock  # noqa: E402
 
 
@@ -69,8 +73,8 @@ MiB = 1 << 20
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def _defines(prefix: str) -> list[tuple[str, int]]:
-    return [(n, int(i)) for n, i in re.findall(r"^#define %s(\w+) (\d+)" % prefix, SRC, re.M)]
+def _defines(prefix: str, src: str = SRC) -> list[tuple[str, int]]:
+    return [(n, int(i)) for n, i in re.findall(r"^#define %s(\w+) (\d+)" % prefix, src, re.M)]
 
 
 def _prog_exists(prog_id: int) -> bool:
@@ -85,7 +89,8 @@ def _prog_exists(prog_id: int) -> bool:
 
 
 def _prog_ids(rec: ReclaimRecorder) -> list[int]:
-    return [bpf.prog_fdinfo(f.fd)["prog_id"] for f in rec.bpf.funcs.values()]
+    """Ids of the attached recorder's programs (either loader)."""
+    return [bpf.prog_fdinfo(fd)["prog_id"] for fd in rec.probe.prog_fds().values()]
 
 
 @pytest.fixture
@@ -151,4 +156,4 @@ def _mounted():
     return Features(mount=True)
 
 
-__all__ = ['FIELDS', '_mounted', 'GROUPS', 'HAVE_KNOBS', 'KINDS', 'MiB', 'PAGE', 'PROBES', 'PROBES_DIR', 'Path', 'READER', 'ReclaimRecorder', 'SRC', 'STATS', 'TIMELINE_FIELDS', '_defines', '_prog_exists', '_prog_ids', 'bpf', 'ctypes', 'fcntl', 'file_set', 'io_lock', 'os', 'pytest', 're', 'read_vmstat', 'reclaim_cflags', 'reclaimrec', 'resolve_attach', 'shared_io_lock', 'subprocess', 'sys', 'tempfile', 'time', 'vmstat_delta']
+__all__ = ['CORE_SRC', 'FIELDS', '_mounted', 'GROUPS', 'HAVE_KNOBS', 'KINDS', 'MiB', 'PAGE', 'PROBES', 'PROBES_DIR', 'Path', 'READER', 'ReclaimRecorder', 'SRC', 'STATS', 'TIMELINE_FIELDS', '_defines', '_prog_exists', '_prog_ids', 'bpf', 'ctypes', 'fcntl', 'file_set', 'io_lock', 'os', 'pytest', 're', 'read_vmstat', 'reclaim_cflags', 'reclaimrec', 'resolve_attach', 'shared_io_lock', 'subprocess', 'sys', 'tempfile', 'time', 'vmstat_delta']

@@ -313,7 +313,8 @@ def test_reads_core_equals_bcc_on_one_workload(live, tmp_path, monkeypatch):
         try:
             for backend in ("bcc", "core"):
                 monkeypatch.setenv("MOETRACE_BPF_BACKEND", backend)
-                recs.append(ReadsRecorder(RecordContext(features=feats, plan=plan, gated=True, log_dir=tmp_path)).open())
+                ctx = RecordContext(features=feats, plan=plan, gated=True, log_dir=tmp_path)
+                recs.append(ReadsRecorder(ctx).open())
                 assert recs[-1].probe.backend == backend
                 recs[-1].follow(os.getpid())
             _drop(tmp_path)

@@ -1,13 +1,20 @@
-"""The block probe (probes/block.c + toolkit/record/probes/block.py) (probe-build tier)."""
+"""The block probe (probes/block.bpf.c, probes/block.c + toolkit/record/probes/block.py)
+(probe-build tier). Each loader is exercised while both exist: the CO-RE object (the default)
+and bcc's compile (MOETRACE_BPF_BACKEND=bcc)."""
 
 from __future__ import annotations
 
 from common.block_probe import *  # noqa: F401,F403
+from common.backends import backend  # noqa: F401  (fixture: each loader in turn)
+
+
+def _ids(rec) -> list[int]:
+    return [blockattr.prog_fdinfo(fd)["prog_id"] for fd in rec.probe.prog_fds().values()]
 
 
 @pytest.mark.probe_build
 @pytest.mark.parametrize("bytes_tp", list(BYTES_TP))
-def test_block_probe_compiles_loads_and_detaches(live, bytes_tp):
+def test_block_probe_loads_and_detaches(live, backend, bytes_tp):
     if bytes_tp not in _bytes_tps():
         pytest.skip(f"no tracepoint {bytes_tp} on this kernel")
     dev = block_device_of("/tmp").tp_dev if os.path.exists("/tmp") else 0
@@ -15,12 +22,14 @@ def test_block_probe_compiles_loads_and_detaches(live, bytes_tp):
     rec = BlockRecorder(dev=dev, bytes_tp=bytes_tp).open()
     took = time.perf_counter() - t0
     try:
-        ids = [blockattr.prog_fdinfo(f.fd)["prog_id"] for f in rec.bpf.funcs.values()]
+        assert rec.probe.backend == backend
+        ids = _ids(rec)
         assert len(ids) == 4 and all(_prog_exists(i) for i in ids)
-        assert len(rec.bpf[b"stats"]) == len(STATS)
+        assert len(rec.probe.table("stats")) == len(STATS)
+        assert sorted(rec.probe.tracepoints) == sorted(rec.attach.values())
     finally:
         res = rec.close()
-    print(f"\nblock probe ({bytes_tp}): compile+load {rec.compile_s:.2f} s, attach {rec.attach_s * 1e3:.1f} ms, "
+    print(f"\nblock probe ({backend}, {bytes_tp}): load {rec.compile_s:.3f} s, attach {rec.attach_s * 1e3:.1f} ms, "
           f"open() {took:.2f} s")
     assert not any(_prog_exists(i) for i in ids), "programs still loaded after close()"
     assert res is not None and res.lost_events == 0
@@ -28,7 +37,7 @@ def test_block_probe_compiles_loads_and_detaches(live, bytes_tp):
 
 @pytest.mark.probe_build
 def test_block_probe_compiles_as_is(live):
-    """No -D flags at all: every knob has a default."""
+    """probes/block.c (bcc): no -D flags at all, every knob has a default."""
     bcc = __import__("bcc")
     from moetrace.probes import PROBES_DIR
 
@@ -49,10 +58,10 @@ def test_attach_resolved_from_declaration(live):
 
 
 @pytest.mark.probe_build
-def test_detaches_on_exception(live):
+def test_detaches_on_exception(live, backend):
     with pytest.raises(RuntimeError, match="boom"):
         with BlockRecorder(dev=0) as rec:
-            ids = [blockattr.prog_fdinfo(f.fd)["prog_id"] for f in rec.bpf.funcs.values()]
+            ids = _ids(rec)
             raise RuntimeError("boom")
-    assert rec.bpf is None and rec.result is not None
+    assert rec.probe is None and rec.bpf is None and rec.result is not None
     assert not any(_prog_exists(i) for i in ids)

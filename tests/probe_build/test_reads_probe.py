@@ -1,19 +1,23 @@
-"""The reads probe (probes/reads.c + moetrace.record.probes.reads) (probe-build tier)."""
+"""The reads probe (probes/reads.bpf.c, its bcc twin probes/reads.c + moetrace.record.probes.reads)
+(probe-build tier)."""
 
 from __future__ import annotations
 
+import struct
+
+from common.backends import *  # noqa: F401,F403
 from common.reads_probe import *  # noqa: F401,F403
 
 
 @pytest.mark.probe_build
 @pytest.mark.parametrize("name", list(KNOB_SETS))
-def test_reads_compiles_loads_and_detaches(live, name):
-    from moetrace.kernel import bpf
+def test_reads_loads_attaches_and_detaches(live, name, backend):
     from moetrace.kernel.bpf import prog_id_exists, prog_info
 
-    full = SPEC.knob_values(**KNOB_SETS[name])
-    probe = bpf.load_probe("reads", full)
+    full = {k: int(v) for k, v in SPEC.knob_values(**KNOB_SETS[name]).items()}
+    probe = load_backend(SPEC, full, backend)
     try:
+        assert probe.backend == backend
         tps = set(probe.tracepoints)
         assert {"syscalls:sys_enter_pread64", "syscalls:sys_exit_pread64",
                 "filemap:mm_filemap_add_to_page_cache"} <= tps
@@ -25,17 +29,33 @@ def test_reads_compiles_loads_and_detaches(live, name):
             + sum(full[k] for k in ("MOE_TRACK_CLOSE", "MOE_TRACK_CLOSE_RANGE", "MOE_TRACK_EXEC", "MOE_FOLLOW_FORKS"))
         assert len(probe.table("stats")) == len(SPEC.stats)
         assert len(probe.table("classes")) == len(CLASSES)
-        ids = [prog_info(f.fd)["id"] for f in probe.bpf.funcs.values()]
-        assert ids and all(prog_id_exists(i) for i in ids)
+        ids = [prog_info(fd)["id"] for fd in probe.prog_fds().values()]
+        assert len(ids) == len(tps) and all(prog_id_exists(i) for i in ids)
     finally:
         probe.close()
+    print(f"\nreads {backend} {name}: load+attach {probe.compile_attach_s:.3f} s")
     assert not any(prog_id_exists(i) for i in ids), "programs still loaded after close()"
 
 
 @pytest.mark.probe_build
-def test_recorder_open_close_abort_are_idempotent(live, tmp_path):
-    """The recorder's own path (knobs from the live attach plan), a pid of our own followed:
-    our preads are counted and classed; close() and abort() leave no program behind."""
+def test_nested_structs_match_the_object():
+    """struct fd_agg and struct live (nested: no Struct declares them) have the layout the recorder
+    reads them with: the object's BTF says so."""
+    from moetrace.kernel.bpf import object_path, stale_object
+    from moetrace.kernel.libbpf import BpfObject
+    from moetrace.record.probes.reads import FD_AGG_DTYPE, LIVE_DTYPE
+
+    assert stale_object("reads") is None, stale_object("reads")
+    with BpfObject(object_path("reads")) as o:
+        for name, dt in (("fd_agg", FD_AGG_DTYPE), ("live", LIVE_DTYPE)):
+            assert o.struct_layout(name) == [(f, dt.fields[f][1], dt.fields[f][0].itemsize) for f in dt.names], name
+
+
+@pytest.mark.probe_build
+def test_recorder_open_close_abort_are_idempotent(live, tmp_path, backend):
+    """The recorder's own path (knobs from the live attach plan, the loader the environment
+    picks), a pid of our own followed: our preads are counted and classed; close() and abort()
+    leave no program behind."""
     from moetrace.kernel.features import Features
     from moetrace.record.probe import RecordContext
     from moetrace.record.probes.reads import ReadsRecorder
@@ -44,6 +64,7 @@ def test_recorder_open_close_abort_are_idempotent(live, tmp_path):
     feats = Features("/")
     rec = ReadsRecorder(RecordContext(features=feats, plan=resolve(SPEC, feats), log_dir=tmp_path))
     rec.open()
+    assert rec.probe.backend == backend
     ids = rec.prog_ids()
     try:
         f = tmp_path / "x.bin"
@@ -55,8 +76,7 @@ def test_recorder_open_close_abort_are_idempotent(live, tmp_path):
         with pytest.raises(OSError):
             os.pread(-1, 10, 0)
         rec.poll(50)
-        t = rec.probe.table("tgids")
-        del t[t.Key(os.getpid())]  # stop following before pytest does anything else
+        assert rec.probe.delete("tgids", struct.pack("<I", os.getpid()))  # stop following before pytest goes on
         os.close(fd)
         rec.close()
         rec.close()

@@ -1,20 +1,39 @@
-"""The block probe (probes/block.c + toolkit/record/probes/block.py) (unit tier)."""
+"""The block probe (probes/block.bpf.c, probes/block.c + toolkit/record/probes/block.py) (unit tier)."""
 
 from __future__ import annotations
 
 from common.block_probe import *  # noqa: F401,F403
 
 
-def test_declaration_matches_c_source():
-    slots = re.findall(r"#define STAT_(\w+) (\d+)", SRC)
+@pytest.mark.parametrize("src", [SRC, CORE_SRC], ids=["bcc", "core"])
+def test_slots_and_record_match_the_declaration(src):
+    """Both C files: stats slots, histogram slots and the ring record as the declaration says
+    (the CO-RE object's struct layout is also checked from its BTF: test_core_objects.py)."""
+    slots = re.findall(r"#define STAT_(\w+) (\d+)", src)
     assert [int(i) for _, i in slots] == list(range(len(slots)))
     assert [n.lower() for n, _ in slots] == list(STATS)
-    assert int(re.search(r"#define N_STATS (\d+)", SRC).group(1)) == len(STATS)
-    assert int(re.search(r"#define HIST_SLOTS (\d+)", SRC).group(1)) == blockattr.HIST_SLOTS
-    body = re.search(r"struct bio_event \{(.*?)\};", SRC, re.S).group(1)
+    assert int(re.search(r"#define N_STATS (\d+)", src).group(1)) == len(STATS)
+    assert int(re.search(r"#define HIST_SLOTS (\d+)", src).group(1)) == blockattr.HIST_SLOTS
+    body = re.search(r"struct bio_event \{(.*?)\};", src, re.S).group(1)
     fields = re.findall(r"^\s*(u\d+)\s+(\w+);", body, re.M)
     assert [f for _, f in fields] == list(BIO_EVENT_DTYPE.names)
     assert [int(t[1:]) // 8 for t, _ in fields] == [BIO_EVENT_DTYPE[n].itemsize for n in BIO_EVENT_DTYPE.names]
+
+
+def test_core_source_matches_the_declaration():
+    """probes/block.bpf.c: one program per candidate, in the section of the candidate's tracepoint
+    (both bytes candidates: the plan loads one), and a read-only global per knob."""
+    spec = PROBES["block"]
+    for g in spec.attach:
+        for c in g.candidates:
+            cat, ev = c.target.split(":")
+            assert re.search(r'^SEC\("tracepoint/%s/%s"\)\nint %s\(' % (cat, ev, c.fn_name), CORE_SRC, re.M), c
+    for k in spec.knobs:
+        assert re.search(r"^const volatile u(32|64) %s = " % k.name.lower(), CORE_SRC, re.M), k.name
+    assert "{" + "{" not in CORE_SRC and "%s" not in CORE_SRC and "#if" not in CORE_SRC  # globals, no -D
+
+
+def test_bcc_source_matches_the_declaration():
     spec = PROBES["block"]
     # every attach candidate's function exists, and the bytes candidates are the MOE_BYTES_TP choices
     for g in spec.attach:

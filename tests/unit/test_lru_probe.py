@@ -111,3 +111,14 @@ def test_memory_node_list(tmp_path):
     assert lrurec._memory_nodes(tmp_path / "none") is None
     ok, why = lrurec.drain_lru_batches(tmp_path / "none")
     assert not ok and "CONFIG_NUMA" in why
+
+
+def test_core_source_has_the_same_indices_and_one_piece_loop():
+    """probes/lru.bpf.c: the F_*, H_*, STAT_* of its bcc twin (the declaration's order), and the
+    piece split is one bpf_loop over a staged per-CPU charge; the map sizes come from the knobs."""
+    for prefix in ("F_", "H_", "STAT_"):
+        assert _defines(prefix, CORE_SRC) == _defines(prefix), prefix
+    assert CORE_SRC.count("bpf_loop(") == 1 and "MOE_PERCPU_ARRAY(scratch, struct charge_ctx)" in CORE_SRC
+    k = {x.name: x.default for x in SPEC.knobs} | {"N_EXPERTS": 23, "MAX_PFNS": 8192}
+    assert SPEC.map_sizes(k) == {"inodes": 65536, "pfns": 8192, "upfns": 16384, "counts": 24,
+                                 "hist": len(HISTOGRAMS) * HIST_SLOTS, "stats": len(SPEC.stats)}

@@ -158,3 +158,42 @@ def test_recorder_is_registered():
     from moetrace.record.probes.reads import ReadsRecorder
 
     assert recorder_class("reads") is ReadsRecorder and ReadsRecorder.needs_poll
+
+
+def test_core_source_has_the_same_indices():
+    """probes/reads.bpf.c: the STAT_*, SC_*, CLASS_* and HIST_SLOTS of its bcc twin (the
+    declaration's order)."""
+    import re
+
+    from moetrace.kernel import bpf
+
+    def defines(src: str) -> list[tuple[str, str]]:
+        return re.findall(r"^#define ((?:STAT|SC|CLASS)_\w+|N_STATS|N_CLASSES|HIST_SLOTS) (\d+)", src, re.M)
+
+    core, twin = bpf.core_source("reads").read_text(), bpf.probe_source("reads").read_text()
+    assert defines(core) == defines(twin) and len(defines(core)) > len(SPEC.stats)
+    assert [n.lower() for n, _i in defines(core) if n.startswith("SC_")] == [f"sc_{s}" for s in SYSCALLS]
+
+
+def test_fd_frames_from_map_records():
+    """The kernel's (fd_key, fd_agg) records -> one row per identity and one per nonzero
+    histogram slot; the map sizes follow the knobs (a ring of one page when nothing streams)."""
+    from moetrace.record.probes.reads import FD_AGG_DTYPE, FD_KEY_DTYPE, LIVE_DTYPE, PAGE, fd_frames
+
+    assert FD_AGG_DTYPE.itemsize == 128 + 4 * 3 * HIST_SLOTS and LIVE_DTYPE.itemsize == 8 + FD_AGG_DTYPE.itemsize
+    keys = np.zeros(2, FD_KEY_DTYPE)
+    keys["tgid"], keys["fd"], keys["gen"], keys["chunk"] = 10, (5, 6), (0, 2), (0, NOPOS)
+    aggs = np.zeros(2, FD_AGG_DTYPE)
+    aggs["c"]["calls"], aggs["c"]["ino"] = (3, 1), (77, 0)
+    aggs["hist"][0, 4], aggs["hist"][0, HIST_SLOTS + 9], aggs["hist"][1, 2 * HIST_SLOTS] = 2, 1, 1
+    fds, fh = fd_frames(keys, aggs)
+    assert list(fds.columns) == ["tgid", "fd", "gen", "epoch", "chunk", *FD_FIELDS]
+    assert fds["calls"].tolist() == [3, 1] and fds["ino"].tolist() == [77, 0]
+    assert fds["chunk"].dtype == np.uint64 and int(fds["chunk"].iloc[1]) == NOPOS
+    assert fh[["fd", "gen", "cls", "slot", "calls"]].values.tolist() == [[5, 0, 0, 4, 2], [5, 0, 1, 9, 1],
+                                                                         [6, 2, 2, 0, 1]]
+    empty = fd_frames(np.zeros(0, FD_KEY_DTYPE), np.zeros(0, FD_AGG_DTYPE))
+    assert empty[0].empty and list(empty[1].columns) == ["tgid", "fd", "gen", "epoch", "cls", "slot", "calls"]
+    k = {x.name: int(x.default) for x in SPEC.knobs}
+    assert SPEC.map_sizes(k)["calls"] == PAGE and SPEC.map_sizes(k | {"MOE_STREAM": 1})["calls"] == 256 * PAGE
+    assert SPEC.map_sizes(k)["fd_overflow"] == 2 and SPEC.map_sizes(k)["idents"] == 16 * PAGE

@@ -1,18 +1,47 @@
-"""The reclaim probe (probes/reclaim.c + toolkit/record/probes/reclaim.py) (unit tier)."""
+"""The reclaim probe (probes/reclaim.bpf.c, probes/reclaim.c + toolkit/record/probes/reclaim.py) (unit tier)."""
 
 from __future__ import annotations
 
 from common.reclaim_probe import *  # noqa: F401,F403
 
 
-def test_declaration_matches_c_source():
+@pytest.mark.parametrize("src", [SRC, CORE_SRC], ids=["bcc", "core"])
+def test_slots_match_the_declaration(src):
+    """Both C files: kinds, per-kind fields, stats slots, timeline fields and histogram slots in
+    the declaration's order."""
     for prefix, names, count in (("KIND_", KINDS, "N_KINDS"), ("F_", FIELDS, "N_FIELDS"),
                                  ("STAT_", STATS, "N_STATS"), ("T_", TIMELINE_FIELDS, "N_TL")):
-        d = _defines(prefix)
+        d = _defines(prefix, src)
         assert [i for _, i in d] == list(range(len(d))), prefix
         assert [n.lower() for n, _ in d] == list(names), prefix
-        assert int(re.search(r"#define %s (\d+)" % count, SRC).group(1)) == len(names)
-    assert int(re.search(r"#define HIST_SLOTS (\d+)", SRC).group(1)) == reclaimrec.HIST_SLOTS
+        assert int(re.search(r"#define %s (\d+)" % count, src).group(1)) == len(names)
+    assert int(re.search(r"#define HIST_SLOTS (\d+)", src).group(1)) == reclaimrec.HIST_SLOTS
+
+
+def test_core_source_matches_the_declaration():
+    """probes/reclaim.bpf.c: one program per group, in the section of its tracepoint, and a
+    read-only global per knob (the plan, not the preprocessor, leaves groups out)."""
+    spec = PROBES["reclaim"]
+    for g in spec.attach:
+        fn, _knob = GROUPS[g.name]
+        for c in g.candidates:
+            cat, ev = c.target.split(":")
+            assert re.search(r'^SEC\("tracepoint/%s/%s"\)\nint %s\(' % (cat, ev, fn), CORE_SRC, re.M), c
+    for k in spec.knobs:
+        assert re.search(r"^const volatile u(32|64) %s = " % k.name.lower(), CORE_SRC, re.M), k.name
+    assert "{" + "{" not in CORE_SRC and "%s" not in CORE_SRC and "#if" not in CORE_SRC  # globals, no -D
+
+
+def test_map_sizes_follow_the_knobs():
+    k = {kn: int(v) for kn, v in PROBES["reclaim"].knob_values().items()}
+    assert PROBES["reclaim"].map_sizes(k)["timeline"] == 1  # no buckets: one placeholder slot
+    k["MOE_BUCKET_NS"] = 10**8
+    sizes = PROBES["reclaim"].map_sizes(k)
+    assert sizes["timeline"] == k["MOE_MAX_BUCKETS"] * len(KINDS) * len(TIMELINE_FIELDS)
+    assert sizes["totals"] == len(KINDS) * len(FIELDS) and sizes["active"] == sizes["task_ctx"] == k["MOE_MAX_TASKS"]
+
+
+def test_bcc_source_matches_the_declaration():
     spec = PROBES["reclaim"]
     assert {g.name for g in spec.attach} == set(GROUPS)
     for g in spec.attach:

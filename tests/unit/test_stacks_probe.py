@@ -184,3 +184,25 @@ def test_find_kernel_addresses_finds_plants_with_file_and_offset(tmp_path):
     assert ("t.parquet", 2, "ip: -2128609280") not in find_kernel_addresses(run, no_ks)
     assert symbolize.scan_text(b"0xffff800000000000 0xffff7fffffffffff") and \
         len(list(symbolize.scan_text(b"0xffff800000000000 0xffff7fffffffffff"))) == 1
+
+
+def test_core_source_and_perf_attr():
+    """probes/stacks.bpf.c: the STAT_* and TASK_* of its bcc twin; struct stack_key is 28 bytes
+    (the recorder's dtype); map sizes from the knobs; perf_event_attr is the 112-byte VER5
+    layout and the kernel's id lists parse (moetrace.kernel.perf)."""
+    import re
+
+    from moetrace.kernel import bpf
+    from moetrace.kernel.perf import PerfEventAttr, id_list, online_cpus
+
+    def defines(src: str) -> list[tuple[str, str]]:
+        return re.findall(r"^#define ((?:STAT|TASK)_\w+|N_STATS) (\d+)", src, re.M)
+
+    core, twin = bpf.core_source("stacks").read_text(), bpf.probe_source("stacks").read_text()
+    assert defines(core) == defines(twin) and len(defines(core)) == len(SPEC.stats) + 3
+    assert stacksrec.STACK_KEY_DTYPE.itemsize == 28
+    k = {x.name: int(x.default) for x in SPEC.knobs}
+    assert SPEC.map_sizes(k) == {"tgids": 4096, "counts": 16384, "stack_traces": 16384, "stats": len(SPEC.stats)}
+    assert ctypes.sizeof(PerfEventAttr) == 112 and PerfEventAttr.flags.offset == 40
+    assert id_list("0-3,5\n") == [0, 1, 2, 3, 5] and id_list("0") == [0] and id_list("") == []
+    assert online_cpus("/nonexistent") == list(range(os.cpu_count()))

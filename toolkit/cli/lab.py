@@ -58,8 +58,10 @@ def kernels(as_json):
 @lab.command()
 def setup():
     """Install what the lab needs (root): qemu-system-x86, busybox-static, Debian's
-    linux-image-6.1.0-47-amd64-unsigned + headers, and 6.12.95 from bookworm-backports (an
-    apt source added, nothing else upgraded). Idempotent; `make setup` runs it."""
+    linux-image-6.1.0-47-amd64-unsigned + headers, 6.12.95 from bookworm-backports (an
+    apt source added, nothing else upgraded), and the newest kernel Debian serves (sid, else
+    trixie-backports) unpacked under /var/lib/moetrace/lab, never installed. Idempotent;
+    `make setup` runs it."""
     script = Path(__file__).resolve().parents[2] / "scripts" / "lab-setup.sh"
     if not script.is_file():
         raise click.ClickException(f"{script} is missing: run from a moetrace checkout")
@@ -67,7 +69,7 @@ def setup():
 
 
 @lab.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--kernel", required=True, help="6.1, 6.12, a release under /boot, or a kernel image path.")
+@click.option("--kernel", required=True, help="6.1, 6.12, newest (the newest Debian kernel the lab set-up unpacked; or its version, 7.2), a release under /boot, or a kernel image path.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="The lab directory: the guest's only writable place (/tmp/lab inside); lab.json, stdout, "
                    "stderr land here.")

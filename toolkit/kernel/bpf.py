@@ -424,7 +424,8 @@ def load_core(name: str, knobs: dict[str, int | bool], attach: list[tuple[str, s
     sizes, load only the programs of ``attach`` ((program, kind, target): kind tracepoint
     "cat:event", kprobe / kretprobe symbol, fentry / fexit / tp_btf), attach them in that order;
     a perf_event program is loaded, not attached (its perf events are the caller's to open:
-    :func:`moetrace.kernel.perf.attach_cpu_clock`). ``attach_targets``: {program: kernel function} of fentry/fexit programs, set before load.
+    :func:`moetrace.kernel.perf.attach_cpu_clock`). ``attach_targets``: {program: kernel
+    function} of fentry/fexit programs, set before load.
     Everything is detached on failure."""
     from moetrace.kernel.libbpf import BpfObject
 

@@ -1,4 +1,4 @@
-"""Block-layer truth per expert: load probes/block.c, stream read bios, attribute their
+"""Block-layer truth per expert: load the block probe, stream read bios, attribute their
 bytes to experts through FIEMAP extents (:mod:`moetrace.kernel.extents`).
 
 ::
@@ -9,7 +9,8 @@ bytes to experts through FIEMAP extents (:mod:`moetrace.kernel.extents`).
     res = rec.result              # BlockResult (also returned by rec.close())
     res.per_expert                # expert_id, layer, expert, device_read_bytes, bios
 
-The kernel side (probes/block.c) counts read bytes and bios of one disk (the pool's,
+The kernel side (probes/block.bpf.c, compiled once and loaded by libbpf; probes/block.c through
+bcc with ``MOETRACE_BPF_BACKEND=bcc``) counts read bytes and bios of one disk (the pool's,
 tracepoint dev ``(major << 20) | minor``) and streams (sector, nr_sector) per bio through
 one ring buffer, counting records it could not reserve; user space splits each bio's
 bytes over the extents it overlaps. Latency (block_rq_issue -> block_rq_complete, requeued
@@ -17,12 +18,14 @@ requests re-timed from their last issue) is a log2 histogram kept in the kernel.
 
 Which tracepoint counts bytes (block_io_start or block_bio_queue) is decided by
 :func:`moetrace.record.spec.resolve` on the ``block`` declaration: asked of the kernel,
-never of its version. Only tracepoint arguments are read, so mismatched headers are fine.
+never of its version; the CO-RE object holds both programs and loads the chosen one (bcc
+compiles the one ``MOE_BYTES_TP`` selects). Only tracepoint arguments are read.
 """
 
 from __future__ import annotations
 
 import ctypes as ct
+import mmap
 import threading
 import time
 from dataclasses import dataclass, field
@@ -39,13 +42,15 @@ from moetrace.kernel.extents import SECTOR, ExpertExtents
 
 from moetrace.record.probe import EngineProbe, schema_doc
 
-#: the one declaration of probes/block.c (attach candidates, knobs, stats slots, ring record)
-# -- the declaration: attach candidates, knobs, tables (probes/block.c agrees: tests/*/test_probe_build.py)
+#: the one declaration of probes/block.bpf.c and probes/block.c (attach candidates, knobs, stats
+#: slots, ring record)
+# -- the declaration: attach candidates, knobs, tables (the C agrees: tests/*/test_probe_build.py,
+# tests/probe_build/test_core_objects.py)
 
 _BIO_FIELDS = ("dev", "sector", "nr_sector", "rwbs")
 
-#: probes/block.c. Reads only tracepoint arguments; bios attributed to experts in user space
-#: (FIEMAP extents, moetrace.kernel.extents).
+#: probes/block.bpf.c (probes/block.c). Reads only tracepoint arguments; bios attributed to experts
+#: in user space (FIEMAP extents, moetrace.kernel.extents).
 BLOCK = ProbeSpec(
     name="block",
     description="device read bytes per expert via FIEMAP extents (one ring record per bio); request "
@@ -94,14 +99,15 @@ BLOCK = ProbeSpec(
     stats=("read_bytes", "read_bios", "ring_lost", "issues", "issue_bytes", "requeues", "requeue_bytes",
            "completes", "complete_matched", "inflight_full", "latency_ns"),
     structs=(Struct("bio_event", (("sector", "u64"), ("nr_sector", "u32"), ("flags", "u32"))),),
+    map_sizes=lambda k: _map_sizes(k),
 )
 
 SPEC = BLOCK
 SOURCE = SPEC.source_path
-#: stats slots of probes/block.c, in order (a probe-build test checks the two agree)
+#: stats slots of the block probe's C, in order (a test checks the two agree)
 STATS = SPEC.stats
 HIST_SLOTS = 64
-#: struct bio_event of probes/block.c
+#: struct bio_event of the block probe's C
 BIO_EVENT_DTYPE = SPEC.struct("bio_event").dtype()
 #: bytes candidates -> their MOE_BYTES_TP value (from the declaration's ``sets``)
 BYTES_TP = {c.target: dict(c.sets)["MOE_BYTES_TP"] for c in SPEC.group("bytes").candidates}
@@ -109,6 +115,14 @@ BYTES_TP = {c.target: dict(c.sets)["MOE_BYTES_TP"] for c in SPEC.group("bytes").
 QUIET_CFLAGS = ("-Wno-ignored-attributes", "-Wno-duplicate-decl-specifier", "-Wno-unused-function",
                 "-Wno-macro-redefined")
 _FLUSH_RECORDS = 1 << 20  # attribute buffered records once this many have arrived
+
+
+def _map_sizes(k: dict[str, int]) -> dict[str, int]:
+    """The CO-RE object's map sizes from its knobs (probes/block.bpf.c names the maps; bcc's
+    BPF_RINGBUF_OUTPUT is MOE_RINGBUF_PAGES pages too). A ring nobody reads is one page."""
+    pages = int(k["MOE_RINGBUF_PAGES"]) if k["MOE_STREAM_BIOS"] else 1
+    return {"stats": len(STATS), "lat_hist": HIST_SLOTS, "inflight": int(k["MOE_MAX_INFLIGHT"]),
+            "bios": mmap.PAGESIZE * pages}
 
 
 @dataclass
@@ -162,12 +176,13 @@ class BlockResult:
                 "duration_s": self.duration_s}
 
 
-from moetrace.kernel.bpf import arm, percpu_sums, prog_fdinfo, recursion_misses  # noqa: E402,F401  (prog_fdinfo re-exported)
+from moetrace.kernel.bpf import entry_count, percpu_sums, prog_fdinfo, recursion_misses  # noqa: E402,F401  (prog_fdinfo re-exported)
 
 
 def block_cflags(dev: int, bytes_tp: int, ring_pages: int = 64, stream: bool = True,
                  max_inflight: int = 65536) -> list[str]:
-    """The -D knobs of probes/block.c (every declared knob, in declaration order)."""
+    """The knobs of the block probe as -D cflags (every declared knob, in declaration order); the
+    CO-RE object takes the same values as globals."""
     if ring_pages <= 0 or ring_pages & (ring_pages - 1):
         raise ValueError(f"ring_pages must be a power of two, got {ring_pages}")
     if int(bytes_tp) not in BYTES_TP.values():
@@ -202,7 +217,8 @@ def resolve_attach(features=None) -> dict[str, str]:
 
 
 class BlockRecorder:
-    """Attach probes/block.c, poll its ring in a thread, attribute bios to experts.
+    """Load and attach the block probe (the loader :func:`moetrace.kernel.bpf.backend_for` picks),
+    poll its ring in a thread, attribute bios to experts.
 
     index: the pool's :class:`ExpertExtents` (its device gives the disk to watch), or
     None to count only (every sector unattributed; ``dev`` then required, 0 = every disk).
@@ -225,7 +241,7 @@ class BlockRecorder:
         self.stream = stream
         self.features = features
         self.extra_cflags = tuple(extra_cflags)
-        #: compiled with MOE_GATED=1: counts only while armed. Standalone (arm_at_open) it is armed
+        #: loaded gated: counts only while armed. Standalone (arm_at_open) it is armed
         #: once attached and disarmed first thing in close(), so the ring and the counters cover
         #: the same interval (a bio between draining the ring and reading the counters would be
         #: in one and not the other); `moetrace record` arms it with every other probe.
@@ -236,7 +252,8 @@ class BlockRecorder:
         self.attach: dict[str, str] = {}
         self._fns: dict[str, str] = {}
         self.knobs: dict[str, int] = {}
-        self.bpf = None
+        #: the loaded probe (moetrace.kernel.bpf LoadedProbe or CoreProbe) while attached, else None
+        self.probe = None
         self.result: BlockResult | None = None
         self.compile_s = 0.0
         self.attach_s = 0.0
@@ -255,51 +272,59 @@ class BlockRecorder:
         self._t0 = 0.0
 
     # -- lifecycle ----------------------------------------------------------------------------
+    @property
+    def bpf(self):
+        """The attached probe handle (either loader), None once detached: what
+        :class:`moetrace.record.probe.EngineProbe` tests for "attached"."""
+        return self.probe
+
+    def _candidates(self) -> dict:
+        """{group: the AttachCandidate to attach}: resolved, or the bytes_tp the caller forced."""
+        if self._bytes_tp is None:
+            return resolve_plan(self.features, self._plan)[0]
+        if self._bytes_tp not in BYTES_TP:
+            raise ValueError(f"bytes_tp must be one of {sorted(BYTES_TP)}")
+        return {g.name: (next(c for c in g.candidates if c.target == self._bytes_tp) if g.name == "bytes"
+                         else g.candidates[0]) for g in SPEC.attach}
+
     def open(self) -> "BlockRecorder":
-        """Compile, load, attach and start polling."""
-        from moetrace.kernel.bpf import load_probe
+        """Load (the CO-RE object, or a bcc compile), attach and start polling."""
+        from moetrace.kernel.bpf import load_either
 
         if self.features is not None and self.features.tracefs is None:
             from moetrace.kernel.features import tracefs_path
 
             self.features.tracefs = tracefs_path(self.features.root)
-        if self._bytes_tp is None:
-            cands, _decided = resolve_plan(self.features, self._plan)
-        else:
-            if self._bytes_tp not in BYTES_TP:
-                raise ValueError(f"bytes_tp must be one of {sorted(BYTES_TP)}")
-            cands = {g.name: (next(c for c in g.candidates if c.target == self._bytes_tp) if g.name == "bytes"
-                              else g.candidates[0]) for g in SPEC.attach}
+        cands = self._candidates()
         self.attach = {g: c.target for g, c in cands.items()}
         self._fns = {g: c.fn_name for g, c in cands.items()}
         if self.attach["bytes"] not in BYTES_TP:
             raise ProbeError(f"block probe: bytes group resolved to {self.attach['bytes']}, which "
-                                  f"probes/block.c does not implement (knows {sorted(BYTES_TP)})")
+                                  f"the block probe's C does not implement (knows {sorted(BYTES_TP)})")
         # MOE_BYTES_TP comes from the chosen candidate's ``sets`` in the declaration
         cflags = block_cflags(self.dev, dict(cands["bytes"].sets)["MOE_BYTES_TP"], self.ring_pages, self.stream)
         self.knobs = {f[2:].split("=")[0]: int(f.split("=")[1]) for f in cflags}
-        lp = load_probe("block", self.knobs, self.extra_cflags, src=SOURCE, gated=self.gated,
-                        attach=[(target, self._fns[grp]) for grp, target in self.attach.items()])
-        self.bpf = lp.bpf
+        self.probe = load_either("block", self.knobs, [(c.fn_name, c.kind, c.target) for c in cands.values()],
+                                 _map_sizes(self.knobs), gated=self.gated, extra_cflags=self.extra_cflags)
         try:
             if self.stream:
-                self.bpf[b"bios"].open_ring_buffer(self._on_record)
+                self.probe.open_ring("bios", self._on_record)
         except Exception as e:
             self._cleanup()
             raise ProbeError(f"cannot open the block probe's ring: {e}") from None
-        self.compile_s, self.attach_s = lp.compile_s, lp.attach_s
+        self.compile_s, self.attach_s = self.probe.compile_s, self.probe.attach_s
         self._t0 = time.time()
         if self.stream:
             self._thread = threading.Thread(target=self._poll_loop, name="moetrace-block-ring", daemon=True)
             self._thread.start()
         if self.gated and self.arm_at_open:
-            arm(self.bpf, True)
+            self.probe.arm(True)
         return self
 
     def arm(self, on: bool = True) -> None:
-        """Start / stop counting (MOE_GATED=1)."""
-        if self.bpf is not None and self.gated:
-            arm(self.bpf, on)
+        """Start / stop counting (a gated load)."""
+        if self.probe is not None and self.gated:
+            self.probe.arm(on)
 
     def __enter__(self) -> "BlockRecorder":
         return self.open()
@@ -310,7 +335,7 @@ class BlockRecorder:
     def _poll_loop(self) -> None:
         try:
             while not self._stop.is_set():
-                self.bpf.ring_buffer_poll(timeout=100)
+                self.probe.ring_poll(100)
         except BaseException as e:  # surfaced by close()
             self._poll_error = e
 
@@ -338,24 +363,29 @@ class BlockRecorder:
         self._unattr += un
 
     def _cleanup(self) -> None:
-        if self.bpf is not None:
+        """Detach (idempotent). The polling thread is stopped first: closing the probe frees the
+        ring buffer that thread may be inside (ring_buffer__poll) at that moment."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+        if self.probe is not None:
             try:
-                self.bpf.cleanup()
+                self.probe.close()
             finally:
-                self.bpf = None
+                self.probe = None
 
     def close(self) -> BlockResult | None:
         """Stop polling, drain the ring, read the kernel's counters, detach. Idempotent."""
-        if self.bpf is None:
+        if self.probe is None:
             return self.result
         try:
             if self.gated:
-                arm(self.bpf, False)  # nothing counts from here on: ring and counters agree
+                self.probe.arm(False)  # nothing counts from here on: ring and counters agree
             self._stop.set()
             if self._thread is not None:
                 self._thread.join(timeout=10)
             if self.stream:
-                self.bpf.ring_buffer_consume()
+                self.probe.ring_consume()
             self._flush()
             self.result = self._collect()
         finally:
@@ -366,10 +396,10 @@ class BlockRecorder:
 
     # -- reading the kernel's side ------------------------------------------------------------
     def _collect(self) -> BlockResult:
-        st = dict(zip(STATS, percpu_sums(self.bpf[b"stats"]).tolist()))
-        hist = percpu_sums(self.bpf[b"lat_hist"]).tolist()[:HIST_SLOTS]
-        inflight_left = len(self.bpf[b"inflight"].items())
-        by_fn = recursion_misses(self.bpf, 0)
+        st = dict(zip(STATS, percpu_sums(self.probe.table("stats")).tolist()))
+        hist = percpu_sums(self.probe.table("lat_hist")).tolist()[:HIST_SLOTS]
+        inflight_left = entry_count(self.probe.table("inflight"))
+        by_fn = recursion_misses(self.probe.prog_fds(), 0)
         misses = {g: by_fn[self._fns[g]] for g in self.attach if self._fns[g] in by_fn}
         slots = np.arange(HIST_SLOTS)
         lat = pd.DataFrame({"slot": slots,
@@ -397,7 +427,7 @@ class BlockRecorder:
 
 class BlockProbe(EngineProbe):
     """The block probe in a recording: the pool's FIEMAP extents, :class:`BlockRecorder` (the
-    bcc program and its ring consumer), /proc/diskstats of the pool's disk over the armed
+    BPF programs and their ring consumer), /proc/diskstats of the pool's disk over the armed
     interval, and the block_latency / block_device tables."""
 
     name = "block"
@@ -431,6 +461,7 @@ class BlockProbe(EngineProbe):
         self.engine = BlockRecorder(idx, dev=None if idx is not None else 0, stream=idx is not None,
                                     features=self.ctx.features, plan=self.ctx.plan, gated=self.ctx.gated,
                                     arm_at_open=not self.ctx.gated).open()
+        self.probe = self.engine.probe  # the handle: prog_fds / prog_ids and the manifest's loader
         self.knobs = dict(self.engine.knobs)
         self.compile_attach_s = self.engine.compile_s + self.engine.attach_s
         if self.disk is not None:

@@ -1,6 +1,7 @@
 """The ``lru`` probe's recorder: classic LRU placement of the pool's pages, per expert.
 
-probes/lru.c joins the LRU tracepoints to expert pages on the pfn: a page-cache add
+probes/lru.bpf.c (CO-RE, compiled once; probes/lru.c is its bcc twin while both exist) joins
+the LRU tracepoints to expert pages on the pfn: a page-cache add
 (``filemap:mm_filemap_add_to_page_cache``: pfn, inode, index, folio order) opens a
 pfn -> (expert, first page, folio pages, add time) entry; ``pagemap:mm_lru_insertion``
 (pfn, list, flags) and ``pagemap:mm_lru_activate`` (pfn) find it; the page-cache delete
@@ -39,6 +40,7 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import struct
 import time
 from pathlib import Path
 from typing import Any
@@ -51,8 +53,8 @@ from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, A
 from moetrace.errors import ProbeError
 from moetrace.record.probe import ProbeRecorder, schema_doc
 
-#: the one declaration of probes/lru.c (attach groups, knobs, stats, structs, tables)
-# -- the declaration: attach candidates, knobs, tables (probes/lru.c agrees: tests/*/test_probe_build.py)
+# -- the declaration: attach candidates, knobs, tables (probes/lru.bpf.c and probes/lru.c agree:
+# tests/probe_build/test_core_objects.py, tests/*/test_probe_build.py)
 
 _LRU_FOLIO = ("pfn", "i_ino", "index", "s_dev")
 
@@ -61,7 +63,8 @@ def _lru_pages(name: str, doc: str) -> Column:
     return Column(name, "Int64", "pages", doc)
 
 
-#: probes/lru.c. Reads only tracepoint arguments; joins LRU events to expert pages on the pfn
+#: probes/lru.bpf.c (and its bcc twin probes/lru.c). Reads only tracepoint arguments; joins LRU
+#: events to expert pages on the pfn
 #: (the page-cache add gives pfn -> (inode, index, order)); aggregated per expert in the kernel.
 LRU = ProbeSpec(
     name="lru",
@@ -139,15 +142,18 @@ LRU = ProbeSpec(
         Struct("pfn_val", (("add_ns", "u64"), ("insert_ns", "u64"), ("eid", "u32"), ("pstart", "u32"),
                            ("elast", "u32"), ("pages", "u32"), ("lru", "u32"), ("activations", "u32"))),
     ),
+    map_sizes=lambda k: _map_sizes(k),
     enrichment=True,
 )
 
 SPEC = LRU
 #: struct lru_counts fields, in F_* order (one counter slot per expert + unattributed)
 FIELDS: tuple[str, ...] = tuple(f for f, _t in SPEC.struct("lru_counts").fields)
-#: pool-wide histograms of probes/lru.c, in H_* order
+#: pool-wide histograms of probes/lru.bpf.c, in H_* order
 HISTOGRAMS = ("insertion_to_eviction", "insertion_to_activation", "add_to_insertion")
 HIST_SLOTS = 64
+LRU_COUNTS_DTYPE = SPEC.struct("lru_counts").dtype()
+U64 = np.dtype("<u8")
 #: /proc/vmstat counters read around a recording (the activation and refault oracles)
 VMSTAT_KEYS = ("pgactivate", "pgdeactivate", "pgrefill", "workingset_activate_file", "workingset_refault_file",
                "workingset_restore_file", "pgpgin")
@@ -164,6 +170,12 @@ _ANON_RE = re.compile(r"REC->flags\s*&\s*(0x[0-9a-fA-F]+)u?\s*\)?\s*\?\s*\"a\"")
 
 
 # -- knobs ------------------------------------------------------------------------------------
+
+def _map_sizes(k: dict[str, int]) -> dict[str, int]:
+    """The CO-RE object's map sizes from its knobs (probes/lru.bpf.c names the maps)."""
+    return {"inodes": int(k["MAX_INODES"]), "pfns": int(k["MAX_PFNS"]), "upfns": int(k["MAX_UNATTR_PFNS"]),
+            "counts": int(k["N_EXPERTS"]) + 1, "hist": len(HISTOGRAMS) * HIST_SLOTS, "stats": len(SPEC.stats)}
+
 
 def anon_flag_from_format(text: str | None) -> int | None:
     """The anonymous bit of mm_lru_insertion's ``flags`` from its format file's print
@@ -185,7 +197,7 @@ def _mem_total_pages(root: str | os.PathLike = "/") -> int | None:
 
 def lru_knobs(plan_knobs: dict[str, int] | None = None, pmap=None, mem_pages: int | None = None,
               ncpus: int | None = None, anon_flag: int | None = None) -> dict[str, int]:
-    """Every -D knob of probes/lru.c: the declaration's defaults, then what the attach plan
+    """Every knob of the lru probe: the declaration's defaults, then what the attach plan
     decided (HAVE_ORDER, HAVE_ACTIVATE), then the pool's (POOL_DEV, N_EXPERTS, PPE,
     MAX_INODES) and the join map's size: one entry per folio, so at most the pool's pages,
     and never more than the machine's memory holds, plus the BPF LRU hash's per-CPU slack
@@ -206,17 +218,12 @@ def lru_knobs(plan_knobs: dict[str, int] | None = None, pmap=None, mem_pages: in
 
 def _memory_nodes(root: str | os.PathLike = "/") -> list[int] | None:
     """Node ids with memory, from /sys/devices/system/node/has_memory ("0", "0-1,3")."""
+    from moetrace.kernel.perf import id_list
+
     try:
-        text = (Path(root) / "sys/devices/system/node/has_memory").read_text().strip()
+        return id_list((Path(root) / "sys/devices/system/node/has_memory").read_text())
     except OSError:
         return None
-    out: list[int] = []
-    for part in text.split(","):
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        out.extend(range(int(lo), int(hi or lo) + 1))
-    return out
 
 
 def drain_lru_batches(root: str | os.PathLike = "/") -> tuple[bool, str]:
@@ -367,8 +374,8 @@ def summarize(df: pd.DataFrame, hdf: pd.DataFrame, vmstat: dict[str, int] | None
 # -- the recorder -----------------------------------------------------------------------------
 
 class LruRecorder(ProbeRecorder):
-    """Attach probes/lru.c for one recording; at close drain the LRU batches, read the
-    in-kernel aggregates and detach; write ``lru`` and ``lru_dwell_histogram``.
+    """Attach the lru probe (either loader) for one recording; at close drain the LRU batches,
+    read the in-kernel aggregates and detach; write ``lru`` and ``lru_dwell_histogram``.
 
     Attribution is by inode (the pool's inode -> expert map), not by task: every process's
     reads of the pool count (``follow`` is a no-op), as in the pagecache probe."""
@@ -424,9 +431,8 @@ class LruRecorder(ProbeRecorder):
                                   "insertion does not describe generations (see the mglru probe)")
         self.load_planned(self.knobs)
         if pmap is not None:
-            t = self.probe.table("inodes")
             for ino, (base, n) in pmap.inodes.items():
-                t[t.Key(ino)] = t.Leaf(base, n)
+                self.probe.put("inodes", struct.pack("<Q", ino), struct.pack("<II", base, n))
         self._vm0 = read_vmstat()
         self._t_open = time.monotonic()
         return self
@@ -454,17 +460,17 @@ class LruRecorder(ProbeRecorder):
         if self.probe is None or self.probe.closed:
             self.closed = True
             return
-        from moetrace.kernel.bpf import array_values
+        from moetrace.kernel.bpf import read_array
 
         try:
             if self.drain and self.drained is None:
                 self.drained = drain_lru_batches()
             vm1 = self._vm1 if self._vm1 is not None else read_vmstat()
             self.vmstat = {k: vm1[k] - self._vm0[k] for k in vm1 if self._vm0 and k in self._vm0}
-            vals = array_values(self.probe.table("counts"))
-            counts = np.array([[getattr(v, f) for f in FIELDS] for v in vals], dtype=np.uint64).astype(np.int64)
-            hist = np.array([int(v.value) for v in array_values(self.probe.table("hist"))], dtype=np.int64)
-            self.stats = dict(zip(SPEC.stats, (int(v.value) for v in array_values(self.probe.table("stats")))))
+            vals = read_array(self.probe.table("counts"), LRU_COUNTS_DTYPE)
+            counts = np.stack([vals[f] for f in FIELDS], axis=1).astype(np.int64)
+            hist = read_array(self.probe.table("hist"), U64).astype(np.int64)
+            self.stats = dict(zip(SPEC.stats, read_array(self.probe.table("stats"), U64).astype(np.int64).tolist()))
             self.misses = self.recursion_misses()
         except Exception as e:  # noqa: BLE001 - a read failure must still detach
             self.probe.close()

@@ -1,7 +1,8 @@
 """The ``reads`` probe: every read call of the recorded command, timed, classed and
 attributed to experts.
 
-probes/reads.c times each ``pread64`` / ``preadv`` / ``preadv2`` / ``read`` of the followed
+probes/reads.bpf.c (CO-RE, compiled once; probes/reads.c is its bcc twin while both exist)
+times each ``pread64`` / ``preadv`` / ``preadv2`` / ``read`` of the followed
 processes (enter -> exit) and counts the page-cache pages added by the calling task while
 the call is in flight (``filemap:mm_filemap_add_to_page_cache``). A call is
 
@@ -60,6 +61,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,7 +76,8 @@ from moetrace.errors import MoetraceError, ProbeError
 from moetrace.record.probe import ProbeRecorder, RecordContext, schema_doc
 from moetrace.record.spec import AttachPlan
 
-# -- the declaration: attach candidates, knobs, tables (probes/reads.c agrees: tests/*/test_probe_build.py)
+# -- the declaration: attach candidates, knobs, tables (probes/reads.bpf.c and probes/reads.c agree:
+# tests/probe_build/test_core_objects.py, tests/*/test_probe_build.py)
 
 _READ_SYSCALLS = ("pread64", "preadv", "preadv2", "read")
 #: read syscall -> (enter fields, group knob): pread64 is required, the others optional
@@ -88,8 +91,9 @@ def _calls(name: str, doc: str = "") -> Column:
     return Column(name, "Int64", "", doc)
 
 
-#: probes/reads.c. Reads only tracepoint + syscall arguments and the caller's iovec array
-#: (user memory); fd -> inode -> expert is resolved in user space (moetrace.record.probes.reads).
+#: probes/reads.bpf.c (and its bcc twin probes/reads.c). Reads only tracepoint + syscall arguments
+#: and the caller's iovec array (user memory); fd -> inode -> expert is resolved in user space
+#: (moetrace.record.probes.reads).
 READS = ProbeSpec(
     name="reads",
     description="per read call of the followed processes: latency, bytes, pages added during the call -> "
@@ -219,19 +223,23 @@ READS = ProbeSpec(
             "miss_bytes", "miss_latency_ns", "error_calls", "error_latency_ns", "added_pages", "beyond_pages",
             "other_pages", "ino", "dev"))),
         Struct("ident", tuple((f, "u32") for f in ("tgid", "fd", "gen", "epoch"))),
+        Struct("inflight", (("start_ns", "u64"), ("pos", "u64"), ("count", "u64"), ("ino", "u64"), ("added", "u64"),
+                            ("beyond", "u64"), ("other", "u64"), ("fd", "u32"), ("gen", "u32"), ("epoch", "u32"),
+                            ("sc", "u32"), ("dev", "u32"), ("pad", "u32"))),
         Struct("read_call", (("ts_ns", "u64"), ("pos", "u64"), ("count", "u64"), ("ret", "s64"),
                              ("latency_ns", "u64"), ("ino", "u64"), ("tid", "u32"), ("tgid", "u32"), ("fd", "u32"),
                              ("gen", "u32"), ("epoch", "u32"), ("syscall", "u32"), ("added_pages", "u32"),
                              ("beyond_pages", "u32"), ("other_pages", "u32"), ("dev", "u32"))),
     ),
+    map_sizes=lambda k: _map_sizes(k),
 )
 
 SPEC = READS
-#: syscalls of probes/reads.c, in SC_* order
+#: syscalls of probes/reads.bpf.c, in SC_* order
 SYSCALLS = ("pread64", "preadv", "preadv2", "read")
 #: call classes, in CLASS_* order
 CLASSES = ("hit_only", "miss", "error")
-#: log2 latency slots of probes/reads.c (HIST_SLOTS): the last one also holds longer calls
+#: log2 latency slots of probes/reads.bpf.c (HIST_SLOTS): the last one also holds longer calls
 HIST_SLOTS = 40
 NOPOS = (1 << 64) - 1
 #: unattributed sources, in the order of their rows in reads.parquet
@@ -240,6 +248,16 @@ CLASS_FIELDS = tuple(f for f, _t in SPEC.struct("class_counts").fields)
 FD_FIELDS = tuple(f for f, _t in SPEC.struct("fd_counts").fields)
 READ_CALL_DTYPE = SPEC.struct("read_call").dtype()
 IDENT_DTYPE = SPEC.struct("ident").dtype()
+CLASS_COUNTS_DTYPE = SPEC.struct("class_counts").dtype()
+FD_KEY_DTYPE = SPEC.struct("fd_key").dtype()
+INFLIGHT_DTYPE = SPEC.struct("inflight").dtype()
+#: struct fd_agg (the counters and a u32 per class x log2 slot) and struct live (an fd number's
+#: generation, epoch and current aggregate): nested, so built here from the declared fd_counts
+#: (tests/probe_build/test_reads_probe.py holds both to the object's BTF)
+FD_AGG_DTYPE = np.dtype([("c", SPEC.struct("fd_counts").dtype()), ("hist", "<u4", (len(CLASSES) * HIST_SLOTS,))],
+                        align=True)
+LIVE_DTYPE = np.dtype([("gen", "<u4"), ("epoch", "<u4"), ("a", FD_AGG_DTYPE)], align=True)
+U32, U64 = np.dtype("<u4"), np.dtype("<u8")
 STAT = {name: i for i, name in enumerate(SPEC.stats)}
 #: seconds between two full scans of the followed processes' fd tables
 #: (a fallback: new fds are announced by the kernel through the idents ring and stat-ed at
@@ -298,8 +316,18 @@ class PoolIndex:
         return "expert", base + off
 
 
+def _map_sizes(k: dict[str, int]) -> dict[str, int]:
+    """The CO-RE object's map sizes from its knobs (probes/reads.bpf.c names the maps); a ring
+    is a power-of-two number of pages (the `calls` ring takes one page when nothing streams)."""
+    return {"tgids": int(k["MOE_MAX_TGIDS"]), "inflight": int(k["MOE_MAX_TASKS"]), "fdgen": int(k["MOE_MAX_FDGEN"]),
+            "fds": int(k["MOE_MAX_FDS"]), "fd_overflow": 2, "zeros": 1, "classes": len(CLASSES),
+            "hist": len(CLASSES) * HIST_SLOTS, "stats": len(SPEC.stats),
+            "idents": PAGE * int(k["MOE_IDENT_RING_PAGES"]),
+            "calls": PAGE * (int(k["MOE_RINGBUF_PAGES"]) if k["MOE_STREAM"] else 1)}
+
+
 def reads_knobs(plan: AttachPlan, pool: PoolIndex | None, stream: bool, **over: int) -> dict[str, int]:
-    """The -D knobs of probes/reads.c: the attach plan's (group and field knobs), the pool's
+    """The knobs of the reads probe: the attach plan's (group and field knobs), the pool's
     extent split, the page size and the stream switch; ``over`` wins."""
     k: dict[str, int] = dict(plan.knobs)
     k["MOE_EXTENT"] = pool.extent_bytes if pool is not None and pool.split else 0
@@ -390,21 +418,33 @@ class FdResolver:
 # what the kernel collected -> tables (pure: no kernel needed)
 
 
-def fd_frames(idents) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(fds, fd_hist) of :class:`Collected` from ``[((tgid, fd, gen, epoch, chunk), agg)]``,
-    ``agg`` a ``struct fd_agg`` of probes/reads.c (``.c`` counters, ``.hist`` per class x slot)."""
-    rows, hrows = [], []
-    for (tgid, fd, gen, epoch, chunk), a in idents:
-        rows.append({"tgid": tgid, "fd": fd, "gen": gen, "epoch": epoch, "chunk": chunk,
-                     **{f: int(getattr(a.c, f)) for f in FD_FIELDS}})
-        h = np.ctypeslib.as_array(a.hist).astype(np.int64)
-        for i in np.flatnonzero(h):
-            hrows.append({"tgid": tgid, "fd": fd, "gen": gen, "epoch": epoch, "cls": int(i) // HIST_SLOTS,
-                          "slot": int(i) % HIST_SLOTS, "calls": int(h[i])})
-    fds = pd.DataFrame(rows, columns=["tgid", "fd", "gen", "epoch", "chunk", *FD_FIELDS])
-    fds["chunk"] = fds["chunk"].astype("uint64")
-    fd_hist = pd.DataFrame(hrows, columns=["tgid", "fd", "gen", "epoch", "cls", "slot", "calls"])
+def fd_frames(keys: np.ndarray, aggs: np.ndarray) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(fds, fd_hist) of :class:`Collected` from the identities ``keys`` (FD_KEY_DTYPE: tgid, fd,
+    gen, epoch, chunk) and their ``struct fd_agg`` values ``aggs`` (FD_AGG_DTYPE: ``c`` counters,
+    ``hist`` calls per class x log2 slot)."""
+    ident = {c: keys[c].astype(np.int64) for c in ("tgid", "fd", "gen", "epoch")}
+    fds = pd.DataFrame({**ident, "chunk": keys["chunk"].astype("uint64"),
+                        **{f: aggs["c"][f].astype(np.int64) for f in FD_FIELDS}},
+                       columns=["tgid", "fd", "gen", "epoch", "chunk", *FD_FIELDS])
+    h = aggs["hist"].astype(np.int64)  # (identities, classes x slots)
+    row, i = np.nonzero(h)
+    fd_hist = pd.DataFrame({**{c: v[row] for c, v in ident.items()}, "cls": i // HIST_SLOTS, "slot": i % HIST_SLOTS,
+                            "calls": h[row, i]}, columns=["tgid", "fd", "gen", "epoch", "cls", "slot", "calls"])
     return fds, fd_hist
+
+
+def percpu_totals(table, dtype: np.dtype) -> np.ndarray:
+    """A per-CPU array map of ``dtype`` (u64 fields) summed over CPUs, one record per index (either
+    loader's table: the kernel copies each value, 8-byte aligned, once per possible CPU)."""
+    from moetrace.kernel.bpf import read_array
+    from moetrace.kernel.libbpf import possible_cpus
+
+    ncpu = possible_cpus()
+    raw = read_array(table, np.dtype((dtype, (ncpu,))), value_size=dtype.itemsize * ncpu)
+    out = np.zeros(len(raw), dtype)
+    for f in dtype.names:
+        out[f] = raw[f].sum(axis=1)
+    return out
 
 
 @dataclass
@@ -728,28 +768,29 @@ class ReadsRecorder(ProbeRecorder):
         if not self.knobs["MOE_HAVE_PREADV2"]:
             self.ctx.notes.append("reads: preadv2 is not attached: Python's os.preadv (the replay's read call) "
                                   "issues preadv2, so the replay's reads are not seen")
-        fdgen, epochs = self.probe.table("fdgen"), self.probe.table("tgids")  # tgid -> epoch
-
-        def generation(tgid: int, fd: int) -> tuple[int, int] | None:
-            try:
-                g = fdgen.get(fdgen.Key((tgid << 32) | fd))  # struct live: .gen
-                e = epochs.get(epochs.Key(tgid))
-            except OSError:
-                return None
-            return (int(g.gen) if g is not None else 0, int(e.value) if e is not None else 0)
-
-        self.resolver = FdResolver(generation)
-        self.probe.table("idents").open_ring_buffer(self._on_ident)
+        self.resolver = FdResolver(self._generation)
+        self.probe.open_ring("idents", self._on_ident)
         if self.ctx.stream:
-            from moetrace.kernel.bpf import EventStream
+            from moetrace.kernel.bpf import EventStream, percpu_sums
 
             stats = self.probe.table("stats")
             slot = STAT["ring_drops"]
             self.stream = EventStream(self.probe, "calls", READ_CALL_DTYPE.itemsize, "ring",
-                                      kernel_lost=lambda: int(stats.sum(ctypes.c_int(slot)).value),
+                                      kernel_lost=lambda: int(percpu_sums(stats)[slot]),
                                       max_records=self.ctx.stream_max_records)
         self._t_open = time.monotonic()
         return self
+
+    def _generation(self, tgid: int, fd: int) -> tuple[int, int] | None:
+        """The kernel's current (gen, epoch) of fd ``fd`` of ``tgid`` (0 for what it has not seen),
+        None when the maps cannot be read."""
+        try:
+            g = self.probe.get("fdgen", struct.pack("<Q", (tgid << 32) | fd))  # struct live: gen first
+            e = self.probe.get("tgids", struct.pack("<I", tgid))  # the tgid's epoch
+        except OSError:
+            return None
+        return (int.from_bytes(g[:4], "little") if g is not None else 0,
+                int.from_bytes(e[:4], "little") if e is not None else 0)
 
     def _on_ident(self, _ctx, data, size) -> int:
         """A new fd identity was read: stat its fd while it is (almost surely) still open."""
@@ -762,12 +803,11 @@ class ReadsRecorder(ProbeRecorder):
         return 0
 
     def follow(self, pid: int) -> None:
-        t = self.probe.table("tgids")
-        t[t.Key(pid)] = t.Leaf(0)  # followed, epoch 0
+        self.probe.put("tgids", struct.pack("<I", pid), struct.pack("<I", 0))  # followed, epoch 0
         self._root_pids.append(pid)
 
     def _tgids(self) -> list[int]:
-        return [int(k.value) for k in self.probe.table("tgids").keys()]
+        return [int(k) for k in self.probe.items("tgids", U32, U32)[0]]
 
     def poll(self, timeout_ms: int = 0) -> None:
         if self.probe is None or self.probe.closed:
@@ -777,10 +817,11 @@ class ReadsRecorder(ProbeRecorder):
         t_end = time.monotonic() + max(timeout_ms, 0) / 1000
         while True:
             left_ms = int((t_end - time.monotonic()) * 1000)
+            # the wait is on the idents ring (bcc polls every ring of the object here, the
+            # stream's too); the CO-RE stream is read in place, without waiting, after it
+            self.probe.ring_poll(max(left_ms, 0))
             if self.stream is not None:
-                self.stream.poll(max(left_ms, 0))  # also runs the idents callback
-            else:
-                self.probe.bpf.ring_buffer_poll(max(left_ms, 0))
+                self.stream.poll(0)
             now = time.monotonic()
             if now - self._last_scan >= SCAN_INTERVAL_S:
                 self._last_scan = now
@@ -794,10 +835,9 @@ class ReadsRecorder(ProbeRecorder):
             self.abort()
             return
         try:
+            self.probe.ring_consume()  # the idents ring (bcc: every ring)
             if self.stream is not None:
                 self.stream.finish()
-            else:
-                self.probe.bpf.ring_buffer_consume()
             self.resolver.scan(self._tgids())  # a process still alive (a daemonized child)
             self._misses = self.recursion_misses()
             self.col = self._collect()
@@ -808,26 +848,26 @@ class ReadsRecorder(ProbeRecorder):
 
     # -- reading the kernel's side ----------------------------------------------------------
     def _collect(self) -> Collected:
-        t = self.probe.table
-        cls_t = t("classes")
-        classes = {}
-        for i, name in enumerate(CLASSES):
-            vals = cls_t[ctypes.c_int(i)]
-            classes[name] = {f: int(sum(getattr(v, f) for v in vals)) for f in CLASS_FIELDS}
-        h = t("hist")
-        hist = np.array([int(h.sum(ctypes.c_int(i)).value) for i in range(len(CLASSES) * HIST_SLOTS)], np.int64)
-        st = t("stats")
-        stats = {name: int(st.sum(ctypes.c_int(i)).value) for i, name in enumerate(SPEC.stats)}
+        from moetrace.kernel.bpf import percpu_sums, read_array
+
+        t, p = self.probe.table, self.probe
+        cls = percpu_totals(t("classes"), CLASS_COUNTS_DTYPE)
+        classes = {name: {f: int(cls[i][f]) for f in CLASS_FIELDS} for i, name in enumerate(CLASSES)}
+        hist = percpu_sums(t("hist"))
+        stats = dict(zip(SPEC.stats, percpu_sums(t("stats")).tolist()))
         # identities: the retired ones and the per-extent / read() ones (`fds`), and each fd
         # number's current one with its counters (`fdgen`, files layout: chunk 0)
-        idents = [((k.tgid, k.fd, k.gen, k.epoch, int(k.chunk)), v) for k, v in t("fds").items()]
-        idents += [((int(k.value) >> 32, int(k.value) & 0xFFFFFFFF, v.gen, v.epoch, 0), v.a)
-                   for k, v in t("fdgen").items() if v.a.c.calls]
-        fds, fd_hist = fd_frames(idents)
-        ov = t("fd_overflow")
-        overflow = {f: int(getattr(ov[ctypes.c_int(0)].c, f)) for f in FD_FIELDS}
-        bad_fd = {f: int(getattr(ov[ctypes.c_int(1)].c, f)) for f in FD_FIELDS}
-        inflight_left = sum(1 for _k, v in t("inflight").items() if v.start_ns)  # entries stay, idle at 0
+        keys, aggs = p.items("fds", FD_KEY_DTYPE, FD_AGG_DTYPE)
+        gk, live = p.items("fdgen", U64, LIVE_DTYPE)
+        cur = live["a"]["c"]["calls"] > 0
+        now = np.zeros(int(cur.sum()), FD_KEY_DTYPE)
+        now["tgid"], now["fd"] = gk[cur] >> np.uint64(32), gk[cur] & np.uint64(0xFFFFFFFF)
+        now["gen"], now["epoch"] = live["gen"][cur], live["epoch"][cur]
+        fds, fd_hist = fd_frames(np.concatenate([keys, now]), np.concatenate([aggs, live["a"][cur]]))
+        ov = read_array(t("fd_overflow"), FD_AGG_DTYPE)["c"]
+        overflow = {f: int(ov[0][f]) for f in FD_FIELDS}
+        bad_fd = {f: int(ov[1][f]) for f in FD_FIELDS}
+        inflight_left = int((p.items("inflight", U32, INFLIGHT_DTYPE)[1]["start_ns"] != 0).sum())  # idle at 0
         raw = self.stream.records() if self.stream is not None else None
         intervals = list(self.stream.intervals) if self.stream is not None else []
         return Collected(classes, hist.reshape(len(CLASSES), HIST_SLOTS), fds, fd_hist, overflow, stats,

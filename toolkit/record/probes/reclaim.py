@@ -1,4 +1,4 @@
-"""Reclaim truth: load probes/reclaim.c and read who reclaimed how much, how often, how long.
+"""Reclaim truth: load the reclaim probe and read who reclaimed how much, how often, how long.
 
 ::
 
@@ -28,9 +28,11 @@ reclaim lands in the memcg's own v2 memory.stat (v1 memory.stat has no pgscan at
 The recorder reads /proc/vmstat at open and close and puts the comparison in
 :meth:`ReclaimResult.summary` (``vmstat_check``).
 
-Which tracepoints exist is decided by :func:`moetrace.record.spec.resolve` on the ``reclaim``
-declaration; optional groups that are unavailable are compiled out with ``MOE_HAVE_*``
-knobs. Only tracepoint arguments are read, so mismatched headers are fine.
+The kernel side is probes/reclaim.bpf.c, compiled once and loaded by libbpf (probes/reclaim.c
+through bcc with ``MOETRACE_BPF_BACKEND=bcc``). Which tracepoints exist is decided by
+:func:`moetrace.record.spec.resolve` on the ``reclaim`` declaration; optional groups that are
+unavailable are left out with their ``MOE_HAVE_*`` knobs (the CO-RE object does not load their
+programs, bcc does not compile them). Only tracepoint arguments are read.
 """
 
 from __future__ import annotations
@@ -52,8 +54,10 @@ from moetrace.kernel.procfs import delta as vmstat_delta
 
 from moetrace.record.probe import EngineProbe, schema_doc
 
-#: the one declaration of probes/reclaim.c (attach groups, knobs, stats slots, schema)
-# -- the declaration: attach candidates, knobs, tables (probes/reclaim.c agrees: tests/*/test_probe_build.py)
+#: the one declaration of probes/reclaim.bpf.c and probes/reclaim.c (attach groups, knobs, stats
+#: slots, schema)
+# -- the declaration: attach candidates, knobs, tables (the C agrees: tests/*/test_probe_build.py,
+# tests/probe_build/test_core_objects.py)
 
 
 
@@ -64,7 +68,8 @@ def _pages(name: str, doc: str = "") -> Column:
 _SHRINK_INACTIVE_FIELDS = ("nr_scanned", "nr_reclaimed", "nr_dirty", "nr_writeback", "nr_congested", "nr_immediate",
                            "nr_activate0", "nr_activate1", "nr_ref_keep", "nr_unmap_fail", "reclaim_flags")
 
-#: probes/reclaim.c. Reads only tracepoint arguments; aggregated in the kernel (no stream).
+#: probes/reclaim.bpf.c (probes/reclaim.c). Reads only tracepoint arguments; aggregated in the
+#: kernel (no stream).
 RECLAIM = ProbeSpec(
     name="reclaim",
     description="who reclaimed (memcg limit, direct, kswapd, damon, proactive = memory.reclaim, other), "
@@ -141,24 +146,25 @@ RECLAIM = ProbeSpec(
                               Column("invocations", I64), Column("duration_ns", I64, "ns"))),
     ),
     stats=("nested_begins", "unmatched_ends", "kind_mismatch", "task_map_full", "timeline_overflow"),
+    map_sizes=lambda k: _map_sizes(k),
 )
 
 SPEC = RECLAIM
 SOURCE = SPEC.source_path
-#: reclaimer kinds of probes/reclaim.c, in KIND_* order
+#: reclaimer kinds of the reclaim probe's C, in KIND_* order
 KINDS = ("memcg", "direct", "kswapd", "damon", "proactive", "other")
-#: per-kind counter fields of probes/reclaim.c, in F_* order (a test checks the two agree)
+#: per-kind counter fields of the reclaim probe's C, in F_* order (a test checks the two agree)
 FIELDS = ("invocations", "completed", "duration_ns", "end_reclaimed", "inactive_calls", "scanned", "reclaimed",
           "scanned_file", "reclaimed_file", "dirty", "writeback", "congested", "immediate", "activate_anon",
           "activate_file", "ref_keep", "unmap_fail", "active_calls", "active_taken", "active_deactivated",
           "active_kept", "active_referenced", "isolate_calls", "isolate_requested", "isolate_scanned",
           "isolate_skipped", "isolate_taken")
-#: stats slots of probes/reclaim.c, in STAT_* order
+#: stats slots of the reclaim probe's C, in STAT_* order
 STATS = SPEC.stats
 #: timeline fields per (bucket, kind), in T_* order
 TIMELINE_FIELDS = ("scanned", "reclaimed", "invocations", "duration_ns")
 HIST_SLOTS = 64
-#: attach group -> (C function, MOE_HAVE_* knob compiling it in; None: always compiled), from the declaration
+#: attach group -> (C function, MOE_HAVE_* knob loading it; None: always loaded), from the declaration
 GROUPS = {g.name: (g.candidates[0].fn_name, g.knob) for g in SPEC.attach}
 HAVE_KNOBS = tuple(dict.fromkeys(g.knob for g in SPEC.attach if g.knob is not None))
 #: /proc/vmstat counters the recorder snapshots around a recording
@@ -171,6 +177,14 @@ QUIET_CFLAGS = ("-Wno-ignored-attributes", "-Wno-duplicate-decl-specifier", "-Wn
                 "-Wno-macro-redefined")
 
 
+def _map_sizes(k: dict[str, int]) -> dict[str, int]:
+    """The CO-RE object's map sizes from its knobs (probes/reclaim.bpf.c names the maps)."""
+    nk = len(KINDS)
+    tl = int(k["MOE_MAX_BUCKETS"]) * nk * len(TIMELINE_FIELDS) if int(k["MOE_BUCKET_NS"]) > 0 else 1
+    return {"totals": nk * len(FIELDS), "dur_hist": nk * HIST_SLOTS, "stats": len(STATS), "timeline": tl,
+            "active": int(k["MOE_MAX_TASKS"]), "task_ctx": int(k["MOE_MAX_TASKS"])}
+
+
 def read_vmstat(root: str | os.PathLike = "/", keys: tuple[str, ...] = VMSTAT_KEYS) -> dict[str, int]:
     """The reclaim counters of <root>/proc/vmstat (absent ones are left out)."""
     return procfs.read_vmstat(root, keys)
@@ -178,7 +192,8 @@ def read_vmstat(root: str | os.PathLike = "/", keys: tuple[str, ...] = VMSTAT_KE
 
 def reclaim_cflags(have: dict[str, int] | None = None, bucket_ns: int = 0, max_buckets: int = 4096,
                    t0_ns: int = 0, max_tasks: int = 16384) -> list[str]:
-    """The -D knobs of probes/reclaim.c (``have``: MOE_HAVE_* -> 0/1, default all 1)."""
+    """The knobs of the reclaim probe as -D cflags (``have``: MOE_HAVE_* -> 0/1, default all 1); the
+    CO-RE object takes the same values as globals."""
     if bucket_ns < 0 or max_buckets <= 0 or max_tasks <= 0 or t0_ns < 0:
         raise ValueError("bucket_ns and t0_ns must be >= 0, max_buckets and max_tasks > 0")
     have = {k: 1 for k in HAVE_KNOBS} | dict(have or {})
@@ -210,7 +225,7 @@ def resolve_attach(features=None, plan=None) -> tuple[dict[str, str], dict[str, 
             missing[e.group] = e.reason
     unknown = set(attached) - set(GROUPS)
     if unknown:
-        raise ProbeError(f"reclaim declaration names groups probes/reclaim.c lacks: {sorted(unknown)}")
+        raise ProbeError(f"reclaim declaration names groups the reclaim probe's C lacks: {sorted(unknown)}")
     have = {k: 1 for k in HAVE_KNOBS}
     for g, (_fn, knob) in GROUPS.items():
         if knob is not None and g not in attached:
@@ -318,18 +333,19 @@ class ReclaimResult:
                 "start_s": self.start_s, "duration_s": self.duration_s}
 
 
-from moetrace.kernel.bpf import percpu_sums, recursion_misses  # noqa: E402
+from moetrace.kernel.bpf import entry_count, percpu_sums, recursion_misses  # noqa: E402
 from moetrace.errors import ProbeError
 
 
 class ReclaimRecorder:
-    """Attach probes/reclaim.c; on close read its in-kernel aggregates and detach.
+    """Load and attach the reclaim probe (the loader :func:`moetrace.kernel.bpf.backend_for` picks);
+    on close read its in-kernel aggregates and detach.
 
     bucket_ns > 0 also keeps per-time-bucket counters (``max_buckets`` buckets from the
     moment of open(); later events land in the last bucket and are counted in
     ``stats["timeline_overflow"]``). features: a :class:`moetrace.kernel.features.Features`
-    (default: the live kernel). gated: compile with MOE_GATED=1, so that nothing is counted
-    until :func:`moetrace.kernel.bpf.arm` (``moetrace record`` arms every probe at once).
+    (default: the live kernel). gated: load gated, so that nothing is counted until
+    :meth:`arm` (``moetrace record`` arms every probe at once).
     Use as a context manager: probes detach on exit, also on exceptions; :attr:`result`
     holds the :class:`ReclaimResult`."""
 
@@ -344,11 +360,12 @@ class ReclaimRecorder:
         self._plan = plan
         self.vmstat_root = vmstat_root
         self.extra_cflags = tuple(extra_cflags)
-        self.gated = gated  # compiled with MOE_GATED=1: counts nothing until armed (moetrace.kernel.bpf.arm)
+        self.gated = gated  # counts nothing until armed (:meth:`arm`)
         self.attach: dict[str, str] = {}
         self.unavailable: dict[str, str] = {}
         self.knobs: dict[str, int] = {}
-        self.bpf = None
+        #: the loaded probe (moetrace.kernel.bpf LoadedProbe or CoreProbe) while attached, else None
+        self.probe = None
         self.result: ReclaimResult | None = None
         self.compile_s = 0.0
         self.attach_s = 0.0
@@ -357,9 +374,15 @@ class ReclaimRecorder:
         self._vm0: dict[str, int] = {}
 
     # -- lifecycle ----------------------------------------------------------------------------
+    @property
+    def bpf(self):
+        """The attached probe handle (either loader), None once detached: what
+        :class:`moetrace.record.probe.EngineProbe` tests for "attached"."""
+        return self.probe
+
     def open(self) -> "ReclaimRecorder":
-        """Resolve, compile, load and attach."""
-        from moetrace.kernel.bpf import load_probe
+        """Resolve, load (the CO-RE object, or a bcc compile) and attach."""
+        from moetrace.kernel.bpf import load_either
 
         if self.features is not None and self.features.tracefs is None:
             from moetrace.kernel.features import tracefs_path
@@ -369,26 +392,25 @@ class ReclaimRecorder:
         self._t0_ns = time.monotonic_ns()  # bpf_ktime_get_ns() is CLOCK_MONOTONIC
         cflags = reclaim_cflags(have, self.bucket_ns, self.max_buckets, self._t0_ns, self.max_tasks)
         self.knobs = {f[2:].split("=")[0]: int(f.split("=")[1]) for f in cflags}
-        lp = load_probe("reclaim", self.knobs, self.extra_cflags, src=SOURCE, gated=self.gated,
-                        attach=[(target, GROUPS[grp][0]) for grp, target in self.attach.items()])
-        self.bpf = lp.bpf
-        self.compile_s, self.attach_s = lp.compile_s, lp.attach_s
+        attach = [(c.fn_name, c.kind, c.target) for g, target in self.attach.items()
+                  for c in SPEC.group(g).candidates if c.target == target]
+        self.probe = load_either("reclaim", self.knobs, attach, _map_sizes(self.knobs), gated=self.gated,
+                                 extra_cflags=self.extra_cflags)
+        self.compile_s, self.attach_s = self.probe.compile_s, self.probe.attach_s
         self._vm0 = read_vmstat(self.vmstat_root)
         self._vm1 = None
         self._t0 = time.time()
         return self
 
     def arm(self, on: bool = True) -> None:
-        """Start / stop counting (MOE_GATED=1); the vmstat oracle's window is the same interval."""
-        from moetrace.kernel.bpf import arm
-
-        if self.bpf is None:
+        """Start / stop counting (a gated load); the vmstat oracle's window is the same interval."""
+        if self.probe is None:
             return
         if on:
             self._vm0 = read_vmstat(self.vmstat_root)
-            arm(self.bpf, True)
+            self.probe.arm(True)
         else:
-            arm(self.bpf, False)
+            self.probe.arm(False)
             self._vm1 = read_vmstat(self.vmstat_root)
 
     def __enter__(self) -> "ReclaimRecorder":
@@ -398,15 +420,15 @@ class ReclaimRecorder:
         self.close()
 
     def _cleanup(self) -> None:
-        if self.bpf is not None:
+        if self.probe is not None:
             try:
-                self.bpf.cleanup()
+                self.probe.close()
             finally:
-                self.bpf = None
+                self.probe = None
 
     def close(self) -> ReclaimResult | None:
         """Read the kernel's aggregates, detach. Idempotent."""
-        if self.bpf is None:
+        if self.probe is None:
             return self.result
         try:
             vm1 = self._vm1 if getattr(self, "_vm1", None) is not None else read_vmstat(self.vmstat_root)
@@ -417,21 +439,21 @@ class ReclaimRecorder:
 
     def snapshot(self) -> ReclaimResult:
         """The aggregates so far, without detaching."""
-        if self.bpf is None:
+        if self.probe is None:
             raise ProbeError("the reclaim probe is not attached")
         return self._collect(vmstat_delta(self._vm0, read_vmstat(self.vmstat_root)))
 
     # -- reading the kernel's side ------------------------------------------------------------
     def _percpu_array(self, name: str) -> np.ndarray:
-        return percpu_sums(self.bpf[name.encode()])
+        return percpu_sums(self.probe.table(name))
 
     def _collect(self, vm: dict[str, int]) -> ReclaimResult:
         nk, nf = len(KINDS), len(FIELDS)
         tot = self._percpu_array("totals").reshape(nk, nf)
         st = dict(zip(STATS, (int(x) for x in self._percpu_array("stats"))))
         hist = self._percpu_array("dur_hist").reshape(nk, HIST_SLOTS)
-        open_windows = len(self.bpf[b"active"].items())
-        by_fn = recursion_misses(self.bpf, 0)
+        open_windows = entry_count(self.probe.table("active"))
+        by_fn = recursion_misses(self.probe.prog_fds(), 0)
         misses = {g: by_fn[GROUPS[g][0]] for g in self.attach if GROUPS[g][0] in by_fn}
         t = {f: tot[:, i] for i, f in enumerate(FIELDS)}
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -457,8 +479,8 @@ class ReclaimRecorder:
             cols[f + "_pages"] = t[f]
         per_kind = pd.DataFrame(cols)[[c.name for c in SPEC.schema]]  # the declared table, in order
 
-        # bcc's bpf_log2l(d) is floor(log2(d)) + 1 (0 and 1 both give 1): slot s holds
-        # [2**(s-1), 2**s) ns, slot 1 also 0 (the convention of bcc's print_log2_hist)
+        # the slot is bcc's bpf_log2l(d) (moe_log2l in moetrace.bpf.h), floor(log2(d)) + 1 (0 and 1
+        # both give 1): slot s holds [2**(s-1), 2**s) ns, slot 1 also 0 (bcc's print_log2_hist)
         ki, sl = np.nonzero(hist)
         hi = np.left_shift(np.uint64(1), sl.astype(np.uint64))
         histogram = pd.DataFrame({
@@ -498,7 +520,7 @@ RECORD_BUCKET_NS = 100_000_000
 
 
 class ReclaimProbe(EngineProbe):
-    """The reclaim probe in a recording: :class:`ReclaimRecorder` (the bcc program, aggregated
+    """The reclaim probe in a recording: :class:`ReclaimRecorder` (the BPF programs, aggregated
     in the kernel), armed with the others; the reclaim / reclaim_histogram (/ reclaim_timeline)
     tables and the vmstat cross-check over the same interval."""
 
@@ -512,6 +534,7 @@ class ReclaimProbe(EngineProbe):
         # events land in the last one)
         self.engine = ReclaimRecorder(bucket_ns=RECORD_BUCKET_NS, features=self.ctx.features, plan=self.ctx.plan,
                                       gated=self.ctx.gated).open()
+        self.probe = self.engine.probe  # the handle: prog_fds / prog_ids and the manifest's loader
         self.knobs = dict(self.engine.knobs)
         self.compile_attach_s = self.engine.compile_s + self.engine.attach_s
         return self

@@ -1,8 +1,10 @@
 """The stacks probe: where the replay's CPU time goes, kernel and user frames, as flame-graph
 input.
 
-probes/stacks.c samples every CPU with the software cpu-clock perf event (an hrtimer; no
-hardware PMU, so it works in a VM) at ``MOE_SAMPLE_HZ`` and counts, in the kernel, the
+probes/stacks.bpf.c (CO-RE, compiled once; probes/stacks.c is its bcc twin while both exist)
+samples every CPU with the software cpu-clock perf event (an hrtimer; no hardware PMU, so it
+works in a VM; one event per online CPU, opened by :mod:`moetrace.kernel.perf` for the CO-RE
+object, by bcc for its own) at ``MOE_SAMPLE_HZ`` and counts, in the kernel, the
 samples of the followed command's processes (the command's pid, its forks through
 task:task_newtask) and of the kswapd threads per (tgid, user stack id, kernel stack id,
 comm). Nothing is streamed, so no sample is lost to a ring; a sample whose key does not
@@ -45,11 +47,13 @@ from __future__ import annotations
 import os
 import re
 import select
+import struct
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from moetrace.lazyimport import pandas as pd
 
 from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
@@ -59,10 +63,11 @@ from moetrace.errors import MoetraceError, ProbeError, UsageError
 from moetrace.record.probe import ProbeRecorder, RecordContext, schema_doc
 from moetrace.kernel.symbolize import Kallsyms, ProcMaps, Symbolizer, find_kernel_addresses  # noqa: F401 (re-export)
 
-# -- the declaration: attach candidates, knobs, tables (probes/stacks.c agrees: tests/*/test_probe_build.py)
+# -- the declaration: attach candidates, knobs, tables (probes/stacks.bpf.c and probes/stacks.c agree:
+# tests/probe_build/test_core_objects.py, tests/*/test_probe_build.py)
 
-#: probes/stacks.c. Reads only the sample's registers (stack ids) and task_newtask's arguments;
-#: counted in the kernel per (tgid, user stack, kernel stack, comm), symbolized in user space
+#: probes/stacks.bpf.c (and its bcc twin probes/stacks.c). Reads only the sample's registers
+#: (stack ids) and task_newtask's arguments; counted in the kernel per (tgid, user stack, kernel stack, comm), symbolized in user space
 #: (moetrace.record.probes.stacks, moetrace.kernel.symbolize).
 STACKS = ProbeSpec(
     name="stacks",
@@ -100,14 +105,21 @@ STACKS = ProbeSpec(
     stats=("ticks", "idle_ticks", "samples", "kswapd_samples", "user_stack_eexist", "user_stack_efault",
            "user_stack_other_err", "kernel_stack_eexist", "kernel_stack_efault", "kernel_stack_other_err",
            "keys_full", "tasks_full"),
+    map_sizes=lambda k: {"tgids": int(k["MOE_MAX_TASKS"]), "counts": int(k["MOE_MAX_KEYS"]),
+                         "stack_traces": int(k["MOE_STACK_ENTRIES"]), "stats": len(SPEC.stats)},
     enrichment=True,
 )
 
 SPEC = STACKS
 #: environment variable with knob overrides: "NAME=int,NAME=int"
 KNOBS_ENV = "MOETRACE_STACKS_KNOBS"
-#: values of the probe's tgids map (TASK_* in probes/stacks.c)
+#: values of the probe's tgids map (TASK_* in probes/stacks.bpf.c)
 TASK_FOLLOWED, TASK_KSWAPD = 1, 2
+#: struct stack_key of probes/stacks.bpf.c (its comm is a char array, which a Struct cannot
+#: declare: tests/probe_build/test_stacks_probe.py holds this dtype to the object's BTF)
+STACK_KEY_DTYPE = np.dtype([("tgid", "<u4"), ("user_stack_id", "<i4"), ("kernel_stack_id", "<i4"), ("comm", "S16")],
+                           align=True)
+U32, U64 = np.dtype("<u4"), np.dtype("<u8")
 #: bpf_get_stackid errors (negated errno)
 EFAULT, EEXIST = 14, 17
 FOLDED = "stacks.folded"
@@ -231,13 +243,30 @@ def folded_text(df: pd.DataFrame) -> str:
     return "".join(f"{s} {int(n)}\n" for s, n in agg.items())
 
 
+def attach_cpu_clock(probe, prog: str, hz: int) -> None:
+    """Open one cpu-clock sampling event per online CPU at ``hz`` and attach ``prog`` to each,
+    by the probe's loader: bcc opens its own; for the CO-RE object :mod:`moetrace.kernel.perf`
+    opens them and libbpf links the program (the links own the events: closing the probe
+    closes them)."""
+    if probe.backend == "core":
+        from moetrace.kernel.perf import attach_cpu_clock as attach
+
+        attach(probe.obj, prog, hz)
+        return
+    from bcc import PerfSWConfig, PerfType
+
+    probe.bpf.attach_perf_event(ev_type=PerfType.SOFTWARE, ev_config=PerfSWConfig.CPU_CLOCK,
+                                fn_name=prog.encode(), sample_freq=hz)
+
+
 class StacksRecorder(ProbeRecorder):
-    """Attach probes/stacks.c; snapshot the followed processes' maps while they run;
-    symbolize and fold at close. ``knobs`` override the declared defaults (after
+    """Attach the stacks probe (either loader); snapshot the followed processes' maps while
+    they run; symbolize and fold at close. ``knobs`` override the declared defaults (after
     ``MOETRACE_STACKS_KNOBS``); ``kswapd=False`` samples only the command."""
 
     name = "stacks"
     spec = SPEC
+    error = ProbeError
     needs_poll = True
 
     def __init__(self, ctx: RecordContext, knobs: dict[str, int] | None = None, kswapd: bool = True,
@@ -262,8 +291,6 @@ class StacksRecorder(ProbeRecorder):
 
     # -- lifecycle --------------------------------------------------------------------------
     def open(self) -> "StacksRecorder":
-        from moetrace.kernel.bpf import load_probe
-
         plan = self.ctx.plan
         entry = plan.entry("cpu_clock")
         if not entry.attached:
@@ -277,24 +304,19 @@ class StacksRecorder(ProbeRecorder):
         check_knobs(knobs, self.root)
         self.knobs = {k: int(v) for k, v in knobs.items()}
         t0 = time.perf_counter()
-        self.probe = load_probe(self.name, self.knobs, gated=self.ctx.gated)
+        self.load_planned(self.knobs)
         try:
-            from bcc import PerfSWConfig, PerfType
-
-            self.probe.bpf.attach_perf_event(ev_type=PerfType.SOFTWARE, ev_config=PerfSWConfig.CPU_CLOCK,
-                                             fn_name=entry.candidate.fn_name.encode(),
-                                             sample_freq=self.knobs["MOE_SAMPLE_HZ"])
-        except Exception as e:  # bcc raises bare Exception when perf_event_open fails
+            attach_cpu_clock(self.probe, entry.candidate.fn_name, self.knobs["MOE_SAMPLE_HZ"])
+        except Exception as e:  # noqa: BLE001 - bcc raises bare Exception when perf_event_open fails
             self.probe.close()
             raise ProbeError(f"stacks: cannot open the cpu-clock perf events: {e}",
-                                 hint="check kernel.perf_event_paranoid and perf_event_max_sample_rate") from None
+                             hint="check kernel.perf_event_paranoid and perf_event_max_sample_rate") from None
         if self.sample_kswapd:
             self.kswapd_pids = find_kswapd(self.root)
             try:
-                tg = self.probe.table("tgids")
                 for pid in self.kswapd_pids:
-                    tg[tg.Key(pid)] = tg.Leaf(TASK_KSWAPD)
-            except Exception as e:  # noqa: BLE001 - a full map (MOE_MAX_TASKS) raises from bcc
+                    self.probe.put("tgids", struct.pack("<I", pid), bytes([TASK_KSWAPD]))
+            except Exception as e:  # noqa: BLE001 - a full map (MOE_MAX_TASKS): OSError, or bcc's bare Exception
                 self.probe.close()
                 raise ProbeError(f"stacks: cannot add the kswapd threads to the task map: {e}",
                                      hint="raise MOE_MAX_TASKS") from None
@@ -306,8 +328,7 @@ class StacksRecorder(ProbeRecorder):
         """Sample ``pid`` (the command, before it execs) and, in the kernel, its forks."""
         if self.probe is None or self.probe.closed:
             return
-        tg = self.probe.table("tgids")
-        tg[tg.Key(pid)] = tg.Leaf(TASK_FOLLOWED)
+        self.probe.put("tgids", struct.pack("<I", pid), bytes([TASK_FOLLOWED]))
         self.followed.add(pid)
         if self.command_pid is None:
             self.command_pid = pid
@@ -321,9 +342,8 @@ class StacksRecorder(ProbeRecorder):
         out = set(self.followed)
         if self.probe is not None and not self.probe.closed:
             try:
-                for k, v in self.probe.table("tgids").items():
-                    if v.value == TASK_FOLLOWED:
-                        out.add(int(k.value))
+                pids, who = self.probe.items("tgids", U32, np.uint8)
+                out.update(int(p) for p in pids[who == TASK_FOLLOWED])
             except Exception:  # noqa: BLE001 - a map read racing close: keep what we know
                 pass
         return out
@@ -367,16 +387,16 @@ class StacksRecorder(ProbeRecorder):
         if self.probe is None or self.probe.closed:
             return
         self.snapshot_maps()  # processes still alive (the command's leftovers)
-        from moetrace.kernel.bpf import array_values
+        from moetrace.kernel.bpf import read_array
 
         try:
-            self.stats = dict(zip(SPEC.stats, (int(v.value) for v in array_values(self.probe.table("stats")))))
-            raw = [(int(k.tgid), int(k.user_stack_id), int(k.kernel_stack_id),
-                    bytes(k.comm).split(b"\0", 1)[0].decode("utf-8", "replace"), int(v.value))
-                   for k, v in self.probe.table("counts").items()]
-            st = self.probe.table("stack_traces")
+            self.stats = dict(zip(SPEC.stats, read_array(self.probe.table("stats"), U64).astype(np.int64).tolist()))
+            keys, vals = self.probe.items("counts", STACK_KEY_DTYPE, U64)
+            raw = [(int(k["tgid"]), int(k["user_stack_id"]), int(k["kernel_stack_id"]),
+                    bytes(k["comm"]).split(b"\0", 1)[0].decode("utf-8", "replace"), int(v))
+                   for k, v in zip(keys, vals)]
             ids = {sid for _t, u, k, _c, _n in raw for sid in (u, k) if sid >= 0}
-            traces = {sid: list(st.walk(sid)) for sid in ids}
+            traces = {sid: self._stack(sid) for sid in ids}
             self._misses = self.recursion_misses()
         except Exception as e:  # noqa: BLE001 - bcc map reads raise bare exceptions
             raise MoetraceError(f"stacks: reading the kernel's counters failed: {e}") from None
@@ -385,6 +405,16 @@ class StacksRecorder(ProbeRecorder):
         self._t_close = time.monotonic()
         self._symbolize(raw, traces)
         self.collected = True
+
+    def _stack(self, stack_id: int) -> list[int]:
+        """The addresses of one stack-trace map entry, innermost first (the kernel fills the
+        value's MOE_STACK_DEPTH slots from the start and zeroes the rest); [] when absent."""
+        raw = self.probe.get("stack_traces", struct.pack("<I", stack_id))
+        if raw is None:
+            return []
+        ips = np.frombuffer(raw, U64)
+        end = np.flatnonzero(ips == 0)
+        return [int(x) for x in ips[: end[0] if len(end) else len(ips)]]
 
     def _close_pidfd(self) -> None:
         if self._pidfd is not None:
