@@ -27,6 +27,19 @@ def _need() -> None:
         pytest.skip(why)
 
 
+def newest_release() -> str:
+    """The newest Debian kernel the lab set-up unpacked (not installed), or skip / fail."""
+    from moetrace.lab.run import unpacked_releases
+
+    rels = unpacked_releases()
+    if not rels:
+        why = "no unpacked lab kernel under /var/lib/moetrace/lab/kernels: bash scripts/lab-setup.sh"
+        if os.environ.get("MOETRACE_LIVE") == "1":
+            pytest.fail(f"MOETRACE_LIVE=1 but {why}")
+        pytest.skip(why)
+    return rels[-1]
+
+
 def _lab(out: Path, *args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """`moetrace lab run --out OUT ARGS`, under TCG unless ARGS name --accel (auto would try this
     host's KVM first: 20 s lost the first time, then remembered in ~/.cache)."""

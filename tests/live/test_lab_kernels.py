@@ -42,6 +42,26 @@ def test_the_running_kernel(facts):
     assert k["functions"]["evict_folios"] is None and k["functions"]["mlock_folio"]
 
 
+def test_the_newest_debian_kernel_is_unpacked_for_the_lab_not_installed(facts):
+    """The set-up's newest Debian kernel (sid's 7.2 when it was written): listed with its facts,
+    read from the unpacked tree (its config and the BTF in its image), and not the host's: no
+    package of it installed, nothing of it under /boot or /lib/modules, no headers."""
+    from common.lab import newest_release
+
+    rel = newest_release()
+    k = facts[rel]
+    assert k["running"] is False and k["image"].startswith("/var/lib/moetrace/lab/kernels/")
+    assert k["mglru_built"] is True and k["kprobes"] is True and k["btf"] is True and k["headers"] == "none"
+    assert k["functions"]["evict_folios"] and k["functions"]["workingset_eviction"]
+    installed = subprocess.run(["dpkg-query", "-W", "-f", "${Package} ${Status}\n"], capture_output=True,
+                               text=True).stdout
+    assert rel not in installed  # linux-image / -binary / -modules / -base of it: none installed
+    assert not Path(f"/boot/vmlinuz-{rel}").exists() and not Path(f"/lib/modules/{rel}").exists()
+    sources = " ".join(p.read_text() for p in Path("/etc/apt").rglob("*") if p.is_file() and
+                       p.suffix in (".list", ".sources"))
+    assert "sid" not in sources.split() and "trixie-backports" not in sources  # the host's apt never saw it
+
+
 def test_debian_61_mglru_built_off_old_signatures(facts):
     k = facts[K61]
     assert (k["mglru_built"], k["mglru_default"], k["kprobes"], k["btf"], k["headers"]) == (True, "off", True, True,

@@ -37,6 +37,7 @@ _log_lines: list[str] = []
 _PRINT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 #: ring_buffer_sample_fn: int (*)(void *ctx, void *data, size_t size)
 RING_SAMPLE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+_DEBUG = bool(os.environ.get("MOETRACE_LIBBPF_LOG"))
 _BTF_KIND_STRUCT = 4
 _BTF_KIND_DATASEC = 15
 _print_buf = None
@@ -46,9 +47,16 @@ def _libc():
     return ctypes.CDLL(None, use_errno=True)
 
 
+_LIBBPF_DEBUG = 2
+
+
 def _on_print(level: int, fmt: bytes, ap: int) -> int:
-    """libbpf's messages (warnings, debug, the verifier log on a failed load) into a bounded list."""
+    """libbpf's messages (warnings and info, the verifier log on a failed load among them) into a
+    bounded list; its debug messages (every CO-RE relocation: thousands a load, 2.5 s under the
+    lab's TCG) only with MOETRACE_LIBBPF_LOG set."""
     global _print_buf
+    if level >= _LIBBPF_DEBUG and not _DEBUG:
+        return 0
     if _print_buf is None:  # one message can be a whole verifier log (libbpf prints it at once)
         _print_buf = ctypes.create_string_buffer(1 << 22)
     _libc().vsnprintf(_print_buf, ctypes.c_size_t(len(_print_buf)), fmt, ctypes.c_void_p(ap))
