@@ -72,7 +72,12 @@ def test_full_default_set_records_on_612_with_mglru_under_a_v2_memcg(lab_pool, t
     assert t["experts_evicted_pages"] <= d["pgsteal_file"]
     assert 0 <= d["workingset_refault_file"] - t["experts_re_added_pages"] \
         <= d["pgsteal_file"] - t["experts_evicted_pages"], (t, d)
-    assert mg["kprobe_counts"]["workingset_refault"] == d["workingset_refault_file"]
+    # every call of workingset_refault is a refault, but MGLRU's lru_gen_refault counts it in
+    # workingset_refault_file only when the shadow entry's lruvec is the new folio's (mm/workingset.c:
+    # `if (lruvec != folio_lruvec(folio)) goto unlock;`): a page evicted from one memcg and read back
+    # charged to another is a call the counter skips (measured: 29 of 181,381 in one 6.12 run, 0 in
+    # others); the type is file (the guest has no swap, so no anon refault)
+    assert mg["kprobe_counts"]["workingset_refault"] >= d["workingset_refault_file"], (mg["kprobe_counts"], d)
     # MGLRU aged /lab: generations born (max_seq's delta) with aging events from this kernel's
     # own try_to_inc_max_seq, and lru_gen samples of the memcg
     lab_vec = [v for v in mg["lruvecs"].values() if v["memcg_path"] == "/lab"]
@@ -145,8 +150,11 @@ def test_the_newest_debian_kernel_records_the_default_set_with_the_objects_built
     snaps = json.loads((run / "snapshots.json").read_text())
     d = {k: snaps["post"]["vmstat"].get(k, 0) - snaps["pre"]["vmstat"].get(k, 0) for k in ("pgpgin", "pgsteal_file")}
     t = m["totals"]
-    assert t["experts_added_pages"] * 4 == d["pgpgin"] and t["experts_added_pages"] > 0, (t, d)
-    assert t["experts_device_read_bytes"] == t["experts_added_pages"] * 4096
+    # every byte read from the pool image (the guest's only disk) is the block probe's, in an expert's
+    # extents or not: ext4's own metadata, re-read when its buffers were reclaimed (7.2 did, 237
+    # pages in one run, none in another), is the unattributed part; each expert byte is an added page
+    assert t["experts_device_read_bytes"] + t["unattributed_device_read_bytes"] == d["pgpgin"] * 1024, (t, d)
+    assert t["experts_device_read_bytes"] == t["experts_added_pages"] * 4096 and t["experts_added_pages"] > 0
     assert m["summaries"]["reclaim"]["reclaimed_pages"] == d["pgsteal_file"]
     assert mg["kprobe_counts"]["inc_max_seq"] > 0 and mg["eviction_records"]["recorded"] is True
     inc = pd.read_parquet(run / "mglru_inc_gen.parquet")  # the generation field found where the config says
@@ -194,7 +202,9 @@ def test_61_classic_lru_and_mglru_from_the_same_replay(pool_160, tmp_path, mglru
     for table in ("experts", "epochs", "lru", "reclaim", "mlock", "block_latency", "reads", "stacks") + \
             (("lru_gen", "mglru_aging", "mglru_evictions") if mglru == "on" else ()):
         assert (run / f"{table}.parquet").is_file(), table
-    assert m["knobs"]["mlock"]["MOE_PG_HEAD"] == 16  # 6.1's PG_head, from its BTF (6 on 6.12)
+    # PG_head is the kernel's own (CO-RE: bpf_core_enum_value; 16 on 6.1, 6 on 6.12): no knob set
+    assert m["knobs"]["mlock"]["MOE_PG_HEAD"] == -1
+    assert m["attach_plan"]["mlock"]["loader"]["backend"] == "core"
     snaps = json.loads((run / "snapshots.json").read_text())
     pgpgin = snaps["post"]["vmstat"]["pgpgin"] - snaps["pre"]["vmstat"]["pgpgin"]
     assert m["totals"]["experts_added_pages"] * 4 == pgpgin

@@ -32,7 +32,13 @@ from moetrace.errors import ProbeError
 
 _lib = None
 _lib_lock = threading.Lock()
-_log_lines: list[str] = []
+_tls = threading.local()  # libbpf calls print from the thread that called it: one log per thread
+
+
+def _log() -> list[str]:
+    if not hasattr(_tls, "lines"):
+        _tls.lines = []
+    return _tls.lines
 #: libbpf's print callback: int (*)(enum libbpf_print_level, const char *fmt, va_list ap)
 _PRINT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 #: ring_buffer_sample_fn: int (*)(void *ctx, void *data, size_t size)
@@ -40,7 +46,6 @@ RING_SAMPLE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p
 _DEBUG = bool(os.environ.get("MOETRACE_LIBBPF_LOG"))
 _BTF_KIND_STRUCT = 4
 _BTF_KIND_DATASEC = 15
-_print_buf = None
 
 
 def _libc():
@@ -54,15 +59,14 @@ def _on_print(level: int, fmt: bytes, ap: int) -> int:
     """libbpf's messages (warnings and info, the verifier log on a failed load among them) into a
     bounded list; its debug messages (every CO-RE relocation: thousands a load, 2.5 s under the
     lab's TCG) only with MOETRACE_LIBBPF_LOG set."""
-    global _print_buf
     if level >= _LIBBPF_DEBUG and not _DEBUG:
         return 0
-    if _print_buf is None:  # one message can be a whole verifier log (libbpf prints it at once)
-        _print_buf = ctypes.create_string_buffer(1 << 22)
-    _libc().vsnprintf(_print_buf, ctypes.c_size_t(len(_print_buf)), fmt, ctypes.c_void_p(ap))
-    for ln in _print_buf.value.decode(errors="replace").splitlines():
-        _log_lines.append(ln)
-    del _log_lines[:-2000]
+    if not hasattr(_tls, "buf"):  # one message can be a whole verifier log (libbpf prints it at once)
+        _tls.buf = ctypes.create_string_buffer(1 << 22)
+    _libc().vsnprintf(_tls.buf, ctypes.c_size_t(len(_tls.buf)), fmt, ctypes.c_void_p(ap))
+    for ln in _tls.buf.value.decode(errors="replace").splitlines():
+        _log().append(ln)
+    del _log()[:-2000]
     return 0
 
 
@@ -146,7 +150,7 @@ def version() -> str:
 
 def _err(what: str, e: int | None = None) -> ProbeError:
     e = ctypes.get_errno() if e is None else e
-    tail = [ln for ln in _log_lines[-12:] if ln.strip()]
+    tail = [ln for ln in _log()[-12:] if ln.strip()]
     detail = f": {os.strerror(e)}" if e else ""
     msg = f"{what}{detail}"
     if tail:
@@ -356,7 +360,7 @@ class BpfObject:
         if not self.path.is_file():
             raise ProbeError(f"no compiled probe object {self.path}",
                              hint="build the probes: bash scripts/build-probes.sh (make setup runs it)")
-        del _log_lines[:]
+        del _log()[:]
         self._obj = L.bpf_object__open_file(os.fsencode(self.path), None)
         if not self._obj:
             raise _err(f"libbpf cannot open {self.path}")
@@ -485,10 +489,10 @@ class BpfObject:
                f"attach target {func} of {prog}")
 
     def load(self) -> None:
-        del _log_lines[:]
+        del _log()[:]
         rc = lib().bpf_object__load(self._obj)
         if os.environ.get("MOETRACE_LIBBPF_LOG"):
-            print("\n".join(_log_lines), file=__import__("sys").stderr)
+            print("\n".join(_log()), file=__import__("sys").stderr)
         if rc != 0:
             raise _err(f"probe {self.name} failed to load", -rc)
         self.loaded = True
@@ -569,33 +573,31 @@ _vmlinux_btf = None
 def vmlinux_func_id(func: str) -> int | None:
     """The BTF id of kernel function ``func`` in the running kernel's BTF, or None (no BTF, or
     no such function: inlined, static with several copies, or not built)."""
-    global _vmlinux_btf
-    L = lib()
-    if _vmlinux_btf is None:
-        _vmlinux_btf = L.btf__load_vmlinux_btf() or 0
-    if not _vmlinux_btf:
-        return None
-    tid = L.btf__find_by_name_kind(_vmlinux_btf, func.encode(), _BTF_KIND_FUNC)
+    btf = _vmlinux()
+    tid = lib().btf__find_by_name_kind(btf, func.encode(), _BTF_KIND_FUNC) if btf else -1
     return tid if tid > 0 else None
+
+
+def _vmlinux() -> int:
+    """The running kernel's BTF, loaded by libbpf once (0 when the kernel has none)."""
+    global _vmlinux_btf
+    if _vmlinux_btf is None:
+        _vmlinux_btf = lib().btf__load_vmlinux_btf() or 0
+    return _vmlinux_btf
 
 
 def vmlinux_enum_value(enum: str, enumerator: str) -> int | None:
     """The value of ``enumerator`` of ``enum <enum>`` in the running kernel's BTF (libbpf parses it
     in C: a fraction of a second where the Python BTF reader takes seconds under the lab's TCG)."""
-    global _vmlinux_btf
-    L = lib()
-    if _vmlinux_btf is None:
-        _vmlinux_btf = L.btf__load_vmlinux_btf() or 0
-    if not _vmlinux_btf:
-        return None
-    tid = L.btf__find_by_name_kind(_vmlinux_btf, enum.encode(), _BTF_KIND_ENUM)
+    L, btf = lib(), _vmlinux()
+    tid = L.btf__find_by_name_kind(btf, enum.encode(), _BTF_KIND_ENUM) if btf else -1
     if tid <= 0:
         return None
-    t = L.btf__type_by_id(_vmlinux_btf, tid)
+    t = L.btf__type_by_id(btf, tid)
     vlen = ctypes.c_uint32.from_address(t + 4).value & 0xFFFF
     for i in range(vlen):
         name_off, val = (ctypes.c_uint32 * 2).from_address(t + 12 + 8 * i)
-        if L.btf__name_by_offset(_vmlinux_btf, name_off).decode() == enumerator:
+        if L.btf__name_by_offset(btf, name_off).decode() == enumerator:
             return ctypes.c_int32(val).value
     return None
 

@@ -29,12 +29,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
+import numpy as np
+
 #: the lowest kernel-half address on x86-64 (4-level and 5-level paging alike)
 KERNEL_HALF = 0xFFFF800000000000
 #: 0xffffffffffffffff is the all-ones sentinel (-1 as u64), never a mapped address
 ALL_ONES = (1 << 64) - 1
 #: kallsyms types that are code (text, weak text)
 _TEXT_TYPES = frozenset("tTwW")
+_TEXT_TYPES_B = frozenset(t.encode() for t in _TEXT_TYPES)
 UNKNOWN_KERNEL = "[kernel]"
 UNKNOWN_USER = "[unknown]"
 
@@ -47,6 +50,24 @@ def _p(root: str | os.PathLike, rel: str) -> Path:
 # kernel
 
 
+class AddressSet:
+    """A sorted array of addresses with set-like membership (``in``, ``len``, truth)."""
+
+    def __init__(self, values: np.ndarray):
+        self.values = np.unique(np.asarray(values, dtype=np.uint64))
+        self.lo = int(self.values[0]) if len(self.values) else None
+        self.hi = int(self.values[-1]) if len(self.values) else None
+
+    def __contains__(self, v: object) -> bool:
+        if not isinstance(v, (int, np.integer)) or not 0 <= int(v) < 1 << 64 or not len(self.values):
+            return False
+        i = int(np.searchsorted(self.values, np.uint64(int(v))))
+        return i < len(self.values) and int(self.values[i]) == int(v)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
 class Kallsyms:
     """Kernel text symbols of ``<root>/proc/kallsyms``, sorted by address.
 
@@ -55,38 +76,31 @@ class Kallsyms:
     ``addresses`` (every nonzero kernel-half address of any type) feeds the leak check."""
 
     def __init__(self, root: str | os.PathLike = "/", path: str | os.PathLike | None = None):
+        import re
+
         self.path = Path(path) if path is not None else _p(root, "proc/kallsyms")
-        self._addrs: list[int] = []
-        self._names: list[str] = []
-        self.addresses: set[int] = set()
         self.reason = ""
         try:
-            text = self.path.read_text(errors="replace")
+            data = self.path.read_bytes()
         except OSError as e:
             self.reason = f"{self.path} unreadable ({e.strerror})"
-            text = ""
-        rows: list[tuple[int, str]] = []
-        for line in text.splitlines():
-            parts = line.split()
-            if len(parts) < 3:
-                continue
-            try:
-                a = int(parts[0], 16)
-            except ValueError:
-                continue
-            if a == 0:
-                continue
-            if a >= KERNEL_HALF:
-                self.addresses.add(a)
-            if parts[1] in _TEXT_TYPES:
-                rows.append((a, parts[2]))
-        rows.sort()
-        self._addrs = [a for a, _ in rows]
-        self._names = [n for _, n in rows]
-        if not rows and not self.reason:
+            data = b""
+        # one C-speed scan of the ~200k lines (a Python loop over them took 0.5 s here, 3 s in the
+        # lab's TCG guest, at every recording's end)
+        rows = re.findall(rb"^([0-9a-fA-F]+) (\S) (\S+)", data, re.M)
+        addrs = np.array([int(a, 16) for a, _t, _n in rows], dtype=np.uint64)
+        keep = addrs != 0
+        text = keep & np.array([t in _TEXT_TYPES_B for _a, t, _n in rows], dtype=bool)
+        order = np.argsort(addrs[text], kind="stable")
+        self._addrs = addrs[text][order].tolist()
+        names = [n for (_a, _t, n), is_text in zip(rows, text) if is_text]
+        self._names = [names[i].decode(errors="replace") for i in order.tolist()]
+        #: every nonzero kernel-half address of any type (the leak check's)
+        self.addresses = AddressSet(addrs[keep & (addrs >= np.uint64(KERNEL_HALF))])
+        if not self._addrs and not self.reason:
             self.reason = f"{self.path} shows no addresses (needs root and kptr_restrict < 2)"
-        self.lo = min(self.addresses) if self.addresses else None
-        self.hi = max(self.addresses) if self.addresses else None
+        self.lo = self.addresses.lo
+        self.hi = self.addresses.hi
 
     @property
     def available(self) -> bool:

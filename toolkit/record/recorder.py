@@ -423,37 +423,68 @@ class _Recording:
         rd.write_manifest(self.run_dir, manifest)
 
     def _open_each(self) -> None:
-        """Compile, load and attach each probe, one after the other (bcc is not thread-safe)."""
-        opts, manifest = self.opts, self.manifest
+        """Load and attach each probe. CO-RE objects load in threads (libbpf is thread-safe and
+        ctypes releases the GIL: the verifier of one runs beside another's); a probe bcc compiles
+        forces one after the other (bcc is not). Results are taken in the probes' order."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from moetrace.kernel.bpf import backend_for
+
+        opts = self.opts
         recording = tuple(p for p in self.wanted if p in RECORDED and self.plans[p].status != "no")
-        for name in recording:
-            ctx = RecordContext(features=self.feats, plan=self.plans[name], pmap=self.pmap, run_dir=self.run_dir,
-                                log_dir=self.log_dir, stream=opts.stream_events, t0_ns=time.monotonic_ns(),
-                                notes=self.notes, say=self.say, stream_max_records=opts.stream_max_records,
-                                knobs=dict(opts.knobs.get(name, {})), gated=True, recording=recording)
+        recs = [(name, recorder_class(name)(self._context(name, recording))) for name in recording]
+        workers = min(4, os.cpu_count() or 1) if all(backend_for(n) == "core" for n, _r in recs) else 1
+
+        def open_one(item) -> MoetraceError | None:
+            name, rec = item
             self.say(f"loading and attaching {name} ...")
-            rec = recorder_class(name)(ctx)
             try:
                 rec.open()
             except MoetraceError as e:
                 rec.abort()
-                if opts.missing_probes == "error":
-                    raise MoetraceError(f"probe {name} cannot be recorded: {e.message}",
-                                        hint="--missing-probes warn records without it; `moetrace doctor` "
-                                             "explains") from None
-                self.attach_plan[name]["skip_reason"] = e.message
-                self.notes.append(f"probe {name} skipped: {e.message}")
+                return e
+            return None
+
+        try:
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="moetrace-load") as ex:
+                errors = list(ex.map(open_one, recs))
+        except BaseException:
+            for _n, rec in recs:
+                rec.abort()
+            raise
+        for i, ((name, rec), err) in enumerate(zip(recs, errors)):
+            if err is not None and opts.missing_probes == "error":
+                for _n, other in recs[i:]:
+                    other.abort()
+                raise MoetraceError(f"probe {name} cannot be recorded: {err.message}",
+                                    hint="--missing-probes warn records without it; `moetrace doctor` "
+                                         "explains") from None
+            if err is not None:
+                self.attach_plan[name]["skip_reason"] = err.message
+                self.notes.append(f"probe {name} skipped: {err.message}")
                 continue
-            self.recorders.append(rec)
-            self.attach_plan[name]["recorded"] = True
-            if getattr(rec, "compiled_out", None):
-                self.attach_plan[name]["compiled_out"] = dict(rec.compiled_out)
-            if rec.compile_attach_s is not None:
-                manifest["timings"][f"{name}_compile_attach_s"] = round(rec.compile_attach_s, 4)
-            manifest.setdefault("knobs", {})[name] = dict(rec.knobs)
-            self.attach_plan[name]["loader"] = _loader_of(rec)
-            rec.describe(manifest)
-            self.say(f"attached {name}" + (f" in {rec.compile_attach_s:.2f} s" if rec.compile_attach_s else ""))
+            self._opened(name, rec)
+
+    def _context(self, name: str, recording: tuple[str, ...]) -> RecordContext:
+        opts = self.opts
+        return RecordContext(features=self.feats, plan=self.plans[name], pmap=self.pmap, run_dir=self.run_dir,
+                             log_dir=self.log_dir, stream=opts.stream_events, t0_ns=time.monotonic_ns(),
+                             notes=self.notes, say=self.say, stream_max_records=opts.stream_max_records,
+                             knobs=dict(opts.knobs.get(name, {})), gated=True, recording=recording)
+
+    def _opened(self, name: str, rec) -> None:
+        """A probe attached: into the recording and its manifest sections."""
+        manifest = self.manifest
+        self.recorders.append(rec)
+        self.attach_plan[name]["recorded"] = True
+        if getattr(rec, "compiled_out", None):
+            self.attach_plan[name]["compiled_out"] = dict(rec.compiled_out)
+        if rec.compile_attach_s is not None:
+            manifest["timings"][f"{name}_compile_attach_s"] = round(rec.compile_attach_s, 4)
+        manifest.setdefault("knobs", {})[name] = dict(rec.knobs)
+        self.attach_plan[name]["loader"] = _loader_of(rec)
+        rec.describe(manifest)
+        self.say(f"attached {name}" + (f" in {rec.compile_attach_s:.2f} s" if rec.compile_attach_s else ""))
 
     def arm_all(self, on: bool) -> None:
         """Every probe at once, microseconds apart: the probes of one recording count over the
