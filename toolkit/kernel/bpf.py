@@ -432,6 +432,13 @@ def load_core(name: str, knobs: dict[str, int | bool], attach: list[tuple[str, s
     why = stale_object(name)
     if why:
         raise ProbeError(f"probe {name}: {why}")
+    if any(kind == "tracepoint" for _p, kind, _t in attach):
+        # libbpf reads a tracepoint's id from tracefs (/sys/kernel/debug/tracing when it exists, else
+        # /sys/kernel/tracing): mounted here when absent, as bcc's import did (`record` has mounted
+        # them in a namespace of its own already; a fresh machine has neither at boot)
+        from moetrace.kernel.features import ensure_bcc_tracefs
+
+        ensure_bcc_tracefs()
     t0 = time.perf_counter()
     obj = BpfObject(object_path(name), name)
     try:
