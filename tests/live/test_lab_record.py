@@ -162,7 +162,8 @@ def test_the_newest_debian_kernel_records_the_default_set_with_the_objects_built
     assert inc["folios"].sum() > 0 and int(inc.loc[inc["from_gen"].isna(), "folios"].sum()) == 0
     print(f"\n{rel} lab record: command at {lab['cmd_start_uptime_s']} s guest uptime, replay started "
           f"{m['timings']['command_start_ns'] / 1e9:.1f} s after boot; probes attached in "
-          f"{m['timings']['probes_attach_s']:.1f} s; added {t['experts_added_pages']} = pgpgin/4")
+          f"{m['timings']['probes_attach_s']:.1f} s; added {t['experts_added_pages']} pages, pgpgin {d['pgpgin']} KiB, "
+          f"device {t['experts_device_read_bytes'] + t['unattributed_device_read_bytes']} B")
 
 
 @pytest.fixture(scope="module")
