@@ -2,7 +2,7 @@
 
 Pure functions of a run's tables (the reads and stacks probes). A read call is
 *hit-only* when no page was added to the page cache while it was in flight, *miss*
-when at least one was, *error* when it failed (probes/reads.c). The reads probe cannot
+when at least one was, *error* when it failed (probes/reads.bpf.c). The reads probe cannot
 tell a call that waited on another thread's I/O for a page already being read from a
 hit-only call that found the page ready: such a call adds no page and is counted
 hit-only, with its latency (the tail of the hit-only distribution shows it).

@@ -2,7 +2,7 @@
 
 ``moetrace record --stream-events`` writes ``page_events.parquet``: one row per
 (page-cache event, expert piece) of the pool (toolkit/record/probes/pagecache.py,
-``page_event`` struct; probes/pagecache.c ``emit``):
+``page_event`` struct; probes/pagecache.bpf.c ``emit``):
 
 =================== ======== ==========================================================
 column              type     meaning

@@ -11,7 +11,7 @@
 //           block_rq_completion), block:block_rq_requeue (an event of its own): dev, sector,
 //           nr_sector, rwbs
 // Field offsets differ between kernels (rwbs is char[8] on 6.1 and 6.12, char[10] on 6.18;
-// block_rq gained ioprio after 6.1): CO-RE relocates each read, the bcc path read the format files.
+// block_rq gained ioprio after 6.1): CO-RE relocates each read.
 // Only reads count: 'R' among the rwbs flags (discards are 'D', writes 'W').
 // Sectors and dev are the whole disk's: dev is the kernel encoding
 // (major << 20) | minor.

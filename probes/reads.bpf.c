@@ -25,8 +25,8 @@
 //   task:task_newtask                       pid, clone_flags (follow forks)
 // `order` exists since large folios: bpf_core_field_exists decides, else one page per event.
 //
-// fd -> inode is not read in the kernel (the bcc twin, probes/reads.c, cannot read struct file
-// with mismatched headers, and both count the same), so calls are aggregated per fd *identity*
+// fd -> inode is not read in the kernel (the probe keeps to tracepoint and syscall arguments),
+// so calls are aggregated per fd *identity*
 // (tgid, fd, gen, epoch): gen counts the close() calls of that fd number in that process and
 // epoch the process's close_range() / exec events, so a reused fd number is a new identity. User
 // space resolves identities to inodes by scanning /proc/<tgid>/fd while the command runs (and

@@ -11,24 +11,11 @@ need_apt=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
 # chromium: the HTML report is checked in a real browser (tests/live/test_report_browser.py)
 # clang, bpftool, libbpf-dev: the CO-RE probes are compiled once, here (scripts/build-probes.sh);
-# libbpf1 (a dependency of python3-bpfcc) loads them at record time
-for p in python3-bpfcc bpfcc-tools python3-venv python3-pip fio chromium clang bpftool libbpf-dev libbpf1; do
+# libbpf1 loads them at record time. No kernel headers: the probes read kernel structs through
+# BTF relocations.
+for p in python3-venv python3-pip fio chromium clang bpftool libbpf-dev libbpf1; do
   have_pkg "$p" || need_apt+=("$p")
 done
-krel=$(uname -r)
-hdr_pkg="linux-headers-$krel"
-if [ ! -e "/lib/modules/$krel/build/include" ]; then
-  if apt-cache show "$hdr_pkg" >/dev/null 2>&1; then
-    have_pkg "$hdr_pkg" || need_apt+=("$hdr_pkg")
-    fallback=""
-  else
-    # No headers for this kernel in the distro: bcc still compiles against a
-    # nearby Debian kernel's headers, but then only tracepoint and syscall
-    # arguments are layout-safe (see shared/docs/environment.md).
-    fallback=linux-headers-6.1.0-47-amd64
-    have_pkg "$fallback" || need_apt+=("$fallback")
-  fi
-fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     log "missing packages: ${need_apt[*]}; run as root or: sudo apt-get install -y ${need_apt[*]}"; exit 1
@@ -38,14 +25,6 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq >/dev/null || apt-get update
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
-if [ -n "${fallback:-}" ] && [ ! -e "/lib/modules/$krel/build/include" ] && [ "$(id -u)" = 0 ]; then
-  mkdir -p "/lib/modules/$krel"
-  ln -sfn "/usr/src/$fallback" "/lib/modules/$krel/build"
-  ln -sfn "/usr/src/${fallback%-amd64}-common" "/lib/modules/$krel/source"
-  warn "no kernel headers for $krel in the distro; linked $fallback instead."
-  warn "with mismatched headers only tracepoint-argument (and syscall-argument) probes are safe."
-fi
-
 # The probes, compiled once against this machine's BTF (CO-RE: the objects load on every kernel
 # with BTF, the lab's included). Rebuilds only what is stale.
 bash scripts/build-probes.sh
@@ -56,10 +35,9 @@ if [ "$(id -u)" = 0 ] && [ "${MOETRACE_NO_LAB:-0}" != 1 ]; then
   bash scripts/lab-setup.sh
 fi
 
-# bcc is importable only from Debian's interpreter, hence --system-site-packages.
 if [ ! -x "$VENV/bin/python" ]; then
   log "creating $VENV"
-  /usr/bin/python3 -m venv --system-site-packages "$VENV"
+  /usr/bin/python3 -m venv "$VENV"
 fi
 stamp="$VENV/.moetrace-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then

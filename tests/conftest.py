@@ -1,11 +1,12 @@
 """Test tiers (docs/style.md), one folder each: tests/unit (no kernel: pure tables, fixtures,
-fake /proc and /sys trees), tests/probe_build (every probe compiles, loads and detaches),
+fake /proc and /sys trees), tests/probe_build (every probe's object is built, agrees with its declaration, loads and detaches),
 tests/live (the running kernel, against independent oracles). tests/common/<name>.py holds
 what the tier files of one subject share (helpers, constants, fixtures); tests/pagewatch.py
 is the live tests' independent watcher of a pool's pages.
 
 Probe-build and live tests use the `live` fixture, the one place that decides (once per
-session) whether a real kernel can be exercised — root, cgroups, bcc — and says why not.
+session) whether a real kernel can be exercised — root, cgroups, BTF, the compiled probes — and
+says why not.
 MOETRACE_LIVE=1 (set by CI) turns those skips into failures.
 """
 
@@ -44,15 +45,21 @@ def io_lock():
 
 def _live_reason() -> str | None:
     """Why live kernel tests cannot run here (None: they can). Decided once per session:
-    root, cgroups, and bcc (every live and probe-build test loads probes)."""
+    root, cgroups, BTF, and the compiled probe objects (every live and probe-build test loads
+    probes)."""
     if os.geteuid() != 0:
         return "live tests need root"
     if not os.path.exists("/sys/fs/cgroup"):
         return "no /sys/fs/cgroup"
-    import importlib.util
+    if not os.path.exists("/sys/kernel/btf/vmlinux"):
+        return "no kernel BTF (/sys/kernel/btf/vmlinux): the compiled probes cannot load"
+    from moetrace.kernel.bpf import stale_object
+    from moetrace.record.probes import PROBES
 
-    if importlib.util.find_spec("bcc") is None:
-        return "bcc (python3-bpfcc) is not importable from this Python (make a venv with --system-site-packages)"
+    for name in PROBES:
+        why = stale_object(name)
+        if why:
+            return f"probe {name}: {why}"
     return None
 
 
@@ -81,7 +88,8 @@ def counts_file() -> Path:
 
 @pytest.fixture(scope="session", autouse=True)
 def _unmount_what_tests_mounted():
-    """Probes mount debugfs/tracefs when absent (bcc needs them); take them down afterwards."""
+    """Probes mount debugfs/tracefs when absent (libbpf reads tracepoint ids there); take them down
+    afterwards."""
     yield
     from moetrace.kernel.features import unmount_ours
 

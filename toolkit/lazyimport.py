@@ -1,11 +1,11 @@
-"""Heavy libraries imported on first use, and loaded in a thread while the probes compile.
+"""Heavy libraries imported on first use, and loaded in a thread while the probes load.
 
 `moetrace record` needs pandas and pyarrow only once the command has ended (to write the
-tables), but importing them costs ~0.35 s of one CPU. The probes' compile (clang inside
-libbcc, called through ctypes, which releases the GIL) keeps one CPU busy for ~2.5 s first:
-:func:`warm` imports the libraries in a thread meanwhile, on the other CPU, so start-up
-does not pay for them. Modules that use pandas name it ``pd`` through :data:`pandas`,
-which imports the real module when an attribute is first read.
+tables), but importing them costs ~0.35 s of one CPU. The probes' loads (libbpf and the
+verifier, called through ctypes, which releases the GIL) keep a CPU busy first: :func:`warm`
+imports the libraries in a thread meanwhile, on another CPU, so start-up does not pay for
+them. Modules that use pandas name it ``pd`` through :data:`pandas`, which imports the real
+module when an attribute is first read.
 
 Where every CPU is one in truth (the lab's single-threaded TCG) the warm-up still runs before
 the command, on purpose: a replay that imports pandas / pyarrow itself then finds their files

@@ -249,8 +249,7 @@ def main(argv: list[str] | None = None) -> int:
                          "kernel's release)")
     ap.add_argument("--lifecycle-baseline", action="append", default=[], metavar="LABEL=PYTHONPATH",
                     help="another moetrace source tree to time the same way (e.g. before=/tmp/old), put first on "
-                         "PYTHONPATH; or this tree with a variable set, LABEL=env:VAR=VALUE (e.g. "
-                         "bcc=env:MOETRACE_BPF_BACKEND=bcc: the compile-per-run loader); repeatable")
+                         "PYTHONPATH; or this tree with a variable set, LABEL=env:VAR=VALUE; repeatable")
     a = ap.parse_args(argv)
     global PROBES
     PROBES = a.probes

@@ -1,4 +1,4 @@
-"""The block probe (probes/block.bpf.c and probes/block.c + toolkit/record/probes/block.py).
+"""The block probe (probes/block.bpf.c and probes/block.bpf.c + toolkit/record/probes/block.py).
 
 Tiers: the C file and its Python side agree (no kernel); it compiles, loads and detaches
 (probe_build, needs root); live: a known workload of 23 experts x 1 MiB read once after
@@ -41,7 +41,7 @@ import pytest
 from moetrace.record.probes import block as blockattr
 
 
-from moetrace.record.probes.block import BIO_EVENT_DTYPE, BYTES_TP, STATS, BlockRecorder, block_cflags, resolve_attach
+from moetrace.record.probes.block import BIO_EVENT_DTYPE, BYTES_TP, STATS, BlockRecorder, block_knobs, resolve_attach
 
 
 from moetrace.kernel.extents import SECTOR, block_device_of, pool_extents
@@ -56,11 +56,8 @@ from moetrace.inputs.pool import create_pool
 from moetrace.record.probes import PROBES
 
 
+#: probes/block.bpf.c
 SRC = blockattr.SOURCE.read_text()
-
-
-#: the CO-RE source (probes/block.bpf.c): the same slots and structs as SRC
-CORE_SRC = blockattr.SOURCE.with_suffix(".bpf.c").read_text()
 
 
 from conftest import io_lock as shared_io_lock  # noqa: E402
@@ -187,4 +184,4 @@ class _StalledRecorder(BlockRecorder):
         self._stop.wait()
 
 
-__all__ = ['BIO_EVENT_DTYPE', 'BQ', 'BYTES_TP', 'BlockRecorder', 'CORE_SRC', 'Geometry', 'IO', 'MiB', 'N', 'PROBES', 'Path', 'SECTOR', 'SRC', 'STATS', '_StalledRecorder', '_bytes_tps', '_diskstats_read_bytes', '_drop', '_known_workload', '_prog_exists', '_read_each_once', '_resident_bytes', 'block_cflags', 'block_device_of', 'blockattr', 'create_pool', 'ctypes', 'fcntl', 'io_lock', 'mmap', 'os', 'pool_extents', 'pytest', 're', 'resolve_attach', 'shared_io_lock', 'subprocess', 'time']
+__all__ = ['BIO_EVENT_DTYPE', 'BQ', 'BYTES_TP', 'BlockRecorder', 'Geometry', 'IO', 'MiB', 'N', 'PROBES', 'Path', 'SECTOR', 'SRC', 'STATS', '_StalledRecorder', '_bytes_tps', '_diskstats_read_bytes', '_drop', '_known_workload', '_prog_exists', '_read_each_once', '_resident_bytes', 'block_knobs', 'block_device_of', 'blockattr', 'create_pool', 'ctypes', 'fcntl', 'io_lock', 'mmap', 'os', 'pool_extents', 'pytest', 're', 'resolve_attach', 'shared_io_lock', 'subprocess', 'time']

@@ -34,7 +34,7 @@ from unit.test_features import make_tree  # noqa: E402  (tests/ is on sys.path u
 STATUSES = {"yes", "no", "degraded"}
 
 
-CAPS = {"root", "cap_bpf", "cap_perfmon", "bpf", "tracefs", "debugfs", "headers", "kprobes", "btf",
+CAPS = {"root", "cap_bpf", "cap_perfmon", "bpf", "tracefs", "debugfs", "kprobes", "btf",
         "perf_events", "mglru", "cgroup_v2_memory", "cgroup_v1_memory", "psi"}
 
 

@@ -1,4 +1,4 @@
-"""Who evicted a pool page: the pagecache probe's evictor classes (probes/moetrace.h EVICTOR_*).
+"""Who evicted a pool page: the pagecache probe's evictor classes (probes/moetrace.bpf.h EVICTOR_*).
 
 Tiers: the classes agree between the C header and the declaration (no kernel); live, outside
 evictions provoked on purpose while a recording runs — fadvise(DONTNEED), ftruncate and

@@ -1,4 +1,4 @@
-"""The lru probe (probes/lru.c + toolkit/record/probes/lru.py): classic LRU placement per expert.
+"""The lru probe (probes/lru.bpf.c + toolkit/record/probes/lru.py): classic LRU placement per expert.
 
 Tiers: the C file and its Python side agree, the tables are built as declared (no kernel);
 it compiles, loads and detaches with the knob sets the recorder uses (probe_build); live,
@@ -71,7 +71,7 @@ from conftest import io_lock  # noqa: E402
 from common.record import REPLAY, _drop, _moetrace, _resident_pages  # noqa: E402
 
 
-SRC = bpf.probe_source("lru").read_text()
+SRC = bpf.core_source("lru").read_text()
 
 
 N, MIB = 23, 1 << 20
@@ -96,10 +96,6 @@ INSERTION_FMT = ('print fmt: "folio=%p pfn=0x%lx lru=%d flags=%s%s%s%s%s%s", REC
                  'REC->flags & 0x0001u ? "M" : " ", REC->flags & 0x0002u ? "a" : "f", '
                  'REC->flags & 0x0008u ? "s" : " ", REC->flags & 0x0010u ? "b" : " ", '
                  'REC->flags & 0x0020u ? "d" : " ", REC->flags & 0x0040u ? "B" : " "')
-
-
-#: the CO-RE source (probes/lru.bpf.c): the same indices as its bcc twin
-CORE_SRC = bpf.core_source("lru").read_text()
 
 
 def _defines(prefix: str, src: str = SRC) -> list[tuple[str, int]]:
@@ -170,4 +166,4 @@ def pressure_pool(tmp_path_factory):
     return make_layered_pool(tmp_path_factory.mktemp("lrupressure"), PL, PE)
 
 
-__all__ = ['CACHE_BYTES', 'CORE_SRC', 'FIELDS', 'HEADROOM_BYTES', 'HISTOGRAMS', 'HIST_SLOTS', 'INSERTION_FMT', 'KNOB_SETS', 'MIB', 'MOETRACE', 'N', 'PAGE', 'PAGES', 'PE', 'PL', 'POOL_PAGES', 'Path', 'RECORD', 'REPLAY', 'SPEC', 'SRC', 'SimpleNamespace', '_common_checks', '_defines', '_drop', '_load', '_moetrace', '_pmap', '_record', '_resident_pages', 'anon_flag_from_format', 'bpf', 'io_lock', 'json', 'lru_knobs', 'lru_tables', 'lrurec', 'np', 'os', 'pd', 'pools', 'pressure_pool', 'pytest', 're', 'rundir', 'subprocess', 'sys', 'time']
+__all__ = ['CACHE_BYTES', 'FIELDS', 'HEADROOM_BYTES', 'HISTOGRAMS', 'HIST_SLOTS', 'INSERTION_FMT', 'KNOB_SETS', 'MIB', 'MOETRACE', 'N', 'PAGE', 'PAGES', 'PE', 'PL', 'POOL_PAGES', 'Path', 'RECORD', 'REPLAY', 'SPEC', 'SRC', 'SimpleNamespace', '_common_checks', '_defines', '_drop', '_load', '_moetrace', '_pmap', '_record', '_resident_pages', 'anon_flag_from_format', 'bpf', 'io_lock', 'json', 'lru_knobs', 'lru_tables', 'lrurec', 'np', 'os', 'pd', 'pools', 'pressure_pool', 'pytest', 're', 'rundir', 'subprocess', 'sys', 'time']

@@ -1,5 +1,5 @@
 """The mglru probe: the lru_gen parser (moetrace.kernel.lru_gen), the sampler (moetrace.record.probes.mglru),
-probes/mglru.c.
+probes/mglru.bpf.c.
 
 No-kernel tier: the parser on fixtures of both formats and both kernels (tests/data/lru_gen/,
 rendered from lru_gen_seq_show's formats with the lab's real samples), garbage -> InputError

@@ -1,4 +1,4 @@
-"""The mlock probe (probes/mlock.c + moetrace.record.probes.mlock).
+"""The mlock probe (probes/mlock.bpf.c + moetrace.record.probes.mlock).
 
 No-kernel tier: the locked-range model (an interval set per process, page-rounded like
 do_mlock) against a brute-force page set, and against hand-computed call sequences; the
@@ -65,7 +65,7 @@ SPEC = PROBES["mlock"]
 PAGE = mmap.PAGESIZE
 
 
-SRC = (Path(__file__).resolve().parents[2] / "probes" / "mlock.c").read_text()
+SRC = (Path(__file__).resolve().parents[2] / "probes" / "mlock.bpf.c").read_text()
 
 
 RECORD = [sys.executable, "-c", "from moetrace.cli.record import record; record.main(prog_name='moetrace record')"]

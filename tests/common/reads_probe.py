@@ -1,4 +1,4 @@
-"""The reads probe (probes/reads.c + moetrace.record.probes.reads).
+"""The reads probe (probes/reads.bpf.c + moetrace.record.probes.reads).
 
 No kernel: attribution of fd identities to experts (files and pool layouts, unattributed
 sources), tables against the declaration, the /proc fd resolver on a fake tree, the

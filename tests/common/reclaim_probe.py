@@ -1,4 +1,4 @@
-"""The reclaim probe (probes/reclaim.bpf.c and probes/reclaim.c + toolkit/record/probes/reclaim.py).
+"""The reclaim probe (probes/reclaim.bpf.c and probes/reclaim.bpf.c + toolkit/record/probes/reclaim.py).
 
 Tiers: the C file and its Python side agree (no kernel); it compiles, loads and detaches
 (probe_build, needs root); live: a reader in a cgroup v1/v2 memory scope of 64 MiB reads
@@ -54,14 +54,11 @@ from moetrace.record.probes import PROBES
 
 
 from moetrace.record.probes.reclaim import (FIELDS, GROUPS, HAVE_KNOBS, KINDS, STATS, TIMELINE_FIELDS, ReclaimRecorder,
-                                 read_vmstat, reclaim_cflags, resolve_attach, vmstat_delta)
+                                 read_vmstat, reclaim_knobs, resolve_attach, vmstat_delta)
 
 
+#: probes/reclaim.bpf.c
 SRC = reclaimrec.SOURCE.read_text()
-
-
-#: the CO-RE source (probes/reclaim.bpf.c): the same kinds, fields and slots as SRC
-CORE_SRC = reclaimrec.SOURCE.with_suffix(".bpf.c").read_text()
 
 
 from conftest import io_lock as shared_io_lock  # noqa: E402
@@ -156,4 +153,4 @@ def _mounted():
     return Features(mount=True)
 
 
-__all__ = ['CORE_SRC', 'FIELDS', '_mounted', 'GROUPS', 'HAVE_KNOBS', 'KINDS', 'MiB', 'PAGE', 'PROBES', 'PROBES_DIR', 'Path', 'READER', 'ReclaimRecorder', 'SRC', 'STATS', 'TIMELINE_FIELDS', '_defines', '_prog_exists', '_prog_ids', 'bpf', 'ctypes', 'fcntl', 'file_set', 'io_lock', 'os', 'pytest', 're', 'read_vmstat', 'reclaim_cflags', 'reclaimrec', 'resolve_attach', 'shared_io_lock', 'subprocess', 'sys', 'tempfile', 'time', 'vmstat_delta']
+__all__ = ['FIELDS', '_mounted', 'GROUPS', 'HAVE_KNOBS', 'KINDS', 'MiB', 'PAGE', 'PROBES', 'PROBES_DIR', 'Path', 'READER', 'ReclaimRecorder', 'SRC', 'STATS', 'TIMELINE_FIELDS', '_defines', '_prog_exists', '_prog_ids', 'bpf', 'ctypes', 'fcntl', 'file_set', 'io_lock', 'os', 'pytest', 're', 'read_vmstat', 'reclaim_knobs', 'reclaimrec', 'resolve_attach', 'shared_io_lock', 'subprocess', 'sys', 'tempfile', 'time', 'vmstat_delta']

@@ -1,4 +1,4 @@
-"""The stacks probe (probes/stacks.c + toolkit/record/probes/stacks.py + toolkit/kernel/symbolize.py).
+"""The stacks probe (probes/stacks.bpf.c + toolkit/record/probes/stacks.py + toolkit/kernel/symbolize.py).
 
 Tiers:
 - no kernel: maps parsing and lookup over a fake /proc, kallsyms lookup (and the zeros

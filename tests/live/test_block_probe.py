@@ -1,4 +1,4 @@
-"""The block probe (probes/block.c + toolkit/record/probes/block.py) (live tier)."""
+"""The block probe (probes/block.bpf.c + toolkit/record/probes/block.py) (live tier)."""
 
 from __future__ import annotations
 

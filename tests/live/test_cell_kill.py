@@ -130,7 +130,7 @@ def _sigkill_then_next_cell_cleans(setup, mounted_before):
     p = start_cell(setup, name, "--mechanism", "balloon", "--capacity", str(avail - 1152 * MIB))
     pids = wait_running(p, name)
     if "/sys/kernel/debug" not in mounted_before:
-        # the cell's watch (`moetrace record`, the replay's parent) had to mount debugfs for bcc: in a
+        # the cell's watch (`moetrace record`, the replay's parent) had to mount debugfs for its probes: in a
         # mount namespace of its own, which its child the replay shares; here nothing is mounted
         assert os.readlink(f"/proc/{pids[0]}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
         assert "/sys/kernel/debug" in Path(f"/proc/{pids[0]}/mounts").read_text()

@@ -1,4 +1,4 @@
-"""Who evicted a pool page: the pagecache probe's evictor classes (probes/moetrace.h EVICTOR_*) (live tier)."""
+"""Who evicted a pool page: the pagecache probe's evictor classes (probes/moetrace.bpf.h EVICTOR_*) (live tier)."""
 
 from __future__ import annotations
 

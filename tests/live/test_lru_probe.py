@@ -1,4 +1,4 @@
-"""The lru probe (probes/lru.c + toolkit/record/probes/lru.py): classic LRU placement per expert (live tier)."""
+"""The lru probe (probes/lru.bpf.c + toolkit/record/probes/lru.py): classic LRU placement per expert (live tier)."""
 
 from __future__ import annotations
 

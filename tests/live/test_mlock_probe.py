@@ -1,4 +1,4 @@
-"""The mlock probe (probes/mlock.c + moetrace.record.probes.mlock) (live tier)."""
+"""The mlock probe (probes/mlock.bpf.c + moetrace.record.probes.mlock) (live tier)."""
 
 from __future__ import annotations
 

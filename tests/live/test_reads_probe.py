@@ -1,4 +1,4 @@
-"""The reads probe (probes/reads.c + moetrace.record.probes.reads) (live tier)."""
+"""The reads probe (probes/reads.bpf.c + moetrace.record.probes.reads) (live tier)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The reclaim probe (probes/reclaim.c + toolkit/record/probes/reclaim.py) (live tier)."""
+"""The reclaim probe (probes/reclaim.bpf.c + toolkit/record/probes/reclaim.py) (live tier)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The stacks probe (probes/stacks.c + toolkit/record/probes/stacks.py + toolkit/kernel/symbolize.py) (live tier)."""
+"""The stacks probe (probes/stacks.bpf.c + toolkit/record/probes/stacks.py + toolkit/kernel/symbolize.py) (live tier)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
-"""The block probe (probes/block.bpf.c, probes/block.c + toolkit/record/probes/block.py)
-(probe-build tier). Each loader is exercised while both exist: the CO-RE object (the default)
-and bcc's compile (MOETRACE_BPF_BACKEND=bcc)."""
+"""The block probe (probes/block.bpf.c + toolkit/record/probes/block.py) (probe-build tier)."""
 
 from __future__ import annotations
 
 from common.block_probe import *  # noqa: F401,F403
-from common.backends import backend  # noqa: F401  (fixture: each loader in turn)
 
 
 def _ids(rec) -> list[int]:
@@ -14,7 +11,7 @@ def _ids(rec) -> list[int]:
 
 @pytest.mark.probe_build
 @pytest.mark.parametrize("bytes_tp", list(BYTES_TP))
-def test_block_probe_loads_and_detaches(live, backend, bytes_tp):
+def test_block_probe_loads_and_detaches(live, bytes_tp):
     if bytes_tp not in _bytes_tps():
         pytest.skip(f"no tracepoint {bytes_tp} on this kernel")
     dev = block_device_of("/tmp").tp_dev if os.path.exists("/tmp") else 0
@@ -22,31 +19,16 @@ def test_block_probe_loads_and_detaches(live, backend, bytes_tp):
     rec = BlockRecorder(dev=dev, bytes_tp=bytes_tp).open()
     took = time.perf_counter() - t0
     try:
-        assert rec.probe.backend == backend
         ids = _ids(rec)
         assert len(ids) == 4 and all(_prog_exists(i) for i in ids)
         assert len(rec.probe.table("stats")) == len(STATS)
         assert sorted(rec.probe.tracepoints) == sorted(rec.attach.values())
     finally:
         res = rec.close()
-    print(f"\nblock probe ({backend}, {bytes_tp}): load {rec.compile_s:.3f} s, attach {rec.attach_s * 1e3:.1f} ms, "
+    print(f"\nblock probe ({bytes_tp}): load {rec.compile_s:.3f} s, attach {rec.attach_s * 1e3:.1f} ms, "
           f"open() {took:.2f} s")
     assert not any(_prog_exists(i) for i in ids), "programs still loaded after close()"
     assert res is not None and res.lost_events == 0
-
-
-@pytest.mark.probe_build
-def test_block_probe_compiles_as_is(live):
-    """probes/block.c (bcc): no -D flags at all, every knob has a default."""
-    bcc = __import__("bcc")
-    from moetrace.probes import PROBES_DIR
-
-    b = bcc.BPF(src_file=str(blockattr.SOURCE).encode(), cflags=[f"-I{PROBES_DIR}", *blockattr.QUIET_CFLAGS])
-    try:
-        for fn in (b"tp_block_bio_queue", b"tp_block_rq_issue", b"tp_block_rq_complete", b"tp_block_rq_requeue"):
-            b.load_func(fn, bcc.BPF.TRACEPOINT)
-    finally:
-        b.cleanup()
 
 
 @pytest.mark.probe_build
@@ -58,10 +40,10 @@ def test_attach_resolved_from_declaration(live):
 
 
 @pytest.mark.probe_build
-def test_detaches_on_exception(live, backend):
+def test_detaches_on_exception(live):
     with pytest.raises(RuntimeError, match="boom"):
         with BlockRecorder(dev=0) as rec:
             ids = _ids(rec)
             raise RuntimeError("boom")
-    assert rec.probe is None and rec.bpf is None and rec.result is not None
+    assert rec.probe is None and rec.result is not None
     assert not any(_prog_exists(i) for i in ids)

@@ -1,4 +1,4 @@
-"""The reads probe (probes/reads.bpf.c, its bcc twin probes/reads.c + moetrace.record.probes.reads)
+"""The reads probe (probes/reads.bpf.c + moetrace.record.probes.reads)
 (probe-build tier)."""
 
 from __future__ import annotations
@@ -11,13 +11,12 @@ from common.reads_probe import *  # noqa: F401,F403
 
 @pytest.mark.probe_build
 @pytest.mark.parametrize("name", list(KNOB_SETS))
-def test_reads_loads_attaches_and_detaches(live, name, backend):
+def test_reads_loads_attaches_and_detaches(live, name):
     from moetrace.kernel.bpf import prog_id_exists, prog_info
 
     full = {k: int(v) for k, v in SPEC.knob_values(**KNOB_SETS[name]).items()}
-    probe = load_backend(SPEC, full, backend)
+    probe = load_first(SPEC, full)
     try:
-        assert probe.backend == backend
         tps = set(probe.tracepoints)
         assert {"syscalls:sys_enter_pread64", "syscalls:sys_exit_pread64",
                 "filemap:mm_filemap_add_to_page_cache"} <= tps
@@ -33,7 +32,7 @@ def test_reads_loads_attaches_and_detaches(live, name, backend):
         assert len(ids) == len(tps) and all(prog_id_exists(i) for i in ids)
     finally:
         probe.close()
-    print(f"\nreads {backend} {name}: load+attach {probe.compile_attach_s:.3f} s")
+    print(f"\nreads {name}: load+attach {probe.compile_attach_s:.3f} s")
     assert not any(prog_id_exists(i) for i in ids), "programs still loaded after close()"
 
 
@@ -52,9 +51,8 @@ def test_nested_structs_match_the_object():
 
 
 @pytest.mark.probe_build
-def test_recorder_open_close_abort_are_idempotent(live, tmp_path, backend):
-    """The recorder's own path (knobs from the live attach plan, the loader the environment
-    picks), a pid of our own followed: our preads are counted and classed; close() and abort()
+def test_recorder_open_close_abort_are_idempotent(live, tmp_path):
+    """The recorder's own path (knobs from the live attach plan), a pid of our own followed: our preads are counted and classed; close() and abort()
     leave no program behind."""
     from moetrace.kernel.features import Features
     from moetrace.record.probe import RecordContext
@@ -64,7 +62,6 @@ def test_recorder_open_close_abort_are_idempotent(live, tmp_path, backend):
     feats = Features("/")
     rec = ReadsRecorder(RecordContext(features=feats, plan=resolve(SPEC, feats), log_dir=tmp_path))
     rec.open()
-    assert rec.probe.backend == backend
     ids = rec.prog_ids()
     try:
         f = tmp_path / "x.bin"

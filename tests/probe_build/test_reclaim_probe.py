@@ -1,21 +1,17 @@
-"""The reclaim probe (probes/reclaim.bpf.c, probes/reclaim.c + toolkit/record/probes/reclaim.py)
-(probe-build tier). Each loader is exercised while both exist: the CO-RE object (the default)
-and bcc's compile (MOETRACE_BPF_BACKEND=bcc)."""
+"""The reclaim probe (probes/reclaim.bpf.c + toolkit/record/probes/reclaim.py) (probe-build tier)."""
 
 from __future__ import annotations
 
 from common.reclaim_probe import *  # noqa: F401,F403
-from common.backends import backend  # noqa: F401  (fixture: each loader in turn)
 
 
 @pytest.mark.probe_build
 @pytest.mark.parametrize("bucket_ns", [0, 10**8], ids=["totals", "timeline"])
-def test_reclaim_probe_loads_and_detaches(live, backend, bucket_ns):
+def test_reclaim_probe_loads_and_detaches(live, bucket_ns):
     t0 = time.perf_counter()
     rec = ReclaimRecorder(bucket_ns=bucket_ns, features=_mounted()).open()
     took = time.perf_counter() - t0
     try:
-        assert rec.probe.backend == backend
         ids = _prog_ids(rec)
         assert len(ids) == len(rec.attach) and all(_prog_exists(i) for i in ids)
         assert len(rec.probe.table("totals")) == len(KINDS) * len(FIELDS)
@@ -24,7 +20,7 @@ def test_reclaim_probe_loads_and_detaches(live, backend, bucket_ns):
         assert list(snap.per_kind["kind"]) == list(KINDS)
     finally:
         res = rec.close()
-    print(f"\nreclaim probe ({backend}, bucket_ns={bucket_ns}): load {rec.compile_s:.3f} s, "
+    print(f"\nreclaim probe (bucket_ns={bucket_ns}): load {rec.compile_s:.3f} s, "
           f"attach {rec.attach_s * 1e3:.1f} ms, open() {took:.2f} s; attached {sorted(rec.attach)}; "
           f"unavailable {rec.unavailable}")
     assert not any(_prog_exists(i) for i in ids), "programs still loaded after close()"
@@ -50,36 +46,6 @@ def test_reclaim_core_object_loads_the_required_groups_alone(live):
 
 
 @pytest.mark.probe_build
-def test_reclaim_probe_compiles_as_is(live):
-    """probes/reclaim.c (bcc): no -D flags at all, every knob has a default (all events compiled in)."""
-    bcc = __import__("bcc")
-    b = bcc.BPF(src_file=str(reclaimrec.SOURCE).encode(), cflags=[f"-I{PROBES_DIR}", *reclaimrec.QUIET_CFLAGS])
-    try:
-        for fn, _knob in GROUPS.values():
-            b.load_func(fn.encode(), bcc.BPF.TRACEPOINT)
-    finally:
-        b.cleanup()
-
-
-@pytest.mark.probe_build
-def test_reclaim_probe_minimal_build(live):
-    """probes/reclaim.c (bcc): every optional group compiled out, only memcg begin/end and
-    shrink_inactive remain."""
-    bcc = __import__("bcc")
-    flags = reclaim_cflags({k: 0 for k in HAVE_KNOBS}) + [f"-I{PROBES_DIR}", *reclaimrec.QUIET_CFLAGS]
-    b = bcc.BPF(src_file=str(reclaimrec.SOURCE).encode(), cflags=flags)
-    try:
-        for g, (fn, knob) in GROUPS.items():
-            if knob is None:
-                b.load_func(fn.encode(), bcc.BPF.TRACEPOINT)
-            else:
-                with pytest.raises(Exception):
-                    b.load_func(fn.encode(), bcc.BPF.TRACEPOINT)
-    finally:
-        b.cleanup()
-
-
-@pytest.mark.probe_build
 def test_attach_resolved_from_declaration(live):
     attached, missing, have = resolve_attach()
     for g in PROBES["reclaim"].attach:
@@ -89,10 +55,10 @@ def test_attach_resolved_from_declaration(live):
 
 
 @pytest.mark.probe_build
-def test_detaches_on_exception(live, backend):
+def test_detaches_on_exception(live):
     with pytest.raises(RuntimeError, match="boom"):
         with ReclaimRecorder(features=_mounted()) as rec:
             ids = _prog_ids(rec)
             raise RuntimeError("boom")
-    assert rec.probe is None and rec.bpf is None and rec.result is not None
+    assert rec.probe is None and rec.result is not None
     assert not any(_prog_exists(i) for i in ids)

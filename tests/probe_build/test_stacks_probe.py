@@ -1,4 +1,4 @@
-"""The stacks probe (probes/stacks.bpf.c, its bcc twin probes/stacks.c + toolkit/record/probes/stacks.py +
+"""The stacks probe (probes/stacks.bpf.c + toolkit/record/probes/stacks.py +
 toolkit/kernel/symbolize.py) (probe-build tier)."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from common.stacks_probe import *  # noqa: F401,F403
 @pytest.mark.probe_build
 @pytest.mark.parametrize("knobs", [{}, {"MOE_FOLLOW_FORKS": 0, "MOE_SAMPLE_HZ": 49, "MOE_STACK_ENTRIES": 1024}],
                          ids=["recorder-defaults", "no-forks-small"])
-def test_stacks_loads_attaches_and_detaches(live, knobs, backend):
-    """The recorder's open by each loader: one cpu-clock perf event per online CPU with the
+def test_stacks_loads_attaches_and_detaches(live, knobs):
+    """The recorder's open : one cpu-clock perf event per online CPU with the
     program attached, the kswapd threads in the task map; close() leaves no program and no perf
     event behind (libbpf's perf links own their events and close them)."""
     from moetrace.kernel.bpf import prog_id_exists
@@ -25,7 +25,6 @@ def test_stacks_loads_attaches_and_detaches(live, knobs, backend):
     rec = stacksrec.StacksRecorder(_ctx(), knobs=knobs)
     rec.open()
     try:
-        assert rec.probe.backend == backend
         assert rec.knobs == SPEC.knob_values(**knobs)
         assert ("task:task_newtask" in rec.probe.tracepoints) == bool(rec.knobs["MOE_FOLLOW_FORKS"])
         tps = len(rec.probe.tracepoints)  # a tracepoint is attached through a perf event too
@@ -46,9 +45,9 @@ def test_stacks_loads_attaches_and_detaches(live, knobs, backend):
 
 
 @pytest.mark.probe_build
-def test_samples_of_a_busy_loop_are_counted_and_symbolized(live, backend):
+def test_samples_of_a_busy_loop_are_counted_and_symbolized(live):
     """This very process, followed and spinning for 0.3 s at 499 Hz: samples counted under its
-    tgid, with user frames symbolized (the recorder's whole close path, either loader)."""
+    tgid, with user frames symbolized (the recorder's whole close path)."""
     ctx = _ctx()
     ctx.gated = True  # as moetrace record runs it: counting stops before the maps are read
     rec = stacksrec.StacksRecorder(ctx, knobs={"MOE_SAMPLE_HZ": 499}, kswapd=False)

@@ -1,14 +1,14 @@
-"""The block probe (probes/block.bpf.c, probes/block.c + toolkit/record/probes/block.py) (unit tier)."""
+"""The block probe (probes/block.bpf.c + toolkit/record/probes/block.py) (unit tier)."""
 
 from __future__ import annotations
 
 from common.block_probe import *  # noqa: F401,F403
 
 
-@pytest.mark.parametrize("src", [SRC, CORE_SRC], ids=["bcc", "core"])
-def test_slots_and_record_match_the_declaration(src):
-    """Both C files: stats slots, histogram slots and the ring record as the declaration says
+def test_slots_and_record_match_the_declaration():
+    """The C file: stats slots, histogram slots and the ring record as the declaration says
     (the CO-RE object's struct layout is also checked from its BTF: test_core_objects.py)."""
+    src = SRC
     slots = re.findall(r"#define STAT_(\w+) (\d+)", src)
     assert [int(i) for _, i in slots] == list(range(len(slots)))
     assert [n.lower() for n, _ in slots] == list(STATS)
@@ -27,30 +27,16 @@ def test_core_source_matches_the_declaration():
     for g in spec.attach:
         for c in g.candidates:
             cat, ev = c.target.split(":")
-            assert re.search(r'^SEC\("tracepoint/%s/%s"\)\nint %s\(' % (cat, ev, c.fn_name), CORE_SRC, re.M), c
-    for k in spec.knobs:
-        assert re.search(r"^const volatile u(32|64) %s = " % k.name.lower(), CORE_SRC, re.M), k.name
-    assert "{" + "{" not in CORE_SRC and "%s" not in CORE_SRC and "#if" not in CORE_SRC  # globals, no -D
-
-
-def test_bcc_source_matches_the_declaration():
-    spec = PROBES["block"]
-    # every attach candidate's function exists, and the bytes candidates are the MOE_BYTES_TP choices
-    for g in spec.attach:
-        for c in g.candidates:
-            assert re.search(r"^int %s\(struct tracepoint__%s \*args\)" % (c.fn_name, c.target.replace(":", "__")),
-                             SRC, re.M), c
+            assert re.search(r'^SEC\("tracepoint/%s/%s"\)\nint %s\(' % (cat, ev, c.fn_name), SRC, re.M), c
             assert c.fn_name == "tp_" + c.target.split(":", 1)[1]  # blockattr derives fn names so
     assert {c.target for c in spec.group("bytes").candidates} == set(BYTES_TP)
-    # every knob (declared or set by blockattr) has a default: compilable as is
-    knobs = {k.name for k in spec.knobs} | {f[2:].split("=")[0] for f in block_cflags(0, 2)}
-    for k in knobs:
-        assert f"#ifndef {k}\n#define {k} " in SRC, k
-    assert "{" + "{" not in SRC and "%s" not in SRC  # -D only, no templates
+    for k in spec.knobs:
+        assert re.search(r"^const volatile u(32|64) %s = " % k.name.lower(), SRC, re.M), k.name
+    assert "{" + "{" not in SRC and "%s" not in SRC and "#if" not in SRC  # globals, no -D
 
 
-def test_cflags_are_checked():
-    assert block_cflags(254 << 20, 1, 64) == ["-DMOE_DEV=266338304", "-DMOE_BYTES_TP=1", "-DMOE_RINGBUF_PAGES=64",
-                                              "-DMOE_STREAM_BIOS=1", "-DMOE_MAX_INFLIGHT=65536"]
+def test_knobs_are_checked():
+    assert block_knobs(254 << 20, 1, 64) == {"MOE_DEV": 266338304, "MOE_BYTES_TP": 1, "MOE_RINGBUF_PAGES": 64,
+                                             "MOE_STREAM_BIOS": 1, "MOE_MAX_INFLIGHT": 65536}
     with pytest.raises(ValueError):
-        block_cflags(0, 1, ring_pages=100)
+        block_knobs(0, 1, ring_pages=100)

@@ -12,9 +12,9 @@ def test_every_default_probe_has_a_recorder():
 
 
 def test_every_bpf_probe_has_its_c_file():
-    """probes/<name>.bpf.c (CO-RE, compiled once) or, while issue 18 ports them, bcc's <name>.c."""
+    """probes/<name>.bpf.c (CO-RE, compiled once)."""
     from moetrace.kernel.bpf import core_source
 
     for name, spec in PROBES.items():
         uses_bpf = any(c.kind != "debugfs" for g in spec.attach for c in g.candidates)
-        assert not uses_bpf or core_source(name).exists() or spec.source_path.exists(), name
+        assert not uses_bpf or core_source(name).exists(), name

@@ -24,7 +24,7 @@ def test_json_shape_fake_tree(tmp_path):
         plan = rep["plans"][name]
         assert plan["status"] == rows[f"probe:{name}"]["status"]
         assert [e["group"] for e in plan["entries"]] == [g.name for g in spec.attach]
-    assert rows["headers"]["status"] == "degraded" and "mismatched" in rows["headers"]["detail"]
+    assert "headers" not in rows and rows["btf"]["status"] == "yes"
     assert rows["kprobes"]["status"] == "no"
     assert rows["mglru"]["status"] == "no"
     assert rows["cgroup_v1_memory"]["status"] == "yes" and rows["cgroup_v2_memory"]["status"] == "no"
@@ -35,10 +35,11 @@ def test_json_shape_fake_tree(tmp_path):
 
 
 def test_fixes_named(tmp_path):
-    rep = _run("--json", "--root", str(make_tree(tmp_path, tracefs=None, headers=None)))
+    rep = _run("--json", "--root", str(make_tree(tmp_path, tracefs=None, btf=False)))
     rows = _rows(rep)
     assert rows["tracefs"]["status"] == "no" and F.TRACEFS_MOUNT_CMD in rows["tracefs"]["fix"]
-    assert rows["headers"]["status"] == "no" and "apt-get install" in rows["headers"]["fix"]
+    assert rows["btf"]["status"] == "no" and "CONFIG_DEBUG_INFO_BTF=y" in rows["btf"]["fix"]
+    assert "no kernel BTF" in rows["probe:reads"]["detail"]
     assert rows["debugfs"]["fix"].startswith(F.DEBUGFS_MOUNT_CMD)
     assert rows["probe:pagecache"]["status"] == "no"
 
@@ -55,7 +56,7 @@ def test_text_output(tmp_path):
     res = CliRunner().invoke(doctor, ["--root", str(make_tree(tmp_path))])
     assert res.exit_code == 0
     assert "kernel 6.18.44-fc-v973" in res.output
-    assert re.search(r"degraded\s+headers\s+mismatched", res.output)
+    assert re.search(r"yes\s+btf\s+/sys/kernel/btf/vmlinux", res.output)
     assert re.search(r"yes\s+pagecache\.add\s+tracepoint filemap:mm_filemap_add_to_page_cache", res.output)
     res = CliRunner().invoke(doctor, ["--help"])
     assert res.exit_code == 0 and "Examples" in res.output

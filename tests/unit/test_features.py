@@ -322,27 +322,12 @@ def test_kallsyms_and_kprobes(tmp_path):
     assert "present as inc_max_seq.constprop.0" in Features(r).symbol_reason("inc_max_seq")
 
 
-@pytest.mark.parametrize("uts,expect", [("6.1.0-47-amd64", "mismatched"), ("6.18.44-fc-v973", "exact"),
-                                        (None, "none")])
-def test_headers_state(tmp_path, uts, expect):
-    r = make_tree(tmp_path, headers=uts)
-    state, detail = F.headers_state(r)
-    assert state == expect
-    if expect == "mismatched":
-        assert "6.1.0-47-amd64" in detail and "6.18.44-fc-v973" in detail
-        assert "tracepoint and syscall arguments" in detail
-    if expect == "none":
-        assert "apt-get install linux-headers-6.18.44-fc-v973" in detail
-        assert "/lib/modules/6.18.44-fc-v973/build" in detail
-
-
-def test_headers_kheaders_and_missing_utsrelease(tmp_path):
-    r = make_tree(tmp_path / "a", headers=None)
-    _w(r / "sys/kernel/kheaders.tar.xz", "")
-    assert F.headers_state(r)[0] == "exact"
-    r = make_tree(tmp_path / "b", headers=None)
-    (r / "lib/modules/6.18.44-fc-v973/build").mkdir(parents=True)
-    assert F.headers_state(r)[0] == "mismatched"
+def test_headers_do_not_matter(tmp_path):
+    """The compiled probes relocate against BTF: no kernel headers, matching or not, change a plan."""
+    plans = [{n: p.to_dict() for n, p in resolve_all(Features(make_tree(tmp_path / str(h), headers=h))).items()}
+             for h in ("6.1.0-47-amd64", "6.18.44-fc-v973", None)]
+    assert plans[0] == plans[1] == plans[2]
+    assert not hasattr(Features(make_tree(tmp_path / "x")), "headers")
 
 
 @pytest.mark.parametrize("capeff,uid,expect", [
@@ -387,28 +372,26 @@ def test_btf_mglru_cgroup_psi(tmp_path):
 def test_registry_is_well_formed():
     assert set(PROBES) == {"pagecache", "lru", "reclaim", "mlock", "block", "reads", "stacks", "mglru"}
     for name, spec in PROBES.items():
-        assert spec.source_path.name == f"{name}.c" and spec.source_path.parent.name == "probes"
+        assert spec.source_path.name == f"{name}.bpf.c" and spec.source_path.parent.name == "probes"
         groups = [g.name for g in spec.attach]
         assert len(groups) == len(set(groups)), name
         cols = [c.name for c in spec.schema]
         assert len(cols) == len(set(cols)), name
-        assert spec.needs in ("tracepoint-args", "exact-headers")
         for g in spec.attach:
             assert g.candidates, (name, g.name)
             for c in g.candidates:
                 assert c.fn_name or c.kind == "debugfs"
-        flags = spec.cflags()
-        assert all(f.startswith("-D") and "=" in f for f in flags)
+        assert all(isinstance(v, int) for v in spec.knob_values().values()), name
     targets = {c.target for g in PROBES["mglru"].attach for c in g.candidates}
     assert {"try_to_inc_max_seq", "inc_max_seq", "inc_max_seq.constprop.0", "lru_gen"} <= targets
 
 
-def test_cflags_knobs():
+def test_knob_values():
     spec = PROBES["pagecache"]
-    assert "-DSTREAM_EVENTS=1" in spec.cflags(STREAM_EVENTS=1)
+    assert spec.knob_values(STREAM_EVENTS=1)["STREAM_EVENTS"] == 1
     assert spec.knob_values(PPE=256)["PPE"] == 256 and spec.knob_values()["RING_PAGES"] == 256
     with pytest.raises(ValueError, match="unknown knob"):
-        spec.cflags(NOPE=1)
+        spec.knob_values(NOPE=1)
     with pytest.raises(ValueError):
         AttachCandidate("uprobe", "x", "f")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
@@ -416,7 +399,7 @@ def test_cflags_knobs():
 
 
 def test_resolve_this_machine_shape(tmp_path):
-    """6.18 here: tracepoints yes, kprobes no, MGLRU no, headers mismatched."""
+    """6.18 here: tracepoints yes, kprobes no, MGLRU no."""
     feats = Features(make_tree(tmp_path))
     plans = resolve_all(feats)
     pc = plans["pagecache"]
@@ -441,7 +424,7 @@ def test_resolve_this_machine_shape(tmp_path):
     for g in ("evict_folios", "inc_max_seq", "workingset_refault"):
         assert "kprobes" in mg.entry(g).reason
     d = mg.to_dict()
-    assert d["status"] == "no" and d["entries"][0]["group"] == "lru_gen" and d["headers"] == "mismatched"
+    assert d["status"] == "no" and d["entries"][0]["group"] == "lru_gen" and "headers" not in d
 
 
 def test_resolve_61_lab_kernel(tmp_path):
@@ -482,34 +465,28 @@ def test_resolve_612_clone_and_missing_symbol(tmp_path):
     assert ml.entry("kp_mlock_new").candidate.target == "mlock_new_folio"
 
 
-def test_resolve_mismatched_headers_blocks_struct_readers(tmp_path):
+def test_resolve_struct_readers_need_btf_not_headers(tmp_path):
     feats = Features(make_tree(tmp_path, kprobes=True, mglru="0x0007", debugfs=True))
-    mg = resolve(PROBES["mglru"], feats)  # CO-RE probes read structs through BTF: headers do not matter
+    mg = resolve(PROBES["mglru"], feats)  # the probes read structs through BTF relocations
     assert mg.entry("evict_folios").attached and mg.entry("folio_inc_gen").attached
     ml = resolve(PROBES["mlock"], feats)
-    assert ml.loader == "core" and ml.entry("kp_mlock_folio").candidate.describe() == "fentry mlock_folio"
-    spec = ProbeSpec("structy", (AttachGroup("add", (AttachCandidate("tracepoint",
-                     "filemap:mm_filemap_add_to_page_cache", "f"),)),), needs="exact-headers")
-    p = resolve(spec, feats)
-    assert p.status == "no" and "headers mismatched" in p.reason
+    assert ml.entry("kp_mlock_folio").candidate.describe() == "fentry mlock_folio"
 
 
-def test_resolve_no_headers_blocks_bcc_not_core_nor_sampler(tmp_path):
-    """No headers: a probe bcc compiles is blocked; a CO-RE probe (compiled once, relocated by BTF)
-    is not, but it is without BTF; the debugfs sampler needs neither."""
+def test_resolve_no_btf_blocks_every_bpf_probe_not_the_sampler(tmp_path):
+    """Without BTF the compiled probes cannot be relocated (and there is no other loader); the
+    debugfs sampler needs no BPF."""
     feats = Features(make_tree(tmp_path, headers=None, mglru="0x0007", debugfs=True))
     pc = resolve(PROBES["pagecache"], feats)
-    assert pc.loader == "core" and pc.status == "yes" and pc.to_dict()["loader"] == "core"
-    nobtf = Features(make_tree(tmp_path / "nobtf", headers=None, btf=False))
-    pc = resolve(PROBES["pagecache"], nobtf)
-    assert pc.status == "no" and pc.reason.startswith("no kernel BTF") and "CONFIG_DEBUG_INFO_BTF" in pc.reason
-    bcc = [n for n in PROBES if resolve(PROBES[n], feats).loader == "bcc" and n != "mglru"]
-    for n in bcc:  # (while probes are ported to CO-RE, issue 18, the rest still compile with bcc)
-        p = resolve(PROBES[n], feats)
-        assert p.status == "no" and "no kernel headers" in p.reason and "apt-get install" in p.reason, n
-    mg = resolve(PROBES["mglru"], feats)
-    assert mg.entry("lru_gen").attached  # the debugfs sampler needs no bcc
-    assert mg.status == "degraded"
+    assert pc.status == "yes"
+    nobtf = Features(make_tree(tmp_path / "nobtf", btf=False, mglru="0x0007", debugfs=True))
+    for n in PROBES:
+        p = resolve(PROBES[n], nobtf)
+        if n == "mglru":
+            assert p.entry("lru_gen").attached and p.status == "degraded"
+            assert "no kernel BTF" in p.entry("evict_folios").reason
+        else:
+            assert p.status == "no" and p.reason.startswith("no kernel BTF") and "CONFIG_DEBUG_INFO_BTF" in p.reason, n
 
 
 def test_resolve_tracefs_unmounted_and_bpf_unusable(tmp_path):

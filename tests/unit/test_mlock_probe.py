@@ -1,4 +1,4 @@
-"""The mlock probe (probes/mlock.c + moetrace.record.probes.mlock) (unit tier)."""
+"""The mlock probe (probes/mlock.bpf.c + moetrace.record.probes.mlock) (unit tier)."""
 
 from __future__ import annotations
 
@@ -129,4 +129,4 @@ def test_mlock_is_a_default_enrichment_probe_with_units_in_names():
     assert req == {"mlock_enter", "mlock_exit", "munlock_enter", "munlock_exit"}
     for g in SPEC.attach:
         if g.name.startswith("kp_"):
-            assert g.knob and all(c.needs == "exact-headers" for c in g.candidates)
+            assert g.knob and [c.kind for c in g.candidates][:2] == ["fentry", "kprobe"]

@@ -1,4 +1,4 @@
-"""The reads probe (probes/reads.c + moetrace.record.probes.reads) (unit tier)."""
+"""The reads probe (probes/reads.bpf.c + moetrace.record.probes.reads) (unit tier)."""
 
 from __future__ import annotations
 
@@ -160,19 +160,23 @@ def test_recorder_is_registered():
     assert recorder_class("reads") is ReadsRecorder and ReadsRecorder.needs_poll
 
 
-def test_core_source_has_the_same_indices():
-    """probes/reads.bpf.c: the STAT_*, SC_*, CLASS_* and HIST_SLOTS of its bcc twin (the
-    declaration's order)."""
+def test_c_source_has_the_declarations_indices():
+    """probes/reads.bpf.c: STAT_*, SC_*, CLASS_* and HIST_SLOTS in the declaration's order."""
     import re
 
     from moetrace.kernel import bpf
+    from moetrace.record.probes.reads import CLASSES, HIST_SLOTS
 
-    def defines(src: str) -> list[tuple[str, str]]:
-        return re.findall(r"^#define ((?:STAT|SC|CLASS)_\w+|N_STATS|N_CLASSES|HIST_SLOTS) (\d+)", src, re.M)
+    src = bpf.core_source("reads").read_text()
 
-    core, twin = bpf.core_source("reads").read_text(), bpf.probe_source("reads").read_text()
-    assert defines(core) == defines(twin) and len(defines(core)) > len(SPEC.stats)
-    assert [n.lower() for n, _i in defines(core) if n.startswith("SC_")] == [f"sc_{s}" for s in SYSCALLS]
+    def defines(prefix: str) -> list[tuple[str, int]]:
+        return [(n, int(i)) for n, i in re.findall(r"^#define %s(\w+) (\d+)" % prefix, src, re.M)]
+
+    for prefix, names in (("STAT_", SPEC.stats), ("SC_", SYSCALLS), ("CLASS_", CLASSES)):
+        d = defines(prefix)
+        assert [n.lower() for n, _i in d] == list(names) and [i for _n, i in d] == list(range(len(names))), prefix
+    assert int(re.search(r"^#define HIST_SLOTS (\d+)", src, re.M).group(1)) == HIST_SLOTS
+    assert int(re.search(r"^#define N_CLASSES (\d+)", src, re.M).group(1)) == len(CLASSES)
 
 
 def test_fd_frames_from_map_records():

@@ -1,35 +1,37 @@
-"""The reclaim probe (probes/reclaim.bpf.c, probes/reclaim.c + toolkit/record/probes/reclaim.py) (unit tier)."""
+"""The reclaim probe (probes/reclaim.bpf.c + toolkit/record/probes/reclaim.py) (unit tier)."""
 
 from __future__ import annotations
 
 from common.reclaim_probe import *  # noqa: F401,F403
 
 
-@pytest.mark.parametrize("src", [SRC, CORE_SRC], ids=["bcc", "core"])
-def test_slots_match_the_declaration(src):
-    """Both C files: kinds, per-kind fields, stats slots, timeline fields and histogram slots in
+def test_slots_match_the_declaration():
+    """The C file: kinds, per-kind fields, stats slots, timeline fields and histogram slots in
     the declaration's order."""
     for prefix, names, count in (("KIND_", KINDS, "N_KINDS"), ("F_", FIELDS, "N_FIELDS"),
                                  ("STAT_", STATS, "N_STATS"), ("T_", TIMELINE_FIELDS, "N_TL")):
-        d = _defines(prefix, src)
+        d = _defines(prefix, SRC)
         assert [i for _, i in d] == list(range(len(d))), prefix
         assert [n.lower() for n, _ in d] == list(names), prefix
-        assert int(re.search(r"#define %s (\d+)" % count, src).group(1)) == len(names)
-    assert int(re.search(r"#define HIST_SLOTS (\d+)", src).group(1)) == reclaimrec.HIST_SLOTS
+        assert int(re.search(r"#define %s (\d+)" % count, SRC).group(1)) == len(names)
+    assert int(re.search(r"#define HIST_SLOTS (\d+)", SRC).group(1)) == reclaimrec.HIST_SLOTS
 
 
 def test_core_source_matches_the_declaration():
     """probes/reclaim.bpf.c: one program per group, in the section of its tracepoint, and a
     read-only global per knob (the plan, not the preprocessor, leaves groups out)."""
     spec = PROBES["reclaim"]
+    assert {g.name for g in spec.attach} == set(GROUPS)
     for g in spec.attach:
-        fn, _knob = GROUPS[g.name]
+        fn, knob = GROUPS[g.name]
+        assert knob is None or (not g.required and g.knob == knob), g.name  # only optional groups go
         for c in g.candidates:
+            assert c.fn_name == fn, (g.name, c.fn_name)
             cat, ev = c.target.split(":")
-            assert re.search(r'^SEC\("tracepoint/%s/%s"\)\nint %s\(' % (cat, ev, fn), CORE_SRC, re.M), c
+            assert re.search(r'^SEC\("tracepoint/%s/%s"\)\nint %s\(' % (cat, ev, fn), SRC, re.M), c
     for k in spec.knobs:
-        assert re.search(r"^const volatile u(32|64) %s = " % k.name.lower(), CORE_SRC, re.M), k.name
-    assert "{" + "{" not in CORE_SRC and "%s" not in CORE_SRC and "#if" not in CORE_SRC  # globals, no -D
+        assert re.search(r"^const volatile u(32|64) %s = " % k.name.lower(), SRC, re.M), k.name
+    assert "{" + "{" not in SRC and "%s" not in SRC and "#if" not in SRC  # globals, no -D
 
 
 def test_map_sizes_follow_the_knobs():
@@ -41,36 +43,14 @@ def test_map_sizes_follow_the_knobs():
     assert sizes["totals"] == len(KINDS) * len(FIELDS) and sizes["active"] == sizes["task_ctx"] == k["MOE_MAX_TASKS"]
 
 
-def test_bcc_source_matches_the_declaration():
-    spec = PROBES["reclaim"]
-    assert {g.name for g in spec.attach} == set(GROUPS)
-    for g in spec.attach:
-        fn, knob = GROUPS[g.name]
-        assert knob is None or not g.required, g.name  # only optional groups are compiled out
-        for c in g.candidates:
-            assert c.fn_name == fn, (g.name, c.fn_name)
-            assert re.search(r"^int %s\(struct tracepoint__%s \*args\)" % (fn, c.target.replace(":", "__")),
-                             SRC, re.M), c
-    # every function behind a knob sits inside that knob's #if
-    for fn, knob in GROUPS.values():
-        if knob is not None:
-            block = re.search(r"#if %s\n(.*?)#endif" % knob, SRC, re.S).group(1)
-            assert f"int {fn}(" in block, fn
-    # every knob (declared or set by reclaimrec) has a default: compilable as is
-    knobs = {k.name for k in spec.knobs} | {f[2:].split("=")[0] for f in reclaim_cflags()}
-    for k in knobs:
-        assert f"#ifndef {k}\n#define {k} " in SRC, k
-    assert "{" + "{" not in SRC and "%s" not in SRC  # -D only, no templates
-
-
-def test_cflags_are_checked():
-    assert reclaim_cflags({"MOE_HAVE_KSWAPD": 0}, bucket_ns=10**8, t0_ns=5) == [
-        "-DMOE_HAVE_DIRECT=1", "-DMOE_HAVE_KSWAPD=0", "-DMOE_HAVE_SHRINK_ACTIVE=1", "-DMOE_HAVE_ISOLATE=1",
-        "-DMOE_CTX_WRITE=1", "-DMOE_MAX_TASKS=16384", "-DMOE_BUCKET_NS=100000000", "-DMOE_MAX_BUCKETS=4096", "-DMOE_T0_NS=5"]
+def test_knobs_are_checked():
+    assert reclaim_knobs({"MOE_HAVE_KSWAPD": 0}, bucket_ns=10**8, t0_ns=5) == {
+        "MOE_HAVE_DIRECT": 1, "MOE_HAVE_KSWAPD": 0, "MOE_HAVE_SHRINK_ACTIVE": 1, "MOE_HAVE_ISOLATE": 1,
+        "MOE_CTX_WRITE": 1, "MOE_MAX_TASKS": 16384, "MOE_BUCKET_NS": 100000000, "MOE_MAX_BUCKETS": 4096, "MOE_T0_NS": 5}
     with pytest.raises(ValueError):
-        reclaim_cflags({"MOE_HAVE_NOPE": 1})
+        reclaim_knobs({"MOE_HAVE_NOPE": 1})
     with pytest.raises(ValueError):
-        reclaim_cflags(bucket_ns=-1)
+        reclaim_knobs(bucket_ns=-1)
     with pytest.raises(ValueError):
         ReclaimRecorder(max_buckets=0)
 
@@ -90,7 +70,7 @@ def test_unavailable_optional_groups_are_compiled_out(monkeypatch):
                     entries.append(probespec.PlanEntry(g.name, g.required, "unavailable", None, "no format file"))
                 else:
                     entries.append(probespec.PlanEntry(g.name, g.required, "attached", g.candidates[0]))
-            return probespec.AttachPlan(s.name, entries, s.needs, "mismatched")
+            return probespec.AttachPlan(s.name, entries)
         return _r
 
     monkeypatch.setattr(probespec, "resolve", fake_resolve({"kswapd_sleep", "isolate"}))

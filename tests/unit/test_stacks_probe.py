@@ -1,4 +1,4 @@
-"""The stacks probe (probes/stacks.c + toolkit/record/probes/stacks.py + toolkit/kernel/symbolize.py) (unit tier)."""
+"""The stacks probe (probes/stacks.bpf.c + toolkit/record/probes/stacks.py + toolkit/kernel/symbolize.py) (unit tier)."""
 
 from __future__ import annotations
 
@@ -187,19 +187,19 @@ def test_find_kernel_addresses_finds_plants_with_file_and_offset(tmp_path):
 
 
 def test_core_source_and_perf_attr():
-    """probes/stacks.bpf.c: the STAT_* and TASK_* of its bcc twin; struct stack_key is 28 bytes
-    (the recorder's dtype); map sizes from the knobs; perf_event_attr is the 112-byte VER5
-    layout and the kernel's id lists parse (moetrace.kernel.perf)."""
+    """probes/stacks.bpf.c: STAT_* in the declaration's order and TASK_* as the recorder's; struct
+    stack_key is 28 bytes (the recorder's dtype); map sizes from the knobs; perf_event_attr is the
+    112-byte VER5 layout and the kernel's id lists parse (moetrace.kernel.perf)."""
     import re
 
     from moetrace.kernel import bpf
     from moetrace.kernel.perf import PerfEventAttr, id_list, online_cpus
 
-    def defines(src: str) -> list[tuple[str, str]]:
-        return re.findall(r"^#define ((?:STAT|TASK)_\w+|N_STATS) (\d+)", src, re.M)
-
-    core, twin = bpf.core_source("stacks").read_text(), bpf.probe_source("stacks").read_text()
-    assert defines(core) == defines(twin) and len(defines(core)) == len(SPEC.stats) + 3
+    src = bpf.core_source("stacks").read_text()
+    stats = re.findall(r"^#define STAT_(\w+) (\d+)", src, re.M)
+    assert [n.lower() for n, _i in stats] == list(SPEC.stats) and [int(i) for _n, i in stats] == list(range(len(SPEC.stats)))
+    tasks = dict(re.findall(r"^#define TASK_(\w+) (\d+)", src, re.M))
+    assert tasks == {"FOLLOWED": str(stacksrec.TASK_FOLLOWED), "KSWAPD": str(stacksrec.TASK_KSWAPD)}
     assert stacksrec.STACK_KEY_DTYPE.itemsize == 28
     k = {x.name: int(x.default) for x in SPEC.knobs}
     assert SPEC.map_sizes(k) == {"tgids": 4096, "counts": 16384, "stack_traces": 16384, "stats": len(SPEC.stats)}

@@ -238,11 +238,9 @@ OWN_EVICTORS = {"cgroup": ("memcg",), "balloon": ("kswapd", "direct")}
 
 def watch_unavailable() -> str | None:
     """Why the pool's evictions cannot be watched here (None: they can)."""
-    import importlib.util
+    from moetrace.kernel.bpf import stale_object
 
-    if importlib.util.find_spec("bcc") is None:
-        return "bcc is not importable (python3-bpfcc): the pagecache probe cannot run"
-    return None
+    return stale_object("pagecache")
 
 
 def drop_caches(root: str = "/") -> None:

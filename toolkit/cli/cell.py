@@ -58,7 +58,7 @@ def cell_options(f):
         click.option("--watch/--no-watch", "watch", default=True, show_default=True,
                      help="Watch the pool's pages for evictions by anyone but the cell's own mechanism "
                           "(DAMON, fadvise, drop_caches, truncation, proactive or global reclaim) with the "
-                          "pagecache probe (<cell dir>/watch; --record does it too). Root and bcc."),
+                          "pagecache probe (<cell dir>/watch; --record does it too). Root."),
         click.option("--outside-evictions", type=click.Choice(["flag", "reject"]), default="flag",
                      show_default=True,
                      help="A measured window with outside evictions: flag it in cell.json (flags, "
@@ -122,7 +122,7 @@ def cell(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passes
     """
     from moetrace.kernel.features import private_mounts
 
-    private_mounts()  # debugfs/tracefs mounted for bcc go with this process, even when SIGKILLed
+    private_mounts()  # debugfs/tracefs mounted for the probes go with this process, even when SIGKILLed
     from moetrace.capacity.cell import interrupt_handlers, run_cell
     from moetrace.progress import bar, progress_enabled
 

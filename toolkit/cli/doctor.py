@@ -52,15 +52,15 @@ def capability_rows(feats) -> list[Row]:
         rows.append(_row("capability", "debugfs", "no", "not mounted (lru_gen sampler needs it)",
                          F.DEBUGFS_MOUNT_CMD + "   (or: moetrace doctor --mount)"))
 
-    hs = {"exact": "yes", "mismatched": "degraded", "none": "no"}[feats.headers]
-    rows.append(_row("capability", "headers", hs, f"{feats.headers}: {feats.headers_detail}",
-                     F.headers_fix(feats.root) if feats.headers == "none" else None))
-
     kr = feats.kprobes_reason()
     rows.append(_row("capability", "kprobes", "yes" if kr is None else "no", kr or "kprobes can be created",
                      checked=kr is None or not kr.startswith("could not check")))
     rows.append(_row("capability", "btf", "yes" if feats.btf else "no",
-                     "/sys/kernel/btf/vmlinux" if feats.btf else "no /sys/kernel/btf/vmlinux (CONFIG_DEBUG_INFO_BTF off)"))
+                     "/sys/kernel/btf/vmlinux: the compiled probes relocate against it" if feats.btf else
+                     "no /sys/kernel/btf/vmlinux (CONFIG_DEBUG_INFO_BTF off): the compiled probes cannot be "
+                     "relocated, and moetrace has no loader that compiles at run time",
+                     None if feats.btf else "boot a kernel built with CONFIG_DEBUG_INFO_BTF=y (every Debian "
+                     "kernel since 5.x; `moetrace lab kernels` lists some)"))
     pe = F.perf_events_available(feats.root)
     rows.append(_row("capability", "perf_events", "yes" if pe else "no",
                      "software PMU (cpu-clock)" if pe else "no perf events"))
@@ -94,10 +94,9 @@ def probe_rows(plans) -> list[Row]:
     """A summary row per probe, then one row per attach group."""
     rows: list[Row] = []
     for name, plan in plans.items():
-        how = ("loaded from its compiled CO-RE object (libbpf)" if plan.loader == "core"
-               else "compiled by bcc at load")
         rows.append(_row("probe", name, plan.status,
-                         (plan.reason or f"all {len(plan.entries)} attach points") + f"; {how}",
+                         (plan.reason or f"all {len(plan.entries)} attach points")
+                         + "; loaded from its compiled CO-RE object (libbpf)",
                          checked=all(e.checked for e in plan.entries)))
         for e in plan.entries:
             if e.attached:

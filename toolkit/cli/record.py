@@ -75,7 +75,7 @@ def record(ctx, probes, knob_items, out, pool_dir, missing_probes, stream_events
     """
     from moetrace.kernel.features import private_mounts
 
-    private_mounts()  # debugfs/tracefs mounted for bcc go with this process, even when SIGKILLed
+    private_mounts()  # debugfs/tracefs mounted for the probes go with this process, even when SIGKILLed
     from moetrace.record.recorder import RecordOptions, record as do_record
 
     cmd = list(command)

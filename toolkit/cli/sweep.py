@@ -44,7 +44,7 @@ def sweep(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passe
     """
     from moetrace.kernel.features import private_mounts
 
-    private_mounts()  # debugfs/tracefs mounted for bcc go with this process, even when SIGKILLed
+    private_mounts()  # debugfs/tracefs mounted for the probes go with this process, even when SIGKILLed
     from moetrace.capacity.cell import check_privileges, interrupt_handlers
     from moetrace.capacity.sweep import parse_capacities, run_sweep
     from moetrace.progress import bar, progress_enabled

@@ -1,16 +1,11 @@
-"""Loading bcc probes: privilege and kernel-header checks, -D knobs, attach, detach,
-and one bounded ring/perf-buffer wrapper with per-interval lost counts.
+"""Loading the probes: privilege and tracefs checks, the CO-RE objects (compiled once by
+scripts/build-probes.sh, loaded and attached by libbpf: :func:`load_core`), map and program
+readers, one bounded ring-buffer consumer with per-interval lost counts, and the detach that
+does not make the recorder wait for the kernel (:class:`Releaser`).
 
-Probe C sources live in ``probes/`` and are configured only with ``-D`` cflags
-(:func:`knob_cflags`), never by string substitution, so every probe file stays
-compilable as it is. bcc attaches each ``TRACEPOINT_PROBE`` when the program
-loads; which tracepoints a probe uses is therefore decided before compiling,
-by knobs the recorder derives from the attach plan (a probe whose optional
-tracepoint is absent is compiled with that knob off).
-
-bcc itself is imported lazily (only ``record`` and the probe-build tests need it):
-Debian's python3-bpfcc is importable from /usr/bin/python3 and venvs made with
-``--system-site-packages``.
+Knobs are the objects' read-only globals, set before load; which programs load and attach is
+decided by the attach plan (moetrace.record.spec.resolve), never by the kernel's version.
+Every kernel met so far has BTF; one without it cannot run the probes (doctor says so).
 """
 
 from __future__ import annotations
@@ -29,39 +24,6 @@ import numpy as np
 from moetrace.errors import PrivilegeError, ProbeError
 
 from moetrace.probes import PROBES_DIR  # noqa: E402
-_KNOB = re.compile(r"^[A-Z][A-Z0-9_]*$")
-#: Warnings some header versions raise under bcc's clang; harmless for tracepoint-only probes.
-QUIET_CFLAGS = ("-Wno-ignored-attributes", "-Wno-duplicate-decl-specifier", "-Wno-unused-function")
-
-
-def probe_source(name: str) -> Path:
-    """Path of probes/<name>.c (the installed package's copy when not in a checkout)."""
-    p = PROBES_DIR / f"{name}.c"
-    if p.exists():
-        return p
-    try:
-        from importlib.resources import files
-
-        q = Path(str(files("moetrace.probes") / f"{name}.c"))
-        if q.exists():
-            return q
-    except (ModuleNotFoundError, TypeError):
-        pass
-    raise ProbeError(f"no probe source {name}.c", hint=f"expected it in {PROBES_DIR}")
-
-
-def knob_cflags(knobs: dict[str, int | bool]) -> list[str]:
-    """``-DNAME=<int>`` for every knob; names are C macros, values integers only."""
-    out = []
-    for k, v in knobs.items():
-        if not _KNOB.match(k):
-            raise ProbeError(f"bad probe knob name {k!r} (C macro names: A-Z, 0-9, _)")
-        if isinstance(v, bool):
-            v = int(v)
-        if not isinstance(v, int):
-            raise ProbeError(f"probe knob {k} must be an integer, not {type(v).__name__}")
-        out.append(f"-D{k}={v}")
-    return out
 
 
 def require_privileges(privs: dict[str, bool]) -> None:
@@ -86,9 +48,9 @@ def require_privileges(privs: dict[str, bool]) -> None:
 def require_tracefs(features) -> Path:
     """The tracefs path; mounts it when absent and privileged (the note lands in
     ``features.notes``), else raises naming the mount command."""
-    from moetrace.kernel.features import TRACEFS_MOUNT_CMD, ensure_bcc_tracefs, tracefs_path
+    from moetrace.kernel.features import TRACEFS_MOUNT_CMD, ensure_tracefs, tracefs_path
 
-    note = ensure_bcc_tracefs()
+    note = ensure_tracefs()
     if note and note not in features.notes:
         features.notes.append(note)
     if note and hasattr(features, "debugfs"):  # debugfs mounted just now: lru_gen is readable from here on
@@ -102,7 +64,7 @@ def require_tracefs(features) -> Path:
         return Path(features.tracefs)
     p = tracefs_path(features.root, mount=True)
     if p is None:
-        raise PrivilegeError("tracefs is not mounted (bcc reads tracepoint formats from it)",
+        raise PrivilegeError("tracefs is not mounted (libbpf reads tracepoint ids from it)",
                              hint=f"mount it: {TRACEFS_MOUNT_CMD}")
     from moetrace.kernel.features import mount_notes
 
@@ -113,165 +75,6 @@ def require_tracefs(features) -> Path:
     if not features.notes:
         features.notes.append(f"mounted tracefs at {p}")
     return p
-
-
-def require_headers(features) -> str:
-    """"exact" or "mismatched" (tracepoint args only); raise with the fix when "none"."""
-    if features.headers == "none":
-        raise ProbeError("bcc needs kernel headers and none were found", hint=features.headers_detail)
-    return features.headers
-
-
-def import_bcc():
-    """The bcc module, or a ProbeError saying how to get it."""
-    try:
-        import bcc  # noqa: F401
-    except ImportError as e:
-        raise ProbeError(f"bcc is not importable from this Python ({e})",
-                             hint="apt-get install python3-bpfcc and use /usr/bin/python3 or a venv made "
-                                  "with `/usr/bin/python3 -m venv --system-site-packages`") from None
-    from moetrace.kernel.features import ensure_bcc_tracefs
-
-    ensure_bcc_tracefs()  # bcc 0.26 reads tracepoint formats only under /sys/kernel/debug/tracing
-    return bcc
-
-
-@dataclass
-class LoadedProbe:
-    """A compiled, loaded and attached bcc program; ``close()`` detaches everything."""
-
-    name: str
-    bpf: Any
-    cflags: list[str]
-    compile_attach_s: float
-    tracepoints: list[str] = field(default_factory=list)
-    closed: bool = False
-    #: compile + load (BPF(): clang, verifier, bcc's automatic TRACEPOINT_PROBE attaches) and the
-    #: explicit attaches of ``load_probe(attach=...)``
-    compile_s: float = 0.0
-    attach_s: float = 0.0
-
-    backend = "bcc"
-
-    def table(self, name: str):
-        return self.bpf[name.encode()]
-
-    def put(self, table: str, key: bytes, value: bytes) -> None:
-        """One map element from raw bytes (the same call on either backend)."""
-        t = self.table(table)
-        t[t.Key.from_buffer_copy(key)] = t.Leaf.from_buffer_copy(value)
-
-    def get(self, table: str, key: bytes) -> bytes | None:
-        """One map element's raw value, None when absent (the same call on either backend)."""
-        t = self.table(table)
-        try:
-            return bytes(t[t.Key.from_buffer_copy(key)])
-        except KeyError:
-            return None
-
-    def delete(self, table: str, key: bytes) -> bool:
-        """Remove one map element; False when it was not there."""
-        t = self.table(table)
-        try:
-            del t[t.Key.from_buffer_copy(key)]
-        except KeyError:
-            return False
-        return True
-
-    def items(self, table: str, key_dtype, value_dtype) -> tuple[np.ndarray, np.ndarray]:
-        """Every (key, value) of a hash map as two numpy arrays of the given record dtypes."""
-        return _pair_arrays([(bytes(k), bytes(v)) for k, v in self.table(table).items()], key_dtype, value_dtype)
-
-    def prog_fds(self) -> dict[str, int]:
-        return prog_fds_of(self.bpf)
-
-    def open_ring(self, table: str, callback) -> None:
-        self.table(table).open_ring_buffer(callback)
-
-    def open_perf(self, table: str, callback, page_cnt: int, lost_cb) -> None:
-        self.table(table).open_perf_buffer(callback, page_cnt=page_cnt, lost_cb=lost_cb)
-
-    def ring_poll(self, timeout_ms: int) -> None:
-        self.bpf.ring_buffer_poll(timeout_ms)
-
-    def ring_consume(self) -> None:
-        self.bpf.ring_buffer_consume()
-
-    def perf_poll(self, timeout_ms: int) -> None:
-        self.bpf.perf_buffer_poll(timeout_ms)
-
-    def arm(self, on: bool = True) -> bool:
-        """Start (or stop) counting: a probe compiled with MOE_GATED=1 counts only while
-        armed (probes/moetrace.h). False when the probe has no gate."""
-        return arm(self.bpf, on)
-
-    def close(self) -> None:
-        """Detach every tracepoint and free the maps (idempotent)."""
-        if not self.closed:
-            self.closed = True
-            self.bpf.cleanup()
-
-    def __enter__(self) -> "LoadedProbe":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def arm(bpf, on: bool = True) -> bool:
-    """Set the one-entry ``armed`` array of a gated probe (MOE_GATED=1); False when absent."""
-    import ctypes as ct
-
-    try:
-        t = bpf[b"armed"]
-    except KeyError:
-        return False
-    t[ct.c_int(0)] = ct.c_uint32(1 if on else 0)
-    return True
-
-
-def probe_cflags(knobs: dict[str, int | bool], extra_cflags: tuple[str, ...] = QUIET_CFLAGS,
-                 gated: bool = False) -> list[str]:
-    """The cflags of a probe compile: ``-D`` knobs, probes/ on the include path (moetrace.h),
-    MOE_GATED=1 when the recorder arms the probe after every probe attached."""
-    out = knob_cflags(knobs) + [f"-I{PROBES_DIR}"] + list(extra_cflags)
-    if gated and "MOE_GATED" not in knobs:
-        out.append("-DMOE_GATED=1")
-    return out
-
-
-def load_probe(name: str, knobs: dict[str, int | bool], extra_cflags: tuple[str, ...] = QUIET_CFLAGS,
-               src: str | os.PathLike | None = None, gated: bool = False,
-               attach: list[tuple[str, str]] | None = None) -> LoadedProbe:
-    """Compile probes/<name>.c with ``-D`` knobs, load it and attach its tracepoints.
-
-    Returns a LoadedProbe whose ``compile_attach_s`` is the wall time of the
-    whole BPF() construction (clang compile, verifier, perf_event_open/attach).
-    ``gated``: compiled with MOE_GATED=1, the probe counts nothing until :meth:`LoadedProbe.arm`.
-    ``attach``: (category:event, C function) pairs attached explicitly after the load (programs
-    that are plain functions, not bcc TRACEPOINT_PROBEs); everything is detached on failure.
-    """
-    bcc = import_bcc()
-    path = Path(src) if src is not None else probe_source(name)
-    cflags = probe_cflags(knobs, extra_cflags, gated)
-    t0 = time.perf_counter()
-    try:
-        b = bcc.BPF(src_file=str(path).encode(), cflags=cflags)
-    except Exception as e:  # bcc raises bare Exception with the compiler or verifier text
-        msg = str(e).strip().splitlines()
-        raise ProbeError(f"probe {name} failed to load: {msg[-1] if msg else type(e).__name__}",
-                             hint=f"compile by hand to see the log: python3 -c \"from bcc import BPF; "
-                                  f"BPF(src_file='{path}', cflags={cflags!r})\"") from None
-    t1 = time.perf_counter()
-    try:
-        for tp, fn in attach or ():
-            b.attach_tracepoint(tp=tp.encode(), fn_name=fn.encode())
-    except Exception as e:  # noqa: BLE001 - bcc raises bare Exception
-        b.cleanup()
-        raise ProbeError(f"cannot attach the {name} probe: {e}") from None
-    t2 = time.perf_counter()
-    tps = sorted(k.decode() if isinstance(k, bytes) else str(k) for k in b.tracepoint_fds)
-    return LoadedProbe(name, b, cflags, t2 - t0, tps, compile_s=t1 - t0, attach_s=t2 - t1)
 
 
 # ---------------------------------------------------------------------------
@@ -286,16 +89,6 @@ def object_path(name: str) -> Path:
 
 def core_source(name: str) -> Path:
     return PROBES_DIR / f"{name}.bpf.c"
-
-
-def backend_for(name: str) -> str:
-    """"core" (the CO-RE object through libbpf) where probes/<name>.bpf.c exists, else "bcc";
-    ``MOETRACE_BPF_BACKEND=bcc`` keeps the compile-per-run path (measured against in
-    tests/bench/bench_record.py while both exist)."""
-    want = os.environ.get("MOETRACE_BPF_BACKEND", "").strip().lower()
-    if want == "bcc" and (PROBES_DIR / f"{name}.c").exists():
-        return "bcc"
-    return "core" if core_source(name).exists() else "bcc"
 
 
 def stale_object(name: str) -> str | None:
@@ -326,7 +119,7 @@ def _pair_arrays(pairs: list[tuple[bytes, bytes]], key_dtype, value_dtype) -> tu
 
 @dataclass
 class CoreProbe:
-    """A CO-RE object loaded by libbpf and attached: the same calls as :class:`LoadedProbe`."""
+    """A CO-RE object loaded by libbpf and attached; ``close()`` detaches everything."""
 
     name: str
     obj: Any
@@ -339,10 +132,6 @@ class CoreProbe:
     _rings: list = field(default_factory=list)
     _readers: list = field(default_factory=list)
     backend = "core"
-
-    @property
-    def bpf(self):  # the bcc object of a LoadedProbe; a CoreProbe has none
-        return None
 
     def table(self, name: str):
         return self.obj.map(name)
@@ -379,9 +168,6 @@ class CoreProbe:
         self._readers.append(r)
         return r
 
-    def open_perf(self, table: str, callback, page_cnt: int, lost_cb) -> None:
-        raise ProbeError(f"probe {self.name}: perf buffers are not used by CO-RE probes (ring buffers are)")
-
     def ring_poll(self, timeout_ms: int) -> None:
         for i, r in enumerate(self._rings):
             r.poll(timeout_ms if i == 0 else 0)
@@ -389,9 +175,6 @@ class CoreProbe:
     def ring_consume(self) -> None:
         for r in self._rings:
             r.consume()
-
-    def perf_poll(self, timeout_ms: int) -> None:
-        pass
 
     def arm(self, on: bool = True) -> bool:
         if self.closed:
@@ -434,11 +217,11 @@ def load_core(name: str, knobs: dict[str, int | bool], attach: list[tuple[str, s
         raise ProbeError(f"probe {name}: {why}")
     if any(kind == "tracepoint" for _p, kind, _t in attach):
         # libbpf reads a tracepoint's id from tracefs (/sys/kernel/debug/tracing when it exists, else
-        # /sys/kernel/tracing): mounted here when absent, as bcc's import did (`record` has mounted
-        # them in a namespace of its own already; a fresh machine has neither at boot)
-        from moetrace.kernel.features import ensure_bcc_tracefs
+        # /sys/kernel/tracing): mounted here when absent (`record` has mounted them in a namespace
+        # of its own already; a fresh machine has neither at boot)
+        from moetrace.kernel.features import ensure_tracefs
 
-        ensure_bcc_tracefs()
+        ensure_tracefs()
     t0 = time.perf_counter()
     obj = BpfObject(object_path(name), name)
     try:
@@ -477,29 +260,6 @@ def load_core(name: str, knobs: dict[str, int | bool], attach: list[tuple[str, s
     return CoreProbe(name, obj, t2 - t0, sorted(tps), compile_s=t1 - t0, attach_s=t2 - t1, attached=done)
 
 
-def load_either(name: str, knobs: dict[str, int | bool], attach: list[tuple[str, str, str]],
-                map_sizes: dict[str, int] | None = None, gated: bool = False,
-                extra_cflags: tuple[str, ...] = QUIET_CFLAGS) -> "LoadedProbe | CoreProbe":
-    """Load probe ``name`` by the loader :func:`backend_for` picks and attach ``attach``
-    ((program, kind, target), as :func:`load_core` takes it): the CO-RE object (``map_sizes``
-    apply), or bcc's compile of probes/<name>.c whose programs are plain C functions attached
-    explicitly (tracepoints only: bcc attaches a TRACEPOINT_PROBE by itself). For probes whose
-    recorder runs outside :class:`moetrace.record.probe.ProbeRecorder` (block, reclaim)."""
-    if backend_for(name) == "core":
-        return load_core(name, knobs, attach, map_sizes, gated=gated)
-    other = [f"{kind} {target}" for _p, kind, target in attach if kind != "tracepoint"]
-    if other:
-        raise ProbeError(f"probe {name}: the bcc loader attaches tracepoints only, not {', '.join(other)}")
-    return load_probe(name, knobs, extra_cflags, gated=gated, attach=[(t, p) for p, _k, t in attach])
-
-
-def prog_fds_of(bpf) -> dict[str, int]:
-    """{program: fd} of a bcc BPF object's loaded programs."""
-    if bpf is None:
-        return {}
-    return {(n.decode() if isinstance(n, bytes) else str(n)): f.fd for n, f in bpf.funcs.items()}
-
-
 def prog_fdinfo(fd: int) -> dict[str, int]:
     """Integer fields of /proc/self/fdinfo/<fd> of a BPF program (prog_id, run_cnt,
     run_time_ns, recursion_misses, ...)."""
@@ -516,42 +276,18 @@ def prog_fdinfo(fd: int) -> dict[str, int]:
     return out
 
 
-def _fds(progs) -> dict[str, int]:
-    return dict(progs) if isinstance(progs, dict) else prog_fds_of(progs)
-
-
-def recursion_misses(progs, default: int | None = None) -> dict[str, int | None]:
+def recursion_misses(progs: dict[str, int], default: int | None = None) -> dict[str, int | None]:
     """{program: runs the kernel skipped to BPF recursion protection} of loaded programs
-    (``progs``: {program: fd}, or a bcc BPF object) from fdinfo ``recursion_misses`` (5.12+;
-    ``default`` where it is absent): the only loss of in-kernel counters."""
-    return {n: prog_fdinfo(fd).get("recursion_misses", default) for n, fd in _fds(progs).items()}
+    ({program: fd}) from fdinfo ``recursion_misses`` (5.12+; ``default`` where it is absent):
+    the only loss of in-kernel counters."""
+    return {n: prog_fdinfo(fd).get("recursion_misses", default) for n, fd in progs.items()}
 
 
-def percpu_sums(table):
-    """Per-index sums over CPUs of a per-CPU array of u64 (a bcc table or a CO-RE map), as an
-    int64 numpy array: one
-    BPF_MAP_LOOKUP_BATCH (each value is one u64 per possible CPU) instead of bcc's lookup per
-    entry and Python sum per CPU (0.75 s for the reclaim probe's 4 arrays here, ~14 s under
-    the lab's TCG)."""
-    import numpy as np
-
-    if hasattr(table, "percpu_sums"):  # a CO-RE object's map (moetrace.kernel.libbpf.Map)
-        return table.percpu_sums()
-    ncpu = getattr(table, "total_cpu", None)  # bcc's per-CPU tables: Leaf is sLeaf x total_cpu
-    if ncpu and ctypes.sizeof(getattr(table, "sLeaf", table.Leaf)) == 8:
-        per_cpu = read_array(table, np.dtype((np.uint64, (ncpu,))), value_size=8 * ncpu)
-        return per_cpu.sum(axis=1, dtype=np.uint64).astype(np.int64)
-    out = np.zeros(len(table), dtype=np.int64)
-    for k, v in table.items():
-        out[k.value] = sum(int(x) for x in v)
-    return out
-
-
-def prog_runtime(progs) -> dict[str, dict[str, int | None]]:
-    """{program: {"run_cnt", "run_time_ns"}} of loaded programs ({program: fd}, or a bcc BPF
-    object). The kernel counts them only while run-time statistics are on (:func:`enable_stats`)."""
+def prog_runtime(progs: dict[str, int]) -> dict[str, dict[str, int | None]]:
+    """{program: {"run_cnt", "run_time_ns"}} of loaded programs ({program: fd}). The kernel
+    counts them only while run-time statistics are on (:func:`enable_stats`)."""
     out: dict[str, dict[str, int | None]] = {}
-    for name, fd in _fds(progs).items():
+    for name, fd in progs.items():
         info = prog_fdinfo(fd)
         out[name] = {"run_cnt": info.get("run_cnt"), "run_time_ns": info.get("run_time_ns")}
     return out
@@ -574,16 +310,8 @@ def enable_stats() -> int:
 
 
 def entry_count(table) -> int:
-    """Entries in a hash map (a bcc table or a CO-RE map)."""
-    if hasattr(table, "keys") and hasattr(table, "key_size"):  # moetrace.kernel.libbpf.Map
-        return len(table.keys(np.dtype((np.void, table.key_size))))
-    return len(table.items())
-
-
-def array_values(table) -> list:
-    """Every value of a BPF_ARRAY in index order (one syscall per entry batch)."""
-    n = len(table)
-    return [table[ctypes.c_int(i)] for i in range(n)]
+    """Entries in a hash map (a :class:`moetrace.kernel.libbpf.Map`)."""
+    return len(table.keys(np.dtype((np.void, table.key_size))))
 
 
 # ---------------------------------------------------------------------------
@@ -602,58 +330,35 @@ class IntervalLoss:
 
 
 class EventStream:
-    """The one bounded ring/perf-buffer consumer every per-event probe uses.
+    """The one bounded ring-buffer consumer every per-event probe uses.
 
-    ``kind``: "ring" (BPF_RINGBUF_OUTPUT; the probe counts failed reserves in a
-    stats slot, read through ``kernel_lost``) or "perf" (BPF_PERF_OUTPUT; bcc's
-    lost callback counts). Records are copied as raw bytes; at most
-    ``max_records`` are kept and the rest are counted lost (user side), so
-    memory stays bounded. ``poll(timeout_ms)`` consumes what is ready and
-    closes an interval every ``interval_s``; ``intervals`` holds one
-    :class:`IntervalLoss` per interval, so lost events are recorded per interval,
-    never only logged.
+    The ring (BPF_MAP_TYPE_RINGBUF) is read in place, every ready record in one step
+    (:class:`moetrace.kernel.libbpf.MmapRing`: no Python call per record); the probe counts
+    its failed reserves in a stats slot, read through ``kernel_lost``. Records are kept as raw
+    bytes; at most ``max_records`` are kept and the rest are counted lost (user side), so
+    memory stays bounded. ``poll(timeout_ms)`` consumes what is ready and closes an interval
+    every ``interval_s``; ``intervals`` holds one :class:`IntervalLoss` per interval, so lost
+    events are recorded per interval, never only logged.
     """
 
-    def __init__(self, probe: LoadedProbe, table: str, record_size: int, kind: str = "ring",
+    def __init__(self, probe: CoreProbe, table: str, record_size: int,
                  kernel_lost: Callable[[], int] | None = None, max_records: int = 5_000_000,
-                 interval_s: float = 1.0, page_cnt: int = 64):
-        if kind not in ("ring", "perf"):
-            raise ValueError("kind must be 'ring' or 'perf'")
-        self.probe, self.kind, self.record_size = probe, kind, record_size
+                 interval_s: float = 1.0):
+        self.probe, self.record_size = probe, record_size
         self.max_records, self.interval_ns = max_records, int(interval_s * 1e9)
         self._kernel_lost = kernel_lost
         self.chunks: list[bytes] = []
         self.kept = 0
         self._n = 0
         self._lost_user = 0
-        self._perf_lost = 0
         self._kl0 = self._kernel_lost_now()
         self.intervals: list[IntervalLoss] = []
         self._t0 = time.monotonic_ns()
         self._mark = (0, 0, self._kl0)  # records, lost_user, kernel lost at interval start
-        #: a CO-RE probe's ring is read in place, every ready record at once (no call per record)
-        self._reader = probe.ring_reader(table, record_size) if kind == "ring" and hasattr(probe, "ring_reader") \
-            else None
-        if self._reader is None and kind == "ring":
-            probe.open_ring(table, self._on_record)
-        elif self._reader is None:
-            probe.open_perf(table, self._on_record, page_cnt, self._on_lost)
+        self._reader = probe.ring_reader(table, record_size)
 
     def _kernel_lost_now(self) -> int:
-        if self.kind == "perf":
-            return self._perf_lost
         return int(self._kernel_lost()) if self._kernel_lost is not None else 0
-
-    def _on_record(self, *args) -> int:
-        # ring: (ctx, data, size); perf: (cpu, data, size)
-        data, size = args[1], args[2]
-        self._n += 1
-        if self.kept >= self.max_records:
-            self._lost_user += 1
-            return 0
-        self.chunks.append(ctypes.string_at(data, min(size, self.record_size)))
-        self.kept += 1
-        return 0
 
     def _take(self, data: bytes) -> None:
         """Records read in one batch: kept up to ``max_records``, the rest counted lost (user side)."""
@@ -668,18 +373,10 @@ class EventStream:
             self.chunks.append(data)
             self.kept += n
 
-    def _on_lost(self, n: int) -> None:
-        self._perf_lost += int(n)
-
     def poll(self, timeout_ms: int = 100) -> None:
         """Consume ready records (waiting at most ``timeout_ms``); close intervals on time."""
-        if self._reader is not None:
-            self._reader.wait(timeout_ms)
-            self._take(self._reader.read())
-        elif self.kind == "ring":
-            self.probe.ring_poll(timeout_ms)
-        else:
-            self.probe.perf_poll(timeout_ms)
+        self._reader.wait(timeout_ms)
+        self._take(self._reader.read())
         now = time.monotonic_ns()
         if now - self._t0 >= self.interval_ns:
             self._close_interval(now)
@@ -693,12 +390,7 @@ class EventStream:
 
     def finish(self) -> None:
         """Drain what is left and close the last interval."""
-        if self._reader is not None:
-            self._take(self._reader.read())
-        elif self.kind == "ring":
-            self.probe.ring_consume()
-        else:
-            self.probe.perf_poll(0)
+        self._take(self._reader.read())
         self._close_interval(time.monotonic_ns())
 
     @property
@@ -765,7 +457,7 @@ def prog_id_exists(prog_id: int) -> bool:
 
 
 def read_array(table, dtype: np.dtype, value_size: int | None = None) -> np.ndarray:
-    """Every value of an array map (a bcc table or a :class:`moetrace.kernel.libbpf.Map`) as a
+    """Every value of an array map (a :class:`moetrace.kernel.libbpf.Map`) as a
     numpy structured array, by BPF_MAP_LOOKUP_BATCH (one syscall per 64 Ki entries instead of
     one per entry; per-entry lookups where the kernel lacks batch ops). ``value_size``: what the
     kernel copies per entry when it is not the map's value size (a per-CPU array: the
@@ -773,7 +465,7 @@ def read_array(table, dtype: np.dtype, value_size: int | None = None) -> np.ndar
     from moetrace.kernel.libbpf import read_array_fd
 
     if value_size is None:
-        value_size = getattr(table, "value_size", None) or ctypes.sizeof(table.Leaf)
+        value_size = table.value_size
     return read_array_fd(table.map_fd, len(table), np.dtype(dtype), value_size)
 
 
@@ -787,7 +479,7 @@ class Releaser:
     Closing a tracepoint's perf event waits for RCU grace periods under the kernel's
     event_mutex (measured here: 53 tracepoints 4.4 s closed one by one, 2.3 s from 64
     threads; ~44 ms per tracepoint at best). A releasing process holds a reference to every
-    open file of the recorder; while it does, the recorder's own detach (bcc's cleanup) only
+    open file of the recorder; while it does, the recorder's own detach (libbpf's close) only
     drops references and returns at once. :meth:`release` lets it go: it closes everything
     from several threads and exits, and its last close of each perf event is the kernel's
     release of that tracepoint, program and map.

@@ -1,5 +1,5 @@
 """Ask the running kernel what it can do: tracefs, tracepoints, kallsyms, kprobes, BTF,
-MGLRU, kernel headers, privileges, cgroup memory, PSI.
+MGLRU, privileges, cgroup memory, PSI.
 
 Never by version number (docs/style.md): every answer comes from a file the kernel
 exposes (a tracepoint format file, a kallsyms line, a sysfs knob). Every reader takes
@@ -10,7 +10,7 @@ are resolved under ``root`` too.
 * :func:`tracefs_path`, :func:`debugfs_path`   found through /proc/mounts (``mount=True`` mounts)
 * :func:`tracepoint_format`, :func:`has_tracepoint`   events/<category>/<event>/format
 * :func:`kallsyms_has`, :func:`kallsyms_count`, :func:`kprobes_available`
-* :func:`btf_available`, :func:`mglru_state`, :func:`headers_state`
+* :func:`btf_available`, :func:`mglru_state`
 * :func:`privileges`, :func:`bpf_usable`, :func:`cgroup_memory`, :func:`psi_available`
 * :class:`Features`   one cached view of all of the above, with the reason for every "no"
   (what :func:`moetrace.record.spec.resolve` consumes)
@@ -46,7 +46,6 @@ CAP_SYS_ADMIN = 21
 CAP_PERFMON = 38
 CAP_BPF = 39
 
-HeadersState = Literal["exact", "mismatched", "none"]
 
 # Notes about what this process mounted (the run manifest records them).
 _MOUNT_NOTES: list[str] = []
@@ -58,7 +57,7 @@ _CLONE_NEWNS, _MS_REC, _MS_SLAVE = 0x00020000, 0x4000, 0x80000
 
 
 def private_mounts(on: bool = True) -> None:
-    """Mount (debugfs / tracefs for bcc) in a mount namespace of this process's own, entered
+    """Mount (debugfs / tracefs for libbpf) in a mount namespace of this process's own, entered
     right before its first mount: what it mounts is then seen by no other process and goes
     away with it and its children, even when it is SIGKILLed (which no unmount can follow).
     The namespace is a slave of the host's: mounts made outside still appear inside. For
@@ -157,18 +156,19 @@ def mount_notes() -> list[str]:
     return list(_MOUNT_NOTES)
 
 
-BCC_TRACEFS = "/sys/kernel/debug/tracing"  # where bcc 0.26 reads tracepoint formats, and only there
+#: where libbpf 1.1 reads a tracepoint's id when the directory exists (else /sys/kernel/tracing),
+#: as the stock tools do (environment.md: they die with misleading messages without it)
+DEBUG_TRACEFS = "/sys/kernel/debug/tracing"
 
 
-def ensure_bcc_tracefs() -> str | None:
-    """Make tracepoint formats readable where bcc 0.26 looks (/sys/kernel/debug/tracing).
+def ensure_tracefs() -> str | None:
+    """Make tracepoint ids readable at /sys/kernel/debug/tracing.
 
-    bcc hard-codes that path (environment.md: stock tools die with misleading
-    messages without it). When absent and we are root: mount debugfs at
-    /sys/kernel/debug (tracefs automounts under it), else tracefs there. What is
-    mounted is recorded, said in a note, and removed by :func:`unmount_ours`.
-    Returns the note, or None when nothing was mounted."""
-    if _is_dir(Path(BCC_TRACEFS) / "events") or os.geteuid() != 0:
+    When absent and we are root: mount debugfs at /sys/kernel/debug (tracefs automounts
+    under it; MGLRU's lru_gen file is there too), else tracefs there. What is mounted is
+    recorded, said in a note, and removed by :func:`unmount_ours`. Returns the note, or
+    None when nothing was mounted."""
+    if _is_dir(Path(DEBUG_TRACEFS) / "events") or os.geteuid() != 0:
         return None
     note = None
     if not any(fs == "debugfs" for _s, _t, fs, _o in _mounts("/")):
@@ -177,12 +177,12 @@ def ensure_bcc_tracefs() -> str | None:
         if ok:
             _MOUNT_NOTES.append(note)
             _MOUNTED.append(DEBUGFS_MOUNT)
-    if not _is_dir(Path(BCC_TRACEFS) / "events"):
-        ok, note = _mount("tracefs", BCC_TRACEFS)
+    if not _is_dir(Path(DEBUG_TRACEFS) / "events"):
+        ok, note = _mount("tracefs", DEBUG_TRACEFS)
         log.warning(note)
         if ok:
             _MOUNT_NOTES.append(note)
-            _MOUNTED.append(BCC_TRACEFS)
+            _MOUNTED.append(DEBUG_TRACEFS)
     clear_cache()
     return note
 
@@ -511,50 +511,12 @@ def mglru_state(root: str | os.PathLike = "/") -> dict[str, Any] | None:
     }
 
 
-# -- kernel headers ---------------------------------------------------------------------------
+# -- the kernel release ----------------------------------------------------------------------
 
 def osrelease(root: str | os.PathLike = "/") -> str | None:
     """The running kernel's release (/proc/sys/kernel/osrelease)."""
     t = _read(_p(root, "proc/sys/kernel/osrelease"))
     return t.strip() if t else None
-
-
-def headers_fix(root: str | os.PathLike = "/") -> str:
-    """The command that gives bcc headers for the running kernel."""
-    rel = osrelease(root) or "$(cat /proc/sys/kernel/osrelease)"
-    return (f"apt-get install linux-headers-{rel}; where no package exists for this kernel: "
-            f"apt-get install linux-headers-6.1.0-47-amd64 && "
-            f"ln -sfn /usr/src/linux-headers-6.1.0-47-amd64 /lib/modules/{rel}/build && "
-            f"ln -sfn /usr/src/linux-headers-6.1.0-47-common /lib/modules/{rel}/source "
-            f"(tracepoint arguments only)")
-
-
-def headers_state(root: str | os.PathLike = "/") -> tuple[HeadersState, str]:
-    """Kernel headers as bcc will see them: ("exact" | "mismatched" | "none", detail).
-
-    Compares UTS_RELEASE in <build>/include/generated/utsrelease.h (build =
-    /lib/modules/<osrelease>/build) with /proc/sys/kernel/osrelease. With
-    "mismatched" only tracepoint and syscall arguments are layout-safe; with "none"
-    the detail names the fix. /sys/kernel/kheaders.tar.xz (CONFIG_IKHEADERS, which
-    bcc unpacks itself) counts as exact."""
-    rel = osrelease(root)
-    build = _p(root, f"lib/modules/{rel}/build") if rel else None
-    if build is not None and build.is_dir():
-        uts_txt = _read(build / "include/generated/utsrelease.h")
-        m = re.search(r'UTS_RELEASE\s+"([^"]*)"', uts_txt or "")
-        target = os.readlink(build) if build.is_symlink() else str(build)
-        if m is None:
-            return ("mismatched", f"headers at /lib/modules/{rel}/build -> {target} carry no "
-                    "include/generated/utsrelease.h: treated as mismatched (tracepoint and syscall "
-                    "arguments only)")
-        uts = m.group(1)
-        if uts == rel:
-            return "exact", f"headers {uts} at /lib/modules/{rel}/build match the running kernel"
-        return ("mismatched", f"headers {uts} at /lib/modules/{rel}/build -> {target}, kernel is {rel}: "
-                "only tracepoint and syscall arguments are layout-safe")
-    if _p(root, "sys/kernel/kheaders.tar.xz").exists():
-        return "exact", "in-kernel headers /sys/kernel/kheaders.tar.xz (CONFIG_IKHEADERS)"
-    return "none", f"no kernel headers at /lib/modules/{rel}/build; fix: {headers_fix(root)}"
 
 
 # -- privileges, BPF --------------------------------------------------------------------------
@@ -672,7 +634,6 @@ class Features:
         self.tracefs = tracefs_path(self.root, mount=mount)
         self.debugfs = debugfs_path(self.root, mount=mount)
         self.notes.extend(_MOUNT_NOTES[before:])
-        self.headers, self.headers_detail = headers_state(self.root)
         self.privileges = privileges(self.root)
         self.btf = btf_available(self.root)
         self.mglru = mglru_state(self.root)

@@ -1,7 +1,6 @@
 """perf_event_open(2) for the sampling probes: one software cpu-clock event per online CPU.
 
-bcc opens these itself (``BPF.attach_perf_event``); a CO-RE probe's perf-event program is
-attached by libbpf to events opened here (:func:`attach_cpu_clock`). PERF_COUNT_SW_CPU_CLOCK is
+A probe's perf-event program is attached by libbpf to events opened here (:func:`attach_cpu_clock`). PERF_COUNT_SW_CPU_CLOCK is
 an hrtimer per CPU, so it needs no hardware PMU (a VM has none); with ``freq`` set, the kernel
 turns sample_freq into a fixed period of 1e9 / freq ns (perf_swevent_init_hrtimer: hrtimers have
 a fixed rate, so there is no period feedback).

@@ -1,6 +1,6 @@
 """Symbolization of sampled stacks, in user space, and the run-directory leak check.
 
-The stacks probe (probes/stacks.c) hands user space stack ids; the instruction
+The stacks probe (probes/stacks.bpf.c) hands user space stack ids; the instruction
 pointers behind them are kernel addresses (which reveal the KASLR offset) and user
 addresses (meaningless once the process is gone). Nothing raw may reach a run
 directory, so every frame becomes a name here:

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-#: the functions moetrace's kprobes resolve by name (probes/mglru.c, probes/mlock.c)
+#: the functions moetrace's kprobes resolve by name (probes/mglru.bpf.c, probes/mlock.bpf.c)
 LAB_FUNCTIONS = ("evict_folios", "isolate_folios", "should_run_aging", "try_to_inc_max_seq", "inc_max_seq",
                  "folio_inc_gen", "lru_gen_look_around", "walk_mm", "workingset_eviction", "workingset_refault",
                  "mlock_folio", "mlock_new_page", "mlock_new_folio", "munlock_page", "munlock_folio")

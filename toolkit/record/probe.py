@@ -1,6 +1,6 @@
 """The one interface every probe of ``moetrace record`` implements.
 
-One probe = one C file in probes/ (sharing probes/moetrace.h) + one module in
+One probe = one C file in probes/ (sharing probes/moetrace.bpf.h) + one module in
 moetrace/record/probes/ holding its recorder, a :class:`ProbeRecorder` subclass named in
 :data:`RECORDERS` (its declaration, attach groups, knobs and tables, is its ProbeSpec in
 :mod:`moetrace.record.spec`). The recorder (:mod:`moetrace.record.recorder`) drives every
@@ -89,7 +89,7 @@ class ProbeRecorder:
     def __init__(self, ctx: RecordContext):
         self.ctx = ctx
         self.compiled_out: dict[str, str] = {}
-        self.probe = None  # moetrace.kernel.bpf.LoadedProbe, when BPF is used
+        self.probe = None  # moetrace.kernel.bpf.CoreProbe, when BPF is used
         self.knobs: dict[str, int] = {}
         self.compile_attach_s: float | None = None
         self.closed = False
@@ -120,12 +120,6 @@ class ProbeRecorder:
     def gated(self) -> bool:
         """Whether the probe counts only while armed (compiled with MOE_GATED=1)."""
         return bool(self.ctx.gated)
-
-    def bpf_handle(self):
-        """The bcc BPF object while attached, else None (a CO-RE probe has none)."""
-        if self.probe is None or self.probe.closed:
-            return None
-        return self.probe.bpf
 
     def arm(self, on: bool = True) -> None:
         """Start (on) or stop counting; the recorder arms every probe at once after all are
@@ -165,22 +159,14 @@ class ProbeRecorder:
                              hint="`moetrace doctor` lists what this kernel offers")
         return plan
 
-    def load_planned(self, knobs: dict[str, int], extra_cflags: tuple[str, ...] | None = None):
-        """Load the probe with ``knobs`` and attach what its plan says (groups whose knob is on):
-        the CO-RE object through libbpf where probes/<name>.bpf.c exists (no compiler), else
-        compile probes/<name>.c with bcc. Sets ``probe`` and ``compile_attach_s``; detaches
-        everything on failure."""
-        from moetrace.kernel.bpf import backend_for
+    def load_planned(self, knobs: dict[str, int]):
+        """Load the probe's CO-RE object with ``knobs`` and attach what its plan says (groups
+        whose knob is on). Sets ``probe`` and ``compile_attach_s``; detaches everything on
+        failure."""
+        from moetrace.kernel.bpf import load_core
 
         off = {g.name for g in self.spec.attach if g.knob is not None and not knobs.get(g.knob, 1)}
         self.kprobes: dict[str, str] = {}
-        if backend_for(self.name) == "core":
-            return self._load_core(knobs, off)
-        return self._load_bcc(knobs, off, extra_cflags)
-
-    def _load_core(self, knobs: dict[str, int], off: set[str]):
-        from moetrace.kernel.bpf import load_core
-
         attach = [(e.candidate.fn_name, e.candidate.kind, e.candidate.target) for e in self.ctx.plan.attached
                   if e.candidate.kind != "debugfs" and e.group not in off]
         sizes = self.spec.map_sizes(knobs) if self.spec.map_sizes is not None else None
@@ -192,35 +178,6 @@ class ProbeRecorder:
         for e in self.ctx.plan.attached:
             if e.candidate.kind in ("kprobe", "kretprobe", "fentry", "fexit") and e.group not in off:
                 self.kprobes[e.group] = e.candidate.target
-        return self.probe
-
-    def _load_bcc(self, knobs: dict[str, int], off: set[str], extra_cflags: tuple[str, ...] | None):
-        from moetrace.kernel.bpf import QUIET_CFLAGS, load_probe
-
-        try:
-            self.probe = load_probe(self.name, knobs, QUIET_CFLAGS if extra_cflags is None else extra_cflags,
-                                    gated=self.ctx.gated)
-        except ProbeError as e:
-            raise self.error(e.message) from None
-        self.compile_attach_s = self.probe.compile_attach_s
-        plan = self.ctx.plan
-        planned = sorted(e.candidate.target for e in plan.attached
-                         if e.candidate.kind == "tracepoint" and e.group not in off)
-        got = sorted(self.probe.tracepoints)
-        if got != planned:
-            self.probe.close()
-            raise self.error(f"probe {self.name} attached {got}, its attach plan says {planned}",
-                             hint=f"probes/{self.name}.c and its declaration in moetrace/record/probes/{self.name}.py disagree "
-                                  "(tests/*/test_probe_build.py checks them)")
-        try:
-            for e in plan.attached:
-                if e.candidate.kind == "kprobe" and e.group not in off:
-                    self.probe.bpf.attach_kprobe(event=e.candidate.target.encode(),
-                                                 fn_name=e.candidate.fn_name.encode())
-                    self.kprobes[e.group] = e.candidate.target
-        except Exception as ex:  # noqa: BLE001 - bcc raises bare Exception
-            self.probe.close()
-            raise self.error(f"cannot attach the {self.name} kprobes: {ex}") from None
         return self.probe
 
     def with_user_knobs(self, knobs: dict[str, int]) -> dict[str, int]:
@@ -241,12 +198,10 @@ class ProbeRecorder:
         return out
 
     def prog_fds(self) -> dict[str, int]:
-        """{program: fd} of the loaded BPF programs (either backend; {} once detached)."""
+        """{program: fd} of the loaded BPF programs ({} once detached)."""
         if self.probe is not None and not self.probe.closed:
             return self.probe.prog_fds()
-        from moetrace.kernel.bpf import prog_fds_of
-
-        return prog_fds_of(self.bpf_handle())
+        return {}
 
     def prog_ids(self) -> list[int]:
         """Ids of the loaded BPF programs (the kill tests check they are gone)."""
@@ -261,7 +216,7 @@ class ProbeRecorder:
 
 
 class EngineProbe(ProbeRecorder):
-    """A probe whose bcc program and readers live in an engine object that also runs on its own
+    """A probe whose BPF object and readers live in an engine object that also runs on its own
     (block's BlockRecorder, reclaim's ReclaimRecorder): the interface delegates to it."""
 
     def __init__(self, ctx: RecordContext):
@@ -277,9 +232,6 @@ class EngineProbe(ProbeRecorder):
     def gated(self) -> bool:
         return self.engine is not None and bool(self.engine.gated)
 
-    def bpf_handle(self):
-        return None if self.engine is None else self.engine.bpf
-
     def close(self) -> None:
         """The engine reads the kernel's data and detaches (idempotent)."""
         if self.engine is not None and self.result is None:
@@ -289,7 +241,7 @@ class EngineProbe(ProbeRecorder):
 
     def abort(self) -> None:
         try:
-            if self.engine is not None and self.engine.bpf is not None:
+            if self.engine is not None and self.engine.probe is not None:
                 stop = getattr(self.engine, "_stop", None)
                 if stop is not None:
                     stop.set()

@@ -3,10 +3,10 @@
 Order of a recording (:func:`record`):
 
 1. refuse without privileges (root, or CAP_BPF + CAP_PERFMON), find tracefs
-   (mounting it when absent, and saying so), check the kernel headers;
+   (mounting it when absent, and saying so);
 2. create the run directory (0700) and write a manifest marked incomplete;
 3. resolve each probe's attach plan by asking the kernel (tracepoint format
-   files), derive its ``-D`` knobs, compile + load + attach it (timed);
+   files), derive its knobs, load its compiled object and attach it (timed);
 4. load the pool's inode -> expert map into the probe;
 5. fork the command, which waits on a pipe until its pid is in the probe's
    tracked-tgid map, joins ``--cgroup`` when given (a memory scope: only the
@@ -70,7 +70,7 @@ RECORDED: tuple[str, ...] = tuple(available_recorders())
 DEFAULT_RECORD: tuple[str, ...] = tuple(p for p in DEFAULT_PROBES if p in RECORDED)
 #: probes whose knobs come from the pool and the kernel only (no --knob)
 DERIVED_KNOBS = ("pagecache", "block", "reclaim")
-#: struct page_event of probes/pagecache.c (from the declaration)
+#: struct page_event of probes/pagecache.bpf.c (from the declaration)
 PAGE_EVENT_DTYPE = PROBES["pagecache"].struct("page_event").dtype()
 
 
@@ -168,7 +168,7 @@ class RecordOptions:
     #: ``--knob PROBE.NAME=V``: {probe: {NAME: V}} for the further probes (probe_recorder)
     knobs: dict[str, dict[str, int]] = field(default_factory=dict)
     #: a cgroup directory (v1 or v2) the command joins after the fork, before it execs:
-    #: only the command is limited, never the recorder (bcc + clang would be charged too)
+    #: only the command is limited, never the recorder (its loads and readers would be charged too)
     cgroup: str | None = None
     #: wait until the kernel has released every probe (the releaser exited) before returning;
     #: without it record returns once the probes are disarmed, read and dropped
@@ -249,14 +249,12 @@ def _features(mount: bool = False):
 
 
 def check_can_record(features, probes: tuple[str, ...] | list[str] = ()) -> None:
-    """Refuse without privileges (naming the missing one), tracefs, or the headers a probe still
-    compiled by bcc needs (the CO-RE probes need none)."""
-    from moetrace.kernel.bpf import backend_for, require_headers, require_privileges, require_tracefs
+    """Refuse without privileges (naming the missing one) or tracefs. (A kernel without BTF is
+    each probe's attach plan's "no", with the reason.)"""
+    from moetrace.kernel.bpf import require_privileges, require_tracefs
 
     require_privileges(features.privileges)
     require_tracefs(features)
-    if any(backend_for(p) == "bcc" for p in probes if p in RECORDED):
-        require_headers(features)
 
 
 def record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) -> RecordResult:
@@ -384,8 +382,7 @@ class _Recording:
             "complete": False, "exit_status": None, "interrupted_by": None, "plan": None,
             "pool": self.pool_doc, "replay_dir": str(self.log_dir.resolve()),
             "cgroup": str(Path(opts.cgroup).resolve()) if opts.cgroup else None,
-            "kernel": {"release": feats.osrelease, "headers": feats.headers, "headers_detail": feats.headers_detail,
-                       "btf": feats.btf},
+            "kernel": {"release": feats.osrelease, "btf": feats.btf},
             "mglru": feats.mglru, "privileges": feats.privileges,
             # reclaimers that evict behind the measurement's back (read only): evictions by them are
             # in the experts table's evicted_by_damon_pages
@@ -423,17 +420,14 @@ class _Recording:
         rd.write_manifest(self.run_dir, manifest)
 
     def _open_each(self) -> None:
-        """Load and attach each probe. CO-RE objects load in threads (libbpf is thread-safe and
-        ctypes releases the GIL: the verifier of one runs beside another's); a probe bcc compiles
-        forces one after the other (bcc is not). Results are taken in the probes' order."""
+        """Load and attach each probe, in threads (libbpf is thread-safe and ctypes releases the
+        GIL: the verifier of one runs beside another's). Results are taken in the probes' order."""
         from concurrent.futures import ThreadPoolExecutor
-
-        from moetrace.kernel.bpf import backend_for
 
         opts = self.opts
         recording = tuple(p for p in self.wanted if p in RECORDED and self.plans[p].status != "no")
         recs = [(name, recorder_class(name)(self._context(name, recording))) for name in recording]
-        workers = min(4, os.cpu_count() or 1) if all(backend_for(n) == "core" for n, _r in recs) else 1
+        workers = min(4, os.cpu_count() or 1)
 
         def open_one(item) -> MoetraceError | None:
             name, rec = item
@@ -721,18 +715,10 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
 
 
 def _loader_of(rec) -> dict[str, Any]:
-    """How a probe was loaded: "core" (its compiled object through libbpf: no compiler at record
-    time) or "bcc" (compiled from C now), with the object or source file."""
-    from moetrace.kernel.bpf import object_path, probe_source
+    """How a probe was loaded: its compiled object through libbpf (no compiler at record time)."""
+    from moetrace.kernel.bpf import object_path
 
-    probe = getattr(rec, "probe", None)
-    if getattr(probe, "backend", "") == "core":
-        return {"backend": "core", "object": str(object_path(rec.name))}
-    try:
-        src = str(probe_source(rec.name))
-    except MoetraceError:
-        src = None
-    return {"backend": "bcc", "source": src}
+    return {"backend": "core", "object": str(object_path(rec.name))}
 
 
 def _prog_fd_dups(recorders) -> dict[str, dict[str, int]]:

@@ -1,6 +1,7 @@
 """Probe declarations: attach candidates as data, resolved once against the kernel.
 
-One probe = one C file (``probes/<name>.c``, configured only with ``-D`` cflags) + one
+One probe = one CO-RE C file (``probes/<name>.bpf.c``, compiled once by
+scripts/build-probes.sh; configured only by read-only globals set before load) + one
 module ``moetrace/record/probes/<name>.py`` holding its :class:`ProbeSpec` (``SPEC``) and
 its recorder (docs/style.md). A spec lists its logical attach points
 (:class:`AttachGroup`), each an ordered list of :class:`AttachCandidate` (first available
@@ -21,7 +22,6 @@ if TYPE_CHECKING:
     from moetrace.kernel.features import Features
 
 Kind = Literal["tracepoint", "raw_tracepoint", "kprobe", "kretprobe", "fentry", "fexit", "perf_event", "debugfs"]
-Needs = Literal["tracepoint-args", "exact-headers"]
 KINDS = ("tracepoint", "raw_tracepoint", "kprobe", "kretprobe", "fentry", "fexit", "perf_event", "debugfs")
 from moetrace.probes import PROBES_DIR  # noqa: E402
 
@@ -33,9 +33,7 @@ class AttachCandidate:
     kind: tracepoint | raw_tracepoint (target "category:event"), kprobe | kretprobe
     (target a kallsyms symbol), perf_event (target "software:cpu-clock"), debugfs (target
     a file under debugfs read by a Python sampler, no BPF: fn_name "").
-    fn_name: the C function in the probe's source (bcc naming is the C author's choice).
-    needs: overrides the probe's ``needs`` for this candidate (a kprobe that reads a
-    struct folio needs exact headers even in a tracepoint-args probe).
+    fn_name: the program (C function) in the probe's object.
     fields: the tracepoint format fields the C code reads; a format file lacking one
     rejects the candidate. field_knobs: (field, knob) pairs: the knob is 1 when the
     chosen candidate's format has the field, else 0 (e.g. folio ``order``).
@@ -46,7 +44,6 @@ class AttachCandidate:
     target: str
     fn_name: str
     note: str = ""
-    needs: Needs | None = None
     fields: tuple[str, ...] = ()
     field_knobs: tuple[tuple[str, str], ...] = ()
     sets: tuple[tuple[str, int], ...] = ()
@@ -62,7 +59,7 @@ class AttachCandidate:
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "target": self.target, "fn_name": self.fn_name, "note": self.note,
-                "needs": self.needs, "fields": list(self.fields),
+                "fields": list(self.fields),
                 "field_knobs": {f: k for f, k in self.field_knobs}, "sets": {k: v for k, v in self.sets}}
 
 
@@ -72,10 +69,10 @@ class AttachGroup:
 
     required: the probe cannot do its job without it (the probe is "no" when it is
     unavailable); an optional group only degrades the probe.
-    knob: the ``-D`` knob that compiles the group in (optional groups only). Groups
-    sharing a knob are compiled together: when one is unavailable the knob is 0 and
-    the others are "unavailable: compiled out" (bcc attaches every program it compiles,
-    so a plan never says "attached" for a program that is not there)."""
+    knob: the knob that turns the group on (optional groups only; its programs load only
+    when it is 1). Groups sharing a knob go together: when one is unavailable the knob is 0
+    and the others are "unavailable: compiled out" (a plan never says "attached" for a
+    program that is not there)."""
 
     name: str
     candidates: tuple[AttachCandidate, ...]
@@ -116,7 +113,8 @@ class Struct:
 
 @dataclass(frozen=True)
 class Knob:
-    """A ``-D`` cflag of the probe's C file, with its default."""
+    """A read-only global of the probe's object (``const volatile``, its name in lower case),
+    with its default; set before load."""
 
     name: str
     default: int | str
@@ -125,11 +123,9 @@ class Knob:
 
 @dataclass(frozen=True)
 class ProbeSpec:
-    """A probe: its C source, attach groups, what it needs from headers, knobs, schema.
+    """A probe: its C source, attach groups, knobs, schema.
 
-    needs: "tracepoint-args" (reads only tracepoint/syscall arguments and scalar
-    registers: layout-safe with mismatched headers) or "exact-headers" (reads kernel
-    structs). default: part of ``record``'s default set. enrichment: a missing
+    default: part of ``record``'s default set. enrichment: a missing
     enrichment probe warns; a missing non-enrichment probe is an error under
     ``--missing-probes error``. table: the run-directory table ``schema`` describes.
     stats: names of the C file's ``STAT_*`` slots in slot order. structs: C structs
@@ -138,7 +134,6 @@ class ProbeSpec:
 
     name: str
     attach: tuple[AttachGroup, ...]
-    needs: Needs = "tracepoint-args"
     knobs: tuple[Knob, ...] = ()
     schema: tuple[Column, ...] = ()
     description: str = ""
@@ -163,8 +158,8 @@ class ProbeSpec:
 
     @property
     def source_path(self) -> Path:
-        """probes/<name>.c (it need not exist to resolve)."""
-        return self.source if self.source is not None else PROBES_DIR / f"{self.name}.c"
+        """probes/<name>.bpf.c (it need not exist to resolve)."""
+        return self.source if self.source is not None else PROBES_DIR / f"{self.name}.bpf.c"
 
     def knob_values(self, **overrides: int | str) -> dict[str, int | str]:
         """{knob: value} for every knob: defaults, then ``overrides`` by knob name."""
@@ -176,10 +171,6 @@ class ProbeSpec:
         if self.derived is not None:
             out.update(self.derived(out))
         return out
-
-    def cflags(self, **overrides: int | str) -> list[str]:
-        """``-DNAME=value`` for every knob (defaults, then ``overrides`` by knob name)."""
-        return [f"-D{n}={v}" for n, v in self.knob_values(**overrides).items()]
 
     def struct(self, name: str) -> Struct:
         for st in self.structs:
@@ -232,16 +223,12 @@ class AttachPlan:
     """A probe resolved against one kernel.
 
     status: "yes" (every group attached), "degraded" (only optional groups missing),
-    "no" (a required group unavailable, or the probe blocked as a whole: headers, BPF)."""
+    "no" (a required group unavailable, or the probe blocked as a whole: no BTF, BPF unusable)."""
 
     probe: str
     entries: list[PlanEntry]
-    needs: str
-    headers: str
     blocked: str = ""
     knobs: dict[str, int] = field(default_factory=dict)
-    #: "core" (the compiled object through libbpf) or "bcc" (compiled from C at load)
-    loader: str = "bcc"
 
     @property
     def status(self) -> Literal["yes", "no", "degraded"]:
@@ -277,8 +264,8 @@ class AttachPlan:
 
     def to_dict(self) -> dict[str, Any]:
         """For the run manifest and `doctor --json`."""
-        return {"probe": self.probe, "status": self.status, "reason": self.reason, "needs": self.needs,
-                "headers": self.headers, "loader": self.loader, "blocked": self.blocked, "knobs": dict(self.knobs),
+        return {"probe": self.probe, "status": self.status, "reason": self.reason,
+                "blocked": self.blocked, "knobs": dict(self.knobs),
                 "entries": [e.to_dict() for e in self.entries]}
 
 
@@ -286,13 +273,12 @@ def _not_checked(reason: str) -> bool:
     return reason.startswith("could not check")
 
 
-def candidate_reason(cand: AttachCandidate, feats: "Features", needs: str, core: bool = False) -> str | None:
+def candidate_reason(cand: AttachCandidate, feats: "Features") -> str | None:
     """None when ``cand`` can be attached on ``feats``' kernel, else why not.
 
-    Order: infrastructure (tracefs, kprobes, perf, debugfs), then the target itself
-    (format file, kallsyms), then headers (a bcc candidate needing kernel structs with
-    mismatched headers; a CO-RE object reads structs through BTF relocations: ``core``)."""
-    need = cand.needs or needs
+    Order: infrastructure (tracefs, kprobes, trampolines, perf, debugfs), then the target
+    itself (format file, kallsyms / BTF). Kernel structs are read through BTF relocations,
+    so no candidate depends on headers."""
     r: str | None
     if cand.kind in ("tracepoint", "raw_tracepoint"):
         cat, ev = cand.target.split(":", 1)
@@ -300,7 +286,7 @@ def candidate_reason(cand: AttachCandidate, feats: "Features", needs: str, core:
     elif cand.kind in ("kprobe", "kretprobe"):
         r = feats.kprobes_reason() or feats.symbol_reason(cand.target)
     elif cand.kind in ("fentry", "fexit"):
-        r = (None if core else "bcc's C of this probe has no fentry programs") or feats.fentry_reason(cand.target)
+        r = feats.fentry_reason(cand.target)
     elif cand.kind == "perf_event":
         r = feats.perf_event_reason(cand.target)
     else:  # debugfs
@@ -314,8 +300,6 @@ def candidate_reason(cand: AttachCandidate, feats: "Features", needs: str, core:
             missing = [f for f in cand.fields if f not in fmt]
             if missing:
                 return f"format of {cand.target} lacks {', '.join(missing)} (the probe reads them)"
-    if need == "exact-headers" and not core and cand.kind != "debugfs" and feats.headers != "exact":
-        return f"headers {feats.headers}: {cand.describe()} reads kernel structs ({feats.headers_detail})"
     return None
 
 
@@ -324,17 +308,11 @@ def resolve(spec: ProbeSpec, feats: "Features | None" = None) -> AttachPlan:
     if feats is None:
         from moetrace.kernel.features import Features
         feats = Features()
-    from moetrace.kernel.bpf import backend_for
-
     blocked = ""
-    loader = backend_for(spec.name)
-    core = loader == "core"
     bpf_groups = any(c.kind != "debugfs" for g in spec.attach for c in g.candidates)
-    if bpf_groups and core and not getattr(feats, "btf", True):
-        blocked = ("no kernel BTF (/sys/kernel/btf/vmlinux): libbpf cannot relocate the compiled probe "
-                   "(a kernel built with CONFIG_DEBUG_INFO_BTF=y has it)")
-    elif bpf_groups and not core and feats.headers == "none":
-        blocked = f"no kernel headers: bcc cannot compile ({feats.headers_detail})"
+    if bpf_groups and not getattr(feats, "btf", True):
+        blocked = ("no kernel BTF (/sys/kernel/btf/vmlinux): libbpf cannot relocate the compiled probes, "
+                   "and moetrace has no other loader (a kernel built with CONFIG_DEBUG_INFO_BTF=y has it)")
     elif bpf_groups:
         ok, detail = feats.bpf()
         if not ok:
@@ -344,7 +322,7 @@ def resolve(spec: ProbeSpec, feats: "Features | None" = None) -> AttachPlan:
         tried: list[tuple[AttachCandidate, str]] = []
         chosen: AttachCandidate | None = None
         for c in g.candidates:
-            r = candidate_reason(c, feats, spec.needs, core)
+            r = candidate_reason(c, feats)
             if r is None and blocked and c.kind != "debugfs":
                 r = blocked
             if r is None:
@@ -362,8 +340,7 @@ def resolve(spec: ProbeSpec, feats: "Features | None" = None) -> AttachPlan:
             entries.append(PlanEntry(g.name, g.required, "unavailable", None, reason, checked, tried))
     if blocked and any(e.attached for e in entries):
         blocked = ""  # a BPF-free group (debugfs sampler) still runs: report per group instead
-    return AttachPlan(spec.name, entries, spec.needs, feats.headers, blocked, _derive_knobs(spec, entries, feats),
-                      loader)
+    return AttachPlan(spec.name, entries, blocked, _derive_knobs(spec, entries, feats))
 
 
 def _derive_knobs(spec: ProbeSpec, entries: list[PlanEntry], feats: "Features") -> dict[str, int]:
@@ -402,23 +379,22 @@ def _derive_knobs(spec: ProbeSpec, entries: list[PlanEntry], feats: "Features") 
 
 # -- helpers of the declarations (record/probes/<name>.py) -----------------------------------
 
-def tp_cand(target: str, fn: str | None = None, note: str = "", needs: Needs | None = None,
-            fields: tuple[str, ...] = (), sets: tuple[tuple[str, int], ...] = ()) -> AttachCandidate:
-    return AttachCandidate("tracepoint", target, fn or "tp_" + target.split(":", 1)[1], note, needs,
+def tp_cand(target: str, fn: str | None = None, note: str = "", fields: tuple[str, ...] = (),
+            sets: tuple[tuple[str, int], ...] = ()) -> AttachCandidate:
+    return AttachCandidate("tracepoint", target, fn or "tp_" + target.split(":", 1)[1], note,
                            fields=fields, sets=sets)
 
 
-def kp_cand(sym: str, fn: str | None = None, note: str = "", needs: Needs | None = None,
-            kind: Kind = "kprobe") -> AttachCandidate:
+def kp_cand(sym: str, fn: str | None = None, note: str = "", kind: Kind = "kprobe") -> AttachCandidate:
     fn = fn or ("kp_" if kind == "kprobe" else "kret_") + sym.replace(".", "_")
-    return AttachCandidate(kind, sym, fn, note, needs)
+    return AttachCandidate(kind, sym, fn, note)
 
 
-def fn_cands(sym: str, note: str = "", needs: Needs | None = None) -> tuple[AttachCandidate, AttachCandidate]:
+def fn_cands(sym: str, note: str = "") -> tuple[AttachCandidate, AttachCandidate]:
     """A kernel function hook: fentry (BPF trampoline: no kprobe machinery, a direct call) where
     the kernel allows it, else a kprobe; programs fe_<sym> / kp_<sym> of the probe's C."""
-    return (AttachCandidate("fentry", sym, "fe_" + sym.replace(".", "_"), note, needs),
-            AttachCandidate("kprobe", sym, "kp_" + sym.replace(".", "_"), note, needs))
+    return (AttachCandidate("fentry", sym, "fe_" + sym.replace(".", "_"), note),
+            AttachCandidate("kprobe", sym, "kp_" + sym.replace(".", "_"), note))
 
 
 def group(name: str, *cands: AttachCandidate, required: bool = True, note: str = "",
@@ -436,9 +412,9 @@ COMMON_KNOBS = (
 )
 
 
-def bcc_tp(target: str, note: str = "", fields: tuple[str, ...] = (),
-           field_knobs: tuple[tuple[str, str], ...] = ()) -> AttachCandidate:
-    """A bcc ``TRACEPOINT_PROBE(category, event)``: bcc names it tracepoint__<cat>__<event>."""
+def named_tp(target: str, note: str = "", fields: tuple[str, ...] = (),
+             field_knobs: tuple[tuple[str, str], ...] = ()) -> AttachCandidate:
+    """A tracepoint whose program is named tracepoint__<cat>__<event> (the probes' convention)."""
     cat, ev = target.split(":", 1)
     return AttachCandidate("tracepoint", target, f"tracepoint__{cat}__{ev}", note, fields=fields,
                            field_knobs=field_knobs)

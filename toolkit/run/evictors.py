@@ -1,8 +1,8 @@
 """Who deleted a pool page: the evictor classes of the run tables' ``evicted_by_<class>_pages``
-columns and of page_events' ``evictor`` (probes/moetrace.h EVICTOR_*, in slot order). Kept with
+columns and of page_events' ``evictor`` (probes/moetrace.bpf.h EVICTOR_*, in slot order). Kept with
 the run directory's vocabulary so that analyses read it without importing the recorder."""
 
-#: who deleted a pool page: probes/moetrace.h EVICTOR_*, in slot order
+#: who deleted a pool page: probes/moetrace.bpf.h EVICTOR_*, in slot order
 EVICTORS = ("kswapd", "direct", "memcg", "proactive", "damon", "fadvise", "truncate", "drop_caches", "other")
 EVICTOR_DOCS = {
     "kswapd": "the kswapd kernel thread (global background reclaim)",

@@ -1,4 +1,4 @@
-"""Record the report tests' inputs on this machine (root, bcc), then write the golden outputs.
+"""Record the report tests' inputs on this machine (root, the compiled probes), then write the golden outputs.
 
     sudo .venv/bin/python tests/data/reports/make_golden.py record   # re-record the inputs (~2 min)
     .venv/bin/python tests/data/reports/make_golden.py golden         # rewrite expected/ from them

@@ -9,8 +9,7 @@ bytes to experts through FIEMAP extents (:mod:`moetrace.kernel.extents`).
     res = rec.result              # BlockResult (also returned by rec.close())
     res.per_expert                # expert_id, layer, expert, device_read_bytes, bios
 
-The kernel side (probes/block.bpf.c, compiled once and loaded by libbpf; probes/block.c through
-bcc with ``MOETRACE_BPF_BACKEND=bcc``) counts read bytes and bios of one disk (the pool's,
+The kernel side (probes/block.bpf.c, compiled once and loaded by libbpf) counts read bytes and bios of one disk (the pool's,
 tracepoint dev ``(major << 20) | minor``) and streams (sector, nr_sector) per bio through
 one ring buffer, counting records it could not reserve; user space splits each bio's
 bytes over the extents it overlaps. Latency (block_rq_issue -> block_rq_complete, requeued
@@ -18,8 +17,8 @@ requests re-timed from their last issue) is a log2 histogram kept in the kernel.
 
 Which tracepoint counts bytes (block_io_start or block_bio_queue) is decided by
 :func:`moetrace.record.spec.resolve` on the ``block`` declaration: asked of the kernel,
-never of its version; the CO-RE object holds both programs and loads the chosen one (bcc
-compiles the one ``MOE_BYTES_TP`` selects). Only tracepoint arguments are read.
+never of its version; the CO-RE object holds both programs and loads the chosen one.
+Only tracepoint arguments are read.
 """
 
 from __future__ import annotations
@@ -36,20 +35,18 @@ import numpy as np
 from moetrace.lazyimport import pandas as pd
 
 from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
-                                  AttachGroup, Column, Knob, ProbeSpec, Struct, bcc_tp, group, kp_cand, tp_cand)
+                                  AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, group, kp_cand, tp_cand)
 from moetrace.errors import ProbeError
 from moetrace.kernel.extents import SECTOR, ExpertExtents
 
 from moetrace.record.probe import EngineProbe, schema_doc
 
-#: the one declaration of probes/block.bpf.c and probes/block.c (attach candidates, knobs, stats
-#: slots, ring record)
-# -- the declaration: attach candidates, knobs, tables (the C agrees: tests/*/test_probe_build.py,
-# tests/probe_build/test_core_objects.py)
+# -- the declaration: attach candidates, knobs, stats slots, ring record (the C agrees:
+# tests/unit/test_block_probe.py, tests/probe_build/test_core_objects.py)
 
 _BIO_FIELDS = ("dev", "sector", "nr_sector", "rwbs")
 
-#: probes/block.bpf.c (probes/block.c). Reads only tracepoint arguments; bios attributed to experts
+#: probes/block.bpf.c. Reads only tracepoint arguments; bios attributed to experts
 #: in user space (FIEMAP extents, moetrace.kernel.extents).
 BLOCK = ProbeSpec(
     name="block",
@@ -111,15 +108,12 @@ HIST_SLOTS = 64
 BIO_EVENT_DTYPE = SPEC.struct("bio_event").dtype()
 #: bytes candidates -> their MOE_BYTES_TP value (from the declaration's ``sets``)
 BYTES_TP = {c.target: dict(c.sets)["MOE_BYTES_TP"] for c in SPEC.group("bytes").candidates}
-# 6.1/6.12 headers warn under clang 14 (bcc 0.26); harmless for tracepoint-args programs
-QUIET_CFLAGS = ("-Wno-ignored-attributes", "-Wno-duplicate-decl-specifier", "-Wno-unused-function",
-                "-Wno-macro-redefined")
 _FLUSH_RECORDS = 1 << 20  # attribute buffered records once this many have arrived
 
 
 def _map_sizes(k: dict[str, int]) -> dict[str, int]:
-    """The CO-RE object's map sizes from its knobs (probes/block.bpf.c names the maps; bcc's
-    BPF_RINGBUF_OUTPUT is MOE_RINGBUF_PAGES pages too). A ring nobody reads is one page."""
+    """The CO-RE object's map sizes from its knobs (probes/block.bpf.c names the maps). A ring
+    nobody reads is one page."""
     pages = int(k["MOE_RINGBUF_PAGES"]) if k["MOE_STREAM_BIOS"] else 1
     return {"stats": len(STATS), "lat_hist": HIST_SLOTS, "inflight": int(k["MOE_MAX_INFLIGHT"]),
             "bios": mmap.PAGESIZE * pages}
@@ -176,18 +170,17 @@ class BlockResult:
                 "duration_s": self.duration_s}
 
 
-from moetrace.kernel.bpf import entry_count, percpu_sums, prog_fdinfo, recursion_misses  # noqa: E402,F401  (prog_fdinfo re-exported)
+from moetrace.kernel.bpf import entry_count, prog_fdinfo, recursion_misses  # noqa: E402,F401  (prog_fdinfo re-exported)
 
 
-def block_cflags(dev: int, bytes_tp: int, ring_pages: int = 64, stream: bool = True,
-                 max_inflight: int = 65536) -> list[str]:
-    """The knobs of the block probe as -D cflags (every declared knob, in declaration order); the
-    CO-RE object takes the same values as globals."""
+def block_knobs(dev: int, bytes_tp: int, ring_pages: int = 64, stream: bool = True,
+                max_inflight: int = 65536) -> dict[str, int]:
+    """The knobs of the block probe (every declared knob, in declaration order), validated."""
     if ring_pages <= 0 or ring_pages & (ring_pages - 1):
         raise ValueError(f"ring_pages must be a power of two, got {ring_pages}")
     if int(bytes_tp) not in BYTES_TP.values():
         raise ValueError(f"bytes_tp must be one of {sorted(BYTES_TP.values())}, got {bytes_tp}")
-    return SPEC.cflags(MOE_DEV=int(dev), MOE_BYTES_TP=int(bytes_tp), MOE_RINGBUF_PAGES=int(ring_pages),
+    return SPEC.knob_values(MOE_DEV=int(dev), MOE_BYTES_TP=int(bytes_tp), MOE_RINGBUF_PAGES=int(ring_pages),
                        MOE_STREAM_BIOS=int(bool(stream)), MOE_MAX_INFLIGHT=int(max_inflight))
 
 
@@ -217,8 +210,7 @@ def resolve_attach(features=None) -> dict[str, str]:
 
 
 class BlockRecorder:
-    """Load and attach the block probe (the loader :func:`moetrace.kernel.bpf.backend_for` picks),
-    poll its ring in a thread, attribute bios to experts.
+    """Load and attach the block probe, poll its ring in a thread, attribute bios to experts.
 
     index: the pool's :class:`ExpertExtents` (its device gives the disk to watch), or
     None to count only (every sector unattributed; ``dev`` then required, 0 = every disk).
@@ -229,7 +221,7 @@ class BlockRecorder:
 
     def __init__(self, index: ExpertExtents | None = None, dev: int | None = None,
                  bytes_tp: str | None = None, ring_pages: int = 256, stream: bool = True,
-                 features=None, extra_cflags: tuple[str, ...] = QUIET_CFLAGS, plan=None, gated: bool = True,
+                 features=None, plan=None, gated: bool = True,
                  arm_at_open: bool = True):
         if dev is None:
             if index is None or index.device is None:
@@ -240,7 +232,6 @@ class BlockRecorder:
         self.ring_pages = ring_pages
         self.stream = stream
         self.features = features
-        self.extra_cflags = tuple(extra_cflags)
         #: loaded gated: counts only while armed. Standalone (arm_at_open) it is armed
         #: once attached and disarmed first thing in close(), so the ring and the counters cover
         #: the same interval (a bio between draining the ring and reading the counters would be
@@ -252,7 +243,7 @@ class BlockRecorder:
         self.attach: dict[str, str] = {}
         self._fns: dict[str, str] = {}
         self.knobs: dict[str, int] = {}
-        #: the loaded probe (moetrace.kernel.bpf LoadedProbe or CoreProbe) while attached, else None
+        #: the loaded probe (moetrace.kernel.bpf.CoreProbe) while attached, else None
         self.probe = None
         self.result: BlockResult | None = None
         self.compile_s = 0.0
@@ -272,12 +263,6 @@ class BlockRecorder:
         self._t0 = 0.0
 
     # -- lifecycle ----------------------------------------------------------------------------
-    @property
-    def bpf(self):
-        """The attached probe handle (either loader), None once detached: what
-        :class:`moetrace.record.probe.EngineProbe` tests for "attached"."""
-        return self.probe
-
     def _candidates(self) -> dict:
         """{group: the AttachCandidate to attach}: resolved, or the bytes_tp the caller forced."""
         if self._bytes_tp is None:
@@ -288,8 +273,8 @@ class BlockRecorder:
                          else g.candidates[0]) for g in SPEC.attach}
 
     def open(self) -> "BlockRecorder":
-        """Load (the CO-RE object, or a bcc compile), attach and start polling."""
-        from moetrace.kernel.bpf import load_either
+        """Load the CO-RE object, attach and start polling."""
+        from moetrace.kernel.bpf import load_core
 
         if self.features is not None and self.features.tracefs is None:
             from moetrace.kernel.features import tracefs_path
@@ -302,10 +287,9 @@ class BlockRecorder:
             raise ProbeError(f"block probe: bytes group resolved to {self.attach['bytes']}, which "
                                   f"the block probe's C does not implement (knows {sorted(BYTES_TP)})")
         # MOE_BYTES_TP comes from the chosen candidate's ``sets`` in the declaration
-        cflags = block_cflags(self.dev, dict(cands["bytes"].sets)["MOE_BYTES_TP"], self.ring_pages, self.stream)
-        self.knobs = {f[2:].split("=")[0]: int(f.split("=")[1]) for f in cflags}
-        self.probe = load_either("block", self.knobs, [(c.fn_name, c.kind, c.target) for c in cands.values()],
-                                 _map_sizes(self.knobs), gated=self.gated, extra_cflags=self.extra_cflags)
+        self.knobs = block_knobs(self.dev, dict(cands["bytes"].sets)["MOE_BYTES_TP"], self.ring_pages, self.stream)
+        self.probe = load_core("block", self.knobs, [(c.fn_name, c.kind, c.target) for c in cands.values()],
+                               _map_sizes(self.knobs), gated=self.gated)
         try:
             if self.stream:
                 self.probe.open_ring("bios", self._on_record)
@@ -396,8 +380,8 @@ class BlockRecorder:
 
     # -- reading the kernel's side ------------------------------------------------------------
     def _collect(self) -> BlockResult:
-        st = dict(zip(STATS, percpu_sums(self.probe.table("stats")).tolist()))
-        hist = percpu_sums(self.probe.table("lat_hist")).tolist()[:HIST_SLOTS]
+        st = dict(zip(STATS, self.probe.table("stats").percpu_sums().tolist()))
+        hist = self.probe.table("lat_hist").percpu_sums().tolist()[:HIST_SLOTS]
         inflight_left = entry_count(self.probe.table("inflight"))
         by_fn = recursion_misses(self.probe.prog_fds(), 0)
         misses = {g: by_fn[self._fns[g]] for g in self.attach if self._fns[g] in by_fn}

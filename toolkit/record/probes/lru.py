@@ -1,6 +1,6 @@
 """The ``lru`` probe's recorder: classic LRU placement of the pool's pages, per expert.
 
-probes/lru.bpf.c (CO-RE, compiled once; probes/lru.c is its bcc twin while both exist) joins
+probes/lru.bpf.c (CO-RE, compiled once) joins
 the LRU tracepoints to expert pages on the pfn: a page-cache add
 (``filemap:mm_filemap_add_to_page_cache``: pfn, inode, index, folio order) opens a
 pfn -> (expert, first page, folio pages, add time) entry; ``pagemap:mm_lru_insertion``
@@ -49,12 +49,12 @@ import numpy as np
 from moetrace.lazyimport import pandas as pd
 
 from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
-                                  AttachGroup, Column, Knob, ProbeSpec, Struct, bcc_tp, group, kp_cand, tp_cand)
+                                  AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, group, kp_cand, tp_cand)
 from moetrace.errors import ProbeError
 from moetrace.record.probe import ProbeRecorder, schema_doc
 
-# -- the declaration: attach candidates, knobs, tables (probes/lru.bpf.c and probes/lru.c agree:
-# tests/probe_build/test_core_objects.py, tests/*/test_probe_build.py)
+# -- the declaration: attach candidates, knobs, tables (probes/lru.bpf.c and probes/lru.bpf.c agree:
+# tests/probe_build/test_core_objects.py)
 
 _LRU_FOLIO = ("pfn", "i_ino", "index", "s_dev")
 
@@ -63,7 +63,7 @@ def _lru_pages(name: str, doc: str) -> Column:
     return Column(name, "Int64", "pages", doc)
 
 
-#: probes/lru.bpf.c (and its bcc twin probes/lru.c). Reads only tracepoint arguments; joins LRU
+#: probes/lru.bpf.c. Reads only tracepoint arguments; joins LRU
 #: events to expert pages on the pfn
 #: (the page-cache add gives pfn -> (inode, index, order)); aggregated per expert in the kernel.
 LRU = ProbeSpec(
@@ -71,15 +71,15 @@ LRU = ProbeSpec(
     description="classic LRU per expert: list at LRU insertion, activations, dwell from insertion to "
                 "activation / eviction (LRU events joined to pool pages on the pfn), in the kernel",
     attach=(
-        group("add", bcc_tp("filemap:mm_filemap_add_to_page_cache", fields=_LRU_FOLIO, field_knobs=FOLIO_ORDER,
+        group("add", named_tp("filemap:mm_filemap_add_to_page_cache", fields=_LRU_FOLIO, field_knobs=FOLIO_ORDER,
                           note="opens the join: pfn -> (expert, page, folio pages = 1 << order, add time)")),
-        group("delete", bcc_tp("filemap:mm_filemap_delete_from_page_cache", fields=_LRU_FOLIO, field_knobs=FOLIO_ORDER,
+        group("delete", named_tp("filemap:mm_filemap_delete_from_page_cache", fields=_LRU_FOLIO, field_knobs=FOLIO_ORDER,
                              note="closes the join: an eviction; dwell = now - LRU insertion time")),
-        group("insertion", bcc_tp("pagemap:mm_lru_insertion", fields=("pfn", "lru", "flags"),
+        group("insertion", named_tp("pagemap:mm_lru_insertion", fields=("pfn", "lru", "flags"),
                                 note="lru_add() moving a batched new folio onto its list (once per folio, no "
                                      "size: charged with the joined folio's pages); takes a folio since the folio "
                                      "conversion (5.16); the C file includes <linux/mmzone.h> for enum lru_list")),
-        group("activate", bcc_tp("pagemap:mm_lru_activate", fields=("pfn",),
+        group("activate", named_tp("pagemap:mm_lru_activate", fields=("pfn",),
                                note="lru_activate(): the inactive -> active move PGACTIVATE counts (reclaim's "
                                     "activate_locked counts PGACTIVATE without it); folio-based since 5.16"),
            required=False, knob="HAVE_ACTIVATE"),

@@ -7,7 +7,7 @@ command runs (in :meth:`MglruRecorder.poll`) and once at close, parsed by
 birth time and anon / file pages (``lru_gen.parquet``). A generation born during the
 recording shows up as a new seq; its birth_ns is when aging created it.
 
-The kprobes of probes/mglru.c (aging attempts as ring records, eviction / isolation /
+The kprobes of probes/mglru.bpf.c (aging attempts as ring records, eviction / isolation /
 look-around / workingset counters, the generation a promoted folio leaves) are compiled
 only for the groups the attach plan has (kprobes exist only in the lab kernels); where
 none is available no BPF is loaded at all.
@@ -29,13 +29,13 @@ import numpy as np
 from moetrace.lazyimport import pandas as pd
 
 from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
-                                  AttachGroup, Column, Knob, ProbeSpec, Struct, bcc_tp, fn_cands, group, kp_cand,
+                                  AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, fn_cands, group, kp_cand,
                                   tp_cand)
 from moetrace.kernel import lru_gen
 from moetrace.errors import InputError, ProbeError
 from moetrace.record.probe import ProbeRecorder, schema_doc
 
-# -- the declaration: attach candidates, knobs, tables (probes/mglru.c agrees: tests/*/test_probe_build.py)
+# -- the declaration: attach candidates, knobs, tables (probes/mglru.bpf.c agrees: tests/probe_build/test_core_objects.py)
 
 def _mglru_kp(name: str, knob: str, *cands: AttachCandidate) -> AttachGroup:
     return group(name, *cands, required=False, knob=knob)
@@ -45,7 +45,7 @@ _GEN_COLS = (Column("time_ns", "int64", "ns", "CLOCK_MONOTONIC when the sample w
              Column("sample", "int32", "", "sample index (0: at open, the last: at close)"),
              Column("memcg_id", "int64"), Column("node", "int32"))
 
-#: probes/mglru.c (kprobes, lab only) + the lru_gen sampler (moetrace.record.probes.mglru, moetrace.kernel.lru_gen).
+#: probes/mglru.bpf.c (kprobes, lab only) + the lru_gen sampler (moetrace.record.probes.mglru, moetrace.kernel.lru_gen).
 MGLRU = ProbeSpec(
     name="mglru",
     description="MGLRU generations over time from <debugfs>/lru_gen (a sampler, no BPF: birth times, ages, "
@@ -81,7 +81,7 @@ MGLRU = ProbeSpec(
         Knob("MOE_HAVE_ISOLATE_FOLIOS", 0, "1: compile the isolate_folios kprobe"),
         Knob("MOE_HAVE_SHOULD_RUN_AGING", 0, "1: compile the should_run_aging kprobe"),
         Knob("MOE_HAVE_INC_MAX_SEQ", 0, "1: compile the aging kprobes (+ the aging ring)"),
-        Knob("MOE_HAVE_FOLIO_INC_GEN", 0, "1: compile the folio_inc_gen kprobe (exact headers)"),
+        Knob("MOE_HAVE_FOLIO_INC_GEN", 0, "1: load the folio_inc_gen hook"),
         Knob("MOE_HAVE_LOOK_AROUND", 0, "1: compile the lru_gen_look_around kprobe"),
         Knob("MOE_HAVE_WS_EVICTION", 0, "1: compile the workingset_eviction kprobe"),
         Knob("MOE_HAVE_WS_REFAULT", 0, "1: compile the workingset_refault kprobe"),
@@ -171,7 +171,7 @@ def lru_gen_layout(release: str | None = None) -> tuple[int | None, str]:
     return lru_gen_pgoff(parse_config(text), nr, zones)
 
 
-#: aging record kinds of probes/mglru.c, in AGING_* order
+#: aging record kinds of probes/mglru.bpf.c, in AGING_* order
 AGING_KINDS = ("try_to_inc_max_seq", "inc_max_seq", "inc_max_seq.constprop.0")
 SEQ_UNKNOWN = (1 << 64) - 1
 #: kprobe group knobs (MOE_HAVE_*), from the declaration
@@ -179,7 +179,7 @@ KPROBE_KNOBS = tuple(dict.fromkeys(g.knob for g in SPEC.attach if g.knob is not 
 
 
 class MglruRecorder(ProbeRecorder):
-    """The lru_gen sampler (+ the kprobes of probes/mglru.c where the plan has them).
+    """The lru_gen sampler (+ the kprobes of probes/mglru.bpf.c where the plan has them).
 
     period_ms / full override the ``MOE_LRU_GEN_PERIOD_MS`` / ``MOE_LRU_GEN_FULL`` knobs
     (tests use a short period). ``clock`` returns CLOCK_MONOTONIC ns (tests may pass
@@ -254,11 +254,11 @@ class MglruRecorder(ProbeRecorder):
         st = self.probe.table("stats")
         lost = lambda slot: (lambda: int(read_array(st, np.uint64)[slot]))  # noqa: E731
         if self.knobs["MOE_HAVE_INC_MAX_SEQ"]:
-            self.stream = EventStream(self.probe, "aging", AGING_DTYPE.itemsize, "ring",
+            self.stream = EventStream(self.probe, "aging", AGING_DTYPE.itemsize,
                                       kernel_lost=lost(STATS.index("ring_lost")),
                                       max_records=min(self.ctx.stream_max_records, 1_000_000))
         if self.knobs["MOE_EVICT_EVENTS"]:
-            self.evict_stream = EventStream(self.probe, "evictions", EVICT_DTYPE.itemsize, "ring",
+            self.evict_stream = EventStream(self.probe, "evictions", EVICT_DTYPE.itemsize,
                                             kernel_lost=lost(STATS.index("evict_lost")),
                                             max_records=self.ctx.stream_max_records)
 

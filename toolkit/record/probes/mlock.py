@@ -1,4 +1,4 @@
-"""Locked memory of the recorded command: probes/mlock.c and the exact locked-range model.
+"""Locked memory of the recorded command: probes/mlock.bpf.c and the exact locked-range model.
 
 The probe streams one ring record per mlock-family call of the followed processes
 (mlock, mlock2, munlock, mlockall, munlockall, and munmap / mmap / mremap of a process
@@ -50,14 +50,14 @@ import numpy as np
 from moetrace.lazyimport import pandas as pd
 
 from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
-                                  AttachGroup, Column, Knob, ProbeSpec, Struct, bcc_tp, fn_cands, group, kp_cand,
+                                  AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, fn_cands, group, kp_cand,
                                   tp_cand)
 from moetrace.errors import ProbeError
 from moetrace.record.probe import ProbeRecorder, schema_doc
 
-# -- the declaration: attach candidates, knobs, tables (probes/mlock.c agrees: tests/*/test_probe_build.py)
+# -- the declaration: attach candidates, knobs, tables (probes/mlock.bpf.c agrees: tests/probe_build/test_core_objects.py)
 
-#: (syscall, enter fields read, group knob or None: required); probes/mlock.c
+#: (syscall, enter fields read, group knob or None: required); probes/mlock.bpf.c
 _MLOCK_CALLS = (
     ("mlock", ("start", "len"), None),
     ("munlock", ("start", "len"), None),
@@ -79,7 +79,7 @@ _MLOCK_NOTES = {
 }
 _MLOCK_INT = "int64"
 
-#: probes/mlock.c. Reads only syscall arguments; one ring record per call of the followed tgids
+#: probes/mlock.bpf.c. Reads only syscall arguments; one ring record per call of the followed tgids
 #: (calls are rare), locked ranges rebuilt exactly in user space (moetrace.record.probes.mlock).
 MLOCK = ProbeSpec(
     name="mlock",
@@ -87,30 +87,30 @@ MLOCK = ProbeSpec(
                 "time per process, exact (an interval set per tgid, page-rounded like the kernel)",
     attach=tuple(
         group(f"{sc}_{side}",
-           bcc_tp(f"syscalls:sys_{side}_{sc}", fields=fields if side == "enter" else ("ret",),
+           named_tp(f"syscalls:sys_{side}_{sc}", fields=fields if side == "enter" else ("ret",),
                    note=_MLOCK_NOTES.get(sc, "")),
            required=knob is None, knob=knob)
         for sc, fields, knob in _MLOCK_CALLS for side in ("enter", "exit")
     ) + (
-        group("newtask", bcc_tp("task:task_newtask", fields=("pid", "clone_flags"),
+        group("newtask", named_tp("task:task_newtask", fields=("pid", "clone_flags"),
                               note="follow the command's child processes (VM_LOCKED is not inherited)"),
            required=False, knob="MOE_FOLLOW_FORKS"),
-        group("exit", bcc_tp("sched:sched_process_exit", field_knobs=(("group_dead", "MOE_EXIT_GROUP_DEAD"),),
+        group("exit", named_tp("sched:sched_process_exit", field_knobs=(("group_dead", "MOE_EXIT_GROUP_DEAD"),),
                            note="a process's end releases its locks; group_dead is newer than 6.12 (without "
                                 "it the leader's exit stands for the group's)"),
            required=False, knob="MOE_TRACK_EXIT"),
-        group("exec", bcc_tp("sched:sched_process_exec", note="execve gives the process a new mm: nothing locked"),
+        group("exec", named_tp("sched:sched_process_exec", note="execve gives the process a new mm: nothing locked"),
            required=False, knob="MOE_TRACK_EXEC"),
-        group("kp_mlock_folio", *fn_cands("mlock_folio", needs="exact-headers",
+        group("kp_mlock_folio", *fn_cands("mlock_folio",
                                           note="a folio mlocked (reads folio->flags for PG_head); mlock_page "
                                                "before the mlock folio conversion (6.1 already has mlock_folio)"),
               required=False, knob="MOE_KP_MLOCK_FOLIO"),
-        group("kp_mlock_new", *fn_cands("mlock_new_folio", needs="exact-headers",
+        group("kp_mlock_new", *fn_cands("mlock_new_folio",
                                         note="renamed from mlock_new_page by the mlock folio conversion (6.3)"),
-              *fn_cands("mlock_new_page", needs="exact-headers", note="6.1 name"), required=False,
+              *fn_cands("mlock_new_page", note="6.1 name"), required=False,
               knob="MOE_KP_MLOCK_NEW"),
-        group("kp_munlock", *fn_cands("munlock_folio", needs="exact-headers", note="6.3+ name"),
-              *fn_cands("munlock_page", needs="exact-headers", note="6.1 name"), required=False,
+        group("kp_munlock", *fn_cands("munlock_folio", note="6.3+ name"),
+              *fn_cands("munlock_page", note="6.1 name"), required=False,
               knob="MOE_KP_MUNLOCK"),
     ),
     knobs=(
@@ -123,12 +123,11 @@ MLOCK = ProbeSpec(
         Knob("MOE_TRACK_EXIT", 1, "1: compile sched_process_exit (a process's end releases its locks)"),
         Knob("MOE_EXIT_GROUP_DEAD", 1, "1: sched_process_exit carries group_dead (set from the format file)"),
         Knob("MOE_TRACK_EXEC", 1, "1: compile sched_process_exec (execve: a new mm, nothing locked)"),
-        Knob("MOE_KP_MLOCK_FOLIO", 0, "1: compile the mlock_folio kprobe (exact headers; set from the plan)"),
+        Knob("MOE_KP_MLOCK_FOLIO", 0, "1: compile the mlock_folio kprobe (set from the plan)"),
         Knob("MOE_KP_MLOCK_NEW", 0, "1: compile the mlock_new_folio / mlock_new_page kprobe"),
         Knob("MOE_KP_MUNLOCK", 0, "1: compile the munlock_folio / munlock_page kprobe"),
         Knob("MOE_PG_HEAD", -1, "PG_head's bit in folio->flags (6 on 6.12, 16 on 6.1); -1: the running "
-                                "kernel's own (CO-RE: its enum pageflags; bcc: <linux/page-flags.h>, unless the "
-                                "recorder reads it from BTF)"),
+                                "kernel's own (its enum pageflags, through BTF)"),
         Knob("MOE_MAX_TASKS", 4096, "tid -> call in flight entries"),
         Knob("MOE_MAX_TGIDS", 1024, "followed processes"),
         Knob("MOE_RINGBUF_PAGES", 16, "ring buffer size in pages (power of two)"),
@@ -171,7 +170,7 @@ MLOCK = ProbeSpec(
 )
 
 SPEC = MLOCK
-#: call codes of probes/mlock.c, in CALL_* order
+#: call codes of probes/mlock.bpf.c, in CALL_* order
 CALLS = ("mlock", "mlock2", "munlock", "mlockall", "munlockall", "munmap", "mmap", "mremap", "exit", "exec")
 EVENT_DTYPE = SPEC.struct("mlock_event").dtype()
 STATS = SPEC.stats
@@ -179,9 +178,6 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 MCL_CURRENT, MCL_FUTURE = 1, 2
 MAP_FIXED, MAP_LOCKED = 0x10, 0x2000
 MREMAP_FIXED = 2
-#: 6.1/6.12 headers warn under bcc 0.26's clang; harmless for syscall-argument programs
-QUIET_CFLAGS = ("-Wno-ignored-attributes", "-Wno-duplicate-decl-specifier", "-Wno-unused-function",
-                "-Wno-macro-redefined")
 #: the user-space bound on kept call records (64 bytes each)
 MAX_RECORDS = 1_000_000
 
@@ -415,7 +411,7 @@ def records_to_calls(raw: bytes) -> pd.DataFrame:
     bad = codes >= len(CALLS)
     if bad.any():
         raise ProbeError(f"mlock probe: {int(bad.sum())} records carry an unknown call code",
-                              hint="probes/mlock.c CALL_* and moetrace.record.probes.mlock.CALLS disagree")
+                              hint="probes/mlock.bpf.c CALL_* and moetrace.record.probes.mlock.CALLS disagree")
     is_mremap = codes == CALLS.index("mremap")
     return pd.DataFrame({
         "time_ns": ev["ts_ns"].astype(np.int64),
@@ -440,10 +436,10 @@ def empty_calls() -> pd.DataFrame:
 
 
 class MlockRecorder(ProbeRecorder):
-    """``record --probes mlock``: attach probes/mlock.c, follow the command, stream its calls.
+    """``record --probes mlock``: attach probes/mlock.bpf.c, follow the command, stream its calls.
 
     open() compiles with the attach plan's knobs (optional groups the kernel lacks are
-    compiled out; the kprobe groups only where kprobes and exact headers exist), poll()
+    compiled out; the function hooks only where fentry or kprobes exist), poll()
     drains the ring, close() drains the rest, reads the stats slots and detaches, then
     rebuilds the locked ranges (:func:`apply_calls`)."""
 
@@ -452,9 +448,8 @@ class MlockRecorder(ProbeRecorder):
     error = ProbeError
     needs_poll = True
 
-    def __init__(self, ctx, extra_cflags: tuple[str, ...] = QUIET_CFLAGS):
+    def __init__(self, ctx):
         super().__init__(ctx)
-        self.extra_cflags = tuple(extra_cflags)
         self.stream = None
         self.stats: dict[str, int] = {}
         self.calls: pd.DataFrame | None = None
@@ -465,22 +460,15 @@ class MlockRecorder(ProbeRecorder):
         self.pending_left = 0
 
     def open(self) -> "MlockRecorder":
-        from moetrace.kernel.bpf import EventStream, backend_for, read_array
+        from moetrace.kernel.bpf import EventStream, read_array
 
         plan = self.require_plan()
         knobs = {k: int(v) for k, v in SPEC.knob_values(**plan.knobs).items()}
-        hooks = knobs["MOE_KP_MLOCK_FOLIO"] or knobs["MOE_KP_MLOCK_NEW"] or knobs["MOE_KP_MUNLOCK"]
-        if knobs["MOE_PG_HEAD"] < 0 and hooks and backend_for(self.name) == "bcc":  # CO-RE: the kernel's enum
-            from moetrace.kernel import btf
-
-            pg_head = btf.vmlinux().enum_value("PG_head") if btf.vmlinux() is not None else None
-            if pg_head is not None:
-                knobs["MOE_PG_HEAD"] = int(pg_head)
         self.knobs = self.with_user_knobs(knobs)
-        self.load_planned(self.knobs, self.extra_cflags)
+        self.load_planned(self.knobs)
         stats_t = self.probe.table("stats")
         slot = STATS.index("ring_lost")
-        self.stream = EventStream(self.probe, "events", EVENT_DTYPE.itemsize, "ring",
+        self.stream = EventStream(self.probe, "events", EVENT_DTYPE.itemsize,
                                   kernel_lost=lambda: int(read_array(stats_t, np.uint64)[slot]),
                                   max_records=min(self.ctx.stream_max_records, MAX_RECORDS))
         return self

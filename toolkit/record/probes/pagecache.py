@@ -1,4 +1,4 @@
-"""The pagecache probe's recorder (probes/pagecache.c): per-expert pages added (misses),
+"""The pagecache probe's recorder (probes/pagecache.bpf.c): per-expert pages added (misses),
 evicted (by evictor class) and re-added (exact, per page), per epoch when the replay moves
 the epoch, and the per-page event stream with ``--stream-events``.
 
@@ -17,12 +17,12 @@ import numpy as np
 from moetrace.lazyimport import pandas as pd
 
 from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
-                                  AttachGroup, Column, Knob, ProbeSpec, Struct, bcc_tp, group, kp_cand, tp_cand)
+                                  AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, group, kp_cand, tp_cand)
 from moetrace.errors import ProbeError
 from moetrace.record.probe import ProbeRecorder, schema_doc
 from moetrace.run.evictors import EVICTOR_DOCS, EVICTORS  # noqa: F401  (re-exported: the run tables' vocabulary)
 
-# -- the declaration: attach candidates, knobs, tables (probes/pagecache.c agrees: tests/*/test_probe_build.py)
+# -- the declaration: attach candidates, knobs, tables (probes/pagecache.bpf.c agrees: tests/probe_build/test_core_objects.py)
 
 _FOLIO_FIELDS = ("i_ino", "index", "s_dev")
 _READ_EXITS = ("pread64", "preadv", "preadv2", "read")
@@ -36,43 +36,43 @@ def _evictor_cols() -> tuple[Column, ...]:
 
 def _ctx_groups() -> tuple[AttachGroup, ...]:
     """The evictor-context groups of pagecache: syscall and reclaim-window entry/exit pairs."""
-    out = [group(f"ctx_{d}_write", bcc_tp(f"syscalls:sys_{d}_write", fields=("count",) if d == "enter" else (),
+    out = [group(f"ctx_{d}_write", named_tp(f"syscalls:sys_{d}_write", fields=("count",) if d == "enter" else (),
                                         note="a write(2) in flight: drop_caches, or memory.reclaim when small"),
               required=False, knob="MOE_CTX_WRITE") for d in ("enter", "exit")]
     for sc in _CTX_INVALIDATE:
         for d in ("enter", "exit"):
             fields = ("behavior",) if (sc == "madvise" and d == "enter") else ()
-            out.append(group(f"ctx_{d}_{sc}", bcc_tp(f"syscalls:sys_{d}_{sc}", fields=fields,
+            out.append(group(f"ctx_{d}_{sc}", named_tp(f"syscalls:sys_{d}_{sc}", fields=fields,
                                                     note="an invalidating syscall in flight (evictor class)"),
                           required=False, knob="MOE_CTX_INVALIDATE"))
     for w in ("direct", "memcg"):
         for d in ("begin", "end"):
-            out.append(group(f"ctx_{w}_{d}", bcc_tp(f"vmscan:mm_vmscan_{w}_reclaim_{d}",
+            out.append(group(f"ctx_{w}_{d}", named_tp(f"vmscan:mm_vmscan_{w}_reclaim_{d}",
                                                    note=f"a {w} reclaim window open on the task (evictor class)"),
                           required=False, knob="MOE_CTX_RECLAIM"))
     return tuple(out)
 
-#: probes/pagecache.c. Reads only tracepoint arguments (layout-safe with mismatched headers).
+#: probes/pagecache.bpf.c. Reads only tracepoint arguments.
 PAGECACHE = ProbeSpec(
     name="pagecache",
     description="per-expert added (miss) / evicted / re-added (exact, per page) pages in the kernel; "
                 "requested pages from the replay's accounting, hits = requested - added",
     attach=(
-        group("add", bcc_tp("filemap:mm_filemap_add_to_page_cache", fields=_FOLIO_FIELDS, field_knobs=FOLIO_ORDER,
+        group("add", named_tp("filemap:mm_filemap_add_to_page_cache", fields=_FOLIO_FIELDS, field_knobs=FOLIO_ORDER,
                           note="a folio added to the page cache: a miss (readahead included); stable "
                                "tracepoint (pfn, i_ino, index, s_dev); `order` since large folios "
                                "(6.x): pages = 1 << order, else one page per event")),
-        group("delete", bcc_tp("filemap:mm_filemap_delete_from_page_cache", fields=_FOLIO_FIELDS,
+        group("delete", named_tp("filemap:mm_filemap_delete_from_page_cache", fields=_FOLIO_FIELDS,
                              field_knobs=FOLIO_ORDER, note="a folio deleted from the page cache: an eviction "
                                                       "(or truncation); carries order like add")),
     ) + tuple(
-        group(f"exit_{sc}", bcc_tp(f"syscalls:sys_exit_{sc}", fields=("ret",),
+        group(f"exit_{sc}", named_tp(f"syscalls:sys_exit_{sc}", fields=("ret",),
                                  note="read bytes of the followed processes (a cross-check of the replay's "
                                       "accounting; fd -> inode would need kernel structs)"),
            required=False, knob="TRACK_READS")
         for sc in _READ_EXITS
     ) + (
-        group("newtask", bcc_tp("task:task_newtask", fields=("pid", "clone_flags"),
+        group("newtask", named_tp("task:task_newtask", fields=("pid", "clone_flags"),
                               note="follow the command's child processes (threads share the tgid)"),
            required=False, knob="FOLLOW_FORKS"),
     ) + _ctx_groups(),
@@ -222,7 +222,7 @@ class PagecacheRecorder(ProbeRecorder):
                 self.probe.put("inodes", struct.pack("<Q", ino), struct.pack("<II", base, n))
         if self.ctx.stream:
             stats_t = self.probe.table("stats")
-            self.stream = EventStream(self.probe, "events", PAGE_EVENT_DTYPE.itemsize, "ring",
+            self.stream = EventStream(self.probe, "events", PAGE_EVENT_DTYPE.itemsize,
                                       kernel_lost=lambda: int(read_array(stats_t, U64)[RING_DROPS_SLOT]),
                                       max_records=self.ctx.stream_max_records)
         if knobs.get("EPOCHS"):

@@ -1,7 +1,7 @@
 """The ``reads`` probe: every read call of the recorded command, timed, classed and
 attributed to experts.
 
-probes/reads.bpf.c (CO-RE, compiled once; probes/reads.c is its bcc twin while both exist)
+probes/reads.bpf.c (CO-RE, compiled once)
 times each ``pread64`` / ``preadv`` / ``preadv2`` / ``read`` of the followed
 processes (enter -> exit) and counts the page-cache pages added by the calling task while
 the call is in flight (``filemap:mm_filemap_add_to_page_cache``). A call is
@@ -27,8 +27,7 @@ the file when ``MOE_EXTENT`` splits a pool file - the same counters plus a laten
 histogram. ``gen`` counts close() of the fd number in that process and ``epoch`` the
 process's close_range() / exec events, so a reused fd number is a new identity.
 
-Attribution (user space: fd -> inode would need ``struct file`` reads, unsafe with
-mismatched headers): the kernel pushes every new identity into a small ring; the
+Attribution (user space; the kernel side keeps to tracepoint and syscall arguments): the kernel pushes every new identity into a small ring; the
 recorder's :meth:`ReadsRecorder.poll` stats ``/proc/<tgid>/fd/<fd>`` at once (the fd is
 still open: its process just read it), re-reads gen/epoch to make sure it saw the same
 open file, and also scans every followed process's fd table every SCAN_INTERVAL_S. An identity
@@ -71,13 +70,13 @@ import numpy as np
 from moetrace.lazyimport import pandas as pd
 
 from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
-                                  AttachGroup, Column, Knob, ProbeSpec, Struct, bcc_tp, group, kp_cand, tp_cand)
+                                  AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, group, kp_cand, tp_cand)
 from moetrace.errors import MoetraceError, ProbeError
 from moetrace.record.probe import ProbeRecorder, RecordContext, schema_doc
 from moetrace.record.spec import AttachPlan
 
-# -- the declaration: attach candidates, knobs, tables (probes/reads.bpf.c and probes/reads.c agree:
-# tests/probe_build/test_core_objects.py, tests/*/test_probe_build.py)
+# -- the declaration: attach candidates, knobs, tables (probes/reads.bpf.c and probes/reads.bpf.c agree:
+# tests/probe_build/test_core_objects.py)
 
 _READ_SYSCALLS = ("pread64", "preadv", "preadv2", "read")
 #: read syscall -> (enter fields, group knob): pread64 is required, the others optional
@@ -91,7 +90,7 @@ def _calls(name: str, doc: str = "") -> Column:
     return Column(name, "Int64", "", doc)
 
 
-#: probes/reads.bpf.c (and its bcc twin probes/reads.c). Reads only tracepoint + syscall arguments
+#: probes/reads.bpf.c. Reads only tracepoint + syscall arguments
 #: and the caller's iovec array (user memory); fd -> inode -> expert is resolved in user space
 #: (moetrace.record.probes.reads).
 READS = ProbeSpec(
@@ -101,7 +100,7 @@ READS = ProbeSpec(
                 "to experts in user space (/proc/<tgid>/fd + the first added page's inode)",
     attach=tuple(
         g for sc in _READ_SYSCALLS for g in (
-            group(f"{sc}_enter", bcc_tp(f"syscalls:sys_enter_{sc}", fields=_READ_ENTER[sc][0],
+            group(f"{sc}_enter", named_tp(f"syscalls:sys_enter_{sc}", fields=_READ_ENTER[sc][0],
                                       note="fd, file position and requested bytes of the call"
                                            + (" (bytes summed from the user iovec array; pos_h is ignored by "
                                               "64-bit kernels)" if "vec" in _READ_ENTER[sc][0] else "")
@@ -110,24 +109,24 @@ READS = ProbeSpec(
                                            + (" (since 4.6; Python's os.preadv, the replay's read call, "
                                               "issues preadv2)" if sc == "preadv2" else "")),
                required=sc == "pread64", knob=_READ_ENTER[sc][1]),
-            group(f"{sc}_exit", bcc_tp(f"syscalls:sys_exit_{sc}", fields=("ret",),
+            group(f"{sc}_exit", named_tp(f"syscalls:sys_exit_{sc}", fields=("ret",),
                                      note="ret: bytes read or -errno; the call's latency ends here"),
                required=sc == "pread64", knob=_READ_ENTER[sc][1]))
     ) + (
-        group("add", bcc_tp("filemap:mm_filemap_add_to_page_cache", fields=("i_ino", "index", "s_dev"),
+        group("add", named_tp("filemap:mm_filemap_add_to_page_cache", fields=("i_ino", "index", "s_dev"),
                           field_knobs=(("order", "MOE_HAVE_ORDER"),),
                           note="a folio added while the task has a read call in flight: the call missed; "
                                "pages = 1 << order (large folios), the first add tells the call's inode")),
-        group("close", bcc_tp("syscalls:sys_enter_close", fields=("fd",),
+        group("close", named_tp("syscalls:sys_enter_close", fields=("fd",),
                             note="a closed fd number starts a new fd identity (gen + 1)"),
            required=False, knob="MOE_TRACK_CLOSE"),
-        group("close_range", bcc_tp("syscalls:sys_enter_close_range",
+        group("close_range", named_tp("syscalls:sys_enter_close_range",
                                   note="close_range (5.9+): a new epoch for every fd of the process"),
            required=False, knob="MOE_TRACK_CLOSE_RANGE"),
-        group("exec", bcc_tp("sched:sched_process_exec",
+        group("exec", named_tp("sched:sched_process_exec",
                            note="exec closes O_CLOEXEC fds without close(): a new epoch"),
            required=False, knob="MOE_TRACK_EXEC"),
-        group("newtask", bcc_tp("task:task_newtask", fields=("pid", "clone_flags"),
+        group("newtask", named_tp("task:task_newtask", fields=("pid", "clone_flags"),
                               note="follow the command's child processes (threads share the tgid)"),
            required=False, knob="MOE_FOLLOW_FORKS"),
     ),
@@ -771,12 +770,12 @@ class ReadsRecorder(ProbeRecorder):
         self.resolver = FdResolver(self._generation)
         self.probe.open_ring("idents", self._on_ident)
         if self.ctx.stream:
-            from moetrace.kernel.bpf import EventStream, percpu_sums
+            from moetrace.kernel.bpf import EventStream
 
             stats = self.probe.table("stats")
             slot = STAT["ring_drops"]
-            self.stream = EventStream(self.probe, "calls", READ_CALL_DTYPE.itemsize, "ring",
-                                      kernel_lost=lambda: int(percpu_sums(stats)[slot]),
+            self.stream = EventStream(self.probe, "calls", READ_CALL_DTYPE.itemsize,
+                                      kernel_lost=lambda: int(stats.percpu_sums()[slot]),
                                       max_records=self.ctx.stream_max_records)
         self._t_open = time.monotonic()
         return self
@@ -848,13 +847,13 @@ class ReadsRecorder(ProbeRecorder):
 
     # -- reading the kernel's side ----------------------------------------------------------
     def _collect(self) -> Collected:
-        from moetrace.kernel.bpf import percpu_sums, read_array
+        from moetrace.kernel.bpf import read_array
 
         t, p = self.probe.table, self.probe
         cls = percpu_totals(t("classes"), CLASS_COUNTS_DTYPE)
         classes = {name: {f: int(cls[i][f]) for f in CLASS_FIELDS} for i, name in enumerate(CLASSES)}
-        hist = percpu_sums(t("hist"))
-        stats = dict(zip(SPEC.stats, percpu_sums(t("stats")).tolist()))
+        hist = t("hist").percpu_sums()
+        stats = dict(zip(SPEC.stats, t("stats").percpu_sums().tolist()))
         # identities: the retired ones and the per-extent / read() ones (`fds`), and each fd
         # number's current one with its counters (`fdgen`, files layout: chunk 0)
         keys, aggs = p.items("fds", FD_KEY_DTYPE, FD_AGG_DTYPE)

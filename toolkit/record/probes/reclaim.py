@@ -28,11 +28,10 @@ reclaim lands in the memcg's own v2 memory.stat (v1 memory.stat has no pgscan at
 The recorder reads /proc/vmstat at open and close and puts the comparison in
 :meth:`ReclaimResult.summary` (``vmstat_check``).
 
-The kernel side is probes/reclaim.bpf.c, compiled once and loaded by libbpf (probes/reclaim.c
-through bcc with ``MOETRACE_BPF_BACKEND=bcc``). Which tracepoints exist is decided by
+The kernel side is probes/reclaim.bpf.c, compiled once and loaded by libbpf. Which tracepoints exist is decided by
 :func:`moetrace.record.spec.resolve` on the ``reclaim`` declaration; optional groups that are
-unavailable are left out with their ``MOE_HAVE_*`` knobs (the CO-RE object does not load their
-programs, bcc does not compile them). Only tracepoint arguments are read.
+unavailable are left out with their ``MOE_HAVE_*`` knobs (the object does not load their
+programs). Only tracepoint arguments are read.
 """
 
 from __future__ import annotations
@@ -48,15 +47,15 @@ import numpy as np
 from moetrace.lazyimport import pandas as pd
 
 from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
-                                  AttachGroup, Column, Knob, ProbeSpec, Struct, bcc_tp, group, kp_cand, tp_cand)
+                                  AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, group, kp_cand, tp_cand)
 from moetrace.kernel import procfs
 from moetrace.kernel.procfs import delta as vmstat_delta
 
 from moetrace.record.probe import EngineProbe, schema_doc
 
-#: the one declaration of probes/reclaim.bpf.c and probes/reclaim.c (attach groups, knobs, stats
+#: the one declaration of probes/reclaim.bpf.c (attach groups, knobs, stats
 #: slots, schema)
-# -- the declaration: attach candidates, knobs, tables (the C agrees: tests/*/test_probe_build.py,
+# -- the declaration: attach candidates, knobs, tables (the C agrees: tests/probe_build/test_core_objects.py,
 # tests/probe_build/test_core_objects.py)
 
 
@@ -68,7 +67,7 @@ def _pages(name: str, doc: str = "") -> Column:
 _SHRINK_INACTIVE_FIELDS = ("nr_scanned", "nr_reclaimed", "nr_dirty", "nr_writeback", "nr_congested", "nr_immediate",
                            "nr_activate0", "nr_activate1", "nr_ref_keep", "nr_unmap_fail", "reclaim_flags")
 
-#: probes/reclaim.bpf.c (probes/reclaim.c). Reads only tracepoint arguments; aggregated in the
+#: probes/reclaim.bpf.c. Reads only tracepoint arguments; aggregated in the
 #: kernel (no stream).
 RECLAIM = ProbeSpec(
     name="reclaim",
@@ -172,9 +171,6 @@ VMSTAT_KEYS = ("pgscan_kswapd", "pgscan_direct", "pgscan_khugepaged", "pgscan_pr
                "pgscan_file", "pgsteal_kswapd", "pgsteal_direct", "pgsteal_khugepaged", "pgsteal_proactive",
                "pgsteal_anon", "pgsteal_file", "pgrefill", "pgdeactivate", "pgactivate",
                "workingset_refault_file", "workingset_refault_anon")
-# 6.1/6.12 headers warn under clang 14 (bcc 0.26); harmless for tracepoint-args programs
-QUIET_CFLAGS = ("-Wno-ignored-attributes", "-Wno-duplicate-decl-specifier", "-Wno-unused-function",
-                "-Wno-macro-redefined")
 
 
 def _map_sizes(k: dict[str, int]) -> dict[str, int]:
@@ -190,18 +186,17 @@ def read_vmstat(root: str | os.PathLike = "/", keys: tuple[str, ...] = VMSTAT_KE
     return procfs.read_vmstat(root, keys)
 
 
-def reclaim_cflags(have: dict[str, int] | None = None, bucket_ns: int = 0, max_buckets: int = 4096,
-                   t0_ns: int = 0, max_tasks: int = 16384) -> list[str]:
-    """The knobs of the reclaim probe as -D cflags (``have``: MOE_HAVE_* -> 0/1, default all 1); the
-    CO-RE object takes the same values as globals."""
+def reclaim_knobs(have: dict[str, int] | None = None, bucket_ns: int = 0, max_buckets: int = 4096,
+                  t0_ns: int = 0, max_tasks: int = 16384) -> dict[str, int]:
+    """The knobs of the reclaim probe (``have``: MOE_HAVE_* -> 0/1, default all 1), validated."""
     if bucket_ns < 0 or max_buckets <= 0 or max_tasks <= 0 or t0_ns < 0:
         raise ValueError("bucket_ns and t0_ns must be >= 0, max_buckets and max_tasks > 0")
     have = {k: 1 for k in HAVE_KNOBS} | dict(have or {})
     unknown = set(have) - set(HAVE_KNOBS)
     if unknown:
         raise ValueError(f"unknown MOE_HAVE_* knobs {sorted(unknown)}")
-    return SPEC.cflags(**{k: int(bool(v)) for k, v in have.items()}, MOE_MAX_TASKS=int(max_tasks),
-                       MOE_BUCKET_NS=int(bucket_ns), MOE_MAX_BUCKETS=int(max_buckets), MOE_T0_NS=int(t0_ns))
+    return SPEC.knob_values(**{k: int(bool(v)) for k, v in have.items()}, MOE_MAX_TASKS=int(max_tasks),
+                            MOE_BUCKET_NS=int(bucket_ns), MOE_MAX_BUCKETS=int(max_buckets), MOE_T0_NS=int(t0_ns))
 
 
 def resolve_attach(features=None, plan=None) -> tuple[dict[str, str], dict[str, str], dict[str, int]]:
@@ -333,13 +328,12 @@ class ReclaimResult:
                 "start_s": self.start_s, "duration_s": self.duration_s}
 
 
-from moetrace.kernel.bpf import entry_count, percpu_sums, recursion_misses  # noqa: E402
+from moetrace.kernel.bpf import entry_count, recursion_misses  # noqa: E402
 from moetrace.errors import ProbeError
 
 
 class ReclaimRecorder:
-    """Load and attach the reclaim probe (the loader :func:`moetrace.kernel.bpf.backend_for` picks);
-    on close read its in-kernel aggregates and detach.
+    """Load and attach the reclaim probe; on close read its in-kernel aggregates and detach.
 
     bucket_ns > 0 also keeps per-time-bucket counters (``max_buckets`` buckets from the
     moment of open(); later events land in the last bucket and are counted in
@@ -350,21 +344,20 @@ class ReclaimRecorder:
     holds the :class:`ReclaimResult`."""
 
     def __init__(self, bucket_ns: int = 0, max_buckets: int = 4096, max_tasks: int = 16384, features=None,
-                 vmstat_root: str | os.PathLike = "/", extra_cflags: tuple[str, ...] = QUIET_CFLAGS, plan=None,
+                 vmstat_root: str | os.PathLike = "/", plan=None,
                  gated: bool = False):
-        reclaim_cflags(bucket_ns=bucket_ns, max_buckets=max_buckets, max_tasks=max_tasks)  # validate
+        reclaim_knobs(bucket_ns=bucket_ns, max_buckets=max_buckets, max_tasks=max_tasks)  # validate
         self.bucket_ns = int(bucket_ns)
         self.max_buckets = int(max_buckets)
         self.max_tasks = int(max_tasks)
         self.features = features
         self._plan = plan
         self.vmstat_root = vmstat_root
-        self.extra_cflags = tuple(extra_cflags)
         self.gated = gated  # counts nothing until armed (:meth:`arm`)
         self.attach: dict[str, str] = {}
         self.unavailable: dict[str, str] = {}
         self.knobs: dict[str, int] = {}
-        #: the loaded probe (moetrace.kernel.bpf LoadedProbe or CoreProbe) while attached, else None
+        #: the loaded probe (moetrace.kernel.bpf.CoreProbe) while attached, else None
         self.probe = None
         self.result: ReclaimResult | None = None
         self.compile_s = 0.0
@@ -374,15 +367,9 @@ class ReclaimRecorder:
         self._vm0: dict[str, int] = {}
 
     # -- lifecycle ----------------------------------------------------------------------------
-    @property
-    def bpf(self):
-        """The attached probe handle (either loader), None once detached: what
-        :class:`moetrace.record.probe.EngineProbe` tests for "attached"."""
-        return self.probe
-
     def open(self) -> "ReclaimRecorder":
-        """Resolve, load (the CO-RE object, or a bcc compile) and attach."""
-        from moetrace.kernel.bpf import load_either
+        """Resolve, load the CO-RE object and attach."""
+        from moetrace.kernel.bpf import load_core
 
         if self.features is not None and self.features.tracefs is None:
             from moetrace.kernel.features import tracefs_path
@@ -390,12 +377,10 @@ class ReclaimRecorder:
             self.features.tracefs = tracefs_path(self.features.root)
         self.attach, self.unavailable, have = resolve_attach(self.features, self._plan)
         self._t0_ns = time.monotonic_ns()  # bpf_ktime_get_ns() is CLOCK_MONOTONIC
-        cflags = reclaim_cflags(have, self.bucket_ns, self.max_buckets, self._t0_ns, self.max_tasks)
-        self.knobs = {f[2:].split("=")[0]: int(f.split("=")[1]) for f in cflags}
+        self.knobs = reclaim_knobs(have, self.bucket_ns, self.max_buckets, self._t0_ns, self.max_tasks)
         attach = [(c.fn_name, c.kind, c.target) for g, target in self.attach.items()
                   for c in SPEC.group(g).candidates if c.target == target]
-        self.probe = load_either("reclaim", self.knobs, attach, _map_sizes(self.knobs), gated=self.gated,
-                                 extra_cflags=self.extra_cflags)
+        self.probe = load_core("reclaim", self.knobs, attach, _map_sizes(self.knobs), gated=self.gated)
         self.compile_s, self.attach_s = self.probe.compile_s, self.probe.attach_s
         self._vm0 = read_vmstat(self.vmstat_root)
         self._vm1 = None
@@ -445,7 +430,7 @@ class ReclaimRecorder:
 
     # -- reading the kernel's side ------------------------------------------------------------
     def _percpu_array(self, name: str) -> np.ndarray:
-        return percpu_sums(self.probe.table(name))
+        return self.probe.table(name).percpu_sums()
 
     def _collect(self, vm: dict[str, int]) -> ReclaimResult:
         nk, nf = len(KINDS), len(FIELDS)
@@ -479,7 +464,7 @@ class ReclaimRecorder:
             cols[f + "_pages"] = t[f]
         per_kind = pd.DataFrame(cols)[[c.name for c in SPEC.schema]]  # the declared table, in order
 
-        # the slot is bcc's bpf_log2l(d) (moe_log2l in moetrace.bpf.h), floor(log2(d)) + 1 (0 and 1
+        # the slot is moe_log2l(d) (moetrace.bpf.h; bcc's bpf_log2l), floor(log2(d)) + 1 (0 and 1
         # both give 1): slot s holds [2**(s-1), 2**s) ns, slot 1 also 0 (bcc's print_log2_hist)
         ki, sl = np.nonzero(hist)
         hi = np.left_shift(np.uint64(1), sl.astype(np.uint64))

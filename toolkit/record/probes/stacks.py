@@ -1,7 +1,7 @@
 """The stacks probe: where the replay's CPU time goes, kernel and user frames, as flame-graph
 input.
 
-probes/stacks.bpf.c (CO-RE, compiled once; probes/stacks.c is its bcc twin while both exist)
+probes/stacks.bpf.c (CO-RE, compiled once)
 samples every CPU with the software cpu-clock perf event (an hrtimer; no hardware PMU, so it
 works in a VM; one event per online CPU, opened by :mod:`moetrace.kernel.perf` for the CO-RE
 object, by bcc for its own) at ``MOE_SAMPLE_HZ`` and counts, in the kernel, the
@@ -57,16 +57,16 @@ import numpy as np
 from moetrace.lazyimport import pandas as pd
 
 from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
-                                  AttachGroup, Column, Knob, ProbeSpec, Struct, bcc_tp, group, kp_cand, tp_cand)
+                                  AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, group, kp_cand, tp_cand)
 from moetrace.run import directory as rd
 from moetrace.errors import MoetraceError, ProbeError, UsageError
 from moetrace.record.probe import ProbeRecorder, RecordContext, schema_doc
 from moetrace.kernel.symbolize import Kallsyms, ProcMaps, Symbolizer, find_kernel_addresses  # noqa: F401 (re-export)
 
-# -- the declaration: attach candidates, knobs, tables (probes/stacks.bpf.c and probes/stacks.c agree:
-# tests/probe_build/test_core_objects.py, tests/*/test_probe_build.py)
+# -- the declaration: attach candidates, knobs, tables (probes/stacks.bpf.c and probes/stacks.bpf.c agree:
+# tests/probe_build/test_core_objects.py)
 
-#: probes/stacks.bpf.c (and its bcc twin probes/stacks.c). Reads only the sample's registers
+#: probes/stacks.bpf.c. Reads only the sample's registers
 #: (stack ids) and task_newtask's arguments; counted in the kernel per (tgid, user stack, kernel stack, comm), symbolized in user space
 #: (moetrace.record.probes.stacks, moetrace.kernel.symbolize).
 STACKS = ProbeSpec(
@@ -77,7 +77,7 @@ STACKS = ProbeSpec(
         group("cpu_clock", AttachCandidate("perf_event", "software:cpu-clock", "on_cpu_clock",
                                         "PERF_COUNT_SW_CPU_CLOCK, an hrtimer per CPU: no hardware PMU needed "
                                         "in a VM; sample_freq becomes a fixed period of 1e9 / MOE_SAMPLE_HZ ns")),
-        group("newtask", bcc_tp("task:task_newtask", fields=("pid", "clone_flags"),
+        group("newtask", named_tp("task:task_newtask", fields=("pid", "clone_flags"),
                               note="follow the command's child processes (threads share the tgid)"),
            required=False, knob="MOE_FOLLOW_FORKS"),
     ),
@@ -243,24 +243,8 @@ def folded_text(df: pd.DataFrame) -> str:
     return "".join(f"{s} {int(n)}\n" for s, n in agg.items())
 
 
-def attach_cpu_clock(probe, prog: str, hz: int) -> None:
-    """Open one cpu-clock sampling event per online CPU at ``hz`` and attach ``prog`` to each,
-    by the probe's loader: bcc opens its own; for the CO-RE object :mod:`moetrace.kernel.perf`
-    opens them and libbpf links the program (the links own the events: closing the probe
-    closes them)."""
-    if probe.backend == "core":
-        from moetrace.kernel.perf import attach_cpu_clock as attach
-
-        attach(probe.obj, prog, hz)
-        return
-    from bcc import PerfSWConfig, PerfType
-
-    probe.bpf.attach_perf_event(ev_type=PerfType.SOFTWARE, ev_config=PerfSWConfig.CPU_CLOCK,
-                                fn_name=prog.encode(), sample_freq=hz)
-
-
 class StacksRecorder(ProbeRecorder):
-    """Attach the stacks probe (either loader); snapshot the followed processes' maps while
+    """Attach the stacks probe; snapshot the followed processes' maps while
     they run; symbolize and fold at close. ``knobs`` override the declared defaults (after
     ``MOETRACE_STACKS_KNOBS``); ``kswapd=False`` samples only the command."""
 
@@ -305,9 +289,11 @@ class StacksRecorder(ProbeRecorder):
         self.knobs = {k: int(v) for k, v in knobs.items()}
         t0 = time.perf_counter()
         self.load_planned(self.knobs)
-        try:
-            attach_cpu_clock(self.probe, entry.candidate.fn_name, self.knobs["MOE_SAMPLE_HZ"])
-        except Exception as e:  # noqa: BLE001 - bcc raises bare Exception when perf_event_open fails
+        from moetrace.kernel.perf import attach_cpu_clock
+
+        try:  # one cpu-clock event per online CPU, linked to the program (closed with the probe)
+            attach_cpu_clock(self.probe.obj, entry.candidate.fn_name, self.knobs["MOE_SAMPLE_HZ"])
+        except (OSError, ProbeError) as e:
             self.probe.close()
             raise ProbeError(f"stacks: cannot open the cpu-clock perf events: {e}",
                              hint="check kernel.perf_event_paranoid and perf_event_max_sample_rate") from None
@@ -316,7 +302,7 @@ class StacksRecorder(ProbeRecorder):
             try:
                 for pid in self.kswapd_pids:
                     self.probe.put("tgids", struct.pack("<I", pid), bytes([TASK_KSWAPD]))
-            except Exception as e:  # noqa: BLE001 - a full map (MOE_MAX_TASKS): OSError, or bcc's bare Exception
+            except OSError as e:  # a full map (MOE_MAX_TASKS)
                 self.probe.close()
                 raise ProbeError(f"stacks: cannot add the kswapd threads to the task map: {e}",
                                      hint="raise MOE_MAX_TASKS") from None
@@ -398,7 +384,7 @@ class StacksRecorder(ProbeRecorder):
             ids = {sid for _t, u, k, _c, _n in raw for sid in (u, k) if sid >= 0}
             traces = {sid: self._stack(sid) for sid in ids}
             self._misses = self.recursion_misses()
-        except Exception as e:  # noqa: BLE001 - bcc map reads raise bare exceptions
+        except (OSError, ValueError) as e:
             raise MoetraceError(f"stacks: reading the kernel's counters failed: {e}") from None
         finally:
             self.probe.close()
