@@ -39,4 +39,6 @@ def test_percpu_sums_by_batch_equal_per_entry_sums(live):
             want[i] = sum(buf)
         got = t.percpu_sums()
         assert got.dtype == np.int64 and got.tolist() == want.tolist()
+        for start, k in ((0, 1), (37, 1), (36, 75), (1000, 20000 - 1000), (n - 1, 1)):  # windows (the timeline's)
+            assert t.percpu_sums(start, k).tolist() == want[start:start + k].tolist(), (start, k)
         assert got[37] == sum(370 + c + 1 for c in range(ncpu)) and got[1] == 0

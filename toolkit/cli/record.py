@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from moetrace.cli.common import emit_json
+from moetrace.cli.common import emit_json, exit_now
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "ignore_unknown_options": True})
@@ -125,7 +125,7 @@ def record(ctx, probes, knob_items, out, pool_dir, missing_probes, stream_events
         if rs:
             click.echo(f"moetrace record: reclaim scanned {rs['scanned_pages']} pages, reclaimed "
                        f"{rs['reclaimed_pages']}", err=True)
-    ctx.exit(res.exit_status)
+    exit_now(ctx, res.exit_status)
 
 
 if __name__ == "__main__":  # `python -m moetrace.cli.record` (what `moetrace cell --record` runs)

@@ -14,6 +14,7 @@ import ctypes
 import os
 import re
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,6 +86,11 @@ def object_path(name: str) -> Path:
     """probes/build/<name>.bpf.o (``MOETRACE_PROBE_OBJECTS`` overrides the directory)."""
     d = os.environ.get("MOETRACE_PROBE_OBJECTS")
     return (Path(d) if d else PROBES_DIR / "build") / f"{name}.bpf.o"
+
+
+def probe_objects() -> list[Path]:
+    """Every compiled probe object (the directory of :func:`object_path`)."""
+    return sorted(object_path("x").parent.glob("*.bpf.o"))
 
 
 def core_source(name: str) -> Path:
@@ -200,6 +206,51 @@ class CoreProbe:
         self.close()
 
 
+_CORE_BTF: dict[str, Path | None] = {}
+_CORE_BTF_LOCK = threading.Lock()
+#: set to 1: libbpf relocates against the kernel's whole BTF (no minimal BTF; to compare the two)
+NO_MIN_BTF_ENV = "MOETRACE_NO_MIN_BTF"
+
+
+def core_btf() -> Path | None:
+    """The minimal BTF the probe objects relocate against on this kernel (made once per kernel
+    and set of objects, cached: moetrace.kernel.minbtf), None when there is none to be had or
+    ``MOETRACE_NO_MIN_BTF=1``. Decided once per process."""
+    if os.environ.get(NO_MIN_BTF_ENV, "").strip() not in ("", "0"):
+        return None
+    with _CORE_BTF_LOCK:
+        if "path" not in _CORE_BTF:
+            from moetrace.kernel import minbtf
+
+            objs = probe_objects()
+            _CORE_BTF["path"] = minbtf.ensure(objs) if objs else None
+        return _CORE_BTF["path"]
+
+
+def _open_and_load(name: str, knobs: dict[str, int | bool], wanted: set[str], map_sizes: dict[str, int] | None,
+                   gated: bool, attach_targets: dict[str, str] | None, btf: Path | None):
+    """probes/build/<name>.bpf.o opened (relocated against ``btf``, else the kernel's BTF), its
+    knobs and map sizes set, only the ``wanted`` programs loaded; closed on failure."""
+    from moetrace.kernel.libbpf import BpfObject
+
+    obj = BpfObject(object_path(name), name, btf_custom_path=btf)
+    try:
+        values = {k.lower(): int(v) for k, v in knobs.items()}
+        values["gated"] = int(gated)
+        obj.set_globals(values)
+        for m, n in (map_sizes or {}).items():
+            obj.set_max_entries(m, n)
+        for prog in obj.programs:
+            obj.set_autoload(prog, prog in wanted)
+        for prog, func in (attach_targets or {}).items():
+            obj.set_attach_target(prog, func)
+        obj.load()
+    except BaseException:
+        obj.close()
+        raise
+    return obj
+
+
 def load_core(name: str, knobs: dict[str, int | bool], attach: list[tuple[str, str, str]],
               map_sizes: dict[str, int] | None = None, gated: bool = False,
               attach_targets: dict[str, str] | None = None) -> CoreProbe:
@@ -210,8 +261,6 @@ def load_core(name: str, knobs: dict[str, int | bool], attach: list[tuple[str, s
     :func:`moetrace.kernel.perf.attach_cpu_clock`). ``attach_targets``: {program: kernel
     function} of fentry/fexit programs, set before load.
     Everything is detached on failure."""
-    from moetrace.kernel.libbpf import BpfObject
-
     why = stale_object(name)
     if why:
         raise ProbeError(f"probe {name}: {why}")
@@ -223,19 +272,15 @@ def load_core(name: str, knobs: dict[str, int | bool], attach: list[tuple[str, s
 
         ensure_tracefs()
     t0 = time.perf_counter()
-    obj = BpfObject(object_path(name), name)
+    custom = core_btf()
     try:
-        values = {k.lower(): int(v) for k, v in knobs.items()}
-        values["gated"] = int(gated)
-        obj.set_globals(values)
-        for m, n in (map_sizes or {}).items():
-            obj.set_max_entries(m, n)
-        wanted = {prog for prog, _k, _t in attach}
-        for prog in obj.programs:
-            obj.set_autoload(prog, prog in wanted)
-        for prog, func in (attach_targets or {}).items():
-            obj.set_attach_target(prog, func)
-        obj.load()
+        obj = _open_and_load(name, knobs, {p for p, _k, _t in attach}, map_sizes, gated, attach_targets, custom)
+    except ProbeError:
+        if custom is None:
+            raise
+        # a minimal BTF that misses a type (a stale cache file): the kernel's own has them all
+        obj = _open_and_load(name, knobs, {p for p, _k, _t in attach}, map_sizes, gated, attach_targets, None)
+    try:
         t1 = time.perf_counter()
         done: dict[str, str] = {}
         tps: list[str] = []

@@ -350,15 +350,20 @@ def vmlinux(path: str = "/sys/kernel/btf/vmlinux") -> Btf | None:
         return _VMLINUX[path]
 
 
-def load(path: str | Path) -> Btf | None:
-    """BTF of ``path``: raw BTF (/sys/kernel/btf/vmlinux), a vmlinux ELF or a bzImage
-    (/boot/vmlinuz-*). None when the kernel has no BTF."""
+def raw(path: str | Path) -> bytes | None:
+    """The raw BTF of ``path``: raw BTF itself (/sys/kernel/btf/vmlinux), a vmlinux ELF's .BTF or a
+    bzImage's (/boot/vmlinuz-*). None when the kernel has no BTF."""
     p = Path(path)
     try:
         data = p.read_bytes()
     except OSError as e:
         raise InputError(f"cannot read: {e.strerror}", path=str(p)) from None
     if len(data) >= 2 and struct.unpack_from("<H", data, 0)[0] == BTF_MAGIC:
-        return Btf(data, str(p))
-    raw = btf_from_elf(vmlinux_from_image(data, str(p)), str(p))
-    return None if raw is None else Btf(raw, str(p))
+        return data
+    return btf_from_elf(vmlinux_from_image(data, str(p)), str(p))
+
+
+def load(path: str | Path) -> Btf | None:
+    """BTF of ``path`` (as :func:`raw` finds it), parsed. None when the kernel has no BTF."""
+    data = raw(path)
+    return None if data is None else Btf(data, str(path))

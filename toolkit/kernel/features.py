@@ -66,10 +66,12 @@ def private_mounts(on: bool = True) -> None:
     program (the moetrace command, ``python -m moetrace...``, ``python -c``), never in one
     hosting it (pytest, a notebook: a click command run in-process), whose namespace would
     change for good: there the mounts are made and unmounted as before."""
-    _NS["private"] = on and _own_process()
+    _NS["private"] = on and own_process()
 
 
-def _own_process() -> bool:
+def own_process() -> bool:
+    """True when this process is a moetrace program (the moetrace command, ``python -m
+    moetrace...``, ``python -c``), not one hosting it (pytest, a notebook)."""
     import sys
 
     f = getattr(sys.modules.get("__main__"), "__file__", None)
@@ -434,6 +436,11 @@ def kprobes_reason(root: str | os.PathLike = "/") -> str | None:
     return "kprobes not built (no kprobe_events in tracefs, no kprobe PMU: CONFIG_KPROBES off)"
 
 
+#: set to 1: function hooks take their kprobe candidate even where fentry loads (to compare the
+#: two, tests/bench/bench_hooks.py; or to step around a trampoline problem)
+NO_FENTRY_ENV = "MOETRACE_NO_FENTRY"
+
+
 def fentry_reason(root: str | os.PathLike, func: str, privileged: bool) -> str | None:
     """None when an fentry program (a BPF trampoline) can be loaded on ``func`` here, else the
     kernel's reason. Asked by loading a two-instruction fentry program (the live kernel only:
@@ -442,6 +449,8 @@ def fentry_reason(root: str | os.PathLike, func: str, privileged: bool) -> str |
     patch that lets only PID 1 load fentry / fexit / fmod_ret / freplace / LSM programs,
     checked in bpf_prog_load before the verifier; found by reading the kernel's code: no log
     line, no lockdown message), else lockdown."""
+    if os.environ.get(NO_FENTRY_ENV, "").strip() not in ("", "0"):
+        return f"fentry turned off ({NO_FENTRY_ENV}=1): kprobes are the fallback"
     if not btf_available(root):
         return "no kernel BTF (/sys/kernel/btf/vmlinux): fentry needs the function's BTF"
     ip = (_read(_p(root, "proc/sys/kernel/init_private")) or "").strip()

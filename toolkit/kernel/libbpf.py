@@ -232,21 +232,23 @@ class Map:
         return read_array_fd(self.fd, self.max_entries, np.dtype(dtype),
                              self.value_size if value_size is None else value_size)
 
-    def read_percpu(self, dtype) -> np.ndarray:
-        """A per-CPU array map as numpy: shape (entries, possible CPUs) of ``dtype`` (the kernel
-        copies each value rounded up to 8 bytes, once per possible CPU)."""
+    def read_percpu(self, dtype, start: int = 0, n: int | None = None) -> np.ndarray:
+        """A per-CPU array map (``n`` entries from ``start``; default all) as numpy: shape
+        (entries, possible CPUs) of ``dtype`` (the kernel copies each value rounded up to 8
+        bytes, once per possible CPU)."""
         dtype = np.dtype(dtype)
         ncpu = possible_cpus()
         slot = -(-self.value_size // 8) * 8
         if dtype.itemsize != self.value_size:
             raise ValueError(f"map {self.name}: dtype {dtype} is not {self.value_size} B")
         padded = np.dtype({"names": ["v"], "formats": [dtype], "offsets": [0], "itemsize": slot})
-        raw = read_array_fd(self.fd, self.max_entries, np.dtype((padded, (ncpu,))), slot * ncpu)
+        n = self.max_entries - start if n is None else n
+        raw = read_array_fd(self.fd, n, np.dtype((padded, (ncpu,))), slot * ncpu, start)
         return raw["v"]
 
-    def percpu_sums(self) -> np.ndarray:
-        """Per-index sums over CPUs of a per-CPU array of u64, as int64."""
-        return self.read_percpu(np.uint64).sum(axis=1, dtype=np.uint64).astype(np.int64)
+    def percpu_sums(self, start: int = 0, n: int | None = None) -> np.ndarray:
+        """Per-index sums over CPUs of a per-CPU array of u64 (``n`` entries from ``start``), as int64."""
+        return self.read_percpu(np.uint64, start, n).sum(axis=1, dtype=np.uint64).astype(np.int64)
 
     def keys(self, key_dtype) -> np.ndarray:
         """Every key of a hash map (BPF_MAP_GET_NEXT_KEY walk)."""
@@ -274,9 +276,10 @@ def hash_keys(fd: int, key_dtype: np.dtype) -> np.ndarray:
     return np.array(out, dtype=key_dtype)
 
 
-def read_array_fd(fd: int, n: int, dtype: np.dtype, size: int) -> np.ndarray:
-    """The values of array map ``fd`` (``n`` entries) into a numpy array of ``dtype`` by
-    BPF_MAP_LOOKUP_BATCH, 64 Ki entries a call; per-entry lookups where batch ops are missing."""
+def read_array_fd(fd: int, n: int, dtype: np.dtype, size: int, start: int = 0) -> np.ndarray:
+    """The values of array map ``fd`` (``n`` entries from index ``start``) into a numpy array of
+    ``dtype`` by BPF_MAP_LOOKUP_BATCH, 64 Ki entries a call; per-entry lookups where batch ops are
+    missing."""
     if dtype.itemsize != size:
         raise ValueError(f"dtype {dtype} ({dtype.itemsize} B) != the map's value size {size} B")
     L = lib()
@@ -284,22 +287,25 @@ def read_array_fd(fd: int, n: int, dtype: np.dtype, size: int) -> np.ndarray:
     chunk = min(max(n, 1), 65536)
     keys = np.zeros(chunk, np.uint32)
     vals = np.zeros(chunk, dtype)
-    in_b, out_b = ctypes.c_uint32(0), ctypes.c_uint32(0)
+    # an array's batch token is the last key read: the next call goes on after it
+    in_b, out_b = ctypes.c_uint32(max(start - 1, 0)), ctypes.c_uint32(0)
     got, first = 0, True
     while got < n:
         cnt = ctypes.c_uint32(min(chunk, n - got))
-        res = L.bpf_map_lookup_batch(fd, None if first else ctypes.byref(in_b), ctypes.byref(out_b),
+        res = L.bpf_map_lookup_batch(fd, None if first and start == 0 else ctypes.byref(in_b), ctypes.byref(out_b),
                                      keys.ctypes.data, vals.ctypes.data, ctypes.byref(cnt), None)
         err = ctypes.get_errno() if res != 0 else 0
         k = cnt.value
         if k:
-            out[keys[:k]] = vals[:k]
+            idx = keys[:k].astype(np.int64) - start
+            inside = idx < n
+            out[idx[inside]] = vals[:k][inside]
             got += k
         if res != 0:
             if err == errno_mod.ENOENT:
                 break
             if first and err in (errno_mod.EINVAL, 524):  # 524: ENOTSUPP, no batch ops
-                return _read_array_slow(fd, n, dtype)
+                return _read_array_slow(fd, n, dtype, start)
             raise OSError(err, f"BPF_MAP_LOOKUP_BATCH: {os.strerror(err)}")
         first = False
         in_b.value = out_b.value
@@ -308,13 +314,13 @@ def read_array_fd(fd: int, n: int, dtype: np.dtype, size: int) -> np.ndarray:
     return out
 
 
-def _read_array_slow(fd: int, n: int, dtype: np.dtype) -> np.ndarray:
+def _read_array_slow(fd: int, n: int, dtype: np.dtype, start: int = 0) -> np.ndarray:
     L = lib()
     out = np.zeros(n, dtype)
     key = ctypes.c_uint32(0)
     val = np.zeros(1, dtype)
     for i in range(n):
-        key.value = i
+        key.value = start + i
         if L.bpf_map_lookup_elem(fd, ctypes.byref(key), val.ctypes.data) == 0:
             out[i] = val[0]
     return out
@@ -345,6 +351,15 @@ class RingBuffer:
             self._ptr = None
 
 
+class _OpenOpts(ctypes.Structure):
+    """struct bpf_object_open_opts of libbpf 1.1 (80 bytes on 64-bit; ``sz`` says how much)."""
+    _fields_ = [("sz", ctypes.c_size_t), ("object_name", ctypes.c_char_p), ("relaxed_maps", ctypes.c_bool),
+                ("pin_root_path", ctypes.c_char_p), ("_attach_prog_fd", ctypes.c_uint32),
+                ("kconfig", ctypes.c_char_p), ("btf_custom_path", ctypes.c_char_p),
+                ("kernel_log_buf", ctypes.c_char_p), ("kernel_log_size", ctypes.c_size_t),
+                ("kernel_log_level", ctypes.c_uint32)]
+
+
 class BpfObject:
     """One compiled BPF object (``.bpf.o``) from open to close.
 
@@ -353,7 +368,9 @@ class BpfObject:
     ``attach_*`` (each returns the link's fd, detached at :meth:`close`), :meth:`map`,
     :meth:`prog_fds`, :meth:`global_view` (a writable view of ``.bss``/``.data``)."""
 
-    def __init__(self, path: str | os.PathLike, name: str | None = None):
+    def __init__(self, path: str | os.PathLike, name: str | None = None, btf_custom_path: Path | None = None):
+        """``btf_custom_path``: a BTF that replaces the kernel's for CO-RE relocations (a
+        minimal one: moetrace.kernel.minbtf), sparing libbpf the parse of the kernel's whole BTF."""
         L = lib()
         self.path = Path(path)
         self.name = name or self.path.name.split(".", 1)[0]
@@ -361,7 +378,12 @@ class BpfObject:
             raise ProbeError(f"no compiled probe object {self.path}",
                              hint="build the probes: bash scripts/build-probes.sh (make setup runs it)")
         del _log()[:]
-        self._obj = L.bpf_object__open_file(os.fsencode(self.path), None)
+        self._opts = None
+        if btf_custom_path is not None:
+            self._opts = _OpenOpts(sz=ctypes.sizeof(_OpenOpts), btf_custom_path=os.fsencode(btf_custom_path))
+        self.btf_custom_path = btf_custom_path
+        self._obj = L.bpf_object__open_file(os.fsencode(self.path),
+                                            ctypes.addressof(self._opts) if self._opts is not None else None)
         if not self._obj:
             raise _err(f"libbpf cannot open {self.path}")
         self._links: list[int] = []
@@ -479,6 +501,10 @@ class BpfObject:
 
     def set_max_entries(self, name: str, n: int) -> None:
         _check(lib().bpf_map__set_max_entries(self._map_ptr(name), max(1, int(n))), f"map {name} size {n}")
+
+    def sections(self) -> dict[str, str]:
+        """{program: its ELF section} ("tracepoint/filemap/...", "fentry/...", "kprobe/...")."""
+        return {n: (lib().bpf_program__section_name(p) or b"").decode() for n, p in self.programs.items()}
 
     def set_autoload(self, prog: str, on: bool) -> None:
         _check(lib().bpf_program__set_autoload(self._prog(prog), bool(on)), f"autoload of {prog}")

@@ -194,6 +194,11 @@ MGLRU=@MGLRU@
 if [ -e /sys/kernel/mm/lru_gen/enabled ] && [ "$MGLRU" != keep ]; then
   if [ "$MGLRU" = on ]; then echo y > /sys/kernel/mm/lru_gen/enabled; else echo n > /sys/kernel/mm/lru_gen/enabled; fi
 fi
+# under TCG every vCPU runs on one host thread: the recorder's warm-up does not overlap its loads,
+# so it imports only what a replay shares with it (moetrace.lazyimport)
+if grep -q 'moetrace.accel=tcg' /proc/cmdline && [ -z "${MOETRACE_WARM_IMPORTS+x}" ]; then
+  export MOETRACE_WARM_IMPORTS=pyarrow,pyarrow.parquet
+fi
 @ENV@
 echo "{\"cmd_start_uptime_s\": $(up)," > .guest-status.json
 @CMD@ > /tmp/lab/stdout 2> /tmp/lab/stderr
@@ -373,6 +378,8 @@ def kvm_failure(status: str, started: bool, rc: int | None, err: bytes, console:
     return f"QEMU stopped under KVM before COMMAND started ({how}: {said[:300]})"
 
 
+#: the guest kernel's command line (moetrace.accel=kvm|tcg is added per boot)
+KERNEL_CMDLINE = "console=ttyS0 panic=-1 quiet loglevel=3"
 #: QEMU arguments of each accelerator (TCG's CPU model and threading: see TCG_CPU, TCG_THREAD)
 ACCEL_ARGS = {"kvm": lambda: ["-accel", "kvm", "-cpu", "host"],
               "tcg": lambda: ["-accel", f"tcg,thread={TCG_THREAD}", "-cpu", TCG_CPU]}
@@ -383,6 +390,22 @@ class LabResult:
     status: str  # "ok", "timeout", "no-status"
     exit_status: int | None
     doc: dict[str, Any]
+
+
+def _core_btf_for(image: Path) -> Path | None:
+    """The probes' minimal BTF for this kernel, made here before it boots (moetrace.kernel.minbtf):
+    in the guest, where the host's root is read-only, the recorder finds it through that root and
+    libbpf skips parsing the kernel's whole BTF per object (seconds each under TCG)."""
+    from moetrace.kernel import minbtf
+    from moetrace.kernel.bpf import probe_objects
+
+    objs = probe_objects()
+    if not objs or not image.is_file():
+        return None
+    try:
+        return minbtf.ensure_for_image(image, objs)
+    except OSError:
+        return None
 
 
 def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2G", cpus: int = 2,
@@ -404,6 +427,7 @@ def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2
     if shutil.which(qemu) is None:
         raise UsageError(f"{qemu} not found", hint="`moetrace lab setup` installs qemu-system-x86")
     release, image = resolve_kernel(kernel)
+    core_btf = _core_btf_for(Path(image))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for f in (".guest-status.json", "stdout", "stderr"):
@@ -435,14 +459,14 @@ def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2
         used = accels.pop(0)
         common = ["-m", memory, "-smp", str(cpus), "-nographic", "-no-reboot",
                 "-kernel", str(image), "-initrd", str(initrd),
-                "-append", "console=ttyS0 panic=-1 quiet loglevel=3",
                 "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
                 "-virtfs", f"local,path={out.resolve()},mount_tag=labshare,security_model=none,multidevs=remap",
                 "-serial", f"file:{console}", "-monitor", "none", "-display", "none", *drives]
         boot_failures: list[dict[str, Any]] = []
         while True:
             console.unlink(missing_ok=True)
-            argv = [qemu, *ACCEL_ARGS[used](), *common]
+            # the guest reads moetrace.accel from /proc/cmdline (an unknown module parameter: ignored)
+            argv = [qemu, *ACCEL_ARGS[used](), *common, "-append", f"{KERNEL_CMDLINE} moetrace.accel={used}"]
             started = (out / ".guest-status.json").exists
             status, err, rc = _qemu(argv, timeout_s, started, KVM_BOOT_DEADLINE_S if used == "kvm" else None)
             text = console.read_text(errors="replace") if console.exists() else ""
@@ -487,7 +511,7 @@ def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2
         status = "no-status"
     doc = {"schema": "moetrace.lab/1", "kernel": release, "image": str(image), "command": command,
            "memory": memory, "cpus": cpus, "mglru_requested": mglru, "accel": used, "accel_requested": accel,
-           "kvm_fallback": kvm_fallback, "status": status,
+           "kvm_fallback": kvm_fallback, "status": status, "core_btf": str(core_btf) if core_btf else None,
            "pool": pool_path or None, "memcg": ({"path": GUEST_MEMCG, "memory.max": memcg} if memcg else None),
            "host_wall_s": round(wall, 3), "qemu_returncode": rc, "boot_failures": boot_failures,
            "qemu_stderr": err.decode(errors="replace")[-2000:], **guest}

@@ -408,9 +408,9 @@ class _Recording:
             except OSError as e:
                 self.notes.append(f"--bpf-stats: run-time statistics unavailable ({e.strerror or e})")
         t0 = time.perf_counter()
-        from moetrace.lazyimport import warm
+        from moetrace.lazyimport import warm, warm_names
 
-        warming = warm()
+        warming = warm(warm_names())
         try:
             self._open_each()
         finally:
@@ -545,7 +545,7 @@ class _Recording:
         self.arm_all(False)
         self.snaps["post"] = take_snapshot("post")  # the oracles' window: [pre after arming, post after disarming]
         _write_snapshots(self.run_dir, self.snaps)  # on disk before any probe is read
-        rd.write_manifest(self.run_dir, manifest)
+        rd.write_manifest(self.run_dir, manifest, pretty=False)
 
     def _wait(self, pid: int) -> int:
         """waitpid, draining the pollers meanwhile; one round waits POLL_ROUND_MS in all, shared
@@ -614,7 +614,7 @@ class _Recording:
         except Exception as e:  # noqa: BLE001
             self._failed(r, "write", e)
         self.written.add(r.name)
-        rd.write_manifest(self.run_dir, self.manifest)
+        rd.write_manifest(self.run_dir, self.manifest, pretty=False)
 
     # -- 5. the run directory -----------------------------------------------------------------
     def write(self) -> RecordResult:
@@ -674,7 +674,7 @@ class _Recording:
             r.abort()
         if self.state.signals and self.manifest.get("interrupted_by") is None:
             self.manifest["interrupted_by"] = signal.Signals(self.state.signals[0]).name
-        rd.write_manifest(self.run_dir, self.manifest)
+        rd.write_manifest(self.run_dir, self.manifest, pretty=getattr(self, "releaser", None) is None)
         rel = getattr(self, "releaser", None)
         if rel is not None:
             self.manifest["detach"] = {
@@ -715,10 +715,13 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
 
 
 def _loader_of(rec) -> dict[str, Any]:
-    """How a probe was loaded: its compiled object through libbpf (no compiler at record time)."""
-    from moetrace.kernel.bpf import object_path
+    """How a probe was loaded: its compiled object through libbpf (no compiler at record time),
+    relocated against the minimal BTF of the probes (moetrace.kernel.minbtf) or the kernel's own."""
+    from moetrace.kernel.bpf import core_btf, object_path
 
-    return {"backend": "core", "object": str(object_path(rec.name))}
+    btf = core_btf()
+    return {"backend": "core", "object": str(object_path(rec.name)),
+            "core_btf": str(btf) if btf is not None else "/sys/kernel/btf/vmlinux"}
 
 
 def _prog_fd_dups(recorders) -> dict[str, dict[str, int]]:

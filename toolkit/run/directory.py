@@ -93,14 +93,16 @@ def _atomic(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
-def write_manifest(run_dir: str | os.PathLike, doc: dict[str, Any]) -> Path:
-    """Write manifest.json atomically (0600); fills schema and toolkit_version."""
+def write_manifest(run_dir: str | os.PathLike, doc: dict[str, Any], pretty: bool = True) -> Path:
+    """Write manifest.json atomically (0600); fills schema and toolkit_version. ``pretty=False``:
+    on one line, by the json module's C encoder (a recording's intermediate writes: ~8x faster
+    than the indented form, which the pure-Python encoder writes)."""
     doc = dict(doc)
     doc.setdefault("schema", f"{RUN_SCHEMA}/{RUN_SCHEMA_VERSION}")
     doc.setdefault("schema_version", RUN_SCHEMA_VERSION)
     doc.setdefault("toolkit_version", __version__)
     path = Path(run_dir) / MANIFEST
-    text = json.dumps(doc, indent=1, default=json_default, sort_keys=False) + "\n"
+    text = json.dumps(doc, indent=1 if pretty else None, default=json_default, sort_keys=False) + "\n"
     _atomic(path, lambda t: Path(t).write_text(text))
     return path
 

@@ -432,6 +432,19 @@ class ReclaimRecorder:
     def _percpu_array(self, name: str) -> np.ndarray:
         return self.probe.table(name).percpu_sums()
 
+    def _timeline_counts(self) -> np.ndarray:
+        """The timeline's per-CPU sums, reading only the buckets time has reached since open
+        (bucket-major: ``(now - t0) // bucket_ns + 1`` of them) and the last one (where later
+        events land); the rest are zero (a recording of `true` reads 1 bucket of 4096)."""
+        t = self.probe.table("timeline")
+        per = len(KINDS) * len(TIMELINE_FIELDS)
+        used = min(self.max_buckets, (time.monotonic_ns() - self._t0_ns) // self.bucket_ns + 1)
+        out = np.zeros(self.max_buckets * per, np.int64)
+        out[:used * per] = t.percpu_sums(0, used * per)
+        if used < self.max_buckets:
+            out[-per:] = t.percpu_sums((self.max_buckets - 1) * per, per)
+        return out
+
     def _collect(self, vm: dict[str, int]) -> ReclaimResult:
         nk, nf = len(KINDS), len(FIELDS)
         tot = self._percpu_array("totals").reshape(nk, nf)
@@ -488,7 +501,7 @@ class ReclaimRecorder:
         if self.bucket_ns <= 0:
             return pd.DataFrame({c: pd.Series(dtype="string" if c == "who" else "int64") for c in cols})
         nk, ntl = len(KINDS), len(TIMELINE_FIELDS)
-        tl = self._percpu_array("timeline").reshape(self.max_buckets, nk, ntl)
+        tl = self._timeline_counts().reshape(self.max_buckets, nk, ntl)
         b, k = np.nonzero(tl.any(axis=2))
         return pd.DataFrame({
             "time_ns": (b.astype(np.int64) * self.bucket_ns),
