@@ -14,18 +14,12 @@ def test_percpu_sums_by_batch_equal_per_entry_sums(live):
 
     import numpy as np
 
-    from moetrace.kernel.bpf import object_path
-    from moetrace.kernel.libbpf import BpfObject, lib, possible_cpus
+    from common.backends import loaded_object
+    from moetrace.kernel.libbpf import lib, possible_cpus
 
     spec = PROBES["reclaim"]
     knobs = {k: int(v) for k, v in spec.knob_values(MOE_BUCKET_NS=10**8, MOE_MAX_BUCKETS=1000).items()}
-    with BpfObject(object_path("reclaim")) as o:
-        o.set_globals({k.lower(): v for k, v in knobs.items()} | {"gated": 1})
-        for m, n in spec.map_sizes(knobs).items():
-            o.set_max_entries(m, n)
-        for prog in o.programs:
-            o.set_autoload(prog, False)
-        o.load()
+    with loaded_object(spec, knobs, ()) as o:
         t = o.map("timeline")
         n, ncpu = t.max_entries, possible_cpus()
         assert n >= 20000

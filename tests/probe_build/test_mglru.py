@@ -4,6 +4,7 @@ define it."""
 
 from __future__ import annotations
 
+from common.backends import loaded_object
 from common.mglru import *  # noqa: F401,F403
 
 
@@ -13,21 +14,14 @@ def test_mglru_object_loads_every_kprobe_program(live):
     verifier (loaded, never attached: no kprobes here). The eviction record's MGLRU fields are
     absent from this kernel's BTF (no MGLRU): bpf_core_field_exists turns them off and the program
     still loads. The fentry programs are the lab's (this kernel refuses fentry: doctor says why)."""
-    from moetrace.kernel.bpf import object_path, prog_id_exists, prog_info
-    from moetrace.kernel.libbpf import BpfObject
+    from moetrace.kernel.bpf import prog_id_exists, prog_info
 
     on = {k: 1 for k in (g.knob for g in SPEC.attach if g.knob)}
     on.update(MOE_EVICT_EVENTS=1, MOE_POOL_DEV=(254 << 20), MOE_LRU_GEN_PGOFF=27)
     knobs = {k: int(v) for k, v in SPEC.knob_values(**on).items()}
     kps = [c.fn_name for g in SPEC.attach for c in g.candidates if c.kind == "kprobe"]
     assert len(kps) == 10
-    with BpfObject(object_path("mglru")) as o:
-        o.set_globals({k.lower(): v for k, v in knobs.items()} | {"gated": 1})
-        for m, n in SPEC.map_sizes(knobs).items():
-            o.set_max_entries(m, n)
-        for prog in o.programs:
-            o.set_autoload(prog, prog in kps)
-        o.load()
+    with loaded_object(SPEC, knobs, kps) as o:
         ids = [prog_info(fd)["id"] for fd in o.prog_fds().values()]
         assert len(ids) == len(kps) and all(prog_id_exists(i) for i in ids)
         assert o.map("inc_gen_from").max_entries == 5 and o.map("stats").max_entries == len(SPEC.stats)

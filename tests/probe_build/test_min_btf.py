@@ -37,23 +37,21 @@ def test_made_once_then_found(live, cache):
 def test_every_object_loads_against_it(live, cache):
     """Each probe's object, every program loaded (not attached), relocated against the minimal BTF:
     it holds every type the objects relocate against."""
-    from moetrace.kernel.bpf import object_path, prog_id_exists, prog_info
+    from common.backends import loaded_object
+    from moetrace.kernel import bpf
+    from moetrace.kernel.bpf import prog_id_exists, prog_info
     from moetrace.kernel.libbpf import BpfObject
     from moetrace.record.probes import PROBES
 
     custom = minbtf.ensure(probe_objects())
     ids = []
     for name, spec in PROBES.items():
-        if not object_path(name).exists():
+        if not bpf.object_path(name).exists():
             continue
         knobs = {k: int(v) for k, v in spec.knob_values().items()}
-        with BpfObject(object_path(name), btf_custom_path=custom) as o:
-            o.set_globals({k.lower(): v for k, v in knobs.items()} | {"gated": 1})
-            for m, n in (spec.map_sizes(knobs) if spec.map_sizes else {}).items():
-                o.set_max_entries(m, n)
-            for prog, sec in o.sections().items():  # fentry needs what this host refuses: kprobes stand in
-                o.set_autoload(prog, not sec.startswith(("fentry", "fexit")))
-            o.load()
+        with BpfObject(bpf.object_path(name)) as o:  # fentry needs what this host refuses: kprobes stand in
+            progs = [p for p, sec in o.sections().items() if not sec.startswith(("fentry", "fexit"))]
+        with loaded_object(spec, knobs, progs, custom) as o:
             ids += [prog_info(fd)["id"] for fd in o.prog_fds().values()]
     assert ids and not any(prog_id_exists(i) for i in ids)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from common.backends import loaded_object
 from common.mlock_probe import *  # noqa: F401,F403
 
 
@@ -10,8 +11,7 @@ def test_mlock_loads_its_groups_and_every_function_hook(live):
     """Every optional group off: only mlock / munlock enter and exit attach. Every function hook
     on: each kprobe program passes this kernel's verifier (loaded, not attached: no kprobes here),
     with PG_head from the kernel's own enum (-1) or given (16, as on 6.1); nothing stays loaded."""
-    from moetrace.kernel.bpf import load_core, object_path, prog_id_exists, prog_info
-    from moetrace.kernel.libbpf import BpfObject
+    from moetrace.kernel.bpf import load_core, prog_id_exists, prog_info
 
     ids: list[int] = []
     off = {k.name: 0 for k in SPEC.knobs if k.name.startswith(("MOE_HAVE_", "MOE_TRACK_", "MOE_FOLLOW_"))}
@@ -31,13 +31,7 @@ def test_mlock_loads_its_groups_and_every_function_hook(live):
     for pg_head in (-1, 16):
         kp = {k.name: 1 for k in SPEC.knobs if k.name.startswith("MOE_KP_")}
         knobs = {k: int(v) for k, v in SPEC.knob_values(**kp, MOE_PG_HEAD=pg_head).items()}
-        with BpfObject(object_path("mlock")) as o:
-            o.set_globals({k.lower(): v for k, v in knobs.items()} | {"gated": 1})
-            for m, n in SPEC.map_sizes(knobs).items():
-                o.set_max_entries(m, n)
-            for prog in o.programs:
-                o.set_autoload(prog, prog in kps)
-            o.load()
+        with loaded_object(SPEC, knobs, kps) as o:
             got = [prog_info(fd)["id"] for fd in o.prog_fds().values()]
             assert len(got) == len(kps)
             ids += got
