@@ -405,6 +405,10 @@ class EventStream:
     def _kernel_lost_now(self) -> int:
         return int(self._kernel_lost()) if self._kernel_lost is not None else 0
 
+    def wake_on(self, fd: int) -> None:
+        """:meth:`poll` also returns when ``fd`` turns readable (the recorded command's pidfd)."""
+        self._reader.wake_on(fd)
+
     def _take(self, data: bytes) -> None:
         """Records read in one batch: kept up to ``max_records``, the rest counted lost (user side)."""
         n = len(data) // self.record_size

@@ -733,9 +733,16 @@ class MmapRing:
         self._cpos[0] = cons
         return b"".join(chunks)
 
+    def wake_on(self, fd: int) -> None:
+        """Also end :meth:`wait` when ``fd`` turns readable (the recorded command's pidfd: its end
+        is seen at once, not after the wait's timeout; Python's poll resumes after SIGCHLD)."""
+        import select
+
+        self._poller.register(fd, select.POLLIN)
+
     def wait(self, timeout_ms: int) -> None:
-        """Until the kernel signals records (or ``timeout_ms`` passes); returns at once when the
-        ring already holds some."""
+        """Until the kernel signals records (or ``timeout_ms`` passes, or a :meth:`wake_on` fd
+        turns readable); returns at once when the ring already holds some."""
         if int(self._ppos[0]) > int(self._cpos[0]):
             return
         self._poller.poll(max(0, int(timeout_ms)))

@@ -117,6 +117,15 @@ class ProbeRecorder:
     def child_started(self) -> None:
         """The command was forked (what it inherits is its own now)."""
 
+    def wake_on(self, fd: int) -> None:
+        """Let :meth:`poll` return as soon as ``fd`` (the command's pidfd) turns readable: the
+        command's end is seen at once. Every event stream of the probe waits on it too."""
+        from moetrace.kernel.bpf import EventStream
+
+        for v in list(vars(self).values()):
+            if isinstance(v, EventStream):
+                v.wake_on(fd)
+
     def gated(self) -> bool:
         """Whether the probe counts only while armed (compiled with MOE_GATED=1)."""
         return bool(self.ctx.gated)

@@ -523,13 +523,18 @@ class _Recording:
         ru0 = resource.getrusage(resource.RUSAGE_SELF)
         pid, gate = _spawn(list(opts.command), env, self.cgroup_procs)
         state.child = pid
-        for r in self.recorders:
-            r.child_started()
-            r.follow(pid)
-        os.write(gate, b"g")
-        os.close(gate)
-        manifest["child_pid"] = pid
-        status = self._wait(pid)
+        pidfd = os.pidfd_open(pid)  # readable once the command has ended: pollers return at once
+        try:
+            for r in self.recorders:
+                r.child_started()
+                r.follow(pid)
+                r.wake_on(pidfd)
+            os.write(gate, b"g")
+            os.close(gate)
+            manifest["child_pid"] = pid
+            status = self._wait(pid)
+        finally:
+            os.close(pidfd)
         self.t_end = time.monotonic_ns()
         self.exit_status = manifest["exit_status"] = _exit_status(status)
         if os.WIFSIGNALED(status):  # killed (the OOM killer's SIGKILL, a crash): the run is not complete

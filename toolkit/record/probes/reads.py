@@ -816,8 +816,8 @@ class ReadsRecorder(ProbeRecorder):
         t_end = time.monotonic() + max(timeout_ms, 0) / 1000
         while True:
             left_ms = int((t_end - time.monotonic()) * 1000)
-            # the wait is on the idents ring (bcc polls every ring of the object here, the
-            # stream's too); the CO-RE stream is read in place, without waiting, after it
+            # the wait is on the idents ring (libbpf's epoll: SIGCHLD ends it); the stream is read
+            # in place, without waiting, after it
             self.probe.ring_poll(max(left_ms, 0))
             if self.stream is not None:
                 self.stream.poll(0)
@@ -825,8 +825,20 @@ class ReadsRecorder(ProbeRecorder):
             if now - self._last_scan >= SCAN_INTERVAL_S:
                 self._last_scan = now
                 self.resolver.scan(self._tgids())
-            if time.monotonic() >= t_end - 0.001:
+            if time.monotonic() >= t_end - 0.001 or self._command_ended():
                 break
+
+    def wake_on(self, fd: int) -> None:
+        super().wake_on(fd)
+        self._wake_fd = fd
+
+    def _command_ended(self) -> bool:
+        """The command's pidfd is readable: its end interrupted the ring's wait (SIGCHLD), and the
+        recorder's loop must see it now, not at this poll's deadline."""
+        import select
+
+        fd = getattr(self, "_wake_fd", None)
+        return fd is not None and bool(select.select([fd], [], [], 0)[0])
 
     def close(self) -> None:
         """Drain the rings, read the kernel's aggregates (``collected``), detach. Idempotent."""
