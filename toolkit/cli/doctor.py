@@ -142,10 +142,10 @@ def doctor_report(root: str = "/", mount: bool | str = "temporary") -> dict[str,
     feats = Features(root, mount=bool(mount))
     plans = resolve_all(feats)
     damon = read_damon(root)
+    rows = capability_rows(feats) + probe_rows(plans) + background_rows(damon)  # while mounted
     if mount == "temporary" and feats.notes:
         feats.notes = [f"{n} for this check, as record does (unmounted again)" for n in feats.notes]
         unmount_ours()
-    rows = capability_rows(feats) + probe_rows(plans) + background_rows(damon)
     not_checked = [r["name"] for r in rows if not r["checked"]]
     return {"kernel": feats.osrelease, "root": feats.root, "mounted": feats.notes, "rows": rows,
             "plans": {n: p.to_dict() for n, p in plans.items()}, "not_checked": not_checked, "damon": damon}
