@@ -150,11 +150,20 @@ def test_the_newest_debian_kernel_records_the_default_set_with_the_objects_built
     snaps = json.loads((run / "snapshots.json").read_text())
     d = {k: snaps["post"]["vmstat"].get(k, 0) - snaps["pre"]["vmstat"].get(k, 0) for k in ("pgpgin", "pgsteal_file")}
     t = m["totals"]
-    # What is exact on 6.1 and 6.12 (pages added x 4 = pgpgin = the block probe's bytes; reclaimed =
-    # pgsteal_file) is not, yet, on 7.2 (ext4 with large folios since 6.16): in four clean-clone runs
-    # the block probe's bytes were pgpgin, or 1 MiB (one bio) short of it; pages added differed from
-    # the device's expert bytes by 0 to 237 pages either way; 0 or 6 stolen pages fell outside every
-    # reclaim window. Unexplained, so not asserted here: this test shows the objects load and count.
+    # What is exact on 6.1 and 6.12 (pages added x 4 KiB = pgpgin = the block probe's bytes) is exact
+    # on 7.2 too, up to the program runs the kernel skipped and counted (recursion_misses, in the
+    # manifest's `lost`: 7.2 skipped 136 runs of mm_filemap_add_to_page_cache in one run, and the
+    # added pages were exactly 136 short of the device bytes; 6.12 skips none). A skipped add is at
+    # most one folio (order 9: 2 MiB), a skipped bio_queue at most one bio (bounded by 4 MiB here).
+    lost = m["lost"]
+    add_miss = lost["pagecache"]["counters_recursion_misses"]["tracepoint__filemap__mm_filemap_add_to_page_cache"]
+    bio_miss = lost["block"]["recursion_misses"]["bytes"]
+    dev = t["experts_device_read_bytes"] + t["unattributed_device_read_bytes"]
+    short = d["pgpgin"] * 1024 - dev
+    assert short == 0 if bio_miss == 0 else 0 <= short <= bio_miss * (4 << 20), (short, bio_miss)
+    gap = t["experts_device_read_bytes"] - t["experts_added_pages"] * 4096
+    assert gap == 0 if add_miss == bio_miss == 0 else -bio_miss * (4 << 20) <= gap <= add_miss * (2 << 20), (
+        gap, add_miss, bio_miss)
     assert t["experts_added_pages"] > 0 and t["experts_device_read_bytes"] > 0 and d["pgpgin"] > 0, (t, d)
     assert 0 < m["summaries"]["reclaim"]["reclaimed_pages"] <= d["pgsteal_file"]
     assert mg["kprobe_counts"]["inc_max_seq"] > 0 and mg["eviction_records"]["recorded"] is True
@@ -163,7 +172,7 @@ def test_the_newest_debian_kernel_records_the_default_set_with_the_objects_built
     print(f"\n{rel} lab record: command at {lab['cmd_start_uptime_s']} s guest uptime, replay started "
           f"{m['timings']['command_start_ns'] / 1e9:.1f} s after boot; probes attached in "
           f"{m['timings']['probes_attach_s']:.1f} s; added {t['experts_added_pages']} pages, pgpgin {d['pgpgin']} KiB, "
-          f"device {t['experts_device_read_bytes'] + t['unattributed_device_read_bytes']} B")
+          f"device {dev} B; skipped by the kernel: {add_miss} page adds, {bio_miss} bios")
 
 
 @pytest.fixture(scope="module")
