@@ -11,9 +11,9 @@
 // place (no allocation per call) and the files layout's positioned calls are counted in the fd's
 // `fdgen` entry, which close() retires into `fds` under the identity it ends.
 //
-// Reads only tracepoint arguments, syscall arguments (struct trace_event_raw_sys_enter args[],
-// in the syscall's argument order) and user memory (the iovec array of preadv/preadv2, a UAPI
-// layout):
+// Reads tracepoint arguments, syscall arguments (struct trace_event_raw_sys_enter args[], in the
+// syscall's argument order), user memory (the iovec array of preadv/preadv2, a UAPI layout) and,
+// once per fd identity, the task's fd table (CO-RE: current->files->fdt->fd[fd]->f_inode):
 //   syscalls:sys_enter_{pread64,read}       fd, count (, pos)
 //   syscalls:sys_enter_{preadv,preadv2}     fd, vec, vlen, pos_l (pos_h is ignored by 64-bit
 //                                           kernels: pos_from_hilo)
@@ -25,13 +25,14 @@
 //   task:task_newtask                       pid, clone_flags (follow forks)
 // `order` exists since large folios: bpf_core_field_exists decides, else one page per event.
 //
-// fd -> inode is not read in the kernel (the probe keeps to tracepoint and syscall arguments),
-// so calls are aggregated per fd *identity*
-// (tgid, fd, gen, epoch): gen counts the close() calls of that fd number in that process and
-// epoch the process's close_range() / exec events, so a reused fd number is a new identity. User
-// space resolves identities to inodes by scanning /proc/<tgid>/fd while the command runs (and
-// reading gen/epoch back from `fdgen` / `tgids`, whose value is the epoch); the first page added
-// during a call also records the call's inode here (`ino`, `dev`).
+// Calls are aggregated per fd *identity* (tgid, fd, gen, epoch): gen counts the close() calls of
+// that fd number in that process and epoch the process's close_range() / exec events, so a reused
+// fd number is a new identity. The identity's first counted call reads the fd's inode from the
+// task's fd table (the call just used the fd: it is open), so every identity knows its file
+// without user space racing the close; if that read fails, the first page added during one of its
+// calls tells. Each new identity is also pushed into the `idents` ring with that inode, without a
+// wake-up: user space drains it every few tens of ms and reads the path of each fd still open
+// (the path is for people; attribution needs only the inode).
 //
 // Knobs (read-only globals; declared with their meaning in moetrace/record/probes/reads.py):
 // moe_extent (bytes per aggregated extent of a file; 0: no split), moe_page_shift, moe_max_iov,
@@ -106,7 +107,9 @@ const volatile u32 moe_ident_ring_pages = 16;
 #define STAT_IDENT_DROPS 17             // idents ring full: the periodic /proc scan must find the fd
 #define STAT_RETIRE_FAILED 18           // a closed identity's counters could not move to `fds` (full):
                                         // its counters land in the fd_map_full row, its histogram is lost
-#define N_STATS 19
+#define STAT_FD_INODE_UNREAD 19         // an identity's file could not be read from the task's fd table
+                                        // (closed by another thread meanwhile): its first added page tells
+#define N_STATS 20
 
 struct class_counts {
     u64 calls;
@@ -141,9 +144,14 @@ struct fd_counts {
     u64 added_pages;
     u64 beyond_pages;
     u64 other_pages;
-    u64 ino;  // inode of the first page added in a call on this identity (0: none)
-    u64 dev;  // its s_dev, kernel encoding
+    u64 ino;     // the identity's inode (0: unknown), read as ino_by says
+    u64 dev;     // its s_dev, kernel encoding
+    u64 ino_by;  // INO_BY_FD: the task's fd table at the identity's first call; INO_BY_ADD: the
+                 // first page added in one of its calls (the fd table could not be read)
 };
+
+#define INO_BY_FD 1
+#define INO_BY_ADD 2
 
 // one fd identity (and extent): its counters and its calls per (class, log2 latency slot)
 struct fd_agg {
@@ -201,6 +209,8 @@ struct ident {
     u32 fd;
     u32 gen;
     u32 epoch;
+    u64 ino;  // the fd's inode read in the kernel (0: could not be read)
+    u64 dev;  // its s_dev, kernel encoding
 };
 
 struct user_iov {
@@ -320,8 +330,9 @@ static __always_inline int enter_vec(u32 sc, u64 fd, u64 vec, u64 vlen, u64 pos)
     return enter(sc, ep, (u32)id, fd, pos, iov_bytes(vec, vlen));
 }
 
-// a new identity (or extent) was counted: tell user space now, while the fd is open
-static __always_inline void announce(u32 tgid, u32 fd, u32 gen, u32 epoch)
+// a new identity (or extent) was counted: tell user space now, while the fd is open (for its
+// path: the inode is the kernel's own answer)
+static __always_inline void announce(u32 tgid, u32 fd, u32 gen, u32 epoch, struct fd_counts *c)
 {
     struct ident *r = bpf_ringbuf_reserve(&idents, sizeof(struct ident), 0);
     if (!r) {
@@ -332,7 +343,33 @@ static __always_inline void announce(u32 tgid, u32 fd, u32 gen, u32 epoch)
     r->fd = fd;
     r->gen = gen;
     r->epoch = epoch;
-    bpf_ringbuf_submit(r, 0);
+    r->ino = c->ino_by == INO_BY_FD ? c->ino : 0;
+    r->dev = c->ino_by == INO_BY_FD ? c->dev : 0;
+    // no wake-up: user space drains the ring every IDENT_DRAIN_S (a wake-up per identity cost the
+    // recorder a context switch each: ~900 for one replay's Python imports)
+    bpf_ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+}
+
+// The inode (and its s_dev) of the current task's fd `fd`, read from the task's fd table
+// (current->files->fdt->fd[fd]->f_inode: CO-RE relocated; the fd was just used by the call that
+// exits). Returns 0 when read. Another thread's close() between the call and this read gives
+// the next file of that fd number or nothing: the identity's gen/epoch are kept by the caller.
+static __always_inline int fd_inode(u32 fd, u64 *ino, u64 *dev)
+{
+    struct task_struct *t = (struct task_struct *)bpf_get_current_task();
+    struct fdtable *fdt = BPF_CORE_READ(t, files, fdt);
+    if (!fdt || fd >= BPF_CORE_READ(fdt, max_fds))
+        return -1;
+    struct file **slots = BPF_CORE_READ(fdt, fd);
+    struct file *file = 0;
+    if (!slots || bpf_probe_read_kernel(&file, sizeof(file), &slots[fd]) || !file)
+        return -1;
+    struct inode *in = BPF_CORE_READ(file, f_inode);
+    if (!in)
+        return -1;
+    *ino = BPF_CORE_READ(in, i_ino);
+    *dev = BPF_CORE_READ(in, i_sb, s_dev);
+    return 0;
 }
 
 // Every counter of `from` into the fd_overflow slot `to` (a full `fds`: nothing is dropped).
@@ -441,9 +478,18 @@ static __always_inline u32 fd_account(struct inflight *f, u32 tgid, u32 cls, u64
         if (!a)
             return gen;
     }
-    if (first)
-        announce(tgid, f->fd, gen, f->epoch);
     struct fd_counts *c = &a->c;
+    if (first) {  // the identity's (or extent's) first call: its file, then tell user space
+        u64 ino = 0, dev = 0;
+        if (fd_inode(f->fd, &ino, &dev) == 0) {
+            c->ino = ino;
+            c->dev = dev;
+            c->ino_by = INO_BY_FD;
+        } else {
+            stat_add(STAT_FD_INODE_UNREAD, 1);
+        }
+        announce(tgid, f->fd, gen, f->epoch, c);
+    }
     __sync_fetch_and_add(&c->calls, 1);
     __sync_fetch_and_add(&c->bytes, bytes);
     __sync_fetch_and_add(&c->requested_bytes, f->count);
@@ -468,6 +514,7 @@ static __always_inline u32 fd_account(struct inflight *f, u32 tgid, u32 cls, u64
     if (f->ino && !c->ino) {
         c->ino = f->ino;
         c->dev = f->dev;
+        c->ino_by = INO_BY_ADD;
     }
     u32 hi = cls * HIST_SLOTS + slot;
     if (hi < N_CLASSES * HIST_SLOTS)

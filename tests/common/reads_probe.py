@@ -55,7 +55,7 @@ from moetrace.record.probes import PROBES
 
 from moetrace.record.probes.reads import (CLASSES, FD_FIELDS, HIST_SLOTS, NOPOS, READ_CALL_DTYPE, SYSCALLS, UNATTRIBUTED,
                                Collected,
-                               FdResolver, PoolIndex, Resolution, build, calls_table, kernel_dev, reads_knobs,
+                               FdPaths, PoolIndex, Resolution, build, calls_table, kernel_dev, reads_knobs,
                                replay_oracle)
 
 
@@ -90,12 +90,15 @@ FILES_POOL = PoolIndex({100 + i: (i, 1) for i in range(4)}, dev=(8 << 20) | 1, e
 ONE_FILE_POOL = PoolIndex({200: (0, 4)}, dev=(8 << 20) | 1, extent_bytes=MIB, n_total=4, n_experts=2)
 
 
-def _fd_row(tgid, fd, gen, epoch, chunk, calls, hit, miss, err, added, ino=0, dev=0, nbytes=None):
+def _fd_row(tgid, fd, gen, epoch, chunk, calls, hit, miss, err, added, ino=0, dev=0, nbytes=None, by=None):
+    """One `fds` row; ``by``: the kernel's ino_by (1: the fd table, 2: an added page; default: 1
+    when ``ino`` is given)."""
     v = {f: 0 for f in FD_FIELDS}
     nbytes = calls * MIB if nbytes is None else nbytes
     v.update(calls=calls, bytes=nbytes, requested_bytes=calls * MIB, hit_calls=hit, hit_bytes=hit * MIB,
              hit_latency_ns=hit * 1000, miss_calls=miss, miss_bytes=miss * MIB, miss_latency_ns=miss * 50_000,
-             error_calls=err, error_latency_ns=err * 10, added_pages=added, ino=ino, dev=dev)
+             error_calls=err, error_latency_ns=err * 10, added_pages=added, ino=ino, dev=dev,
+             ino_by=(1 if ino else 0) if by is None else by)
     return {"tgid": tgid, "fd": fd, "gen": gen, "epoch": epoch, "chunk": chunk, **v}
 
 
@@ -148,4 +151,4 @@ def _replay_log(run: Path) -> tuple[dict, pd.DataFrame]:
     return json.loads((rep / "replay.json").read_text()), pd.read_parquet(rep / "iterations.parquet")
 
 
-__all__ = ['BIN', 'CLASSES', 'Collected', 'FD_FIELDS', 'FILES_POOL', 'FdResolver', 'HIST_SLOTS', 'KNOB_SETS', 'MIB', 'N', 'NOPOS', 'ONE_FILE_POOL', 'PAGES', 'PROBES', 'Path', 'PoolIndex', 'READ_CALL_DTYPE', 'RECORD', 'REPLAY', 'Resolution', 'SPEC', 'SYSCALLS', 'UNATTRIBUTED', '_collected', '_drop', '_fd_row', '_moetrace', '_record', '_replay_log', 'build', 'calls_table', 'io_lock', 'json', 'kernel_dev', 'mmap', 'np', 'os', 'pd', 'pools', 'pytest', 'reads_knobs', 'replay_oracle', 'resolve', 'rundir', 'subprocess', 'sys', 'textwrap']
+__all__ = ['BIN', 'CLASSES', 'Collected', 'FD_FIELDS', 'FILES_POOL', 'FdPaths', 'HIST_SLOTS', 'KNOB_SETS', 'MIB', 'N', 'NOPOS', 'ONE_FILE_POOL', 'PAGES', 'PROBES', 'Path', 'PoolIndex', 'READ_CALL_DTYPE', 'RECORD', 'REPLAY', 'Resolution', 'SPEC', 'SYSCALLS', 'UNATTRIBUTED', '_collected', '_drop', '_fd_row', '_moetrace', '_record', '_replay_log', 'build', 'calls_table', 'io_lock', 'json', 'kernel_dev', 'mmap', 'np', 'os', 'pd', 'pools', 'pytest', 'reads_knobs', 'replay_oracle', 'resolve', 'rundir', 'subprocess', 'sys', 'textwrap']

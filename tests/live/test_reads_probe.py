@@ -174,11 +174,12 @@ def test_files_layout_fd_reuse_and_close_range(live, pools, tmp_path):
     """Files layout: the current identity of an fd is counted in its `fdgen` entry and
     retired to `fds` by close() (a new generation) and by the first call after the
     process's epoch changed (close_range closes without close()): one fd number reused for
-    three experts attributes each call to its own expert."""
+    three experts attributes each call to its own expert. Fds opened, read from the page cache
+    and closed at once are attributed too: the kernel reads the inode from the fd table."""
     from moetrace.inputs.pool import open_pool
 
     fp = open_pool(pools["files"])
-    a, b, c = (str(fp.path_of(e)) for e in (1, 2, 4))
+    a, b, c, d = (str(fp.path_of(e)) for e in (1, 2, 4, 6))
     script = textwrap.dedent(f"""
         import ctypes, os, time
         libc = ctypes.CDLL(None, use_errno=True)
@@ -197,6 +198,10 @@ def test_files_layout_fd_reuse_and_close_range(live, pools, tmp_path):
         for off in (0, 65536, 131072):
             assert len(os.pread(fd3, 4096, off)) == 4096
         time.sleep(0.3)
+        for _ in range(5):  # open, read, close at once: no look from user space can catch these fds
+            f = os.open({d!r}, os.O_RDONLY)
+            assert len(os.pread(f, 4096, 0)) == 4096
+            os.close(f)
     """)
     r = _record(tmp_path / "s", [sys.executable, "-c", script], "--probes", "reads", "--pool", str(pools["files"]))
     assert r.returncode == 0, r.stderr
@@ -206,7 +211,8 @@ def test_files_layout_fd_reuse_and_close_range(live, pools, tmp_path):
     assert ex.loc[1, "calls"] == 2 and ex.loc[1, "bytes"] == 8192
     assert ex.loc[2, "calls"] == 1 and ex.loc[2, "bytes"] == 8192
     assert ex.loc[4, "calls"] == 3 and ex.loc[4, "bytes"] == 3 * 4096
-    assert int(ex["calls"].sum()) == 6
+    assert ex.loc[6, "calls"] == 5 and ex.loc[6, "fd_identities"] == 5  # the kernel read each fd's inode
+    assert int(ex["calls"].sum()) == 11
     files_t = tables["reads_files"]
     rows = files_t[files_t["path"].isin([a, b, c])].set_index("path")
     assert len(rows) == 3 and rows["fd"].nunique() == 1

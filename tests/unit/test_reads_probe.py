@@ -37,17 +37,17 @@ def test_knobs_from_plan_and_pool():
 
 def test_files_layout_attribution_and_fd_reuse():
     """fd 5 of tgid 10 is expert 1's file (gen 0), then closed and reopened as expert 3's (gen 1):
-    two identities; an identity the scan missed is resolved by its first added page."""
+    two identities; an identity whose fd table the kernel could not read is resolved by its
+    first added page; one the kernel resolved by neither stays unresolved."""
     dev = FILES_POOL.dev
-    rows = [_fd_row(10, 5, 0, 0, 0, 3, 2, 1, 0, 256),
-            _fd_row(10, 5, 1, 0, 0, 2, 1, 1, 0, 256, ino=103, dev=dev),  # learned from an added page
-            _fd_row(10, 7, 0, 0, NOPOS, 4, 4, 0, 0, 0, nbytes=40),   # read() of a non-pool file
-            _fd_row(11, 3, 0, 0, 0, 1, 0, 0, 1, 0, nbytes=0)]          # an error on an fd never seen open
-    resolved = {(10, 5, 0, 0): Resolution(101, dev, "/p/e1.bin", "proc"),
-                (10, 7, 0, 0): Resolution(555, dev, "/usr/lib/x.py", "proc")}
+    rows = [_fd_row(10, 5, 0, 0, 0, 3, 2, 1, 0, 256, ino=101, dev=dev),
+            _fd_row(10, 5, 1, 0, 0, 2, 1, 1, 0, 256, ino=103, dev=dev, by=2),  # learned from an added page
+            _fd_row(10, 7, 0, 0, NOPOS, 4, 4, 0, 0, 0, nbytes=40, ino=555, dev=dev),  # read() of a non-pool file
+            _fd_row(11, 3, 0, 0, 0, 1, 0, 0, 1, 0, nbytes=0)]          # an error, inode never read
+    paths = {(10, 5, 0, 0): "/p/e1.bin", (10, 7, 0, 0): "/usr/lib/x.py"}
     hist_rows = [(10, 5, 0, 0, 0, 10, 2), (10, 5, 0, 0, 1, 16, 1), (10, 5, 1, 0, 0, 10, 1), (10, 5, 1, 0, 1, 16, 1),
                  (10, 7, 0, 0, 0, 9, 4), (11, 3, 0, 0, 2, 4, 1)]
-    tables, summary = build(_collected(rows, hist_rows), resolved, FILES_POOL, 0)
+    tables, summary = build(_collected(rows, hist_rows), paths, FILES_POOL, 0)
     r = tables["reads"]
     assert [c for c in r.columns] == [c.name for c in SPEC.schema]
     e = r[r["kind"] == "expert"].set_index("expert_id")
@@ -64,7 +64,8 @@ def test_files_layout_attribution_and_fd_reuse():
     assert u.loc["bad_fd", "error_calls"] == 3 and u.loc["bad_fd", "error_latency_ns_sum"] == 30
     assert int(r["calls"].sum()) == 3 + 2 + 4 + 1 + 2 + 3  # every call lands in exactly one row
     f = tables["reads_files"]
-    assert sorted(f["resolved_by"].dropna()) == ["add", "proc", "proc"]
+    assert sorted(f["resolved_by"].dropna()) == ["add", "fd", "fd"]
+    assert sorted(f["path"].dropna()) == ["/p/e1.bin", "/usr/lib/x.py"]
     assert f.loc[f["gen"] == 1, "expert_id"].tolist() == [3]
     assert f["extent"].isna().sum() == 1  # read(): no position
     lat = tables["reads_latency"]
@@ -76,7 +77,8 @@ def test_files_layout_attribution_and_fd_reuse():
     assert (lat["hi_ns"] == 2 * lat["lo_ns"]).all() or (lat["lo_ns"] == 0).any()
     one = lat[(lat["scope"] == "all") & (lat["slot"] == 10)].iloc[0]
     assert (one["lo_ns"], one["hi_ns"]) == (512, 1024)
-    assert summary["fd_identities"]["resolved_add"] == 1 and summary["fd_identities"]["unresolved"] == 1
+    ids = summary["fd_identities"]
+    assert (ids["resolved_fd"], ids["resolved_add"], ids["unresolved"], ids["with_path"]) == (2, 1, 1, 2)
     for name, df in tables.items():  # every table is the declared one, in order and dtype
         cols = SPEC.tables()[name]
         assert list(df.columns) == [c.name for c in cols], name
@@ -84,19 +86,22 @@ def test_files_layout_attribution_and_fd_reuse():
             assert str(df[c.name].dtype) == c.dtype, (name, c.name, df[c.name].dtype)
 
 
-def test_pool_file_attribution_by_extent_and_conflicts():
+def test_pool_file_attribution_by_extent():
+    """One pool file split by extent; an identity's extents share its inode, the fd table's
+    answer before an added page's."""
     q = ONE_FILE_POOL
-    rows = [_fd_row(10, 4, 0, 0, 0, 2, 1, 1, 0, 256), _fd_row(10, 4, 0, 0, 3, 1, 0, 1, 0, 300),
-            _fd_row(10, 4, 0, 0, 9, 1, 1, 0, 0, 0), _fd_row(10, 4, 0, 0, NOPOS, 1, 1, 0, 0, 0),
-            _fd_row(12, 4, 0, 0, 1, 1, 0, 1, 0, 256, ino=777, dev=q.dev)]  # add says 777, /proc says pool
-    resolved = {(10, 4, 0, 0): Resolution(200, q.dev, "/p/pool.bin", "proc"),
-                (12, 4, 0, 0): Resolution(200, q.dev, "/p/pool.bin", "proc")}
-    tables, summary = build(_collected(rows), resolved, q, MIB)
+    rows = [_fd_row(10, 4, 0, 0, 0, 2, 1, 1, 0, 256, ino=200, dev=q.dev),
+            _fd_row(10, 4, 0, 0, 3, 1, 0, 1, 0, 300, ino=200, dev=q.dev),
+            _fd_row(10, 4, 0, 0, 9, 1, 1, 0, 0, 0, ino=200, dev=q.dev),
+            _fd_row(10, 4, 0, 0, NOPOS, 1, 1, 0, 0, 0, ino=200, dev=q.dev),
+            _fd_row(12, 4, 0, 0, 1, 1, 0, 1, 0, 256, ino=777, dev=q.dev, by=2),  # an added page says 777 ...
+            _fd_row(12, 4, 0, 0, 2, 1, 1, 0, 0, 0, ino=200, dev=q.dev)]  # ... the fd table says the pool
+    tables, summary = build(_collected(rows), {}, q, MIB)
     e = tables["reads"].set_index("source")
     ex = tables["reads"][tables["reads"]["kind"] == "expert"]
-    assert ex["calls"].tolist() == [2, 1, 0, 1] and ex["added_pages"].tolist() == [256, 256, 0, 300]
+    assert ex["calls"].tolist() == [2, 1, 1, 1] and ex["added_pages"].tolist() == [256, 256, 0, 300]
     assert e.loc["pool_tail", "calls"] == 1 and e.loc["no_position", "calls"] == 1
-    assert summary["fd_identities"]["ino_conflicts"] == 1  # /proc wins, the disagreement is counted
+    assert summary["fd_identities"]["resolved_fd"] == 2 and summary["fd_identities"]["with_path"] == 0
 
 
 def test_stream_calls_are_attributed_by_their_own_position():
@@ -109,7 +114,7 @@ def test_stream_calls_are_attributed_by_their_own_position():
     ev["syscall"] = [2, 2, 3, 0]
     ev["ino"][0], ev["dev"][0] = 200, q.dev
     ev[3]["fd"] = 9  # another fd, never resolved
-    inos = {(10, 4, 0, 0): Resolution(200, q.dev, None, "proc")}
+    inos = {(10, 4, 0, 0): Resolution(200, q.dev, None, "fd")}
     df = calls_table(ev.tobytes(), inos, q)
     assert df["expert_id"].tolist()[:2] == [0, 2] and pd.isna(df["expert_id"].iloc[2])
     assert df["source"].tolist() == ["expert", "expert", "no_position", "unresolved_fd"]
@@ -120,24 +125,22 @@ def test_stream_calls_are_attributed_by_their_own_position():
     assert calls_table(b"", {}, None).empty
 
 
-def test_fd_resolver_on_a_fake_proc(tmp_path):
-    """Resolved only when the kernel's (gen, epoch) of the fd is unchanged across the stat."""
+def test_fd_paths_on_a_fake_proc(tmp_path):
+    """A path is kept only when the link still shows the inode the kernel announced."""
     proc = tmp_path / "proc"
     (proc / "42" / "fd").mkdir(parents=True)
     target = tmp_path / "e0.bin"
     target.write_bytes(b"x")
     os.symlink(target, proc / "42" / "fd" / "5")
-    os.symlink(tmp_path / "gone", proc / "42" / "fd" / "6")  # dangling: stat fails
-    gens = {(42, 5): (3, 1)}
-    r = FdResolver(lambda tgid, fd: gens.get((tgid, fd), (0, 0)), proc=str(proc))
-    assert r.resolve((42, 5, 3, 1))
+    os.symlink(tmp_path / "gone", proc / "42" / "fd" / "6")  # dangling: closed meanwhile
     st = target.stat()
-    assert r.resolved[(42, 5, 3, 1)] == Resolution(st.st_ino, kernel_dev(st.st_dev), str(target), "proc")
-    assert not r.resolve((42, 5, 2, 1)) and r.failed == 1  # the fd was closed and reused since
-    assert not r.resolve((42, 6, 0, 0)) and r.failed == 2
-    gens[(42, 5)] = (4, 1)
-    assert r.scan([42, 99]) == 1 and (42, 5, 4, 1) in r.resolved  # 99: no such process
-    assert r.failed == 2  # scan failures are not announcement failures
+    ino, dev = st.st_ino, kernel_dev(st.st_dev)
+    p = FdPaths(proc=str(proc))
+    assert p.look(42, 5, 3, 1, ino, dev) and p.paths == {(42, 5, 3, 1): str(target)}
+    assert not p.look(42, 5, 4, 1, ino + 1, dev) and p.stale == 1  # reused for another file since
+    assert not p.look(42, 6, 0, 0, ino, dev) and p.stale == 2
+    assert not p.look(42, 7, 0, 0, 0, 0) and p.unread == 1 and p.stale == 2  # no inode: nothing to check
+    assert p.announced == 4 and len(p.paths) == 1
 
 
 def test_replay_oracle(tmp_path):
@@ -184,7 +187,7 @@ def test_fd_frames_from_map_records():
     histogram slot; the map sizes follow the knobs (a ring of one page when nothing streams)."""
     from moetrace.record.probes.reads import FD_AGG_DTYPE, FD_KEY_DTYPE, LIVE_DTYPE, PAGE, fd_frames
 
-    assert FD_AGG_DTYPE.itemsize == 128 + 4 * 3 * HIST_SLOTS and LIVE_DTYPE.itemsize == 8 + FD_AGG_DTYPE.itemsize
+    assert FD_AGG_DTYPE.itemsize == 17 * 8 + 4 * 3 * HIST_SLOTS and LIVE_DTYPE.itemsize == 8 + FD_AGG_DTYPE.itemsize
     keys = np.zeros(2, FD_KEY_DTYPE)
     keys["tgid"], keys["fd"], keys["gen"], keys["chunk"] = 10, (5, 6), (0, 2), (0, NOPOS)
     aggs = np.zeros(2, FD_AGG_DTYPE)

@@ -27,18 +27,21 @@ the file when ``MOE_EXTENT`` splits a pool file - the same counters plus a laten
 histogram. ``gen`` counts close() of the fd number in that process and ``epoch`` the
 process's close_range() / exec events, so a reused fd number is a new identity.
 
-Attribution (user space; the kernel side keeps to tracepoint and syscall arguments): the kernel pushes every new identity into a small ring; the
-recorder's :meth:`ReadsRecorder.poll` stats ``/proc/<tgid>/fd/<fd>`` at once (the fd is
-still open: its process just read it), re-reads gen/epoch to make sure it saw the same
-open file, and also scans every followed process's fd table every SCAN_INTERVAL_S. An identity
-the scan missed is still resolved when one of its calls added a page (the first added
-page's inode). The inode maps to experts through the pool map (``ctx.pmap.inodes``: one
-expert per file, or for the pool file ``base + pos // extent_bytes``).
+Attribution: the identity's first counted call reads the fd's inode from the task's fd table
+in the kernel (``current->files->fdt->fd[fd]->f_inode``, CO-RE relocated: the call just used
+the fd, so it is open), so an fd opened, read and closed between two looks of user space is
+attributed like any other (``resolved_by`` ``fd``); if that read fails (another thread closed
+the fd meanwhile: ``fd_inode_unread``), the first page added during one of its calls tells
+(``add``). The kernel also pushes every new identity, with that inode, into a small ring:
+:meth:`ReadsRecorder.poll` reads ``/proc/<tgid>/fd/<fd>``'s path at once and keeps it when the
+fd still shows that inode (the ``path`` column is for people; attribution needs only the
+inode). The inode maps to experts through the pool map (``ctx.pmap.inodes``: one expert per
+file, or for the pool file ``base + pos // extent_bytes``).
 
 What stays unattributed (rows of reads.parquet with kind ``unattributed``):
 ``other_files`` (fds of files outside the pool: Python's imports, the plan, pipes),
-``unresolved_fd`` (an fd opened, read only from the page cache and closed between two
-looks - e.g. open/pread/close per access - or whose process died first), ``no_position``
+``unresolved_fd`` (neither the fd table nor an added page told the inode: an fd closed by
+another thread during the call, its calls all page-cache hits), ``no_position``
 (read() of the pool file: the file position is not a syscall argument), ``pool_tail``
 (past the pool file's last extent), ``bad_fd`` (calls that failed with EBADF: no open
 file, kept apart in the kernel so that they do not merge with the fd number's next open
@@ -57,7 +60,6 @@ pagecache probe's.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import struct
@@ -158,8 +160,8 @@ READS = ProbeSpec(
     schema=(
         Column("kind", "string", "", "'expert' or 'unattributed'"),
         Column("source", "string", "", "'expert', or why unattributed: other_files (fd of a non-pool file), "
-                                       "unresolved_fd (fd never seen open and no page added), no_position "
-                                       "(read() of a pool file), pool_tail (past the pool's extents), "
+                                       "unresolved_fd (neither the fd table nor an added page told the inode), "
+                                       "no_position (read() of a pool file), pool_tail (past the pool's extents), "
                                        "bad_fd (failed with EBADF: no open file), fd_map_full"),
         Column("layer", "Int32"), Column("expert", "Int32"), Column("expert_id", "Int64"),
         _calls("calls", "read calls (exited)"),
@@ -190,8 +192,10 @@ READS = ProbeSpec(
                          Column("epoch", "int32"),
                          Column("extent", "Int64", "", "pos // MOE_EXTENT (0 without split; NA: read())"),
                          Column("ino", "UInt64", "", "NA: unresolved"), Column("dev", "Int64", "", "kernel s_dev"),
-                         Column("path", "string", "", "readlink of /proc/<tgid>/fd/<fd> (NA: not seen open)"),
-                         Column("resolved_by", "string", "", "proc (fd scan), add (first added page), or NA"),
+                         Column("path", "string", "", "readlink of /proc/<tgid>/fd/<fd> when the kernel announced "
+                                                      "the identity (NA: closed or reused before the look)"),
+                         Column("resolved_by", "string", "", "fd (the task's fd table, read in the kernel at the "
+                                                             "identity's first call), add (first added page), or NA"),
                          Column("source", "string"), Column("expert_id", "Int64"),
                          Column("calls", I64), Column("bytes", I64, "bytes"), Column("hit_only_calls", I64),
                          Column("miss_calls", I64), Column("error_calls", I64),
@@ -212,7 +216,7 @@ READS = ProbeSpec(
     stats=("calls_pread64", "calls_preadv", "calls_preadv2", "calls_read", "nested_enters", "inflight_full",
            "exit_without_enter", "add_events_in_calls", "pages_added_outside_calls", "fd_map_full",
            "ring_drops", "tgid_full", "iov_truncated", "iov_read_errors", "closes",
-           "epoch_bumps", "fdgen_full", "ident_drops", "retire_failed"),
+           "epoch_bumps", "fdgen_full", "ident_drops", "retire_failed", "fd_inode_unread"),
     structs=(
         Struct("class_counts", tuple((f, "u64") for f in ("calls", "bytes", "requested_bytes", "added_pages",
                                                            "beyond_pages", "other_pages", "latency_ns"))),
@@ -220,8 +224,8 @@ READS = ProbeSpec(
         Struct("fd_counts", tuple((f, "u64") for f in (
             "calls", "bytes", "requested_bytes", "hit_calls", "hit_bytes", "hit_latency_ns", "miss_calls",
             "miss_bytes", "miss_latency_ns", "error_calls", "error_latency_ns", "added_pages", "beyond_pages",
-            "other_pages", "ino", "dev"))),
-        Struct("ident", tuple((f, "u32") for f in ("tgid", "fd", "gen", "epoch"))),
+            "other_pages", "ino", "dev", "ino_by"))),
+        Struct("ident", (*((f, "u32") for f in ("tgid", "fd", "gen", "epoch")), ("ino", "u64"), ("dev", "u64"))),
         Struct("inflight", (("start_ns", "u64"), ("pos", "u64"), ("count", "u64"), ("ino", "u64"), ("added", "u64"),
                             ("beyond", "u64"), ("other", "u64"), ("fd", "u32"), ("gen", "u32"), ("epoch", "u32"),
                             ("sc", "u32"), ("dev", "u32"), ("pad", "u32"))),
@@ -246,7 +250,6 @@ UNATTRIBUTED = ("other_files", "unresolved_fd", "no_position", "pool_tail", "bad
 CLASS_FIELDS = tuple(f for f, _t in SPEC.struct("class_counts").fields)
 FD_FIELDS = tuple(f for f, _t in SPEC.struct("fd_counts").fields)
 READ_CALL_DTYPE = SPEC.struct("read_call").dtype()
-IDENT_DTYPE = SPEC.struct("ident").dtype()
 CLASS_COUNTS_DTYPE = SPEC.struct("class_counts").dtype()
 FD_KEY_DTYPE = SPEC.struct("fd_key").dtype()
 INFLIGHT_DTYPE = SPEC.struct("inflight").dtype()
@@ -258,10 +261,12 @@ FD_AGG_DTYPE = np.dtype([("c", SPEC.struct("fd_counts").dtype()), ("hist", "<u4"
 LIVE_DTYPE = np.dtype([("gen", "<u4"), ("epoch", "<u4"), ("a", FD_AGG_DTYPE)], align=True)
 U32, U64 = np.dtype("<u4"), np.dtype("<u8")
 STAT = {name: i for i, name in enumerate(SPEC.stats)}
-#: seconds between two full scans of the followed processes' fd tables
-#: (a fallback: new fds are announced by the kernel through the idents ring and stat-ed at
-#: once; each scan costs two map reads per open fd)
-SCAN_INTERVAL_S = 5.0
+IDENT_DTYPE = SPEC.struct("ident").dtype()
+#: seconds between two drains of the idents ring (the kernel submits without a wake-up): the
+#: path of an fd open at least this long is read
+IDENT_DRAIN_S = 0.05
+#: ``struct fd_counts`` ino_by: where the identity's inode came from
+INO_BY = {1: "fd", 2: "add"}
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 Ident = tuple[int, int, int, int]  # (tgid, fd, gen, epoch)
@@ -348,7 +353,7 @@ class Resolution:
     ino: int
     dev: int  # kernel encoding
     path: str | None
-    by: str  # "proc" | "add"
+    by: str  # "fd" (the task's fd table, in the kernel) | "add" (the first added page)
 
 
 def kernel_dev(st_dev: int) -> int:
@@ -357,60 +362,38 @@ def kernel_dev(st_dev: int) -> int:
 
 
 @dataclass
-class FdResolver:
-    """Resolves fd identities to inodes through ``<proc>/<tgid>/fd/<fd>``.
+class FdPaths:
+    """The paths of the fd identities the kernel announces (the idents ring), read from
+    ``<proc>/<tgid>/fd/<fd>`` while the fd is open.
 
-    ``generation(tgid, fd)`` returns the kernel's current (gen, epoch) of the fd, or None
-    when it cannot be read; a stat is accepted only when that is unchanged across it (the
-    fd was not closed and reused meanwhile)."""
+    The kernel announces each new identity with the inode it read from the task's fd table;
+    a readlink is kept only when a stat of the link after it shows that inode (the fd was not
+    closed and reused meanwhile). Paths are for people: attribution needs only the inode."""
 
-    generation: Any
     proc: str = "/proc"
-    resolved: dict[Ident, Resolution] = field(default_factory=dict)
-    failed: int = 0  # identities announced by the kernel whose fd was already gone
-    scans: int = 0
+    paths: dict[Ident, str] = field(default_factory=dict)
+    announced: int = 0
+    stale: int = 0  # closed, or reused for another file, before the look
+    unread: int = 0  # announced without an inode (the kernel could not read the fd table)
 
-    def resolve(self, ident: Ident, count: bool = True) -> bool:
-        """Stat one identity's fd now; True when resolved (or already known). ``count``: a
-        failure (fd gone or reused) counts in ``failed``."""
-        if ident in self.resolved:
-            return True
-        tgid, fd, gen, epoch = ident
+    def look(self, tgid: int, fd: int, gen: int, epoch: int, ino: int, dev: int) -> bool:
+        """Read one announced identity's path now; True when kept."""
+        self.announced += 1
+        if not ino:
+            self.unread += 1
+            return False
         link = f"{self.proc}/{tgid}/fd/{fd}"
         try:
+            path = os.readlink(link)
             st = os.stat(link)
-            try:
-                path = os.readlink(link)
-            except OSError:
-                path = None
         except OSError:
-            self.failed += count
+            self.stale += 1
             return False
-        if self.generation(tgid, fd) != (gen, epoch):
-            self.failed += count
+        if (st.st_ino, kernel_dev(st.st_dev)) != (ino, dev):
+            self.stale += 1
             return False
-        self.resolved[ident] = Resolution(st.st_ino, kernel_dev(st.st_dev), path, "proc")
+        self.paths[(tgid, fd, gen, epoch)] = path
         return True
-
-    def scan(self, tgids) -> int:
-        """Resolve every open fd of the processes ``tgids``; returns how many were new."""
-        self.scans += 1
-        new = 0
-        for tgid in tgids:
-            try:
-                names = os.listdir(f"{self.proc}/{tgid}/fd")
-            except OSError:
-                continue
-            for name in names:
-                if not name.isdigit():
-                    continue
-                fd = int(name)
-                g = self.generation(tgid, fd)
-                if g is None or (tgid, fd, g[0], g[1]) in self.resolved:
-                    continue
-                if self.resolve((tgid, fd, g[0], g[1]), count=False):
-                    new += 1
-        return new
 
 
 # ---------------------------------------------------------------------------
@@ -467,38 +450,24 @@ class Collected:
     intervals: list = field(default_factory=list)
 
 
-def _ident_inodes(fds: pd.DataFrame, resolved: dict[Ident, Resolution]) -> tuple[dict[Ident, Resolution], int]:
-    """Every identity's inode: /proc first, else the first added page's; and the number of
-    identities whose two answers disagree."""
+def _ident_inodes(fds: pd.DataFrame, paths: dict[Ident, str]) -> dict[Ident, Resolution]:
+    """Every identity's inode as the kernel kept it (``ino_by``: its fd table, else its first
+    added page; the extents of one identity share it), with its path when one was read."""
     out: dict[Ident, Resolution] = {}
-    conflicts = 0
-    if len(fds):
-        learned = fds[fds["ino"] != 0].drop_duplicates(["tgid", "fd", "gen", "epoch"])
-        by_add = {(int(r.tgid), int(r.fd), int(r.gen), int(r.epoch)): (int(r.ino), int(r.dev))
-                  for r in learned.itertuples(index=False)}
-    else:
-        by_add = {}
-    idents = set(map(tuple, fds[["tgid", "fd", "gen", "epoch"]].astype("int64").to_numpy().tolist())) \
-        if len(fds) else set()
-    for ident in idents:
-        ident = tuple(int(x) for x in ident)
-        r = resolved.get(ident)
-        a = by_add.get(ident)
-        if r is not None:
-            out[ident] = r
-            if a is not None and a != (r.ino, r.dev):
-                conflicts += 1
-        elif a is not None:
-            out[ident] = Resolution(a[0], a[1], None, "add")
-    return out, conflicts
+    if not len(fds):
+        return out
+    known = fds[fds["ino_by"] != 0].sort_values("ino_by", kind="stable")
+    for r in known.drop_duplicates(["tgid", "fd", "gen", "epoch"]).itertuples(index=False):
+        ident = (int(r.tgid), int(r.fd), int(r.gen), int(r.epoch))
+        out[ident] = Resolution(int(r.ino), int(r.dev), paths.get(ident), INO_BY.get(int(r.ino_by), "add"))
+    return out
 
 
-def files_table(col: Collected, resolved: dict[Ident, Resolution], pool: PoolIndex | None,
-                extent: int) -> tuple[pd.DataFrame, int]:
+def files_table(col: Collected, inos: dict[Ident, Resolution], pool: PoolIndex | None,
+                extent: int) -> pd.DataFrame:
     """reads_files: one row per (fd identity, extent) with its inode, path, source and
-    expert; and the count of /proc-vs-add inode conflicts."""
+    expert (``inos``: :func:`_ident_inodes`)."""
     fds = col.fds
-    inos, conflicts = _ident_inodes(fds, resolved)
     rows = []
     for r in fds.itertuples(index=False):
         ident = (int(r.tgid), int(r.fd), int(r.gen), int(r.epoch))
@@ -531,7 +500,7 @@ def files_table(col: Collected, resolved: dict[Ident, Resolution], pool: PoolInd
     types = {c.name: c.dtype for c in SPEC.tables()["reads_files"]}
     for c, t in types.items():
         df[c] = df[c].astype(t)
-    return df, conflicts
+    return df
 
 
 _SUMS = {  # reads.parquet column -> reads_files column
@@ -751,11 +720,9 @@ class ReadsRecorder(ProbeRecorder):
         super().__init__(ctx)
         self.pool = PoolIndex.from_pmap(ctx.pmap)
         self.stream = None  # moetrace.kernel.bpf.EventStream of read_call records
-        self.resolver: FdResolver | None = None
+        self.paths: FdPaths | None = None
         self.col: Collected | None = None
         self._misses: dict[str, int | None] = {}
-        self._last_scan = 0.0
-        self._idents_seen = 0
         self._root_pids: list[int] = []
         self._t_open = 0.0
 
@@ -767,8 +734,8 @@ class ReadsRecorder(ProbeRecorder):
         if not self.knobs["MOE_HAVE_PREADV2"]:
             self.ctx.notes.append("reads: preadv2 is not attached: Python's os.preadv (the replay's read call) "
                                   "issues preadv2, so the replay's reads are not seen")
-        self.resolver = FdResolver(self._generation)
-        self.probe.open_ring("idents", self._on_ident)
+        self.paths = FdPaths()
+        self._idents = self.probe.ring_reader("idents", IDENT_DTYPE.itemsize)
         if self.ctx.stream:
             from moetrace.kernel.bpf import EventStream
 
@@ -780,76 +747,54 @@ class ReadsRecorder(ProbeRecorder):
         self._t_open = time.monotonic()
         return self
 
-    def _generation(self, tgid: int, fd: int) -> tuple[int, int] | None:
-        """The kernel's current (gen, epoch) of fd ``fd`` of ``tgid`` (0 for what it has not seen),
-        None when the maps cannot be read."""
-        try:
-            g = self.probe.get("fdgen", struct.pack("<Q", (tgid << 32) | fd))  # struct live: gen first
-            e = self.probe.get("tgids", struct.pack("<I", tgid))  # the tgid's epoch
-        except OSError:
-            return None
-        return (int.from_bytes(g[:4], "little") if g is not None else 0,
-                int.from_bytes(e[:4], "little") if e is not None else 0)
-
-    def _on_ident(self, _ctx, data, size) -> int:
-        """A new fd identity was read: stat its fd while it is (almost surely) still open."""
-        try:
-            r = np.frombuffer(ctypes.string_at(data, min(size, IDENT_DTYPE.itemsize)), IDENT_DTYPE)[0]
-            self._idents_seen += 1
-            self.resolver.resolve((int(r["tgid"]), int(r["fd"]), int(r["gen"]), int(r["epoch"])))
-        except Exception:  # noqa: BLE001 - a ctypes callback must not raise
-            pass
-        return 0
+    def _drain_idents(self) -> None:
+        """The identities announced since the last drain: read each fd's path (still open?)."""
+        recs = np.frombuffer(self._idents.read(), IDENT_DTYPE)
+        for r in recs.tolist():
+            self.paths.look(*r)
 
     def follow(self, pid: int) -> None:
         self.probe.put("tgids", struct.pack("<I", pid), struct.pack("<I", 0))  # followed, epoch 0
         self._root_pids.append(pid)
 
-    def _tgids(self) -> list[int]:
-        return [int(k) for k in self.probe.items("tgids", U32, U32)[0]]
-
     def poll(self, timeout_ms: int = 0) -> None:
         if self.probe is None or self.probe.closed:
             return
-        # wait on the rings until the deadline (a record wakes us at once: the idents
-        # callback stats the new fd while it is open); the recorder's loop must not spin
+        # drain every IDENT_DRAIN_S until the deadline, waiting on the command's pidfd (its end
+        # returns at once); the stream is read in place after each drain
         t_end = time.monotonic() + max(timeout_ms, 0) / 1000
         while True:
-            left_ms = int((t_end - time.monotonic()) * 1000)
-            # the wait is on the idents ring (libbpf's epoll: SIGCHLD ends it); the stream is read
-            # in place, without waiting, after it
-            self.probe.ring_poll(max(left_ms, 0))
+            self._drain_idents()
             if self.stream is not None:
                 self.stream.poll(0)
-            now = time.monotonic()
-            if now - self._last_scan >= SCAN_INTERVAL_S:
-                self._last_scan = now
-                self.resolver.scan(self._tgids())
-            if time.monotonic() >= t_end - 0.001 or self._command_ended():
+            left = t_end - time.monotonic()
+            if left <= 0.001 or self._command_ended(min(left, IDENT_DRAIN_S)):
                 break
 
     def wake_on(self, fd: int) -> None:
         super().wake_on(fd)
         self._wake_fd = fd
 
-    def _command_ended(self) -> bool:
-        """The command's pidfd is readable: its end interrupted the ring's wait (SIGCHLD), and the
-        recorder's loop must see it now, not at this poll's deadline."""
+    def _command_ended(self, wait_s: float = 0.0) -> bool:
+        """Wait up to ``wait_s`` for the command's pidfd to turn readable (its end); True when it
+        did (without a pidfd: sleep, False)."""
         import select
 
         fd = getattr(self, "_wake_fd", None)
-        return fd is not None and bool(select.select([fd], [], [], 0)[0])
+        if fd is None:
+            time.sleep(wait_s)
+            return False
+        return bool(select.select([fd], [], [], wait_s)[0])
 
     def close(self) -> None:
         """Drain the rings, read the kernel's aggregates (``collected``), detach. Idempotent."""
-        if self.closed or self.probe is None or self.probe.closed or self.resolver is None:
+        if self.closed or self.probe is None or self.probe.closed or self.paths is None:
             self.abort()
             return
         try:
-            self.probe.ring_consume()  # the idents ring (bcc: every ring)
+            self._drain_idents()
             if self.stream is not None:
                 self.stream.finish()
-            self.resolver.scan(self._tgids())  # a process still alive (a daemonized child)
             self._misses = self.recursion_misses()
             self.col = self._collect()
             self.collected = True
@@ -889,11 +834,10 @@ class ReadsRecorder(ProbeRecorder):
         """({table: DataFrame}, summary) of what was collected."""
         if self.col is None:
             raise MoetraceError("reads: nothing collected (close() was not called or failed)")
-        return build(self.col, self.resolver.resolved if self.resolver else {}, self.pool,
-                     self.knobs.get("MOE_EXTENT", 0), self.ctx.log_dir,
-                     {"idents_announced": self._idents_seen,
-                      "idents_stat_failed": self.resolver.failed if self.resolver else 0,
-                      "fd_scans": self.resolver.scans if self.resolver else 0})
+        fp = self.paths or FdPaths()
+        return build(self.col, fp.paths, self.pool, self.knobs.get("MOE_EXTENT", 0), self.ctx.log_dir,
+                     {"idents_announced": fp.announced, "paths_stale": fp.stale,
+                      "inode_unread": self.col.stats["fd_inode_unread"]})
 
     def write(self, run_dir: Path, manifest: dict[str, Any]) -> None:
         from moetrace.run import directory as rd
@@ -926,13 +870,14 @@ class ReadsRecorder(ProbeRecorder):
         }
 
 
-def build(col: Collected, resolved: dict[Ident, Resolution], pool: PoolIndex | None, extent: int,
+def build(col: Collected, paths: dict[Ident, str], pool: PoolIndex | None, extent: int,
           log_dir: Path | None = None, extra: dict[str, Any] | None = None
           ) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
-    """Every table of the reads probe and its manifest summary from what was collected."""
-    files, conflicts = files_table(col, resolved, pool, extent)
+    """Every table of the reads probe and its manifest summary from what was collected
+    (``paths``: :attr:`FdPaths.paths`)."""
+    inos = _ident_inodes(col.fds, paths)
+    files = files_table(col, inos, pool, extent)
     experts = experts_table(files, col.overflow, pool, col.bad_fd)
-    inos, _c = _ident_inodes(col.fds, resolved)
     pool_idents = set()
     if pool is not None:
         pool_idents = {i for i, r in inos.items() if r.ino in pool.inodes and r.dev == pool.dev}
@@ -972,10 +917,11 @@ def build(col: Collected, resolved: dict[Ident, Resolution], pool: PoolIndex | N
         "unattributed": {s: {"calls": int(u.loc[s, "calls"]), "bytes": int(u.loc[s, "bytes"]),
                              "added_pages": int(u.loc[s, "added_pages"])} for s in UNATTRIBUTED},
         "fd_identities": {"total": int(len(idents)),
-                          "resolved_proc": int((idents["resolved_by"] == "proc").sum()) if len(idents) else 0,
+                          "resolved_fd": int((idents["resolved_by"] == "fd").sum()) if len(idents) else 0,
                           "resolved_add": int((idents["resolved_by"] == "add").sum()) if len(idents) else 0,
                           "unresolved": int(idents["resolved_by"].isna().sum()) if len(idents) else 0,
-                          "ino_conflicts": conflicts, **(extra or {})},
+                          "with_path": int(idents["path"].notna().sum()) if len(idents) else 0,
+                          **(extra or {})},
         "calls_by_syscall": {sc: col.stats[f"calls_{sc}"] for sc in SYSCALLS},
         "pages_added_outside_calls": col.stats["pages_added_outside_calls"],
         "calls_in_flight_at_close": col.inflight_left,
