@@ -105,6 +105,10 @@ struct ino_val _ino_val = {};
 
 static __always_inline void stat_add(u32 slot, u64 v) { moe_add(&stats, slot, v); }
 
+// the highest epoch a count landed in: user space reads the epoch arrays that far (a replay's
+// epochs only grow, but a second replay in one recording starts again at 0)
+volatile u32 epoch_hi = 0;
+
 static __always_inline u32 current_epoch(void)
 {
     if (!epochs)
@@ -112,7 +116,11 @@ static __always_inline u32 current_epoch(void)
     u32 z = 0;
     u32 *ep = bpf_map_lookup_elem(&epoch_now, &z);
     u32 e = ep ? *ep : 0;
-    return e < epochs ? e : epochs - 1;
+    if (e >= epochs)
+        e = epochs - 1;
+    if (e > epoch_hi)
+        epoch_hi = e;
+    return e;
 }
 
 // -- evictor context (moetrace.bpf.h: the task's CTX_* bits in task_ctx) ------------------------

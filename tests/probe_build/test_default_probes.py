@@ -36,3 +36,41 @@ def test_percpu_sums_by_batch_equal_per_entry_sums(live):
         for start, k in ((0, 1), (37, 1), (36, 75), (1000, 20000 - 1000), (n - 1, 1)):  # windows (the timeline's)
             assert t.percpu_sums(start, k).tolist() == want[start:start + k].tolist(), (start, k)
         assert got[37] == sum(370 + c + 1 for c in range(ncpu)) and got[1] == 0
+
+
+@pytest.mark.probe_build
+def test_read_array_reads_a_prefix_and_the_epoch_mark(live):
+    """read_array(n=k) reads the first k entries (the pagecache probe's epoch arrays, ~100 MB in
+    all, as far as the counts reached: its `epoch_hi` global) and returns the whole array."""
+    import numpy as np
+
+    from common.backends import loaded_object
+    from moetrace.kernel.bpf import read_array
+    from moetrace.record.probes.pagecache import EXPERT_COUNTS_DTYPE
+
+    spec = PROBES["pagecache"]
+    knobs = {k: int(v) for k, v in spec.knob_values(N_EXPERTS=7, EPOCHS=100).items()}
+    with loaded_object(spec, knobs, ()) as o:
+        t = o.map("epoch_counts")
+        assert len(t) == 100 * 8
+        for i in (0, 5, 39, 40, 799):
+            v = np.zeros(1, EXPERT_COUNTS_DTYPE)
+            v["added_pages"] = i + 1
+            assert lib_update(t.fd, i, v.tobytes()) == 0
+        full = read_array(t, EXPERT_COUNTS_DTYPE)
+        part = read_array(t, EXPERT_COUNTS_DTYPE, n=40)
+        assert len(part) == len(full) == 800
+        assert part[:40].tolist() == full[:40].tolist() and part["added_pages"][39] == 40
+        assert not part[40:]["added_pages"].any() and full["added_pages"][799] == 800
+        assert o.load_u32("epoch_hi") == 0  # nothing counted yet
+        o.store_u32("epoch_hi", 12)
+        assert o.load_u32("epoch_hi") == 12
+
+
+def lib_update(fd: int, key: int, value: bytes) -> int:
+    import ctypes
+
+    from moetrace.kernel.libbpf import lib
+
+    buf = ctypes.create_string_buffer(value, len(value))
+    return lib().bpf_map_update_elem(fd, ctypes.byref(ctypes.c_uint32(key)), buf, 0)

@@ -505,17 +505,23 @@ def prog_id_exists(prog_id: int) -> bool:
 # reading a BPF array fast
 
 
-def read_array(table, dtype: np.dtype, value_size: int | None = None) -> np.ndarray:
+def read_array(table, dtype: np.dtype, value_size: int | None = None, n: int | None = None) -> np.ndarray:
     """Every value of an array map (a :class:`moetrace.kernel.libbpf.Map`) as a
     numpy structured array, by BPF_MAP_LOOKUP_BATCH (one syscall per 64 Ki entries instead of
     one per entry; per-entry lookups where the kernel lacks batch ops). ``value_size``: what the
     kernel copies per entry when it is not the map's value size (a per-CPU array: the
-    8-byte-rounded value x possible CPUs)."""
+    8-byte-rounded value x possible CPUs). ``n``: read only the first ``n`` entries (the rest
+    known to be zero), still returning the whole array."""
     from moetrace.kernel.libbpf import read_array_fd
 
     if value_size is None:
         value_size = table.value_size
-    return read_array_fd(table.map_fd, len(table), np.dtype(dtype), value_size)
+    total = len(table)
+    if n is None or n >= total:
+        return read_array_fd(table.fd, total, np.dtype(dtype), value_size)
+    out = np.zeros(total, np.dtype(dtype))
+    out[:max(n, 0)] = read_array_fd(table.fd, max(n, 0), np.dtype(dtype), value_size)
+    return out
 
 
 # ---------------------------------------------------------------------------

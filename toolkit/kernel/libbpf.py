@@ -176,11 +176,6 @@ class Map:
         self.max_entries = L.bpf_map__max_entries(ptr)
         self.type = L.bpf_map__type(ptr)
 
-    # bcc tables' spelling, so the shared readers (read_array, EventStream) take either
-    @property
-    def map_fd(self) -> int:
-        return self.fd
-
     def __len__(self) -> int:
         return self.max_entries
 
@@ -498,6 +493,14 @@ class BpfObject:
         view, where = self._views[section]
         off, n = where[name]
         view[off:off + n] = int(value).to_bytes(n, "little")
+
+    def load_u32(self, name: str, section: str = ".bss") -> int:
+        """One u32 global of ``section`` in the loaded object, as the programs left it."""
+        if section not in self._views:
+            self._views[section] = self.global_view(section)
+        view, where = self._views[section]
+        off, n = where[name]
+        return int.from_bytes(view[off:off + n], "little")
 
     def set_max_entries(self, name: str, n: int) -> None:
         _check(lib().bpf_map__set_max_entries(self._map_ptr(name), max(1, int(n))), f"map {name} size {n}")

@@ -228,7 +228,7 @@ class PagecacheRecorder(ProbeRecorder):
         if knobs.get("EPOCHS"):
             # the replay writes the epoch itself (moetrace.replay.epochs.EpochWriter): an inherited
             # fd of the one-entry epoch_now map, not a round trip per iteration
-            self.epoch_fd = os.dup(self.probe.table("epoch_now").map_fd)
+            self.epoch_fd = os.dup(self.probe.table("epoch_now").fd)
             os.set_inheritable(self.epoch_fd, True)
         return self
 
@@ -269,10 +269,13 @@ class PagecacheRecorder(ProbeRecorder):
                 self.intervals = self.stream.intervals
             self.counts = read_array(self.probe.table("counts"), EXPERT_COUNTS_DTYPE)
             self.evictors = read_array(self.probe.table("evictors"), U64).astype(np.int64).reshape(-1, len(EVICTORS))
-            if self.knobs.get("EPOCHS"):
-                self.epoch_counts = read_array(self.probe.table("epoch_counts"), EXPERT_COUNTS_DTYPE)
-                self.epoch_evictors = read_array(self.probe.table("epoch_evictors"), U64).astype(
-                    np.int64).reshape(-1, len(EVICTORS))
+            if self.knobs.get("EPOCHS"):  # as far as the counts reached (~100 MB for every slot)
+                reached = self.probe.obj.load_u32("epoch_hi") + 1
+                slots = int(self.knobs["N_EXPERTS"]) + 1
+                self.epoch_counts = read_array(self.probe.table("epoch_counts"), EXPERT_COUNTS_DTYPE,
+                                               n=reached * slots)
+                self.epoch_evictors = read_array(self.probe.table("epoch_evictors"), U64,
+                                                 n=reached * len(EVICTORS)).astype(np.int64).reshape(-1, len(EVICTORS))
             self.stats = dict(zip(SPEC.stats, read_array(self.probe.table("stats"), U64).astype(np.int64).tolist()))
             self.misses = self.recursion_misses()
         except Exception as e:  # noqa: BLE001 - a read failure must still detach
