@@ -123,7 +123,8 @@ def test_poll_waits_out_its_timeout_and_wakes_on_exit(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.6)"])
     try:
         rec.followed.add(child.pid)
-        rec._pidfd = os.pidfd_open(child.pid)
+        pidfd = os.pidfd_open(child.pid)
+        rec.wake_on(pidfd)  # what the recorder hands every probe
         t = time.monotonic()
         rec.poll(150)
         assert 0.14 <= time.monotonic() - t < 0.5
@@ -134,6 +135,7 @@ def test_poll_waits_out_its_timeout_and_wakes_on_exit(tmp_path):
         assert child.poll() == 0 or child.wait(5) == 0  # not reaped by poll: the caller's wait works
     finally:
         rec.abort()
+        os.close(pidfd)
         if child.poll() is None:
             child.kill()
             child.wait()

@@ -137,7 +137,6 @@ class CoreProbe:
     attached: dict[str, str] = field(default_factory=dict)  # program -> "kind target"
     _rings: list = field(default_factory=list)
     _readers: list = field(default_factory=list)
-    backend = "core"
 
     def table(self, name: str):
         return self.obj.map(name)

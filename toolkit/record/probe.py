@@ -122,9 +122,24 @@ class ProbeRecorder:
         command's end is seen at once. Every event stream of the probe waits on it too."""
         from moetrace.kernel.bpf import EventStream
 
+        self._wake_fd = fd
         for v in list(vars(self).values()):
             if isinstance(v, EventStream):
                 v.wake_on(fd)
+
+    def wait_command(self, seconds: float) -> bool:
+        """Wait up to ``seconds``, or less when the command ends (its pidfd, given to
+        :meth:`wake_on`, turns readable): True when it has ended. Without a pidfd, sleep."""
+        import select
+
+        fd = getattr(self, "_wake_fd", None)
+        if fd is not None:
+            try:
+                return bool(select.select([fd], [], [], max(seconds, 0.0))[0])
+            except (OSError, ValueError):  # closed meanwhile: the command has ended
+                return True
+        time.sleep(max(seconds, 0.0))
+        return False
 
     def gated(self) -> bool:
         """Whether the probe counts only while armed (compiled with MOE_GATED=1)."""

@@ -315,23 +315,9 @@ class MglruRecorder(ProbeRecorder):
         if self.stream is not None:
             self.stream.poll(wait_ms)
         elif wait_ms > 0:
-            self._sleep(wait_ms)
+            self.wait_command(wait_ms / 1000)
         if self.clock() >= self._next_ns:
             self._sample()
-
-    def wake_on(self, fd: int) -> None:
-        super().wake_on(fd)
-        self._wake_fd = fd
-
-    def _sleep(self, ms: int) -> None:
-        """Sleep ``ms``, or less when the command's pidfd turns readable (its end is seen at once)."""
-        import select
-
-        fd = getattr(self, "_wake_fd", None)
-        if fd is None:
-            time.sleep(ms / 1000)
-        else:
-            select.select([fd], [], [], ms / 1000)
 
     def close(self) -> None:
         if self.closed:

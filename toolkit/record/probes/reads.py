@@ -768,23 +768,8 @@ class ReadsRecorder(ProbeRecorder):
             if self.stream is not None:
                 self.stream.poll(0)
             left = t_end - time.monotonic()
-            if left <= 0.001 or self._command_ended(min(left, IDENT_DRAIN_S)):
+            if left <= 0.001 or self.wait_command(min(left, IDENT_DRAIN_S)):
                 break
-
-    def wake_on(self, fd: int) -> None:
-        super().wake_on(fd)
-        self._wake_fd = fd
-
-    def _command_ended(self, wait_s: float = 0.0) -> bool:
-        """Wait up to ``wait_s`` for the command's pidfd to turn readable (its end); True when it
-        did (without a pidfd: sleep, False)."""
-        import select
-
-        fd = getattr(self, "_wake_fd", None)
-        if fd is None:
-            time.sleep(wait_s)
-            return False
-        return bool(select.select([fd], [], [], wait_s)[0])
 
     def close(self) -> None:
         """Drain the rings, read the kernel's aggregates (``collected``), detach. Idempotent."""

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import os
 import re
-import select
 import struct
 import time
 from collections import Counter
@@ -263,7 +262,6 @@ class StacksRecorder(ProbeRecorder):
         self.maps = ProcMaps(root)
         self.followed: set[int] = set()
         self.command_pid: int | None = None
-        self._pidfd: int | None = None
         self._next_maps = 0.0
         self._maps_interval = MAPS_INTERVAL_S
         self._t_open = self._t_close = None
@@ -318,10 +316,6 @@ class StacksRecorder(ProbeRecorder):
         self.followed.add(pid)
         if self.command_pid is None:
             self.command_pid = pid
-            try:
-                self._pidfd = os.pidfd_open(pid)
-            except (OSError, AttributeError):
-                self._pidfd = None
 
     def _followed_now(self) -> set[int]:
         """The followed tgids: those given to follow() and those the kernel added on fork."""
@@ -344,7 +338,7 @@ class StacksRecorder(ProbeRecorder):
     def poll(self, timeout_ms: int = 0) -> None:
         """Snapshot the followed processes' executable mappings when due (see
         MAPS_INTERVAL_S), then wait out ``timeout_ms``, returning early when the
-        command exits (a pidfd, not reaped here)."""
+        command exits (:meth:`wait_command`)."""
         deadline = time.monotonic() + max(timeout_ms, 0) / 1000
         now = time.monotonic()
         if now >= self._next_maps:
@@ -354,15 +348,8 @@ class StacksRecorder(ProbeRecorder):
                 self._maps_interval = min(2 * self._maps_interval, MAPS_MAX_INTERVAL_S)
             self._next_maps = now + self._maps_interval
         left = deadline - time.monotonic()
-        if left <= 0:
-            return
-        if self._pidfd is not None:
-            try:
-                select.select([self._pidfd], [], [], left)
-                return
-            except OSError:
-                pass
-        time.sleep(left)
+        if left > 0:
+            self.wait_command(left)
 
     def settle(self) -> None:
         """The command has ended: read /proc/kallsyms in a thread meanwhile (~0.1 s, half of it
@@ -387,7 +374,6 @@ class StacksRecorder(ProbeRecorder):
         if self.closed:
             return
         self.closed = True
-        self._close_pidfd()
         if self.probe is None or self.probe.closed:
             return
         self.snapshot_maps()  # processes still alive (the command's leftovers)
@@ -419,18 +405,6 @@ class StacksRecorder(ProbeRecorder):
         ips = np.frombuffer(raw, U64)
         end = np.flatnonzero(ips == 0)
         return [int(x) for x in ips[: end[0] if len(end) else len(ips)]]
-
-    def _close_pidfd(self) -> None:
-        if self._pidfd is not None:
-            try:
-                os.close(self._pidfd)
-            except OSError:
-                pass
-            self._pidfd = None
-
-    def abort(self) -> None:
-        self._close_pidfd()
-        super().abort()
 
     # -- symbolization ----------------------------------------------------------------------
     def _symbolize(self, raw: list[tuple[int, int, int, str, int]], traces: dict[int, list[int]]) -> None:
