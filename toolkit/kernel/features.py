@@ -385,12 +385,28 @@ def _kallsyms(rootkey: str) -> bytes | None:
         return None
 
 
+_CLONE_SUFFIX = re.compile(rb"(?:\.[\w.]+)?")
+_KALLSYMS_HEAD = re.compile(rb"\S+ \S")
+
+
 def _symbol_lines(text: bytes, symbol: str) -> list[bytes]:
     """The names in kallsyms ``text`` (lines "ADDR TYPE NAME[\\t[module]]") that are ``symbol`` or
-    its compiler clones (NAME.constprop.0, NAME.isra.0)."""
-    import re
-
-    return re.findall(rb"^\S+ \S (" + re.escape(symbol.encode()) + rb"(?:\.[\w.]+)?)(?:\t.*)?$", text, re.M)
+    its compiler clones (NAME.constprop.0, NAME.isra.0). Found by the name itself (bytes.find),
+    not a regex anchored at every line start: that took 1.7 s under the lab's TCG."""
+    name = symbol.encode()
+    needle = b" " + name
+    out = []
+    i = text.find(needle)
+    while i >= 0:
+        j = i + len(needle)
+        end = text.find(b"\n", j)
+        end = len(text) if end < 0 else end
+        rest = text[j:end].split(b"\t", 1)[0]
+        head = text[text.rfind(b"\n", 0, i) + 1:i]
+        if _CLONE_SUFFIX.fullmatch(rest) and _KALLSYMS_HEAD.fullmatch(head):
+            out.append(name + rest)
+        i = text.find(needle, j)
+    return out
 
 
 def kallsyms_count(symbol: str, root: str | os.PathLike = "/") -> int | None:
