@@ -106,7 +106,8 @@ struct ino_val _ino_val = {};
 static __always_inline void stat_add(u32 slot, u64 v) { moe_add(&stats, slot, v); }
 
 // the highest epoch a count landed in: user space reads the epoch arrays that far (a replay's
-// epochs only grow, but a second replay in one recording starts again at 0)
+// epochs only grow, but a second replay in one recording starts again at 0). A plain max: two
+// CPUs may race and leave the lower one; user space also takes the replay's last epoch.
 volatile u32 epoch_hi = 0;
 
 static __always_inline u32 current_epoch(void)

@@ -486,21 +486,22 @@ class BpfObject:
         self._mmaps.append(mm)
         return memoryview(mm)[:size], self.section_globals(section)
 
-    def store_u32(self, name: str, value: int, section: str = ".bss") -> None:
-        """Set one u32 global of ``section`` in the loaded object (e.g. ``armed``)."""
+    def _global_slice(self, name: str, section: str) -> tuple[memoryview, slice]:
         if section not in self._views:
             self._views[section] = self.global_view(section)
         view, where = self._views[section]
         off, n = where[name]
-        view[off:off + n] = int(value).to_bytes(n, "little")
+        return view, slice(off, off + n)
+
+    def store_u32(self, name: str, value: int, section: str = ".bss") -> None:
+        """Set one u32 global of ``section`` in the loaded object (e.g. ``armed``)."""
+        view, at = self._global_slice(name, section)
+        view[at] = int(value).to_bytes(at.stop - at.start, "little")
 
     def load_u32(self, name: str, section: str = ".bss") -> int:
         """One u32 global of ``section`` in the loaded object, as the programs left it."""
-        if section not in self._views:
-            self._views[section] = self.global_view(section)
-        view, where = self._views[section]
-        off, n = where[name]
-        return int.from_bytes(view[off:off + n], "little")
+        view, at = self._global_slice(name, section)
+        return int.from_bytes(view[at], "little")
 
     def set_max_entries(self, name: str, n: int) -> None:
         _check(lib().bpf_map__set_max_entries(self._map_ptr(name), max(1, int(n))), f"map {name} size {n}")

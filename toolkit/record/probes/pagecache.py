@@ -270,7 +270,10 @@ class PagecacheRecorder(ProbeRecorder):
             self.counts = read_array(self.probe.table("counts"), EXPERT_COUNTS_DTYPE)
             self.evictors = read_array(self.probe.table("evictors"), U64).astype(np.int64).reshape(-1, len(EVICTORS))
             if self.knobs.get("EPOCHS"):  # as far as the counts reached (~100 MB for every slot)
-                reached = self.probe.obj.load_u32("epoch_hi") + 1
+                # epoch_hi is a plain max from every CPU (a raise can lose a race to a lower one):
+                # the replay's last epoch bounds it too
+                last = int(read_array(self.probe.table("epoch_now"), np.uint32)[0])
+                reached = max(self.probe.obj.load_u32("epoch_hi"), min(last, int(self.knobs["EPOCHS"]) - 1)) + 1
                 slots = int(self.knobs["N_EXPERTS"]) + 1
                 self.epoch_counts = read_array(self.probe.table("epoch_counts"), EXPERT_COUNTS_DTYPE,
                                                n=reached * slots)
