@@ -8,11 +8,12 @@ them. Modules that use pandas name it ``pd`` through :data:`pandas`, which impor
 module when an attribute is first read.
 
 Where every CPU is one in truth (the lab's single-threaded TCG) the warm-up costs its whole
-time before the command (pandas ~5 s there). It still imports pyarrow there, on purpose: a
-replay that imports pyarrow itself then finds its files in the page cache, charged to the
-recorder's cgroup, not to the memory cgroup under test (measured in the lab without it: 26.6 ->
-38-40 s of command wall at 80 MiB); pandas, which a replay does not import, waits for the
-tables (``MOETRACE_WARM_IMPORTS``, set by the lab's guest under TCG)."""
+time before the command (pandas ~5 s there, pyarrow ~3 s), so there it imports only what a
+replay shares with the recorder, and only when the command runs in a cgroup of its own
+(``record --cgroup``, as `moetrace cell` runs it): a replay that imports pyarrow itself then
+finds its files in the page cache, charged to the recorder's cgroup, not to the memory cgroup
+under test (measured in the lab without it: 26.6 -> 38-40 s of command wall at 80 MiB).
+``MOETRACE_WARM_IMPORTS``, set by the lab's guest under TCG, names those libraries."""
 
 from __future__ import annotations
 
@@ -40,18 +41,22 @@ pandas = LazyModule("pandas")
 
 #: what writing a run directory imports
 TABLE_LIBRARIES = ("pandas", "pyarrow", "pyarrow.parquet")
-#: a comma-separated list overrides what :func:`warm_names` gives ("": nothing); the lab sets it
-#: under TCG, where the warm-up thread does not run beside the loads but after them
+#: set (a comma-separated list) where CPUs are serial (the lab's guest under TCG): the libraries
+#: to import before the command, and only when it joins a cgroup ("": never any)
 WARM_ENV = "MOETRACE_WARM_IMPORTS"
 
 
-def warm_names() -> tuple[str, ...]:
-    """The libraries to import while the probes load: :data:`TABLE_LIBRARIES`, or ``MOETRACE_WARM_IMPORTS``."""
+def warm_names(joins_cgroup: bool) -> tuple[str, ...]:
+    """The libraries to import while the probes load: :data:`TABLE_LIBRARIES`; where
+    ``MOETRACE_WARM_IMPORTS`` is set, the libraries it names when the command joins a cgroup
+    (``joins_cgroup``), else none."""
     import os
 
     env = os.environ.get(WARM_ENV)
     if env is None:
         return TABLE_LIBRARIES
+    if not joins_cgroup:
+        return ()
     return tuple(n.strip() for n in env.split(",") if n.strip())
 
 

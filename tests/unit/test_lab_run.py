@@ -22,6 +22,7 @@ share = next(a for a in argv if "mount_tag=labshare" in a).split("path=")[1].spl
 count = os.path.join(share, ".boots")
 n = int(open(count).read()) + 1 if os.path.exists(count) else 1
 open(count, "w").write(str(n))
+open(os.path.join(share, ".argv"), "a").write(" ".join(argv) + "\n")
 if n <= int(os.environ["FAKE_PANICS"]):
     open(console, "w").write("[    1.58] CR2: 0000000000000000\n"
                              "[    1.58] Kernel panic - not syncing: Fatal exception in interrupt\n")
@@ -65,6 +66,17 @@ def test_a_guest_that_always_panics_is_an_error_with_the_cause(fake, tmp_path, m
     doc = json.loads((out / "lab.json").read_text())
     assert doc["status"] == "no-status" and len(doc["boot_failures"]) == L.BOOT_RETRIES
     assert not list(Path(tmp_path).glob("moetrace-lab-*"))
+
+
+def test_tcg_boots_one_vcpu_unless_asked(fake, tmp_path, monkeypatch):
+    """Under TCG every vCPU runs on one host thread: one vCPU by default (a second only slows
+    the guest), --cpus otherwise; lab.json names the count booted."""
+    monkeypatch.setenv("FAKE_PANICS", "0")
+    for cpus, want in ((None, 1), (3, 3)):
+        out = tmp_path / f"lab{want}"
+        res = L.run_in_guest("6.12", ["true"], out, qemu=str(fake), timeout_s=30, accel="tcg", cpus=cpus)
+        assert f" -smp {want} " in (out / ".argv").read_text()
+        assert res.doc["cpus"] == want and L.DEFAULT_CPUS["kvm"] == 2
 
 
 HANGING_KVM = r'''#!/usr/bin/env python3

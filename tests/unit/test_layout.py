@@ -168,3 +168,38 @@ def test_lazy_pandas_is_pandas():
     import pandas
 
     assert lazy_pd.DataFrame is pandas.DataFrame and lazy_pd.NA is pandas.NA
+
+
+def test_warm_imports_where_cpus_are_serial_only_for_a_command_in_a_cgroup(monkeypatch):
+    """The lab's TCG guest sets MOETRACE_WARM_IMPORTS: the recorder imports those libraries
+    before the command only when the command joins a cgroup (their page cache is then charged
+    to the recorder's, not to the cgroup under test), else nothing (3 s of a TCG guest's
+    start-up); without it, the table libraries while the probes load."""
+    from moetrace.lazyimport import TABLE_LIBRARIES, WARM_ENV, warm_names
+
+    monkeypatch.delenv(WARM_ENV, raising=False)
+    assert warm_names(joins_cgroup=False) == warm_names(joins_cgroup=True) == TABLE_LIBRARIES
+    monkeypatch.setenv(WARM_ENV, "pyarrow, pyarrow.parquet")
+    assert warm_names(joins_cgroup=True) == ("pyarrow", "pyarrow.parquet")
+    assert warm_names(joins_cgroup=False) == ()
+    monkeypatch.setenv(WARM_ENV, "")
+    assert warm_names(joins_cgroup=True) == ()
+
+
+def test_json_default_converts_numpy_without_importing_it():
+    """moetrace.jsonutil imports no numpy (1.7 s of a TCG guest's start-up): a numpy object
+    exists only once numpy has been imported, and is converted then; anything else is refused."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import sys, json; from moetrace.jsonutil import json_default; assert 'numpy' not in sys.modules\n"
+            "try:\n    json.dumps(object(), default=json_default)\nexcept TypeError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "not JSON serializable: object"
+    import numpy as np
+
+    from moetrace.jsonutil import json_default
+
+    doc = {"i": np.int64(3), "f": np.float32(0.5), "nan": np.float32("nan"), "b": np.bool_(True), "a": np.arange(3)}
+    assert json.loads(json.dumps(doc, default=json_default)) == {"i": 3, "f": 0.5, "nan": None, "b": True, "a": [0, 1, 2]}

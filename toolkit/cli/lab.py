@@ -74,7 +74,9 @@ def setup():
               help="The lab directory: the guest's only writable place (/tmp/lab inside); lab.json, stdout, "
                    "stderr land here.")
 @click.option("--memory", default="2G", show_default=True, help="Guest memory (QEMU -m).")
-@click.option("--cpus", type=click.IntRange(1), default=2, show_default=True, help="Guest vCPUs.")
+@click.option("--cpus", type=click.IntRange(1), default=None,
+              help="Guest vCPUs.  [default: 2 under KVM, 1 under TCG, whose vCPUs all run on one host "
+                   "thread: a second one only slows the guest]")
 @click.option("--mglru", type=click.Choice(["on", "off", "keep"]), default="keep", show_default=True,
               help="Switch MGLRU in the guest before the command (keep: the kernel's default).")
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,

@@ -49,6 +49,11 @@ TCG_CPU = os.environ.get("MOETRACE_LAB_CPU", "Nehalem")
 #: tracepoints (a static key flipped), then "Fatal exception in interrupt" (1 of 3 full-set
 #: recordings; the ~1 in 137 boots that panicked at 1.6 s had the same last line)
 TCG_THREAD = os.environ.get("MOETRACE_LAB_TCG_THREAD", "single")
+#: the guest's vCPUs when none are asked for, per accelerator. TCG runs every vCPU on one host thread
+#: (TCG_THREAD), so a second one adds no parallelism, only its cost: measured on 6.12, `record --
+#: true` started its command 18.0 s after boot with 2 vCPUs and 13.3 s with 1 (the boot 4.8 -> 4.3 s,
+#: the probes' loads and attaches, which patch kernel text on every vCPU, 2.5 -> 2.3 s)
+DEFAULT_CPUS = {"kvm": 2, "tcg": int(os.environ.get("MOETRACE_LAB_TCG_CPUS", "1"))}
 #: seconds a KVM guest has to reach COMMAND (a TCG boot takes 3-5 s; under this host's nested
 #: PVM KVM a stock kernel hangs, so `--accel auto` then falls back to TCG)
 KVM_BOOT_DEADLINE_S = float(os.environ.get("MOETRACE_LAB_KVM_DEADLINE", "20"))
@@ -195,7 +200,8 @@ if [ -e /sys/kernel/mm/lru_gen/enabled ] && [ "$MGLRU" != keep ]; then
   if [ "$MGLRU" = on ]; then echo y > /sys/kernel/mm/lru_gen/enabled; else echo n > /sys/kernel/mm/lru_gen/enabled; fi
 fi
 # under TCG every vCPU runs on one host thread: the recorder's warm-up does not overlap its loads,
-# so it imports only what a replay shares with it (moetrace.lazyimport)
+# so it imports only what a replay shares with it, and only for a command in a cgroup of its own
+# (moetrace.lazyimport)
 if grep -q 'moetrace.accel=tcg' /proc/cmdline && [ -z "${MOETRACE_WARM_IMPORTS+x}" ]; then
   export MOETRACE_WARM_IMPORTS=pyarrow,pyarrow.parquet
 fi
@@ -408,7 +414,7 @@ def _core_btf_for(image: Path) -> Path | None:
         return None
 
 
-def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2G", cpus: int = 2,
+def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2G", cpus: int | None = None,
                  mglru: str = "keep", timeout_s: float = 600.0, env: dict[str, str] | None = None,
                  pool: Path | None = None, memcg: str | None = None, accel: str = "auto",
                  qemu: str = "qemu-system-x86_64") -> LabResult:
@@ -416,7 +422,8 @@ def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2
 
     ``pool``: a directory put on a virtio-blk ext4 image and mounted read-only at its own
     path in the guest. ``memcg``: a memory.max for a cgroup v2 made in the guest
-    (GUEST_MEMCG, exported as MOETRACE_LAB_CGROUP)."""
+    (GUEST_MEMCG, exported as MOETRACE_LAB_CGROUP). ``cpus``: vCPUs, else DEFAULT_CPUS of the
+    accelerator the guest boots under."""
     if mglru not in ("on", "off", "keep"):
         raise UsageError(f"--mglru {mglru!r}", hint="on, off or keep")
     if accel not in ("auto", "kvm", "tcg"):
@@ -457,7 +464,7 @@ def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2
         accels = ["kvm", "tcg"] if accel == "auto" and not kvm_why else ["tcg"] if accel != "kvm" else ["kvm"]
         kvm_fallback = None if accel != "auto" or not kvm_why else f"KVM not tried: {kvm_why}"
         used = accels.pop(0)
-        common = ["-m", memory, "-smp", str(cpus), "-nographic", "-no-reboot",
+        common = ["-m", memory, "-nographic", "-no-reboot",
                 "-kernel", str(image), "-initrd", str(initrd),
                 "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
                 "-virtfs", f"local,path={out.resolve()},mount_tag=labshare,security_model=none,multidevs=remap",
@@ -466,7 +473,9 @@ def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2
         while True:
             console.unlink(missing_ok=True)
             # the guest reads moetrace.accel from /proc/cmdline (an unknown module parameter: ignored)
-            argv = [qemu, *ACCEL_ARGS[used](), *common, "-append", f"{KERNEL_CMDLINE} moetrace.accel={used}"]
+            ncpu = cpus if cpus is not None else DEFAULT_CPUS[used]
+            argv = [qemu, *ACCEL_ARGS[used](), "-smp", str(ncpu), *common,
+                    "-append", f"{KERNEL_CMDLINE} moetrace.accel={used}"]
             started = (out / ".guest-status.json").exists
             status, err, rc = _qemu(argv, timeout_s, started, KVM_BOOT_DEADLINE_S if used == "kvm" else None)
             text = console.read_text(errors="replace") if console.exists() else ""
@@ -510,7 +519,7 @@ def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2
     if status == "ok" and "exit_status" not in guest:
         status = "no-status"
     doc = {"schema": "moetrace.lab/1", "kernel": release, "image": str(image), "command": command,
-           "memory": memory, "cpus": cpus, "mglru_requested": mglru, "accel": used, "accel_requested": accel,
+           "memory": memory, "cpus": ncpu, "mglru_requested": mglru, "accel": used, "accel_requested": accel,
            "kvm_fallback": kvm_fallback, "status": status, "core_btf": str(core_btf) if core_btf else None,
            "pool": pool_path or None, "memcg": ({"path": GUEST_MEMCG, "memory.max": memcg} if memcg else None),
            "host_wall_s": round(wall, 3), "qemu_returncode": rc, "boot_failures": boot_failures,

@@ -410,7 +410,7 @@ class _Recording:
         t0 = time.perf_counter()
         from moetrace.lazyimport import warm, warm_names
 
-        warming = warm(warm_names())
+        warming = warm(warm_names(joins_cgroup=opts.cgroup is not None))
         try:
             self._open_each()
         finally:
@@ -475,6 +475,10 @@ class _Recording:
             self.attach_plan[name]["compiled_out"] = dict(rec.compiled_out)
         if rec.compile_attach_s is not None:
             manifest["timings"][f"{name}_compile_attach_s"] = round(rec.compile_attach_s, 4)
+        core = getattr(rec, "probe", None)  # the object's own split: load (verifier, JIT) and attach
+        if getattr(core, "attach_s", None) is not None and getattr(core, "compile_s", None) is not None:
+            manifest["timings"][f"{name}_load_s"] = round(core.compile_s, 4)
+            manifest["timings"][f"{name}_attach_s"] = round(core.attach_s, 4)
         manifest.setdefault("knobs", {})[name] = dict(rec.knobs)
         self.attach_plan[name]["loader"] = _loader_of(rec)
         rec.describe(manifest)
