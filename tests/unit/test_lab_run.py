@@ -77,6 +77,9 @@ def test_tcg_boots_one_vcpu_unless_asked(fake, tmp_path, monkeypatch):
         res = L.run_in_guest("6.12", ["true"], out, qemu=str(fake), timeout_s=30, accel="tcg", cpus=cpus)
         assert f" -smp {want} " in (out / ".argv").read_text()
         assert res.doc["cpus"] == want and L.DEFAULT_CPUS["kvm"] == 2
+        # TCG's emulated CPU needs no speculation mitigations (they cost the most there); KVM's keeps them
+        assert res.doc["kernel_cmdline"].endswith("mitigations=off moetrace.accel=tcg")
+        assert "mitigations=off" in (out / ".argv").read_text() and not L.ACCEL_CMDLINE["kvm"]
 
 
 HANGING_KVM = r'''#!/usr/bin/env python3
@@ -169,3 +172,24 @@ def test_accel_auto_falls_back_to_tcg_when_qemu_aborts_under_kvm(fake, tmp_path,
     with pytest.raises(MoetraceError, match="--accel kvm: QEMU stopped under KVM .*signal 6"):
         L.run_in_guest("6.12", ["true"], tmp_path / "lab3", qemu=str(q), timeout_s=30, accel="kvm")
     assert not list(Path(tmp_path).glob("moetrace-lab-*"))
+
+
+def test_the_guest_finds_current_bytecode_for_every_module(tmp_path, monkeypatch):
+    """The guest reads the host's root read-only: `lab run` writes moetrace's bytecode first (a
+    module edited since, or never compiled on a host with PYTHONDONTWRITEBYTECODE, would be
+    compiled at every boot: 2.3 s of `record`'s start-up under TCG)."""
+    import importlib.util
+    import os
+    import struct
+
+    pkg = Path(L.__file__).resolve().parent.parent
+    mod = pkg / "lab" / "run.py"
+    pyc = Path(importlib.util.cache_from_source(str(mod)))
+    pyc.unlink(missing_ok=True)
+    L.byte_compile_package()
+    for src in sorted(pkg.rglob("*.py")):
+        c = Path(importlib.util.cache_from_source(str(src)))
+        assert c.exists(), f"no bytecode for {src}"
+        mtime, size = struct.unpack("<II", c.read_bytes()[8:16])
+        st = os.stat(src)
+        assert (mtime, size) == (int(st.st_mtime) & 0xFFFFFFFF, st.st_size & 0xFFFFFFFF), f"stale bytecode for {src}"
