@@ -48,3 +48,28 @@ def test_stream_events_reach_the_recording_not_the_watch(tmp_path):
     assert argv[argv.index("--stream-events") + 1] == "--"
     assert "--stream-events" not in _record_argv(sp, tmp_path / "watch", tmp_path / "cg", probes="pagecache")
     assert "--stream-events" not in _record_argv(spec(record=True), tmp_path / "run", tmp_path / "cg")
+
+
+def test_a_cell_without_out_on_a_read_only_root_is_a_usage_error(tmp_path, monkeypatch):
+    """`moetrace cell` without --out where its run root cannot be made (a lab guest's read-only
+    /var/tmp before the lab exported its share): a usage error naming the place and the fix, and
+    no traceback; with a writable root, a new cell-<time> directory there."""
+    from click.testing import CliRunner
+
+    from moetrace.cli import cli
+    from moetrace.cli.cell import default_cell_dir
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("MOETRACE_RUN_ROOT", str(blocker / "runs"))
+    with pytest.raises(UsageError, match="cannot make a cell directory under .*/file/runs") as ei:
+        default_cell_dir()
+    assert "--out DIR" in ei.value.format_message()
+    plan, pool = tmp_path / "plan.bin", tmp_path / "pool"
+    plan.write_bytes(b"x")
+    pool.mkdir()
+    r = CliRunner().invoke(cli, ["cell", "--plan", str(plan), "--pool", str(pool), "--capacity", "64MiB"])
+    assert r.exit_code == 2 and "cannot make a cell directory" in r.output and "Traceback" not in r.output
+    monkeypatch.setenv("MOETRACE_RUN_ROOT", str(tmp_path / "runs"))
+    d = default_cell_dir()
+    assert d.startswith(str(tmp_path / "runs" / "cell-"))

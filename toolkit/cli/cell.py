@@ -17,9 +17,15 @@ def default_cell_dir() -> str:
     import tempfile
     import time
 
+    from moetrace.errors import UsageError
+
     root = os.environ.get("MOETRACE_RUN_ROOT") or "/var/tmp/moetrace"
-    os.makedirs(root, exist_ok=True)
-    return tempfile.mkdtemp(prefix=time.strftime("cell-%Y%m%d-%H%M%S-"), dir=root)
+    try:
+        os.makedirs(root, exist_ok=True)
+        return tempfile.mkdtemp(prefix=time.strftime("cell-%Y%m%d-%H%M%S-"), dir=root)
+    except OSError as e:
+        raise UsageError(f"cannot make a cell directory under {root}: {e.strerror or e}",
+                         hint="give --out DIR (a writable place), or set MOETRACE_RUN_ROOT") from None
 
 
 def cell_options(f):

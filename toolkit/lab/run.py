@@ -181,6 +181,8 @@ GUEST = r"""#!/bin/sh
 cd /tmp/lab
 up() { cut -d' ' -f1 /proc/uptime; }
 export HOME=/tmp PATH=@BIN@:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+# the host's root is read-only here: cells without --out land in the lab share (back on the host)
+export MOETRACE_RUN_ROOT="${MOETRACE_RUN_ROOT:-/tmp/lab}"
 mount -t debugfs none /sys/kernel/debug 2>/dev/null
 mount -t tracefs none /sys/kernel/tracing 2>/dev/null
 setup_failed() { echo "lab: $*" > /tmp/lab/stderr; echo "{\"setup_error\": \"$*\", \"exit_status\": 125," \
