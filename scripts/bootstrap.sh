@@ -52,5 +52,5 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
 fi
 # bytecode for every module (a guest of `moetrace lab run` reads this tree read-only and would
 # compile each module at every boot; a host with PYTHONDONTWRITEBYTECODE at every run)
-"$VENV/bin/python" -m compileall -q -j 0 toolkit >/dev/null
+"$VENV/bin/python" -m compileall -q -j 0 toolkit analyses probes >/dev/null
 log "ready: $VENV/bin/moetrace"

@@ -182,12 +182,13 @@ def test_the_guest_finds_current_bytecode_for_every_module(tmp_path, monkeypatch
     import os
     import struct
 
-    pkg = Path(L.__file__).resolve().parent.parent
-    mod = pkg / "lab" / "run.py"
+    dirs = L.package_dirs()
+    assert {d.name for d in dirs} >= {"toolkit", "analyses", "probes"}
+    mod = Path(L.__file__).resolve()
     pyc = Path(importlib.util.cache_from_source(str(mod)))
     pyc.unlink(missing_ok=True)
     L.byte_compile_package()
-    for src in sorted(pkg.rglob("*.py")):
+    for src in sorted(p for d in dirs for p in d.rglob("*.py")):
         c = Path(importlib.util.cache_from_source(str(src)))
         assert c.exists(), f"no bytecode for {src}"
         mtime, size = struct.unpack("<II", c.read_bytes()[8:16])

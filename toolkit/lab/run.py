@@ -415,8 +415,22 @@ def byte_compile_package() -> None:
     or after an edit)."""
     import compileall
 
-    pkg = Path(__file__).resolve().parent.parent
-    compileall.compile_dir(str(pkg), quiet=2, workers=1)
+    for d in package_dirs():
+        compileall.compile_dir(str(d), quiet=2, workers=1)
+
+
+def package_dirs() -> list[Path]:
+    """The directories moetrace's packages live in (toolkit/, analyses/, probes/: pyproject's
+    package-dir)."""
+    import importlib.util
+
+    out = []
+    for name in ("moetrace", "moetrace.analyses", "moetrace.probes"):
+        spec = importlib.util.find_spec(name)
+        for loc in (spec.submodule_search_locations or []) if spec else []:
+            if Path(loc).resolve() not in out:
+                out.append(Path(loc).resolve())
+    return out
 
 
 def _core_btf_for(image: Path) -> Path | None:
