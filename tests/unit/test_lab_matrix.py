@@ -116,3 +116,96 @@ def test_any_set_of_finished_and_stopped_cells_resumes_to_exactly_the_rest(tmp_p
     assert work.done == [c for i, c in enumerate(cells) if i in done_i]
     assert work.todo == [c for i, c in enumerate(cells) if i not in done_i]
     assert sorted(work.cleared) == sorted(cells[i].rel_dir for i in stopped_i - done_i)
+
+
+def test_guest_memory_per_mechanism(tmp_path):
+    spec = M.load_spec(write_spec(tmp_path))
+    by = {c.mechanism.label: M.guest_memory(c, spec) for c in spec.cells() if c.capacity_label == "192MiB"}
+    need = (192 << 20) + spec.headroom + spec.guest_base
+    assert by["cgroup"] == max(2 << 30, need)
+    assert by["vm-memory"] == -(-need // (64 << 20)) * (64 << 20)
+    assert abs(by["balloon0.81"] * 0.19 - need) < 64 << 20 and by["balloon0.81"] % (64 << 20) == 0
+    cmd = M.cell_command(next(c for c in spec.cells() if c.mechanism.kind == "vm-memory"), spec)
+    assert cmd[:2] == ["moetrace", "cell"] and cmd[cmd.index("--mechanism") + 1] == "machine"
+    assert cmd[cmd.index("--out") + 1] == M.GUEST_CELL_DIR and "--record" in cmd
+
+
+class FakeGuest:
+    """run_in_guest's stand-in: writes what a guest would bring back (lab.json facts and the cell's
+    cell.json), or fails as asked per cell name."""
+
+    def __init__(self, fail=(), oom=(), stop_after=None):
+        self.fail, self.oom, self.stop_after, self.calls = set(fail), set(oom), stop_after, []
+
+    def __call__(self, kernel, command, out, *, memory, mglru, timeout_s, pool, env):
+        from moetrace.errors import MoetraceError
+        from moetrace.lab.run import LabResult
+
+        name = Path(out).name
+        if self.stop_after is not None and len(self.calls) == self.stop_after:
+            Path(out, "cell").mkdir(parents=True)  # stopped part-way: a cell directory, no done.json
+            raise KeyboardInterrupt
+        self.calls.append((kernel, mglru, name, memory, env))
+        Path(out).mkdir(parents=True, exist_ok=True)
+        if name in self.fail:
+            raise MoetraceError("--accel kvm: the guest did not reach COMMAND")
+        doc = {"status": "ok", "exit_status": 0, "kernel": kernel, "release": kernel + ".0", "memory": memory,
+               "mglru_requested": mglru, "mglru": "0x0007" if mglru == "on" else "0x0000", "accel": "tcg"}
+        if name in self.oom:
+            Path(out, "console.log").write_text("[ 9.1] Out of memory: Killed process 77 (python3)\n")
+            return LabResult("ok", 137, dict(doc, exit_status=137))
+        Path(out, "cell").mkdir()
+        Path(out, "cell", "cell.json").write_text(json.dumps(
+            {"retained": True, "reasons": [], "capacity_bytes": 1, "mechanism": "cgroup", "mode": "mmap",
+             "amplification": 1.5, "mem_available_at_loop_entry_bytes": 123}))
+        return LabResult("ok", 0, doc)
+
+
+def test_run_cells_marks_each_cell_and_a_killed_matrix_resumes_where_it_stopped(tmp_path):
+    spec = M.load_spec(write_spec(tmp_path, SPEC.replace('kernels = ["6.1", "6.12"]', 'kernels = ["6.12"]')
+                                  .replace("repeats = 2", "repeats = 1")))
+    out = tmp_path / "m"
+    cells = spec.cells()  # 1 kernel x 2 MGLRU x 3 mechanisms x 2 capacities
+    fail, oom = cells[1].name, cells[2].name
+    guest = FakeGuest(fail=[fail], oom=[oom], stop_after=4)
+    work = M.prepare(out, spec, resume=False)
+    with pytest.raises(KeyboardInterrupt):
+        M.run_cells(out, spec, work, run_guest=guest)
+    assert [c[2] for c in guest.calls] == [c.name for c in cells[:4]]
+    assert all(c[4] == {"MOETRACE_BALLOON_RESERVE": str(spec.balloon_reserve)} for c in guest.calls)
+    docs = M.finished(out)
+    assert [d["cell"]["name"] for d in docs] == [c.name for c in cells[:4]]
+    assert docs[0]["retained"] and docs[0]["result"]["amplification"] == 1.5
+    assert not docs[1]["retained"] and "did not reach COMMAND" in docs[1]["reasons"][0]
+    assert not docs[2]["retained"] and docs[2]["reasons"][0].endswith("the guest ran out of memory")
+    # resume: the four finished cells are kept, the stopped fifth is run again, then the rest
+    work = M.prepare(out, spec, resume=True)
+    assert work.cleared == [cells[4].rel_dir] and len(work.done) == 4
+    guest2 = FakeGuest()
+    progress = []
+    assert M.run_cells(out, spec, work, run_guest=guest2, progress=lambda d, t, c, s: progress.append((d, t))) == 8
+    assert [c[2] for c in guest2.calls] == [c.name for c in cells[4:]]
+    assert progress == [(i, 12) for i in range(5, 13)]
+    rows = M.matrix_rows(out)
+    assert len(rows) == 12 and sum(r["retained"] for r in rows) == 10
+    assert {r["condition"] for r in rows} == {"6.12-mglru-on", "6.12-mglru-off"}
+    assert rows[0]["mem_available_at_loop_entry_bytes"] == 123 and rows[0]["mechanism_spec"] == cells[0].mechanism.label
+    assert M.write_table(out).read_text().count("\n") == 13
+
+
+def test_cli_dry_run_lists_every_cell_and_a_second_start_is_refused(tmp_path):
+    from click.testing import CliRunner
+
+    from moetrace.cli import cli
+
+    spec_path = write_spec(tmp_path)
+    r = CliRunner().invoke(cli, ["lab", "matrix", str(spec_path), "--out", str(tmp_path / "m"), "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert r.output.count("cells/6.1-mglru") == 24 and "48 cells in 4 conditions" in r.output
+    assert not (tmp_path / "m").exists()
+    M.prepare(tmp_path / "m", M.load_spec(spec_path), resume=False)
+    r = CliRunner().invoke(cli, ["lab", "matrix", str(spec_path), "--out", str(tmp_path / "m")])
+    assert r.exit_code == 2 and "holds a matrix already" in r.output and "Traceback" not in r.output
+    bad = write_spec(tmp_path, SPEC.replace('"vm-memory"', '"vm"'))
+    r = CliRunner().invoke(cli, ["lab", "matrix", str(bad), "--out", str(tmp_path / "m2")])
+    assert r.exit_code == 2 and "unknown mechanism 'vm'" in r.output

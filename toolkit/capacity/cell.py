@@ -50,7 +50,9 @@ from moetrace.errors import CellInterrupted, InputError, MoetraceError, ScopeErr
 from moetrace.kernel.procfs import KernelLog, SECTOR_BYTES, device_of, take_snapshot
 
 CELL_SCHEMA = "moetrace.cell/1"
-MECHANISMS = ("cgroup", "balloon")
+#: machine: no limit inside, the machine's own memory is the capacity (the paper's mem= boot: the
+#: lab sizes a guest's RAM for C)
+MECHANISMS = ("cgroup", "balloon", "machine")
 MODES = ("pagecache", "mmap", "direct", "pinned", "hybrid")
 PREFETCH = ("none", "fadvise", "pread")
 DEFAULT_HEADROOM = 64 << 20
@@ -147,7 +149,7 @@ class CellSpec:
             raise UsageError("--stream-events streams the recording's page events: it needs --record",
                              hint="add --record")
         if self.mechanism not in MECHANISMS:
-            raise UsageError(f"unknown mechanism {self.mechanism!r}", hint="use --mechanism cgroup or balloon")
+            raise UsageError(f"unknown mechanism {self.mechanism!r}", hint="use --mechanism cgroup, balloon or machine")
         if self.mode not in MODES:
             raise UsageError(f"unknown mode {self.mode!r}", hint="use one of " + ", ".join(MODES))
         if self.prefetch not in PREFETCH:
@@ -233,7 +235,7 @@ def _record_argv(spec: CellSpec, run: Path, scope_path: Path, probes: str | None
 
 
 #: the evictor classes a capacity mechanism itself causes (record/probes/pagecache.py EVICTORS)
-OWN_EVICTORS = {"cgroup": ("memcg",), "balloon": ("kswapd", "direct")}
+OWN_EVICTORS = {"cgroup": ("memcg",), "balloon": ("kswapd", "direct"), "machine": ("kswapd", "direct")}
 
 
 def watch_unavailable() -> str | None:
@@ -435,7 +437,7 @@ def run_cell(spec: CellSpec, out_dir: str | os.PathLike, curve=None,
                 limit = int(spec.capacity_bytes + spec.headroom_bytes)
                 scope.create(limit)
                 result["scope"]["limit_bytes"] = limit
-            else:
+            elif spec.mechanism == "balloon":
                 size, facts = balloon_size(spec.capacity_bytes, spec.headroom_bytes)
                 result["balloon"] = dict(facts, scope=str(bscope.path))
                 phase("balloon")
@@ -443,6 +445,9 @@ def run_cell(spec: CellSpec, out_dir: str | os.PathLike, curve=None,
                 balloon = Balloon(size, bscope, python=spec.python).start()
                 result["balloon"].update(pid=balloon.pid, vmlck_bytes=balloon.vmlck_bytes,
                                          verified=balloon.verified())
+                scope.create(None)
+            else:  # machine: an accounting scope without a limit
+                phase("scope")
                 scope.create(None)
             # 3. the replay, inside the scope before it execs
             phase("warmup")
@@ -492,6 +497,9 @@ def run_cell(spec: CellSpec, out_dir: str | os.PathLike, curve=None,
                         pids["recorder"] = proc.pid
                         result["record" if spec.record else "watch"]["replay_pid"] = inside[0]
                 s = snap("loop_entry", pids)
+                # what the page cache could still grow into, whatever the mechanism (the effective
+                # capacity beside nominal C: a guest's RAM or a balloon is never exactly C)
+                result["mem_available_at_loop_entry_bytes"] = (s.get("meminfo") or {}).get("MemAvailable_bytes")
                 st = (s.get("scope") or {}).get("stat", {})
                 anon = st.get("rss", st.get("anon"))
                 result["anon_at_loop_entry_bytes"] = anon

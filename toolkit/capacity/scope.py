@@ -366,6 +366,9 @@ def remove_stale_scopes(name: str | None = None, controller: MemoryController | 
 
 #: the fixed part of the safe reserve: MemTotal / 16, at least 256 MiB, at most 1 GiB
 RESERVE_FIXED_MIN, RESERVE_FIXED_MAX = 256 << 20, 1 << 30
+#: the reserve itself, where the machine is disposable (a lab guest: `lab matrix` sets it to what a
+#: guest needs to finish its cell and report; a guest that dies of memory is a cell not retained)
+RESERVE_ENV = "MOETRACE_BALLOON_RESERVE"
 
 
 def safe_reserve_bytes(mem_total: int) -> int:
@@ -373,7 +376,13 @@ def safe_reserve_bytes(mem_total: int) -> int:
     1 GiB], plus 5% of MemTotal. From 16 GiB up that is the 1 GiB + 5% it always was; a
     small machine (a 4 GiB lab guest: 256 MiB + 205 MiB) keeps what its kernel and the
     recorder need without a reserve larger than the machine's spare memory, so a balloon
-    can lock about 80% of it and never all of it."""
+    can lock about 80% of it and never all of it. ``MOETRACE_BALLOON_RESERVE`` (a size) replaces
+    the rule on a disposable machine."""
+    env = os.environ.get(RESERVE_ENV, "").strip()
+    if env:
+        from moetrace.inputs.geometry import parse_bytes
+
+        return parse_bytes(env)
     fixed = min(RESERVE_FIXED_MAX, max(RESERVE_FIXED_MIN, mem_total // 16))
     return fixed + mem_total // 20
 

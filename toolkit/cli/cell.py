@@ -35,9 +35,12 @@ def cell_options(f):
                      help="The compiled plan (plan.bin) to replay."),
         click.option("--pool", "pool_dir", required=True, type=click.Path(exists=True, file_okay=False),
                      help="The expert pool directory (its geometry must equal the plan's)."),
-        click.option("--mechanism", type=click.Choice(["cgroup", "balloon"]), default="cgroup", show_default=True,
+        click.option("--mechanism", type=click.Choice(["cgroup", "balloon", "machine"]), default="cgroup",
+                     show_default=True,
                      help="cgroup: a memory wall of C + headroom (v2 memory.max, else v1 limit_in_bytes); "
-                          "balloon: mlocked anonymous memory leaving about C + headroom available."),
+                          "balloon: mlocked anonymous memory leaving about C + headroom available; "
+                          "machine: no limit, the machine's own memory is C (a lab guest sized for it: "
+                          "the paper's mem= boot)."),
         click.option("--mode", type=click.Choice(["pagecache", "mmap", "direct", "pinned", "hybrid"]),
                      default="pagecache", show_default=True, help="The replay's read mode."),
         click.option("--headroom", "headroom", type=BYTES, default="64MiB", show_default=True,

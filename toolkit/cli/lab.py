@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -21,6 +23,8 @@ def lab() -> None:
               and the signatures of the functions the mglru and mlock probes attach to
     setup     install QEMU, busybox and the two lab kernels with their headers (root)
     run       boot a kernel under QEMU, run one command in it, bring back what it wrote
+    matrix    the paper's §5 matrix: cells over kernels x MGLRU x mechanisms x capacities,
+              each in a fresh boot, resumable
     """
 
 
@@ -119,3 +123,78 @@ def run(kernel, out_dir, memory, cpus, mglru, timeout_s, pool, memcg, accel, as_
                    f"after boot, exit {res.exit_status}; host wall {d['host_wall_s']:.1f} s; {out_dir}/lab.json",
                    err=True)
     sys.exit(res.exit_status if isinstance(res.exit_status, int) else 1)
+
+
+@lab.command()
+@click.argument("spec_path", metavar="SPEC.toml", type=click.Path(exists=True, dir_okay=False))
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="The matrix directory (new or empty; with --resume, the one a matrix was started in).")
+@click.option("--resume", is_flag=True, help="Continue the matrix in --out: finished cells are kept, a cell "
+                                             "stopped part-way is run again.")
+@click.option("--dry-run", is_flag=True, help="List the cells and each guest's memory; boot nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the finished cells' rows as JSON at the end.")
+def matrix(spec_path, out_dir, resume, dry_run, as_json):
+    """Run the §5 matrix of SPEC.toml: every (kernel, MGLRU) condition's cells, each
+    Algorithm 1 recorded with the probes in a fresh boot (never a runtime MGLRU toggle),
+    in a seeded random order within the condition.
+
+    \b
+    SPEC.toml:
+      kernels = ["6.1", "6.12", "newest"]    # lab run --kernel names or image paths
+      mglru = ["on", "off"]
+      mechanisms = ["cgroup", "balloon:0.74", "balloon:0.81", "vm-memory"]
+      capacities = ["192MiB", "320MiB"]
+      plan = "plan.bin"                      # relative to the spec's directory
+      pool = "/var/tmp/pool"
+      repeats = 3                            # optional from here
+      mode = "pagecache"                     # or mmap
+      seed = 1
+      headroom = "64MiB"; warmup = 1; passes = 2; threads = 2
+      guest_base = "768MiB"                  # a guest's own need beside C + headroom
+      cgroup_guest_memory = "2GiB"; timeout = 3600
+    Mechanisms: cgroup (a v2 wall of C + headroom in a guest of cgroup_guest_memory),
+    balloon:F (a guest sized so that the balloon locks about F of its memory and leaves
+    C + headroom), vm-memory (the guest's RAM is C + headroom + guest_base, no limit
+    inside: the paper's mem= boot). Each cell lands in
+    OUT/cells/<kernel>-mglru-<on|off>/<mechanism>-<C>-r<i>/ (lab.json, the cell in cell/,
+    done.json last); OUT/matrix_cells.csv has a row per finished cell. Ctrl-C stops after
+    cleaning the running guest; --resume continues.
+    Example:
+      moetrace lab matrix examples/matrix.toml --out /var/tmp/matrix
+    """
+    from moetrace.lab import matrix as M
+
+    spec = M.load_spec(spec_path)
+    cells = spec.cells()
+    if dry_run:
+        for c in cells:
+            click.echo(f"{c.rel_dir}\tguest memory {M.guest_memory(c, spec) >> 20} MiB")
+        click.echo(f"{len(cells)} cells in {len(spec.kernels) * len(spec.mglru)} conditions", err=True)
+        return
+    work = M.prepare(out_dir, spec, resume)
+    if work.done:
+        click.echo(f"matrix: {len(work.done)} of {len(cells)} cells finished before; running {len(work.todo)}"
+                   + (f" ({len(work.cleared)} stopped part-way, run again)" if work.cleared else ""), err=True)
+    t0 = time.monotonic()
+    ran = [0]
+
+    def progress(done: int, total: int, cell, seconds: float) -> None:
+        ran[0] += 1
+        doc = json.loads((Path(out_dir) / cell.rel_dir / "done.json").read_text())
+        amp = ((doc.get("result") or {}).get("amplification"))
+        eta = (time.monotonic() - t0) / ran[0] * (total - done)
+        click.echo(f"matrix: [{done}/{total}] {cell.rel_dir[len('cells/'):]}: "
+                   + ("retained" if doc.get("retained") else f"not retained ({'; '.join(doc.get('reasons') or [])})")
+                   + (f", amplification {amp:.2f}" if isinstance(amp, (int, float)) else "")
+                   + f", {seconds:.0f} s; about {eta / 60:.0f} min left", err=True)
+
+    try:
+        M.run_cells(out_dir, spec, work, progress=progress)
+    finally:
+        table = M.write_table(out_dir)
+    rows = M.matrix_rows(out_dir)
+    if as_json:
+        emit_json({"schema": M.SCHEMA, "out": str(out_dir), "cells": rows})
+    else:
+        kept = sum(1 for r in rows if r.get("retained"))
+        click.echo(f"matrix: {len(rows)} of {len(cells)} cells finished, {kept} retained; {table}", err=True)

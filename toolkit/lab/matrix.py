@@ -39,13 +39,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moetrace.errors import InputError, UsageError
+from moetrace.capacity.scope import RESERVE_ENV
+from moetrace.errors import InputError, MoetraceError, UsageError
 
 SCHEMA = "moetrace.matrix/1"
 MGLRU_STATES = ("on", "off")
 MODES = ("pagecache", "mmap")
 REQUIRED = ("kernels", "mechanisms", "capacities", "plan", "pool")
-KNOWN = REQUIRED + ("mglru", "repeats", "mode", "seed")
+KNOWN = REQUIRED + ("mglru", "repeats", "mode", "seed", "headroom", "warmup", "passes", "threads", "guest_base",
+                    "cgroup_guest_memory", "balloon_reserve", "timeout")
 DONE = "done.json"
 
 
@@ -119,6 +121,18 @@ class MatrixSpec:
     repeats: int = 3
     mode: str = "pagecache"
     seed: int = 1
+    headroom: int = 64 << 20
+    warmup: int = 1
+    passes: int = 2
+    threads: int = 2
+    #: what a guest needs beside C + headroom (kernel, the cell and the recorder): sizes the RAM
+    #: of balloon and vm-memory guests (each cell reports the capacity it really had)
+    guest_base: int = 768 << 20
+    cgroup_guest_memory: int = 2 << 30
+    #: what a balloon must leave a disposable guest (C + headroom at least this; the host's own
+    #: rule, MemTotal/16 + 5 %, refuses ~82 % locked in a 4 GiB guest)
+    balloon_reserve: int = 160 << 20
+    timeout: float = 3600.0
     source: str | None = field(default=None, compare=False)
 
     def canonical(self) -> dict[str, Any]:
@@ -126,7 +140,10 @@ class MatrixSpec:
         return {"kernels": list(self.kernels), "mglru": list(self.mglru),
                 "mechanisms": [m.label for m in self.mechanisms],
                 "capacities": [[lbl, b] for lbl, b in self.capacities], "plan": self.plan, "pool": self.pool,
-                "repeats": self.repeats, "mode": self.mode, "seed": self.seed}
+                "repeats": self.repeats, "mode": self.mode, "seed": self.seed, "headroom": self.headroom,
+                "warmup": self.warmup, "passes": self.passes, "threads": self.threads, "guest_base": self.guest_base,
+                "cgroup_guest_memory": self.cgroup_guest_memory, "balloon_reserve": self.balloon_reserve,
+                "timeout": self.timeout}
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self.canonical(), sort_keys=True).encode()).hexdigest()[:16]
@@ -194,8 +211,33 @@ def load_spec(path: str | os.PathLike) -> MatrixSpec:
             raise InputError(f"{key} names one twice", path=where)
     base = p.resolve().parent
     files = {k: str((base / str(doc[k])).resolve()) for k in ("plan", "pool")}
+    knobs = _cell_knobs(doc, where)
     return MatrixSpec(tuple(str(k) for k in _list(doc, "kernels", where)), tuple(mglru), tuple(mechs), tuple(caps),
-                      files["plan"], files["pool"], repeats, mode, seed, source=str(p))
+                      files["plan"], files["pool"], repeats, mode, seed, **knobs, source=str(p))
+
+
+def _cell_knobs(doc: dict, where: str) -> dict[str, Any]:
+    """The optional per-cell keys (sizes as 64MiB / 2GiB or bytes, counts >= their least)."""
+    from moetrace.inputs.geometry import parse_bytes
+
+    out: dict[str, Any] = {}
+    for key in ("headroom", "guest_base", "cgroup_guest_memory", "balloon_reserve"):
+        if key in doc:
+            try:
+                out[key] = parse_bytes(doc[key])
+            except UsageError as e:
+                raise InputError(f"{key}: {e.message}", path=where) from None
+    for key, least in (("warmup", 0), ("passes", 1), ("threads", 1)):
+        if key in doc:
+            v = doc[key]
+            if not isinstance(v, int) or isinstance(v, bool) or v < least:
+                raise InputError(f"{key} must be an integer >= {least}, not {v!r}", path=where)
+            out[key] = v
+    if "timeout" in doc:
+        if not isinstance(doc["timeout"], (int, float)) or doc["timeout"] <= 0:
+            raise InputError(f"timeout must be seconds > 0, not {doc['timeout']!r}", path=where)
+        out["timeout"] = float(doc["timeout"])
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -278,3 +320,128 @@ def _write_json(path: Path, doc: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(doc, indent=1, default=json_default) + "\n")
     os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------
+# running the cells, each in a fresh boot of its condition
+
+GUEST_CELL_DIR = "/tmp/lab/cell"  # the cell's --out inside the guest (the lab share)
+_MEM_STEP = 64 << 20
+
+
+def guest_memory(cell: MatrixCell, spec: MatrixSpec) -> int:
+    """The guest's RAM for a cell: cgroup, the spec's fixed size (at least C + headroom + the
+    guest's base); balloon:F, so that the balloon locks about F of it and leaves C + headroom;
+    vm-memory, C + headroom + the guest's base (the paper's mem= boot). Rounded up to 64 MiB."""
+    need = cell.capacity_bytes + spec.headroom + spec.guest_base
+    if cell.mechanism.kind == "cgroup":
+        mem = max(spec.cgroup_guest_memory, need)
+    elif cell.mechanism.kind == "balloon":
+        mem = need / (1.0 - float(cell.mechanism.locked_fraction))
+    else:
+        mem = need
+    return int(-(-int(mem) // _MEM_STEP) * _MEM_STEP)
+
+
+def cell_command(cell: MatrixCell, spec: MatrixSpec, python_bin: str = "moetrace") -> list[str]:
+    """`moetrace cell` as the guest runs it (recorded, into the lab share)."""
+    mech = {"cgroup": "cgroup", "balloon": "balloon", "vm-memory": "machine"}[cell.mechanism.kind]
+    return [python_bin, "cell", "--plan", spec.plan, "--pool", spec.pool, "--capacity", str(cell.capacity_bytes),
+            "--mechanism", mech, "--mode", spec.mode, "--headroom", str(spec.headroom), "--threads",
+            str(spec.threads), "--warmup", str(spec.warmup), "--passes", str(spec.passes), "--record",
+            "--timeout", str(int(spec.timeout)), "--out", GUEST_CELL_DIR, "--json"]
+
+
+#: lab.json fields kept in each cell's done.json
+LAB_KEYS = ("status", "exit_status", "kernel", "release", "mglru", "mglru_requested", "accel", "cpus", "memory", "kernel_cmdline",
+            "host_wall_s", "cmd_start_uptime_s", "end_uptime_s", "boot_failures")
+
+
+def cell_outcome(lab: dict[str, Any], cell_json: dict[str, Any] | None, console: str = "") -> dict[str, Any]:
+    """done.json's body from the guest's lab.json and the cell's cell.json (None: none came back).
+    A guest that died (out of memory, a panic, the timeout) is a cell not retained, with why."""
+    out: dict[str, Any] = {"lab": {k: lab.get(k) for k in LAB_KEYS if k in lab}}
+    if cell_json is None:
+        why = (f"the guest ended without a cell result (lab status {lab.get('status')}, exit {lab.get('exit_status')}"
+               + (f": {lab['error']}" if lab.get("error") else "") + ")")
+        if "Out of memory" in console or "oom-kill" in console:
+            why += ": the guest ran out of memory"
+        elif "Kernel panic" in console:
+            why += ": the guest's kernel panicked"
+        return {**out, "retained": False, "reasons": [why], "result": None}
+    reasons = list(cell_json.get("reasons") or [])
+    extra = []
+    want, end = lab.get("mglru_requested"), lab.get("mglru")
+    if want in MGLRU_STATES and end not in (None, "none") and (end != "0x0000") != (want == "on"):
+        extra.append(f"MGLRU was {end} at the end, not {want}")
+    return {**out, "retained": bool(cell_json.get("retained")) and not extra, "reasons": reasons + extra,
+            "result": cell_json}
+
+
+def run_cells(out: str | os.PathLike, spec: MatrixSpec, work: Work, progress=None, run_guest=None) -> int:
+    """Run ``work.todo`` in order, each cell in a fresh boot of its (kernel, MGLRU) condition, and
+    mark each done as it finishes (a stopped matrix resumes after the last one). ``progress(done,
+    total, cell, seconds)`` is called after each cell. ``run_guest``: the lab's run_in_guest (tests
+    give another). Returns the number of cells run."""
+    import time
+
+    from moetrace.lab import run as lab
+
+    run_guest = run_guest or lab.run_in_guest
+    out = Path(out)
+    total = len(work.done) + len(work.todo)
+    for i, cell in enumerate(work.todo):
+        d = out / cell.rel_dir
+        t0 = time.monotonic()
+        try:
+            doc = run_guest(cell.kernel, cell_command(cell, spec), d, memory=f"{guest_memory(cell, spec) >> 20}M",
+                            mglru=cell.mglru, timeout_s=spec.timeout + 600, pool=Path(spec.pool),
+                            env={RESERVE_ENV: str(spec.balloon_reserve)}).doc
+        except MoetraceError as e:  # the guest could not run the cell: a cell not retained, and on
+            doc = {"status": "error", "error": e.format_message()}
+        cj = d / "cell" / "cell.json"
+        try:
+            cell_json = json.loads(cj.read_text()) if cj.exists() else None
+        except (OSError, json.JSONDecodeError):
+            cell_json = None
+        console = (d / "console.log").read_text(errors="replace") if (d / "console.log").exists() else ""
+        mark_done(out, cell, cell_outcome(doc, cell_json, console))
+        if progress is not None:
+            progress(len(work.done) + i + 1, total, cell, time.monotonic() - t0)
+    return len(work.todo)
+
+
+def matrix_rows(out: str | os.PathLike) -> list[dict[str, Any]]:
+    """One row per finished cell: its place in the matrix, the guest, and the cell's figures
+    (sweep's columns), with the capacity it really had at loop entry beside nominal C."""
+    from moetrace.capacity.sweep import cell_row
+
+    rows = []
+    for doc in finished(out):
+        c, lab, res = doc["cell"], doc.get("lab") or {}, doc.get("result") or {}
+        row = {"condition": c["condition"], "kernel": c["kernel"], "release": lab.get("release"),
+               "mglru": c["mglru"], "mechanism_spec": c["mechanism"], "guest_memory": lab.get("memory"),
+               "accel": lab.get("accel")}
+        row.update(cell_row({**res, "retained": doc.get("retained"), "reasons": doc.get("reasons") or []},
+                            c["capacity_label"], c["repeat"], c["order"], c["dir"]))
+        row["mem_available_at_loop_entry_bytes"] = res.get("mem_available_at_loop_entry_bytes")
+        row["file_capacity_at_loop_entry_bytes"] = res.get("file_capacity_at_loop_entry_bytes")
+        row["host_wall_s"] = lab.get("host_wall_s")
+        rows.append(row)
+    return rows
+
+
+def write_table(out: str | os.PathLike) -> Path:
+    """matrix_cells.csv: :func:`matrix_rows` (written aside, then moved into place)."""
+    import csv
+
+    out = Path(out)
+    rows = matrix_rows(out)
+    path, tmp = out / "matrix_cells.csv", out / "matrix_cells.csv.tmp"
+    cols = list(dict.fromkeys(k for r in rows for k in r)) or ["condition"]
+    with open(tmp, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+    os.replace(tmp, path)
+    return path
