@@ -73,3 +73,14 @@ def test_a_cell_without_out_on_a_read_only_root_is_a_usage_error(tmp_path, monke
     monkeypatch.setenv("MOETRACE_RUN_ROOT", str(tmp_path / "runs"))
     d = default_cell_dir()
     assert d.startswith(str(tmp_path / "runs" / "cell-"))
+
+
+def test_the_balloon_reserve_is_the_rule_unless_a_disposable_machine_sets_it(monkeypatch):
+    from moetrace.capacity.scope import RESERVE_ENV, safe_reserve_bytes
+
+    monkeypatch.delenv(RESERVE_ENV, raising=False)
+    assert safe_reserve_bytes(4 << 30) == (256 << 20) + (4 << 30) // 20
+    assert safe_reserve_bytes(64 << 30) == (1 << 30) + (64 << 30) // 20
+    monkeypatch.setenv(RESERVE_ENV, "160MiB")
+    assert safe_reserve_bytes(4 << 30) == 160 << 20
+    assert spec(mechanism="machine").validate() is None
