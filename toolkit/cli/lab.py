@@ -150,7 +150,7 @@ def matrix(spec_path, out_dir, resume, dry_run, as_json):
       mode = "pagecache"                     # or mmap
       seed = 1
       headroom = "64MiB"; warmup = 1; passes = 2; threads = 2
-      guest_base = "768MiB"                  # a guest's own need beside C + headroom
+      guest_base = "160MiB"                  # a guest's own need beside C + headroom
       cgroup_guest_memory = "2GiB"; timeout = 3600
     Mechanisms: cgroup (a v2 wall of C + headroom in a guest of cgroup_guest_memory),
     balloon:F (a guest sized so that the balloon locks about F of its memory and leaves

@@ -126,8 +126,11 @@ class MatrixSpec:
     passes: int = 2
     threads: int = 2
     #: what a guest needs beside C + headroom (kernel, the cell and the recorder): sizes the RAM
-    #: of balloon and vm-memory guests (each cell reports the capacity it really had)
-    guest_base: int = 768 << 20
+    #: of balloon and vm-memory guests (each cell reports the capacity it really had). Measured on
+    #: 6.12, recorded vm-memory cells (C 16 MiB, headroom 96 MiB) had 191 MiB available at loop
+    #: entry in 448 MiB (the guest kept ~161 MiB beyond C + headroom) and 503 MiB in 896 MiB (~281
+    #: MiB): the kernel's share grows with the RAM, so the capacity a cell had is the one to read
+    guest_base: int = 160 << 20
     cgroup_guest_memory: int = 2 << 30
     #: what a balloon must leave a disposable guest (C + headroom at least this; the host's own
     #: rule, MemTotal/16 + 5 %, refuses ~82 % locked in a 4 GiB guest)
@@ -426,9 +429,22 @@ def matrix_rows(out: str | os.PathLike) -> list[dict[str, Any]]:
                             c["capacity_label"], c["repeat"], c["order"], c["dir"]))
         row["mem_available_at_loop_entry_bytes"] = res.get("mem_available_at_loop_entry_bytes")
         row["file_capacity_at_loop_entry_bytes"] = res.get("file_capacity_at_loop_entry_bytes")
+        row["effective_capacity_bytes"] = eff = effective_capacity(res)
+        pool = (res.get("pool") or {}).get("data_bytes")
+        # a cell whose capacity held the whole pool has no amplification to report (it read nothing)
+        row["pool_fits"] = None if eff is None or pool is None else bool(eff >= pool)
         row["host_wall_s"] = lab.get("host_wall_s")
         rows.append(row)
     return rows
+
+
+def effective_capacity(res: dict[str, Any]) -> int | None:
+    """What the pool's pages could occupy at loop entry, beside nominal C: under a cgroup wall the
+    limit less the scope's anonymous memory; otherwise the guest's MemAvailable (free and
+    reclaimable memory, the pool's cached pages included)."""
+    if res.get("mechanism") == "cgroup":
+        return res.get("file_capacity_at_loop_entry_bytes")
+    return res.get("mem_available_at_loop_entry_bytes")
 
 
 def write_table(out: str | os.PathLike) -> Path:
