@@ -4,6 +4,8 @@ matrix directory's resume logic (a stopped matrix redoes no finished cell)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -145,7 +147,7 @@ class FakeGuest:
         if self.stop_after is not None and len(self.calls) == self.stop_after:
             Path(out, "cell").mkdir(parents=True)  # stopped part-way: a cell directory, no done.json
             raise KeyboardInterrupt
-        self.calls.append((kernel, mglru, name, memory, env))
+        self.calls.append((kernel, mglru, name, memory, env, command))
         Path(out).mkdir(parents=True, exist_ok=True)
         if name in self.fail:
             raise MoetraceError("--accel kvm: the guest did not reach COMMAND")
@@ -161,7 +163,41 @@ class FakeGuest:
         return LabResult("ok", 0, doc)
 
 
+def make_plan(path: Path, n_iter: int = 4) -> Path:
+    """A real plan: 1 layer x 8 experts of 1 MiB, every expert read in each of ``n_iter`` iterations."""
+    import numpy as np
+
+    from moetrace.inputs.geometry import Geometry
+    from moetrace.inputs.plan import write_plan
+    from moetrace.inputs.trace import Accesses
+
+    n = n_iter * 8
+    acc = Accesses(np.repeat(np.arange(n_iter, dtype=np.int32), 8), np.zeros(n, np.int8), np.zeros(n, np.int16),
+                   np.tile(np.arange(8, dtype=np.int32), n_iter), 1, 8, n_iter)
+    write_plan(path, acc, Geometry(1, 8, 8, 1 << 20, "t"))
+    return path
+
+
+def test_the_miss_curve_is_computed_once_on_the_host_and_refused_for_another_plan(tmp_path):
+    from moetrace.capacity.cell import load_miss_curve, miss_curve, simulated_miss
+
+    plan = make_plan(tmp_path / "plan.bin")
+    spec = M.load_spec(write_spec(tmp_path))
+    path = M.ensure_miss_curve(tmp_path, spec)
+    got, want = load_miss_curve(path, plan, spec.warmup, spec.passes), miss_curve(plan, spec.warmup, spec.passes)
+    for c in (3 << 20, 8 << 20):
+        assert simulated_miss(got, c, 1 << 20, 1 << 20) == simulated_miss(want, c, 1 << 20, 1 << 20)
+    with pytest.raises(InputError, match="belongs to another plan, warm-up or passes"):
+        load_miss_curve(path, plan, spec.warmup + 1, spec.passes)
+    make_plan(plan, n_iter=5)
+    with pytest.raises(InputError, match="belongs to another plan"):
+        load_miss_curve(path, plan, spec.warmup, spec.passes)
+    assert load_miss_curve(M.ensure_miss_curve(tmp_path, spec), plan, spec.warmup, spec.passes).window.n_iterations \
+        == want.window.n_iterations * 5 // 4  # made again for the changed plan
+
+
 def test_run_cells_marks_each_cell_and_a_killed_matrix_resumes_where_it_stopped(tmp_path):
+    make_plan(tmp_path / "plan.bin")
     spec = M.load_spec(write_spec(tmp_path, SPEC.replace('kernels = ["6.1", "6.12"]', 'kernels = ["6.12"]')
                                   .replace("repeats = 2", "repeats = 1")))
     out = tmp_path / "m"
@@ -173,6 +209,7 @@ def test_run_cells_marks_each_cell_and_a_killed_matrix_resumes_where_it_stopped(
         M.run_cells(out, spec, work, run_guest=guest)
     assert [c[2] for c in guest.calls] == [c.name for c in cells[:4]]
     assert all(c[4] == {"MOETRACE_BALLOON_RESERVE": str(spec.balloon_reserve)} for c in guest.calls)
+    assert all(c[5][c[5].index("--miss-curve") + 1] == str(out / "miss_curve.npz") for c in guest.calls)
     docs = M.finished(out)
     assert [d["cell"]["name"] for d in docs] == [c.name for c in cells[:4]]
     assert docs[0]["retained"] and docs[0]["result"]["amplification"] == 1.5
@@ -209,3 +246,21 @@ def test_cli_dry_run_lists_every_cell_and_a_second_start_is_refused(tmp_path):
     bad = write_spec(tmp_path, SPEC.replace('"vm-memory"', '"vm"'))
     r = CliRunner().invoke(cli, ["lab", "matrix", str(bad), "--out", str(tmp_path / "m2")])
     assert r.exit_code == 2 and "unknown mechanism 'vm'" in r.output
+
+
+def test_a_cell_checks_its_miss_curve_without_importing_the_simulators(tmp_path):
+    """The check runs before the replay, in the cell's own process: numba and pandas there took
+    ~140 MB from a vm-memory guest's page cache (measured: a 96 MiB pool then no longer fit in 448 MiB)."""
+    from moetrace.capacity.cell import check_miss_curve
+
+    plan = make_plan(tmp_path / "plan.bin")
+    spec = M.load_spec(write_spec(tmp_path))
+    path = M.ensure_miss_curve(tmp_path, spec)
+    code = ("import sys; from moetrace.capacity.cell import check_miss_curve; "
+            f"check_miss_curve({str(path)!r}, {str(plan)!r}, {spec.warmup}, {spec.passes}); "
+            "print(sorted(m for m in ('numba', 'pandas', 'moetrace.analyses.stackdist') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr)
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    with pytest.raises(InputError, match="not a saved miss curve"):
+        check_miss_curve(tmp_path / "bad.npz", plan, spec.warmup, spec.passes)

@@ -132,6 +132,8 @@ class CellSpec:
     #: a measured window with outside evictions: "flag" (kept, with the count in flags) or
     #: "reject" (not retained)
     outside_evictions: str = "flag"
+    #: a miss curve saved for this plan, warm-up and passes (save_miss_curve): not computed here
+    miss_curve: str | None = None
 
     @property
     def arena_bytes(self) -> int | None:
@@ -197,6 +199,62 @@ def miss_curve(plan: str | os.PathLike, warmup: int, passes: int):
     acc = read_accesses(plan)
     total = warmup + passes
     return lru_stack_curve(repeated_accesses(acc, total), "global", warm_fraction=warmup / total)
+
+
+def plan_key(plan: str | os.PathLike, warmup: int, passes: int) -> str:
+    """What a saved miss curve belongs to: the plan file (its size and a digest of its first and
+    last MiB), warm-up and passes."""
+    import hashlib
+
+    p = Path(plan)
+    size = p.stat().st_size
+    h = hashlib.sha256(f"{size}/{warmup}/{passes}".encode())
+    with open(p, "rb") as fh:
+        h.update(fh.read(1 << 20))
+        fh.seek(max(0, size - (1 << 20)))
+        h.update(fh.read(1 << 20))
+    return h.hexdigest()[:24]
+
+
+def save_miss_curve(curve, path: str | os.PathLike, plan: str | os.PathLike, warmup: int, passes: int) -> Path:
+    """A :func:`miss_curve` saved for cells elsewhere (a lab guest, where numba compiles its kernel
+    anew at every boot: ~25 s under TCG), with the key of what it was computed from."""
+    w = curve.window
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez(tmp, cum_hits=curve.cum_hits, accesses=curve.accesses, cold=curve.cold, scope=curve.scope,
+             window=np.array([w.n_iterations, w.warm_iterations, w.cut, w.n_accesses], np.int64),
+             key=plan_key(plan, warmup, passes))
+    os.replace(tmp, path)
+    return path
+
+
+def check_miss_curve(path: str | os.PathLike, plan: str | os.PathLike, warmup: int, passes: int) -> None:
+    """InputError unless ``path`` is a :func:`save_miss_curve` of this plan, warm-up and passes. Reads
+    the key alone, with numpy: a cell checks its curve before the replay without importing the
+    simulators (numba and pandas: ~140 MB that a small guest's page cache would lose)."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            key = str(z["key"])
+    except (OSError, KeyError, ValueError) as e:
+        raise InputError(f"not a saved miss curve: {e}", path=str(path)) from None
+    if key != plan_key(plan, warmup, passes):
+        raise InputError("this miss curve belongs to another plan, warm-up or passes", path=str(path),
+                         hint="drop --miss-curve: the cell computes its own")
+
+
+def load_miss_curve(path: str | os.PathLike, plan: str | os.PathLike, warmup: int, passes: int):
+    """:func:`save_miss_curve`'s curve; InputError when it belongs to another plan, warm-up or passes."""
+    from moetrace.analyses.stackdist import StackCurve, Window
+
+    check_miss_curve(path, plan, warmup, passes)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            w = [int(v) for v in z["window"]]
+            return StackCurve(str(z["scope"]), z["cum_hits"].astype(np.int64), int(z["accesses"]), Window(*w),
+                              int(z["cold"]))
+    except (OSError, KeyError, ValueError) as e:
+        raise InputError(f"not a saved miss curve: {e}", path=str(path)) from None
 
 
 def simulated_miss(curve, capacity_bytes: int, extent_bytes: int, expert_bytes: int) -> dict[str, Any]:
@@ -694,7 +752,12 @@ def _finish(result: dict, spec: CellSpec, snaps: dict, run_dir: Path, pool, curv
     result["device_bytes_per_iteration"] = (dev_b / n_meas) if (dev_b is not None and n_meas) else None
     # simulated miss demand
     try:
-        cv = curve if curve is not None else miss_curve(spec.plan, spec.warmup, spec.passes)
+        if curve is not None:
+            cv = curve
+        elif spec.miss_curve:
+            cv = load_miss_curve(spec.miss_curve, spec.plan, spec.warmup, spec.passes)
+        else:
+            cv = miss_curve(spec.plan, spec.warmup, spec.passes)
         sim = simulated_miss(cv, spec.capacity_bytes, pool.extent_bytes, pool.geometry.expert_bytes)
     except Exception as e:  # noqa: BLE001 - recorded, not fatal
         sim = None

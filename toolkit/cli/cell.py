@@ -108,9 +108,13 @@ SUMMARY_KEYS = ("retained", "reasons", "capacity_bytes", "mechanism", "mode", "d
               help="The cell directory (cell.json, snapshots/, replay/). Default: a new cell-<time> "
                    "directory under $MOETRACE_RUN_ROOT (else /var/tmp/moetrace), printed.")
 @click.option("--json", "as_json", is_flag=True, help="Print cell.json's summary as JSON.")
+@click.option("--miss-curve", "miss_curve", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="The simulated miss curve of this plan, warm-up and passes, saved by `lab matrix` "
+                   "(its numba kernel compiles anew in every lab guest: ~25 s under TCG); refused for "
+                   "another plan.")
 def cell(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passes, arena_fraction, prefetch,
          fadvise_random, freq_table, timeout_s, record, stream_events, watch, outside_evictions, capacity, name,
-         out_dir, as_json):
+         out_dir, as_json, miss_curve):
     """Measure one capacity cell (paper Algorithm 1) into a cell directory.
 
     \b
@@ -138,6 +142,13 @@ def cell(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passes
     spec = make_spec(plan_path, pool_dir, capacity, mechanism, mode, headroom, threads, warmup, passes,
                      arena_fraction, prefetch, fadvise_random, freq_table, timeout_s, name, record, watch,
                      outside_evictions, stream_events)
+    if miss_curve is not None:
+        import dataclasses
+
+        from moetrace.capacity.cell import check_miss_curve
+
+        check_miss_curve(miss_curve, plan_path, warmup, passes)  # refused now, not after the replay
+        spec = dataclasses.replace(spec, miss_curve=str(miss_curve))
     if out_dir is None:
         out_dir = default_cell_dir()
         click.echo(f"moetrace cell: writing {out_dir} (--out names the directory)", err=True)

@@ -346,10 +346,13 @@ def guest_memory(cell: MatrixCell, spec: MatrixSpec) -> int:
     return int(-(-int(mem) // _MEM_STEP) * _MEM_STEP)
 
 
-def cell_command(cell: MatrixCell, spec: MatrixSpec, python_bin: str = "moetrace") -> list[str]:
-    """`moetrace cell` as the guest runs it (recorded, into the lab share)."""
+def cell_command(cell: MatrixCell, spec: MatrixSpec, curve_path: str | None = None,
+                 python_bin: str = "moetrace") -> list[str]:
+    """`moetrace cell` as the guest runs it (recorded, into the lab share; ``curve_path``: the
+    simulated miss curve saved on the host, which the guest would otherwise compute at each boot)."""
     mech = {"cgroup": "cgroup", "balloon": "balloon", "vm-memory": "machine"}[cell.mechanism.kind]
-    return [python_bin, "cell", "--plan", spec.plan, "--pool", spec.pool, "--capacity", str(cell.capacity_bytes),
+    curve = ["--miss-curve", curve_path] if curve_path else []
+    return [python_bin, "cell", *curve, "--plan", spec.plan, "--pool", spec.pool, "--capacity", str(cell.capacity_bytes),
             "--mechanism", mech, "--mode", spec.mode, "--headroom", str(spec.headroom), "--threads",
             str(spec.threads), "--warmup", str(spec.warmup), "--passes", str(spec.passes), "--record",
             "--timeout", str(int(spec.timeout)), "--out", GUEST_CELL_DIR, "--json"]
@@ -358,6 +361,22 @@ def cell_command(cell: MatrixCell, spec: MatrixSpec, python_bin: str = "moetrace
 #: lab.json fields kept in each cell's done.json
 LAB_KEYS = ("status", "exit_status", "kernel", "release", "mglru", "mglru_requested", "accel", "cpus", "memory", "kernel_cmdline",
             "host_wall_s", "cmd_start_uptime_s", "end_uptime_s", "boot_failures")
+
+
+def ensure_miss_curve(out: Path, spec: MatrixSpec) -> Path:
+    """DIR/miss_curve.npz: the plan's simulated miss curve, computed here once for every cell (the
+    guests would compile its numba kernel at every boot); kept across resumes while it matches."""
+    from moetrace.capacity.cell import load_miss_curve, miss_curve, save_miss_curve
+
+    path = out / "miss_curve.npz"
+    if path.exists():
+        try:
+            load_miss_curve(path, spec.plan, spec.warmup, spec.passes)
+            return path
+        except InputError:
+            pass
+    return save_miss_curve(miss_curve(spec.plan, spec.warmup, spec.passes), path, spec.plan, spec.warmup,
+                           spec.passes)
 
 
 def cell_outcome(lab: dict[str, Any], cell_json: dict[str, Any] | None, console: str = "") -> dict[str, Any]:
@@ -392,12 +411,14 @@ def run_cells(out: str | os.PathLike, spec: MatrixSpec, work: Work, progress=Non
 
     run_guest = run_guest or lab.run_in_guest
     out = Path(out)
+    curve = ensure_miss_curve(out, spec)
     total = len(work.done) + len(work.todo)
     for i, cell in enumerate(work.todo):
         d = out / cell.rel_dir
         t0 = time.monotonic()
         try:
-            doc = run_guest(cell.kernel, cell_command(cell, spec), d, memory=f"{guest_memory(cell, spec) >> 20}M",
+            doc = run_guest(cell.kernel, cell_command(cell, spec, str(curve)), d,
+                            memory=f"{guest_memory(cell, spec) >> 20}M",
                             mglru=cell.mglru, timeout_s=spec.timeout + 600, pool=Path(spec.pool),
                             env={RESERVE_ENV: str(spec.balloon_reserve)}).doc
         except MoetraceError as e:  # the guest could not run the cell: a cell not retained, and on
