@@ -178,12 +178,14 @@ def make_plan(path: Path, n_iter: int = 4) -> Path:
     return path
 
 
-def test_the_miss_curve_is_computed_once_on_the_host_and_refused_for_another_plan(tmp_path):
+def test_the_miss_curve_is_computed_once_on_the_host_and_refused_for_another_plan(tmp_path, monkeypatch):
     from moetrace.capacity.cell import load_miss_curve, miss_curve, simulated_miss
 
     plan = make_plan(tmp_path / "plan.bin")
     spec = M.load_spec(write_spec(tmp_path))
-    path = M.ensure_miss_curve(tmp_path, spec)
+    monkeypatch.chdir(tmp_path)
+    path = M.ensure_miss_curve(Path("."), spec)  # a relative --out: the guest gets an absolute path
+    assert path == tmp_path / "miss_curve.npz"
     got, want = load_miss_curve(path, plan, spec.warmup, spec.passes), miss_curve(plan, spec.warmup, spec.passes)
     for c in (3 << 20, 8 << 20):
         assert simulated_miss(got, c, 1 << 20, 1 << 20) == simulated_miss(want, c, 1 << 20, 1 << 20)

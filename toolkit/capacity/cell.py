@@ -47,7 +47,7 @@ import numpy as np
 from moetrace.capacity.scope import PAGE, Balloon, Scope, balloon_size, find_memory_controller, remove_stale_scopes
 from moetrace.kernel.syscalls import set_pdeathsig
 from moetrace.errors import CellInterrupted, InputError, MoetraceError, ScopeError, UsageError
-from moetrace.kernel.procfs import KernelLog, SECTOR_BYTES, device_of, take_snapshot
+from moetrace.kernel.procfs import SECTOR_BYTES, KernelLog, device_of, read_meminfo, take_snapshot
 
 CELL_SCHEMA = "moetrace.cell/1"
 #: machine: no limit inside, the machine's own memory is the capacity (the paper's mem= boot: the
@@ -409,6 +409,37 @@ def _mglru_now() -> dict[str, Any] | None:
         return None
 
 
+#: what a balloon leaves beside C + headroom while a recorder starts (its Python, tables and maps:
+#: MemAvailable fell by 256 MiB from the balloon to loop entry in a 6.12 guest under TCG, measured);
+#: topped up at loop entry
+RECORDER_ALLOWANCE = 320 << 20
+#: a top-up smaller than this is not made
+TOP_UP_MIN = 4 << 20
+
+
+def _top_up_balloon(spec: CellSpec, scope: Scope, bscope: Scope, result: dict) -> Balloon | None:
+    """At loop entry, with the recorder and the replay settled: lock what is available beyond
+    C + headroom - the replay's anonymous memory (the file capacity a cgroup wall of C + headroom
+    would leave) in a second balloon, so that the recorder's own memory does not come out of C.
+    Short (the recorder took more than its allowance): noted, no top-up."""
+    avail = read_meminfo("/")["MemAvailable_bytes"]
+    st = scope.counters().get("stat", {}) if scope.exists() else {}
+    anon = int(st.get("rss", st.get("anon")) or 0)
+    target = spec.capacity_bytes + spec.headroom_bytes - anon
+    extra = (avail - target) // PAGE * PAGE
+    info: dict[str, Any] = {"mem_available_bytes": avail, "target_bytes": target, "bytes": max(extra, 0)}
+    result["balloon"]["top_up"] = info
+    if extra < TOP_UP_MIN:
+        if extra < 0:
+            result["notes"].append(f"the recorder took more than its allowance: MemAvailable at loop entry "
+                                   f"is {-extra} B below C + headroom - the replay's anonymous memory")
+        info["verified"] = True
+        return None
+    b = Balloon(extra, bscope, python=spec.python).start()
+    info.update(pid=b.pid, vmlck_bytes=b.vmlck_bytes, verified=b.verified())
+    return b
+
+
 def run_cell(spec: CellSpec, out_dir: str | os.PathLike, curve=None,
              on_phase: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run one cell (Algorithm 1) into ``out_dir`` and return what cell.json holds.
@@ -468,6 +499,8 @@ def run_cell(spec: CellSpec, out_dir: str | os.PathLike, curve=None,
     snaps: dict[str, dict] = {}
     child: _Child | None = None
     balloon: Balloon | None = None
+    top_up: Balloon | None = None
+    slack = 0
     klog: KernelLog | None = None
     interrupted: CellInterrupted | None = None
 
@@ -496,8 +529,9 @@ def run_cell(spec: CellSpec, out_dir: str | os.PathLike, curve=None,
                 scope.create(limit)
                 result["scope"]["limit_bytes"] = limit
             elif spec.mechanism == "balloon":
-                size, facts = balloon_size(spec.capacity_bytes, spec.headroom_bytes)
-                result["balloon"] = dict(facts, scope=str(bscope.path))
+                slack = RECORDER_ALLOWANCE if (spec.record or spec.watch) else 0
+                size, facts = balloon_size(spec.capacity_bytes, spec.headroom_bytes + slack)
+                result["balloon"] = dict(facts, scope=str(bscope.path), recorder_allowance_bytes=slack)
                 phase("balloon")
                 bscope.create(None)
                 balloon = Balloon(size, bscope, python=spec.python).start()
@@ -554,6 +588,8 @@ def run_cell(spec: CellSpec, out_dir: str | os.PathLike, curve=None,
                         pids["replay"] = inside[0]
                         pids["recorder"] = proc.pid
                         result["record" if spec.record else "watch"]["replay_pid"] = inside[0]
+                if balloon is not None and slack:
+                    top_up = _top_up_balloon(spec, scope, bscope, result)
                 s = snap("loop_entry", pids)
                 # what the page cache could still grow into, whatever the mechanism (the effective
                 # capacity beside nominal C: a guest's RAM or a balloon is never exactly C)
@@ -575,6 +611,11 @@ def run_cell(spec: CellSpec, out_dir: str | os.PathLike, curve=None,
                 while line is not None and line != "done":
                     line = child.next_line(deadline)
                 snap("post", pids)
+                if balloon is not None:  # the measured window is over: the recorder's tear-down and
+                    for b in (top_up, balloon):  # the results need the memory (measured: a guest
+                        if b is not None:  # left with none livelocked in reclaim)
+                            b.stop()
+                    result["balloon"]["released_at"] = "post"
                 if line is None:
                     reasons.append("replay ended before done")
             rc = proc.wait(max(1.0, deadline - time.monotonic()))
@@ -616,8 +657,9 @@ def run_cell(spec: CellSpec, out_dir: str | os.PathLike, curve=None,
             phase("cleanup")
             if child is not None:
                 child.stop()
-            if balloon is not None:
-                balloon.stop()
+            for b in (top_up, balloon):
+                if b is not None:
+                    b.stop()
             removed = []
             for s in (scope, bscope):
                 try:
@@ -788,6 +830,10 @@ def _finish(result: dict, spec: CellSpec, snaps: dict, run_dir: Path, pool, curv
         b = result.get("balloon") or {}
         if not b.get("verified"):
             reasons.append(f"balloon VmLck {b.get('vmlck_bytes')} B does not match its size {b.get('balloon_bytes')} B")
+        t = b.get("top_up") or {}
+        if t and not t.get("verified"):
+            reasons.append(f"the balloon's top-up VmLck {t.get('vmlck_bytes')} B does not match its size "
+                           f"{t.get('bytes')} B")
     if summary is not None and summary.get("complete") is False:
         reasons.append("the replay marked its run incomplete")
     result["retained"] = not reasons

@@ -368,7 +368,7 @@ def ensure_miss_curve(out: Path, spec: MatrixSpec) -> Path:
     guests would compile its numba kernel at every boot); kept across resumes while it matches."""
     from moetrace.capacity.cell import load_miss_curve, miss_curve, save_miss_curve
 
-    path = out / "miss_curve.npz"
+    path = out.resolve() / "miss_curve.npz"  # absolute: the guest's working directory is not ours
     if path.exists():
         try:
             load_miss_curve(path, spec.plan, spec.warmup, spec.passes)
