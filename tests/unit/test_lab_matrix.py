@@ -126,7 +126,12 @@ def test_guest_memory_per_mechanism(tmp_path):
     need = (192 << 20) + spec.headroom + spec.guest_base
     assert by["cgroup"] == max(2 << 30, need)
     assert by["vm-memory"] == -(-need // (64 << 20)) * (64 << 20)
-    assert abs(by["balloon0.81"] * 0.19 - need) < 64 << 20 and by["balloon0.81"] % (64 << 20) == 0
+    from moetrace.capacity.cell import RECORDER_ALLOWANCE
+
+    assert abs(by["balloon0.81"] * 0.19 - need - RECORDER_ALLOWANCE) < 64 << 20 and by["balloon0.81"] % (64 << 20) == 0
+    assert M.locked_fraction({"balloon": {"vmlck_bytes": 3 << 30, "mem_total_bytes": 4 << 30,
+                                          "top_up": {"vmlck_bytes": 1 << 29}}}) == 0.875
+    assert M.locked_fraction({"mechanism": "cgroup"}) is None
     cmd = M.cell_command(next(c for c in spec.cells() if c.mechanism.kind == "vm-memory"), spec)
     assert cmd[:2] == ["moetrace", "cell"] and cmd[cmd.index("--mechanism") + 1] == "machine"
     assert cmd[cmd.index("--out") + 1] == M.GUEST_CELL_DIR and "--record" in cmd

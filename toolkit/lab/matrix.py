@@ -334,13 +334,16 @@ _MEM_STEP = 64 << 20
 
 def guest_memory(cell: MatrixCell, spec: MatrixSpec) -> int:
     """The guest's RAM for a cell: cgroup, the spec's fixed size (at least C + headroom + the
-    guest's base); balloon:F, so that the balloon locks about F of it and leaves C + headroom;
+    guest's base); balloon:F, so that the balloon locks about F of it and leaves C + headroom (and
+    the recorder's allowance);
     vm-memory, C + headroom + the guest's base (the paper's mem= boot). Rounded up to 64 MiB."""
+    from moetrace.capacity.cell import RECORDER_ALLOWANCE
+
     need = cell.capacity_bytes + spec.headroom + spec.guest_base
     if cell.mechanism.kind == "cgroup":
         mem = max(spec.cgroup_guest_memory, need)
-    elif cell.mechanism.kind == "balloon":
-        mem = need / (1.0 - float(cell.mechanism.locked_fraction))
+    elif cell.mechanism.kind == "balloon":  # the cell's balloon leaves the recorder its allowance
+        mem = (need + RECORDER_ALLOWANCE) / (1.0 - float(cell.mechanism.locked_fraction))
     else:
         mem = need
     return int(-(-int(mem) // _MEM_STEP) * _MEM_STEP)
@@ -454,9 +457,18 @@ def matrix_rows(out: str | os.PathLike) -> list[dict[str, Any]]:
         pool = (res.get("pool") or {}).get("data_bytes")
         # a cell whose capacity held the whole pool has no amplification to report (it read nothing)
         row["pool_fits"] = None if eff is None or pool is None else bool(eff >= pool)
+        row["locked_fraction"] = locked_fraction(res)
         row["host_wall_s"] = lab.get("host_wall_s")
         rows.append(row)
     return rows
+
+
+def locked_fraction(res: dict[str, Any]) -> float | None:
+    """What a balloon cell really locked (its balloon and top-up VmLck) over the guest's MemTotal."""
+    b = res.get("balloon") or {}
+    if not b.get("vmlck_bytes") or not b.get("mem_total_bytes"):
+        return None
+    return (b["vmlck_bytes"] + ((b.get("top_up") or {}).get("vmlck_bytes") or 0)) / b["mem_total_bytes"]
 
 
 def effective_capacity(res: dict[str, Any]) -> int | None:
