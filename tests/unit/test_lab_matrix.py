@@ -253,6 +253,20 @@ def test_cli_dry_run_lists_every_cell_and_a_second_start_is_refused(tmp_path):
     bad = write_spec(tmp_path, SPEC.replace('"vm-memory"', '"vm"'))
     r = CliRunner().invoke(cli, ["lab", "matrix", str(bad), "--out", str(tmp_path / "m2")])
     assert r.exit_code == 2 and "unknown mechanism 'vm'" in r.output
+    # --report reads a matrix (a running one too) and clears nothing
+    spec_path = write_spec(tmp_path)
+    stopped = tmp_path / "m" / M.load_spec(spec_path).cells()[0].rel_dir
+    stopped.mkdir(parents=True)
+    r = CliRunner().invoke(cli, ["lab", "matrix", str(spec_path), "--out", str(tmp_path / "m"), "--report"])
+    assert r.exit_code == 0 and "0 of 48 cells finished" in r.output and stopped.exists(), r.output
+    assert (tmp_path / "m" / "matrix_summary.md").exists()
+    r = CliRunner().invoke(cli, ["lab", "matrix", str(spec_path), "--out", str(tmp_path / "m3"), "--report"])
+    assert r.exit_code == 2 and "holds no matrix.json" in r.output
+    (tmp_path / "o").mkdir()
+    other = write_spec(tmp_path / "o", SPEC.replace("repeats = 2", "repeats = 3").replace(
+        '"plan.bin"', f'"{tmp_path}/plan.bin"'))
+    r = CliRunner().invoke(cli, ["lab", "matrix", str(other), "--out", str(tmp_path / "m"), "--report"])
+    assert r.exit_code == 2 and "another spec (differs in: repeats)" in r.output
 
 
 def test_a_cell_checks_its_miss_curve_without_importing_the_simulators(tmp_path):

@@ -132,8 +132,12 @@ def run(kernel, out_dir, memory, cpus, mglru, timeout_s, pool, memcg, accel, as_
 @click.option("--resume", is_flag=True, help="Continue the matrix in --out: finished cells are kept, a cell "
                                              "stopped part-way is run again.")
 @click.option("--dry-run", is_flag=True, help="List the cells and each guest's memory; boot nothing.")
-@click.option("--json", "as_json", is_flag=True, help="Print the finished cells' rows as JSON at the end.")
-def matrix(spec_path, out_dir, resume, dry_run, as_json):
+@click.option("--report", "report_only", is_flag=True,
+              help="Boot nothing: write --out's tables and Fig. 3 from the cells finished so far (also while "
+                   "the matrix runs elsewhere) and print the summary.")
+@click.option("--json", "as_json", is_flag=True, help="Print the finished cells' rows and the summary as JSON "
+                                                      "at the end.")
+def matrix(spec_path, out_dir, resume, dry_run, report_only, as_json):
     """Run the §5 matrix of SPEC.toml: every (kernel, MGLRU) condition's cells, each
     Algorithm 1 recorded with the probes in a fresh boot (never a runtime MGLRU toggle),
     in a seeded random order within the condition.
@@ -171,6 +175,10 @@ def matrix(spec_path, out_dir, resume, dry_run, as_json):
             click.echo(f"{c.rel_dir}\tguest memory {M.guest_memory(c, spec) >> 20} MiB")
         click.echo(f"{len(cells)} cells in {len(spec.kernels) * len(spec.mglru)} conditions", err=True)
         return
+    if report_only:
+        M.check_matrix_dir(out_dir, spec)
+        _matrix_report(out_dir, len(cells), M.write_table(out_dir), as_json)
+        return
     work = M.prepare(out_dir, spec, resume)
     if work.done:
         click.echo(f"matrix: {len(work.done)} of {len(cells)} cells finished before; running {len(work.todo)}"
@@ -192,9 +200,21 @@ def matrix(spec_path, out_dir, resume, dry_run, as_json):
         M.run_cells(out_dir, spec, work, progress=progress)
     finally:
         table = M.write_table(out_dir)
+    _matrix_report(out_dir, len(cells), table, as_json)
+
+
+def _matrix_report(out_dir, n_cells: int, table, as_json: bool) -> None:
+    """The finished cells' rows and their summary: JSON, or the summary's Markdown table."""
+    from moetrace.lab import matrix as M
+    from moetrace.lab.matrix_report import summarize, summary_markdown
+
     rows = M.matrix_rows(out_dir)
+    summary = summarize(rows)
     if as_json:
-        emit_json({"schema": M.SCHEMA, "out": str(out_dir), "cells": rows})
-    else:
-        kept = sum(1 for r in rows if r.get("retained"))
-        click.echo(f"matrix: {len(rows)} of {len(cells)} cells finished, {kept} retained; {table}", err=True)
+        emit_json({"schema": M.SCHEMA, "out": str(out_dir), "cells": rows, "summary": summary})
+        return
+    kept = sum(1 for r in rows if r.get("retained"))
+    if summary:
+        click.echo(summary_markdown(summary), nl=False)
+    click.echo(f"matrix: {len(rows)} of {n_cells} cells finished, {kept} retained; {table} (summary: "
+               f"matrix_summary.md, Fig. 3: matrix_fig3.png)", err=True)

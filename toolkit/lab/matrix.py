@@ -256,6 +256,26 @@ class Work:
     cleared: list[str]  # cell directories of stopped cells, removed to be run again
 
 
+def check_matrix_dir(out: str | os.PathLike, spec: MatrixSpec) -> None:
+    """UsageError unless ``out`` holds a matrix of this spec (read only: nothing is cleared)."""
+    meta = Path(out) / "matrix.json"
+    if not meta.exists():
+        raise UsageError(f"{out} holds no matrix.json", hint="give the directory a matrix was started in")
+    _same_spec(meta, spec, out)
+
+
+def _same_spec(meta: Path, spec: MatrixSpec, out) -> None:
+    try:
+        old = json.loads(meta.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise InputError(f"unreadable: {e}", path=str(meta)) from None
+    if old.get("digest") != spec.digest():
+        was = old.get("spec") or {}
+        diff = sorted(k for k in set(was) | set(spec.canonical()) if was.get(k) != spec.canonical().get(k))
+        raise UsageError(f"{out} holds a matrix of another spec (differs in: {', '.join(diff) or 'its digest'})",
+                         hint="resume with the spec it was started with, or give another --out")
+
+
 def prepare(out: str | os.PathLike, spec: MatrixSpec, resume: bool) -> Work:
     """Start a matrix in ``out`` (matrix.json written) or, with ``resume``, continue the one there.
 
@@ -267,15 +287,7 @@ def prepare(out: str | os.PathLike, spec: MatrixSpec, resume: bool) -> Work:
     if meta.exists():
         if not resume:
             raise UsageError(f"{out} holds a matrix already", hint="--resume continues it; or give another --out")
-        try:
-            old = json.loads(meta.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise InputError(f"unreadable: {e}", path=str(meta)) from None
-        if old.get("digest") != spec.digest():
-            was = old.get("spec") or {}
-            diff = sorted(k for k in set(was) | set(spec.canonical()) if was.get(k) != spec.canonical().get(k))
-            raise UsageError(f"{out} holds a matrix of another spec (differs in: {', '.join(diff) or 'its digest'})",
-                             hint="resume with the spec it was started with, or give another --out")
+        _same_spec(meta, spec, out)
     else:
         if resume and out.exists() and any(out.iterdir()):
             raise UsageError(f"--resume: {out} holds no matrix.json", hint="give the directory a matrix was started in")
@@ -440,9 +452,13 @@ def run_cells(out: str | os.PathLike, spec: MatrixSpec, work: Work, progress=Non
 
 def matrix_rows(out: str | os.PathLike) -> list[dict[str, Any]]:
     """One row per finished cell: its place in the matrix, the guest, and the cell's figures
-    (sweep's columns), with the capacity it really had at loop entry beside nominal C."""
+    (sweep's columns), with the capacity it really had at loop entry beside nominal C, and what
+    its kernel did in the measured window (matrix_report.cell_window: reclaim, generations,
+    eviction ages)."""
     from moetrace.capacity.sweep import cell_row
+    from moetrace.lab.matrix_report import cell_window
 
+    out = Path(out)
     rows = []
     for doc in finished(out):
         c, lab, res = doc["cell"], doc.get("lab") or {}, doc.get("result") or {}
@@ -459,6 +475,7 @@ def matrix_rows(out: str | os.PathLike) -> list[dict[str, Any]]:
         row["pool_fits"] = None if eff is None or pool is None else bool(eff >= pool)
         row["locked_fraction"] = locked_fraction(res)
         row["host_wall_s"] = lab.get("host_wall_s")
+        row.update(cell_window(out / c["dir"]) if res else {})
         rows.append(row)
     return rows
 
@@ -481,11 +498,15 @@ def effective_capacity(res: dict[str, Any]) -> int | None:
 
 
 def write_table(out: str | os.PathLike) -> Path:
-    """matrix_cells.csv: :func:`matrix_rows` (written aside, then moved into place)."""
+    """matrix_cells.csv: :func:`matrix_rows` (written aside, then moved into place), and the
+    summary over repeats beside it (matrix_summary.csv / .md, matrix_fig3.png)."""
     import csv
+
+    from moetrace.lab.matrix_report import write_summary
 
     out = Path(out)
     rows = matrix_rows(out)
+    write_summary(out, rows)
     path, tmp = out / "matrix_cells.csv", out / "matrix_cells.csv.tmp"
     cols = list(dict.fromkeys(k for r in rows for k in r)) or ["condition"]
     with open(tmp, "w", newline="") as fh:

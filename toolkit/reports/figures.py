@@ -158,3 +158,34 @@ def plot_reclaim_timeline(tl: pd.DataFrame, ax) -> None:
     if h1 or h2:
         ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="upper left")
     ax.set_title("Reclaim over time", fontsize=10)
+
+
+def plot_mechanism_matrix(summary: list[dict], ax, kernel: str) -> None:
+    """The paper's Fig. 3 (middle) for one kernel: per mechanism a pair of bars, MGLRU on (left)
+    and off (right), the median device MB per iteration over the retained repeats with their
+    range, the simulated miss demand as a dotted tick over the pair, and the median kswapd
+    scan-to-steal over each bar."""
+    rows = [s for s in summary if s["kernel"] == kernel]
+    mechs = list(dict.fromkeys(s["mechanism"] for s in rows))
+    colors = {"on": "tab:blue", "off": "tab:orange"}
+    for i, mech in enumerate(mechs):
+        for j, state in enumerate(("on", "off")):
+            s = next((r for r in rows if r["mechanism"] == mech and r["mglru"] == state), None)
+            if s is None or s["device_bytes_per_iteration_median"] is None:
+                continue
+            x, y = i + (j - 0.5) * 0.38, s["device_bytes_per_iteration_median"] / 1e6
+            lo, hi = s["device_bytes_per_iteration_min"] / 1e6, s["device_bytes_per_iteration_max"] / 1e6
+            ax.bar(x, y, width=0.36, color=colors[state], label=f"MGLRU {state}" if i == 0 else None)
+            ax.errorbar(x, y, yerr=[[y - lo], [hi - y]], color="black", capsize=2, lw=0.8)
+            if s["scan_to_steal_median"] is not None:
+                ax.annotate(f"{s['scan_to_steal_median']:.1f}", (x, hi), ha="center", va="bottom", fontsize=7)
+        miss = next((r["miss_bytes_per_iteration"] for r in rows if r["mechanism"] == mech
+                     and r["miss_bytes_per_iteration"] is not None), None)
+        if miss is not None:
+            ax.hlines(miss / 1e6, i - 0.45, i + 0.45, colors="black", linestyles="dotted",
+                      label="miss demand" if i == 0 else None)
+    ax.set_xticks(range(len(mechs)), mechs, rotation=20, fontsize=8)
+    ax.set_ylabel("device MB per iteration")
+    ax.set_title(f"{kernel} (numbers: kswapd scan/steal)", fontsize=9)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)

@@ -1,0 +1,105 @@
+"""What a matrix cell's kernel did in its window, and the matrix summed up (no-kernel tier: the
+snapshots and tables a cell brings back, written here in their formats)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from moetrace.lab import matrix_report as R
+
+
+def snap(ns: int, vm: dict, gens: list[tuple[str, int, int]], psi_some: int = 0) -> dict:
+    return {"monotonic_ns": ns, "vmstat": vm,
+            "psi": {"memory": {"some": {"total_us": psi_some}, "full": {"total_us": psi_some // 2}}},
+            "lru_gen": [{"memcg_path": p, "memcg_id": 3, "node": 0, "seq": s, "age_ms": a, "nr_anon": 0, "nr_file": 9}
+                        for p, s, a in gens]}
+
+
+VM0 = {"pgscan_kswapd": 100, "pgsteal_kswapd": 50, "pgscan_direct": 10, "pgsteal_direct": 5,
+       "workingset_refault_file": 7, "workingset_activate_file": 3, "workingset_restore_file": 0, "pgpgin": 1000}
+
+
+def test_vmstat_window_deltas_and_scan_to_steal():
+    post = {k: v * 3 for k, v in VM0.items()}
+    d = R.vmstat_window(snap(0, VM0, [], 10), snap(1, post, [], 40))
+    assert d["pgscan_kswapd"] == 200 and d["pgsteal_direct"] == 10 and d["pgpgin"] == 2000
+    assert d["scan_to_steal"] == pytest.approx(220 / 110)
+    assert d["psi_memory_some_us"] == 30 and d["psi_memory_full_us"] == 15
+    assert R.vmstat_window(snap(0, VM0, []), snap(1, VM0, []))["scan_to_steal"] is None  # nothing stolen
+
+
+def test_generations_window_of_the_replays_memcg():
+    pre = snap(0, VM0, [("/moetrace-cell", s, 100) for s in (0, 1, 2, 3)] + [("/", 9, 5)])
+    post = snap(1, VM0, [("/moetrace-cell", s, 700 - s) for s in (2, 3, 4, 5, 6)] + [("/", 12, 5)])
+    assert R.generations_window(pre, post, "/moetrace-cell") == {
+        "generations_born": 3, "generations_left": 2, "oldest_generation_age_ms": 698, "live_generations": 5}
+    assert R.generations_window(pre, post, "/other") == {}  # no MGLRU rows for it (or no MGLRU)
+
+
+def write_cell(d: Path, evictions: list[tuple[int, int, int, int]], births: dict[int, int], iters: int = 4) -> Path:
+    """A lab cell directory: cell.json, loop_entry/post snapshots at 1 s and 9 s, and the mglru
+    probe's tables (evictions: (time_ns, ino, page_index, seq); births: seq -> birth_ns)."""
+    c = d / "cell"
+    (c / "snapshots").mkdir(parents=True)
+    (c / "run").mkdir()
+    (c / "cell.json").write_text(json.dumps({"scope": {"path": "/sys/fs/cgroup/moetrace-cell"},
+                                             "measured_iterations": iters}))
+    (c / "snapshots" / "loop_entry.json").write_text(json.dumps(snap(10 ** 9, VM0, [("/moetrace-cell", 1, 0)])))
+    (c / "snapshots" / "post.json").write_text(json.dumps(snap(9 * 10 ** 9, {k: 2 * v for k, v in VM0.items()},
+                                                               [("/moetrace-cell", 1, 0)])))
+    pd.DataFrame({"time_ns": [e[0] for e in evictions], "layer": 0, "expert": 0, "expert_id": 0,
+                  "ino": [e[1] for e in evictions], "page_index": [e[2] for e in evictions], "memcg_id": 3,
+                  "seq": pd.array([e[3] for e in evictions], dtype="Int64"), "tgid": 1}).to_parquet(
+        c / "run" / "mglru_evictions.parquet")
+    pd.DataFrame({"time_ns": 0, "sample": 0, "memcg_id": 3, "memcg_path": "/moetrace-cell", "node": 0,
+                  "seq": list(births), "gen": [s % 4 for s in births], "age_ms": 0, "birth_ns": list(births.values()),
+                  "nr_anon_pages": 0, "nr_file_pages": 5, "anon_evicted": False, "file_evicted": False}).to_parquet(
+        c / "run" / "lru_gen.parquet")
+    return d
+
+
+def test_cell_window_ages_the_evictions_inside_the_window_and_caches(tmp_path):
+    s = 10 ** 9
+    ev = [(0.5 * s, 1, 0, 1),  # before loop entry: not counted
+          (2 * s, 1, 0, 1), (3 * s, 1, 1, 1), (4 * s, 1, 0, 2), (5 * s, 2, 0, 2),
+          (9.5 * s, 1, 0, 2)]  # after post: not counted
+    d = write_cell(tmp_path / "c", [(int(t), i, p, q) for t, i, p, q in ev], {1: 0, 2: 3 * s})
+    w = R.cell_window(d)
+    assert w["evicted_pages"] == 4 and w["distinct_evicted_pages"] == 3
+    assert w["evictions_per_page"] == pytest.approx(4 / 3)
+    assert w["evicted_bytes_per_iteration"] == 4 * 4096 / 4
+    # ages: 2000, 3000 (seq 1 born at 0), 1000, 2000 (seq 2 born at 3 s)
+    assert w["eviction_age_ms_median"] == pytest.approx(2000) and w["eviction_age_birth_known_share"] == 1.0
+    assert w["pgpgin"] == 1000 and w["generations_born"] == 0
+    assert json.loads((d / "cell" / "window.json").read_text()) == w
+    (d / "cell" / "run" / "mglru_evictions.parquet").unlink()
+    assert R.cell_window(d) == w  # from the cache
+    assert R.cell_window(tmp_path / "none") == {}  # a cell that brought nothing back
+
+
+def row(mglru: str, mech: str, dev: float, retained=True, **kw) -> dict:
+    return {"kernel": "6.12", "release": "6.12.9", "mglru": mglru, "mechanism_spec": mech, "capacity": "320MiB",
+            "retained": retained, "device_bytes_per_iteration": dev, "miss_bytes_per_iteration": 4e6,
+            "amplification": dev / 4e6, "scan_to_steal": kw.get("sts", 1.0), "pool_fits": False, **kw}
+
+
+def test_summary_takes_medians_over_retained_repeats_and_draws_fig3(tmp_path):
+    rows = [row("on", "balloon0.81", 9e6, sts=2.5), row("on", "balloon0.81", 8e6, sts=2.4),
+            row("on", "balloon0.81", 1e9, retained=False), row("off", "balloon0.81", 4.2e6),
+            row("on", "cgroup", 4.1e6), row("off", "cgroup", 4.0e6)]
+    summ = {(s["mglru"], s["mechanism"]): s for s in R.summarize(rows)}
+    b = summ[("on", "balloon0.81")]
+    assert (b["cells"], b["retained"]) == (3, 2)
+    assert b["device_bytes_per_iteration_median"] == 8.5e6 and b["device_bytes_per_iteration_max"] == 9e6
+    assert b["scan_to_steal_median"] == pytest.approx(2.45) and b["eviction_age_ms_median_median"] is None
+    md = R.summary_markdown(R.summarize(rows))
+    assert md.count("\n") == 2 + 4 and "| 6.12 | on | balloon0.81 | - | - | 2/3 | 8.50 (8.00-9.00) | 4.00 | 2.12" in md
+    paths = R.write_summary(tmp_path, rows)
+    assert paths["fig3"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(pd.read_csv(paths["csv"])) == 4 and not list(tmp_path.glob("*.tmp*"))
+    (tmp_path / "empty").mkdir()
+    assert "fig3" not in R.write_summary(tmp_path / "empty", [])  # nothing finished yet: tables, no figure

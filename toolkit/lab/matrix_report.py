@@ -1,0 +1,208 @@
+"""What each matrix cell's kernel did in its measured window, and the matrix summed up (§5).
+
+Per cell, from what the cell already brought back (``cell/snapshots/{loop_entry,post}.json``
+and the recording in ``cell/run``):
+
+- reclaim: kswapd and direct pgscan / pgsteal and their ratio (scan-to-steal, the paper's
+  indicator: above 2 in every amplified cell of its §5), file refaults and activations,
+  PSI memory stall, pages read in (pgpgin);
+- MGLRU generations of the replay's memcg: how many were born (max_seq growth) and left
+  (min_seq growth) inside the window, the oldest generation's age at the end;
+- the generation ages at eviction: every pool folio the mglru probe saw evicted inside the
+  window, with the age of the generation it was taken from (analyses.age); distinct pages
+  evicted and evictions per distinct page (a page evicted twice in one window was read twice).
+
+Cached per cell in ``cell/window.json``. The summary groups retained cells by (kernel, MGLRU,
+mechanism): medians and ranges over the repeats, written to ``matrix_summary.csv``,
+``matrix_summary.md`` and ``matrix_fig3.png`` (the paper's Fig. 3, middle: paired MGLRU on/off
+bars of device bytes per iteration, miss demand dotted).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+WINDOW = "window.json"
+VMSTAT_KEYS = ("pgscan_kswapd", "pgsteal_kswapd", "pgscan_direct", "pgsteal_direct", "workingset_refault_file",
+               "workingset_activate_file", "workingset_restore_file", "pgpgin")
+
+
+def vmstat_window(pre: dict[str, Any], post: dict[str, Any]) -> dict[str, Any]:
+    """Deltas of the reclaim counters between two snapshots, and scan-to-steal (None: no steal)."""
+    a, b = pre.get("vmstat") or {}, post.get("vmstat") or {}
+    d = {k: b[k] - a[k] for k in VMSTAT_KEYS if k in a and k in b}
+    scan = d.get("pgscan_kswapd", 0) + d.get("pgscan_direct", 0)
+    steal = d.get("pgsteal_kswapd", 0) + d.get("pgsteal_direct", 0)
+    d["scan_to_steal"] = scan / steal if steal else None
+    pa = ((pre.get("psi") or {}).get("memory") or {})
+    pb = ((post.get("psi") or {}).get("memory") or {})
+    for kind in ("some", "full"):
+        if kind in pa and kind in pb:
+            d[f"psi_memory_{kind}_us"] = pb[kind]["total_us"] - pa[kind]["total_us"]
+    return d
+
+
+def generations_window(pre: dict[str, Any], post: dict[str, Any], memcg_path: str) -> dict[str, Any]:
+    """The lru_gen snapshots of one memcg (node 0..n summed as their min/max): generations born
+    and left between the two, and the oldest's age at the end. Empty without MGLRU."""
+    def span(snap):
+        rows = [r for r in (snap.get("lru_gen") or []) if r.get("memcg_path") == memcg_path]
+        if not rows:
+            return None
+        oldest = min(rows, key=lambda r: r["seq"])
+        return min(r["seq"] for r in rows), max(r["seq"] for r in rows), oldest.get("age_ms")
+
+    a, b = span(pre), span(post)
+    if a is None or b is None:
+        return {}
+    return {"generations_born": b[1] - a[1], "generations_left": b[0] - a[0], "oldest_generation_age_ms": b[2],
+            "live_generations": b[1] - b[0] + 1}
+
+
+def eviction_ages_window(run_dir: Path, t0_ns: int, t1_ns: int) -> dict[str, Any]:
+    """The pool evictions the mglru probe recorded between t0 and t1 (CLOCK_MONOTONIC, as the
+    snapshots): count, distinct pages, and the age of the generation each came from."""
+    import pandas as pd
+
+    from moetrace.analyses.age import compute_eviction_ages
+
+    ev_path, gen_path = run_dir / "mglru_evictions.parquet", run_dir / "lru_gen.parquet"
+    if not ev_path.exists() or not gen_path.exists():
+        return {}
+    ev = pd.read_parquet(ev_path)
+    ev = ev[(ev["time_ns"] >= t0_ns) & (ev["time_ns"] <= t1_ns)]
+    out: dict[str, Any] = {"evicted_pages": int(len(ev))}
+    if ev.empty:
+        return out
+    ages = compute_eviction_ages(ev, pd.read_parquet(gen_path))["age_ms"].astype("float64")
+    known = ages.dropna()
+    distinct = int(ev[["ino", "page_index"]].drop_duplicates().shape[0])
+    out.update(distinct_evicted_pages=distinct, evictions_per_page=len(ev) / distinct,
+               eviction_age_birth_known_share=float(len(known) / len(ages)))
+    if len(known):
+        out.update(eviction_age_ms_p10=float(known.quantile(0.1)), eviction_age_ms_median=float(known.median()),
+                   eviction_age_ms_p90=float(known.quantile(0.9)))
+    return out
+
+
+def cell_window(cell_dir: str | os.PathLike) -> dict[str, Any]:
+    """Everything above for one cell directory (the lab's: ``cell/`` inside), cached in
+    ``cell/window.json``; {} when the cell brought back no snapshots."""
+    cdir = Path(cell_dir) / "cell"
+    cache = cdir / WINDOW
+    if cache.exists():
+        try:
+            return json.loads(cache.read_text())
+        except (OSError, json.JSONDecodeError):
+            pass
+    try:
+        pre = json.loads((cdir / "snapshots" / "loop_entry.json").read_text())
+        post = json.loads((cdir / "snapshots" / "post.json").read_text())
+        cell = json.loads((cdir / "cell.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    memcg = "/" + Path((cell.get("scope") or {}).get("path") or "/").name
+    out = {**vmstat_window(pre, post), **generations_window(pre, post, memcg)}
+    out.update(eviction_ages_window(cdir / "run", int(pre["monotonic_ns"]), int(post["monotonic_ns"])))
+    n = cell.get("measured_iterations")
+    if n and "evicted_pages" in out:
+        out["evicted_bytes_per_iteration"] = out["evicted_pages"] * 4096 / n
+    tmp = cache.with_name(WINDOW + ".tmp")
+    tmp.write_text(json.dumps(out, indent=1) + "\n")
+    os.replace(tmp, cache)
+    return out
+
+
+#: the summary's figures: median and range over a group's retained cells
+SUMMARY_FIGURES = ("device_bytes_per_iteration", "amplification", "scan_to_steal", "iteration_time_median_ns",
+                   "effective_capacity_bytes", "locked_fraction", "evictions_per_page", "eviction_age_ms_median",
+                   "generations_born")
+
+
+def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (kernel, MGLRU, mechanism, capacity) over its retained cells: ``cells``,
+    ``retained``, the miss demand, and for each of SUMMARY_FIGURES its ``_median``, ``_min`` and
+    ``_max`` (None when no retained cell has it)."""
+    import statistics
+
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["kernel"], r["mglru"], r["mechanism_spec"], r["capacity"]), []).append(r)
+    out = []
+    for (kernel, mglru, mech, cap), rs in groups.items():
+        kept = [r for r in rs if r.get("retained") in (True, "True")]
+        s: dict[str, Any] = {"kernel": kernel, "release": next((r.get("release") for r in rs if r.get("release")), None),
+                             "mglru": mglru, "mechanism": mech, "capacity": cap, "cells": len(rs),
+                             "retained": len(kept),
+                             "miss_bytes_per_iteration": next((r["miss_bytes_per_iteration"] for r in kept
+                                                               if r.get("miss_bytes_per_iteration") is not None), None),
+                             "pool_fits_any": any(r.get("pool_fits") in (True, "True") for r in kept)}
+        for f in SUMMARY_FIGURES:
+            vals = [float(r[f]) for r in kept if r.get(f) not in (None, "")]
+            s[f"{f}_median"] = statistics.median(vals) if vals else None
+            s[f"{f}_min"] = min(vals) if vals else None
+            s[f"{f}_max"] = max(vals) if vals else None
+        out.append(s)
+    return out
+
+
+def _fmt(v: Any, scale: float = 1.0, digits: int = 2) -> str:
+    return "-" if v is None else f"{v / scale:.{digits}f}"
+
+
+def summary_markdown(summary: list[dict[str, Any]]) -> str:
+    """The summary as a Markdown table (MB = 10^6 B, as the paper's GB)."""
+    head = ("| kernel | MGLRU | mechanism | locked | C at loop entry MiB | cells kept | device MB/it (range) | miss MB/it | "
+            "amplification (range) | scan/steal | evictions/page | eviction age ms | gens born |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for s in summary:
+        lines.append(
+            f"| {s['kernel']} | {s['mglru']} | {s['mechanism']} | {_fmt(s['locked_fraction_median'])} | "
+            f"{_fmt(s['effective_capacity_bytes_median'], 2 ** 20, 0)} | "
+            f"{s['retained']}/{s['cells']} | {_fmt(s['device_bytes_per_iteration_median'], 1e6)} "
+            f"({_fmt(s['device_bytes_per_iteration_min'], 1e6)}-{_fmt(s['device_bytes_per_iteration_max'], 1e6)}) | "
+            f"{_fmt(s['miss_bytes_per_iteration'], 1e6)} | {_fmt(s['amplification_median'])} "
+            f"({_fmt(s['amplification_min'])}-{_fmt(s['amplification_max'])}) | {_fmt(s['scan_to_steal_median'])} | "
+            f"{_fmt(s['evictions_per_page_median'])} | {_fmt(s['eviction_age_ms_median_median'], 1, 0)} | "
+            f"{_fmt(s['generations_born_median'], 1, 0)} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(out: str | os.PathLike, rows: list[dict[str, Any]]) -> dict[str, Path]:
+    """matrix_summary.csv, matrix_summary.md and matrix_fig3.png in ``out`` (each written aside,
+    then moved into place). Returns their paths."""
+    import csv
+
+    out = Path(out)
+    summary = summarize(rows)
+    paths = {"csv": out / "matrix_summary.csv", "md": out / "matrix_summary.md", "fig3": out / "matrix_fig3.png"}
+    tmp = paths["csv"].with_name("matrix_summary.csv.tmp")
+    with open(tmp, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(summary[0]) if summary else ["kernel"])
+        w.writeheader()
+        w.writerows(summary)
+    os.replace(tmp, paths["csv"])
+    tmp = paths["md"].with_name("matrix_summary.md.tmp")
+    tmp.write_text(summary_markdown(summary))
+    os.replace(tmp, paths["md"])
+    if summary:
+        tmp = paths["fig3"].with_name("matrix_fig3.tmp.png")
+        tmp.write_bytes(fig3_png(summary))
+        os.replace(tmp, paths["fig3"])
+    else:
+        paths.pop("fig3")
+    return paths
+
+
+def fig3_png(summary: list[dict[str, Any]]) -> bytes:
+    """Fig. 3 (middle) with one panel per kernel, as PNG bytes."""
+    from moetrace.reports.figures import new_figure, plot_mechanism_matrix, png_bytes
+
+    kernels = list(dict.fromkeys(s["kernel"] for s in summary))
+    fig, axes = new_figure(w=4.2 * len(kernels), h=3.6, ncols=len(kernels))
+    for ax, k in zip(axes if len(kernels) > 1 else [axes], kernels):
+        plot_mechanism_matrix(summary, ax, k)
+    return png_bytes(fig)
