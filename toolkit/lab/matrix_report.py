@@ -10,7 +10,11 @@ and the recording in ``cell/run``):
   (min_seq growth) inside the window, the oldest generation's age at the end;
 - the generation ages at eviction: every pool folio the mglru probe saw evicted inside the
   window, with the age of the generation it was taken from (analyses.age); distinct pages
-  evicted and evictions per distinct page (a page evicted twice in one window was read twice).
+  evicted and evictions per distinct page (a page evicted twice in one window was read twice);
+- why evicted pages were read again (analyses.eviction_reuse, against the plan and the replay's
+  iteration log): the share of re-reads a global LRU of C would have kept (excess traffic), the
+  share evicted within one iteration of their last access, the share taken from the oldest
+  generation.
 
 Cached per cell in ``cell/window.json``. The summary groups retained cells by (kernel, MGLRU,
 mechanism): medians and ranges over the repeats, written to ``matrix_summary.csv``,
@@ -62,9 +66,11 @@ def generations_window(pre: dict[str, Any], post: dict[str, Any], memcg_path: st
             "live_generations": b[1] - b[0] + 1}
 
 
-def eviction_ages_window(run_dir: Path, t0_ns: int, t1_ns: int) -> dict[str, Any]:
+def eviction_ages_window(run_dir: Path, t0_ns: int, t1_ns: int, reuse_inputs=None) -> dict[str, Any]:
     """The pool evictions the mglru probe recorded between t0 and t1 (CLOCK_MONOTONIC, as the
-    snapshots): count, distinct pages, and the age of the generation each came from."""
+    snapshots): count, distinct pages, the age of the generation each came from, and with
+    ``reuse_inputs`` (the replay's iteration log, the plan's accesses, the LRU budget) why each
+    page was read again (analyses.eviction_reuse)."""
     import pandas as pd
 
     from moetrace.analyses.age import compute_eviction_ages
@@ -77,7 +83,10 @@ def eviction_ages_window(run_dir: Path, t0_ns: int, t1_ns: int) -> dict[str, Any
     out: dict[str, Any] = {"evicted_pages": int(len(ev))}
     if ev.empty:
         return out
-    ages = compute_eviction_ages(ev, pd.read_parquet(gen_path))["age_ms"].astype("float64")
+    lru_gen = pd.read_parquet(gen_path)
+    if reuse_inputs is not None:
+        out.update(_reuse(ev, lru_gen, *reuse_inputs))
+    ages = compute_eviction_ages(ev, lru_gen)["age_ms"].astype("float64")
     known = ages.dropna()
     distinct = int(ev[["ino", "page_index"]].drop_duplicates().shape[0])
     out.update(distinct_evicted_pages=distinct, evictions_per_page=len(ev) / distinct,
@@ -86,6 +95,42 @@ def eviction_ages_window(run_dir: Path, t0_ns: int, t1_ns: int) -> dict[str, Any
         out.update(eviction_age_ms_p10=float(known.quantile(0.1)), eviction_age_ms_median=float(known.median()),
                    eviction_age_ms_p90=float(known.quantile(0.9)))
     return out
+
+
+def _reuse(ev, lru_gen, iterations, acc, budget: int) -> dict[str, Any]:
+    from moetrace.analyses.eviction_reuse import (add_generation_position, compute_eviction_reuse,
+                                                  summarize_eviction_reuse)
+
+    reuse = compute_eviction_reuse(ev, iterations, acc.iteration, acc.expert_id, budget)
+    memcg = int(ev["memcg_id"].mode().iloc[0]) if "memcg_id" in ev and len(ev) else -1
+    return summarize_eviction_reuse(add_generation_position(reuse, lru_gen, memcg))
+
+
+_ACCESSES: dict[tuple[str, int, int], Any] = {}
+
+
+def plan_accesses(plan: str):
+    """The plan's accesses (inputs.plan.read_accesses), read once per file version."""
+    from moetrace.inputs.plan import read_accesses
+
+    st = os.stat(plan)
+    key = (plan, st.st_mtime_ns, st.st_size)
+    if key not in _ACCESSES:
+        _ACCESSES.clear()
+        _ACCESSES[key] = read_accesses(plan)
+    return _ACCESSES[key]
+
+
+def _reuse_inputs(cdir: Path, cell: dict[str, Any]):
+    """(iteration log, plan accesses, budget) for a cell, or None when one is missing."""
+    import pandas as pd
+
+    plan = (cell.get("inputs") or {}).get("plan")
+    budget = (cell.get("simulated") or {}).get("budget_experts")
+    log = cdir / "replay" / "iterations.parquet"
+    if not plan or budget is None or not log.exists() or not os.path.exists(plan):
+        return None
+    return pd.read_parquet(log), plan_accesses(plan), int(budget)
 
 
 def cell_window(cell_dir: str | os.PathLike) -> dict[str, Any]:
@@ -106,7 +151,8 @@ def cell_window(cell_dir: str | os.PathLike) -> dict[str, Any]:
         return {}
     memcg = "/" + Path((cell.get("scope") or {}).get("path") or "/").name
     out = {**vmstat_window(pre, post), **generations_window(pre, post, memcg)}
-    out.update(eviction_ages_window(cdir / "run", int(pre["monotonic_ns"]), int(post["monotonic_ns"])))
+    out.update(eviction_ages_window(cdir / "run", int(pre["monotonic_ns"]), int(post["monotonic_ns"]),
+                                    _reuse_inputs(cdir, cell)))
     n = cell.get("measured_iterations")
     if n and "evicted_pages" in out:
         out["evicted_bytes_per_iteration"] = out["evicted_pages"] * 4096 / n
@@ -119,7 +165,8 @@ def cell_window(cell_dir: str | os.PathLike) -> dict[str, Any]:
 #: the summary's figures: median and range over a group's retained cells
 SUMMARY_FIGURES = ("device_bytes_per_iteration", "amplification", "scan_to_steal", "iteration_time_median_ns",
                    "effective_capacity_bytes", "locked_fraction", "evictions_per_page", "eviction_age_ms_median",
-                   "generations_born")
+                   "generations_born", "excess_share_of_rereads", "rereads_evicted_within_one_iteration_share",
+                   "evicted_from_oldest_share")
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -156,7 +203,8 @@ def _fmt(v: Any, scale: float = 1.0, digits: int = 2) -> str:
 def summary_markdown(summary: list[dict[str, Any]]) -> str:
     """The summary as a Markdown table (MB = 10^6 B, as the paper's GB)."""
     head = ("| kernel | MGLRU | mechanism | locked | C at loop entry MiB | cells kept | device MB/it (range) | miss MB/it | "
-            "amplification (range) | scan/steal | evictions/page | eviction age ms | gens born |")
+            "amplification (range) | scan/steal | evictions/page | eviction age ms | gens born | "
+            "re-reads LRU keeps | re-reads evicted <= 1 it after access | from oldest gen |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for s in summary:
         lines.append(
@@ -167,7 +215,9 @@ def summary_markdown(summary: list[dict[str, Any]]) -> str:
             f"{_fmt(s['miss_bytes_per_iteration'], 1e6)} | {_fmt(s['amplification_median'])} "
             f"({_fmt(s['amplification_min'])}-{_fmt(s['amplification_max'])}) | {_fmt(s['scan_to_steal_median'])} | "
             f"{_fmt(s['evictions_per_page_median'])} | {_fmt(s['eviction_age_ms_median_median'], 1, 0)} | "
-            f"{_fmt(s['generations_born_median'], 1, 0)} |")
+            f"{_fmt(s['generations_born_median'], 1, 0)} | {_fmt(s['excess_share_of_rereads_median'])} | "
+            f"{_fmt(s['rereads_evicted_within_one_iteration_share_median'])} | "
+            f"{_fmt(s['evicted_from_oldest_share_median'])} |")
     return "\n".join(lines) + "\n"
 
 
