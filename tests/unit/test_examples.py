@@ -30,3 +30,18 @@ def test_notebook_example(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "32MiB-r0: tables" in r.stdout and "amplification" in r.stdout
     assert (tmp_path / "report" / "report.html").is_file()
+
+
+def test_lab_matrix_example_builds_its_inputs_and_spec(tmp_path):
+    """examples/lab_matrix.sh as shipped, its `lab matrix` run with --dry-run (the real one boots
+    90 guests: the live tier runs a two-cell matrix), its pool left out (512 MiB of writes)."""
+    real = Path(sys.executable).with_name("moetrace")
+    shim = tmp_path / "moetrace"
+    shim.write_text(f'#!/bin/sh\ncase "$1" in\n  pool) mkdir -p "$3"; exit 0;;\n  lab) exec {real} "$@" --dry-run;;\n'
+                    f'esac\nexec {real} "$@"\n')
+    shim.chmod(0o755)
+    r = subprocess.run(["bash", str(ROOT / "examples" / "lab_matrix.sh"), str(tmp_path / "m")], capture_output=True,
+                       text=True, timeout=300, env=dict(os.environ, MOETRACE=str(shim)))
+    assert r.returncode == 0, r.stderr
+    assert "90 cells in 6 conditions" in r.stderr and r.stdout.count("cells/") == 90
+    assert "cells/7.2-mglru-off/" in r.stdout or "cells/newest-mglru-off/" in r.stdout

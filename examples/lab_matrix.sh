@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The paper's §5 matrix in the kernel lab: 6.12, 6.1 and the newest Debian kernel the lab set-up
+# unpacked (7.2) x MGLRU on/off (each a fresh boot, never a runtime toggle) x {cgroup wall,
+# balloon locking 74 / 81 / 90 % of the guest, vm-memory (the paper's mem= boot)} x 3 repeats,
+# C = 320 MiB over a 512 MiB pool (1 layer x 512 experts x 1 MiB, 8 per step, 128 steps of a
+# low-reuse trace: simulated miss demand 53 % of the reads), pread replay, 1 warm-up + 2 measured
+# passes, every cell recorded with the default probes. 90 cells, ~150 s each under TCG
+# (measured on 6.12): about 3 h 45 min. Stop it any time (Ctrl-C, or a kill): run the script
+# again with the same OUT_DIR and it resumes, keeping every finished cell.
+# Out: OUT_DIR/m/matrix_summary.md (the table), OUT_DIR/m/matrix_fig3.png (Fig. 3),
+# OUT_DIR/m/matrix_cells.csv (a row per cell). `moetrace lab matrix ... --report` rewrites them
+# from the cells finished so far, also while the matrix runs. Not run by the test suite (the CI
+# runs a two-cell matrix); run by hand as root.
+# Usage: examples/lab_matrix.sh [OUT_DIR]   (default: /var/tmp/moetrace-matrix)
+set -euo pipefail
+out=${1:-/var/tmp/moetrace-matrix}
+here=$(cd "$(dirname "$0")/.." && pwd)
+mt=${MOETRACE:-$here/.venv/bin/moetrace}
+geo=(--layers 1 --experts 512 --k 8 --expert-bytes 1MiB)
+mkdir -p "$out"
+if [ ! -f "$out/plan.bin" ]; then
+  rm -rf "$out/pool"
+  "$mt" pool create "$out/pool" "${geo[@]}" --layout files
+  "$mt" trace synth --layers 1 --experts 512 --k 8 --steps 128 --zipf 0.6 --reuse 0.02 --reuse-8 0.1 \
+      --reuse-64 0.3 --seed 7 -o "$out/t.jsonl"
+  "$mt" plan compile "$out/t.jsonl" "${geo[@]}" -o "$out/plan.bin"
+fi
+cat > "$out/matrix.toml" <<'TOML'
+kernels = ["6.12", "6.1", "newest"]
+mglru = ["on", "off"]
+mechanisms = ["cgroup", "balloon:0.74", "balloon:0.81", "balloon:0.9", "vm-memory"]
+capacities = ["320MiB"]
+repeats = 3
+plan = "plan.bin"
+pool = "pool"
+mode = "pagecache"
+warmup = 1
+passes = 2
+timeout = 480
+TOML
+resume=()
+[ -f "$out/m/matrix.json" ] && resume=(--resume)
+"$mt" lab matrix "$out/matrix.toml" --out "$out/m" "${resume[@]}"
