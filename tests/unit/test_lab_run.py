@@ -6,6 +6,8 @@ boot is reported; one that panics every time is an error naming the console's ca
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -194,3 +196,23 @@ def test_the_guest_finds_current_bytecode_for_every_module(tmp_path, monkeypatch
         mtime, size = struct.unpack("<II", c.read_bytes()[8:16])
         st = os.stat(src)
         assert (mtime, size) == (int(st.st_mtime) & 0xFFFFFFFF, st.st_size & 0xFFFFFFFF), f"stale bytecode for {src}"
+
+
+def test_a_lab_workdir_is_removed_at_the_end_and_one_whose_owner_died_by_the_next_run(tmp_path):
+    from moetrace.lab.run import lab_workdir
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / "moetrace-lab-stale"
+    stale.mkdir()
+    (stale / "owner").write_text(f"{dead.pid} 1\n")  # a SIGKILLed run's (its pid gone or reused)
+    (stale / "pool.ext4").write_bytes(b"x")
+    legacy = tmp_path / "moetrace-lab-legacy"  # no owner file: not known to be ours, left alone
+    legacy.mkdir()
+    alive = tmp_path / "moetrace-lab-alive"
+    alive.mkdir()
+    (alive / "owner").write_text(f"{os.getpid()} {Path(f'/proc/{os.getpid()}/stat').read_text().rsplit(')', 1)[1].split()[19]}\n")
+    with lab_workdir(tmp_path) as wd:
+        assert Path(wd).is_dir() and Path(wd, "owner").read_text().split()[0] == str(os.getpid())
+        assert not stale.exists() and legacy.exists() and alive.exists()
+    assert not Path(wd).exists()

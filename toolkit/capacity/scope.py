@@ -115,7 +115,8 @@ def _read_kv(path: Path) -> dict[str, int]:
     return out
 
 
-def _proc_start_time(pid: int) -> int | None:
+def proc_start_time(pid: int) -> int | None:
+    """The start time of ``pid`` (/proc/PID/stat field 22, clock ticks since boot); None: gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -125,7 +126,7 @@ def _proc_start_time(pid: int) -> int | None:
 
 def pid_alive(pid: int, start_time: int | None = None) -> bool:
     """True if ``pid`` runs (and, when given, started at ``start_time`` — no pid reuse)."""
-    st = _proc_start_time(pid)
+    st = proc_start_time(pid)
     if st is None:
         return False
     if start_time is not None and st != start_time:
@@ -164,7 +165,7 @@ class Scope:
             raise ScopeError(f"scope {self.path} already exists",
                              hint="remove it first (remove_stale_scopes / a new `moetrace cell` does)")
         self.owner_file.parent.mkdir(parents=True, exist_ok=True)
-        _write(self.owner_file, f"{os.getpid()} {_proc_start_time(os.getpid())}\n")
+        _write(self.owner_file, f"{os.getpid()} {proc_start_time(os.getpid())}\n")
         try:
             if self.version == 2:
                 self._enable_v2_memory()

@@ -347,8 +347,9 @@ _MEM_STEP = 64 << 20
 def guest_memory(cell: MatrixCell, spec: MatrixSpec) -> int:
     """The guest's RAM for a cell: cgroup, the spec's fixed size (at least C + headroom + the
     guest's base); balloon:F, so that the balloon locks about F of it and leaves C + headroom (and
-    the recorder's allowance);
-    vm-memory, C + headroom + the guest's base (the paper's mem= boot). Rounded up to 64 MiB."""
+    the recorder's allowance: cells are recorded);
+    vm-memory, C + headroom + the guest's base + the recorder's allowance (the paper's mem= boot).
+    Rounded up to 64 MiB."""
     from moetrace.capacity.cell import RECORDER_ALLOWANCE
 
     need = cell.capacity_bytes + spec.headroom + spec.guest_base
@@ -356,8 +357,8 @@ def guest_memory(cell: MatrixCell, spec: MatrixSpec) -> int:
         mem = max(spec.cgroup_guest_memory, need)
     elif cell.mechanism.kind == "balloon":  # the cell's balloon leaves the recorder its allowance
         mem = (need + RECORDER_ALLOWANCE) / (1.0 - float(cell.mechanism.locked_fraction))
-    else:
-        mem = need
+    else:  # the recorder's memory beside C + headroom, as a balloon leaves it (measured: a 576 MiB
+        mem = need + RECORDER_ALLOWANCE  # guest for C = 320 MiB OOM-killed its replay)
     return int(-(-int(mem) // _MEM_STEP) * _MEM_STEP)
 
 

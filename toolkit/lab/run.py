@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -407,6 +408,44 @@ class LabResult:
     doc: dict[str, Any]
 
 
+WORKDIR_PREFIX = "moetrace-lab-"
+OWNER = "owner"
+
+
+@contextmanager
+def lab_workdir(root: str | os.PathLike | None = None):
+    """A work directory for one boot (initramfs, the pool's image, the console) under the temp
+    root, removed at the end; one whose owner died (SIGKILL) is removed by the next run here."""
+    from moetrace.capacity.scope import proc_start_time
+
+    root = Path(root or tempfile.gettempdir())
+    remove_stale_workdirs(root)
+    tmp = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX, dir=root))
+    try:
+        (tmp / OWNER).write_text(f"{os.getpid()} {proc_start_time(os.getpid())}\n")
+        yield str(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def remove_stale_workdirs(root: str | os.PathLike) -> list[str]:
+    """Remove every lab work directory under ``root`` whose owner file names a process that is
+    gone (pid and start time: no pid reuse); one without an owner file is left alone."""
+    from moetrace.capacity.scope import pid_alive
+
+    removed = []
+    for d in Path(root).glob(WORKDIR_PREFIX + "*"):
+        try:
+            pid, start = (d / OWNER).read_text().split()
+            alive = pid_alive(int(pid), None if start == "None" else int(start))
+        except (OSError, ValueError):
+            continue
+        if not alive:
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(str(d))
+    return removed
+
+
 def byte_compile_package() -> None:
     """Write the bytecode of moetrace's modules where it is missing or stale (compileall; ~0.3 s
     when none is there, ms when all is current). The guest reads the host's root read-only, so it
@@ -485,7 +524,7 @@ def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2
                                    # moetrace, replay, ... of this installation first on the guest's PATH
                                    .replace("@BIN@", shlex.quote(str(Path(sys.executable).parent))))
     t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="moetrace-lab-") as tmp:
+    with lab_workdir() as tmp:
         initrd = build_initramfs(release, Path(tmp) / "initramfs.cpio.gz",
                                  GUEST_MODULES + (POOL_MODULES if pool is not None else ()))
         drives: list[str] = []
