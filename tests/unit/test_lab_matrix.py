@@ -285,3 +285,26 @@ def test_a_cell_checks_its_miss_curve_without_importing_the_simulators(tmp_path)
     (tmp_path / "bad.npz").write_bytes(b"not a zip")
     with pytest.raises(InputError, match="not a saved miss curve"):
         check_miss_curve(tmp_path / "bad.npz", plan, spec.warmup, spec.passes)
+
+
+def test_report_of_a_matrix_states_its_findings_with_fig3_and_every_cell(tmp_path):
+    from click.testing import CliRunner
+
+    from moetrace.cli import cli
+
+    make_plan(tmp_path / "plan.bin")
+    spec = M.load_spec(write_spec(tmp_path, SPEC.replace('kernels = ["6.1", "6.12"]', 'kernels = ["6.12"]')
+                                  .replace("repeats = 2", "repeats = 1")))
+    out = tmp_path / "m"
+    M.run_cells(out, spec, M.prepare(out, spec, resume=False), run_guest=FakeGuest(oom=[spec.cells()[0].name]))
+    r = CliRunner().invoke(cli, ["report", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output[r.output.index("{"):])
+    assert doc["summary"]["kind"] == "matrix" and doc["summary"]["cells"] == 12 and "fig3" in doc["figures"]
+    assert {"matrix_summary", "matrix_cells"} <= set(doc["tables"])
+    # FakeGuest's cells: amplification 1.5, no miss demand, no recording -> an amplified group, no detail cell
+    assert any("6.12, MGLRU on, cgroup: device bytes 1.50x the miss demand" in f for f in doc["summary"]["findings"])
+    page = (out / "report" / "report.html").read_text()
+    assert "The §5 matrix" in page and "data:image/png;base64," in page and "detail_cell" not in doc["summary"]
+    r = CliRunner().invoke(cli, ["report", str(out), "--cell", "6.12-mglru-on/nope-r0", "--force"])
+    assert r.exit_code == 2 and "no finished cell '6.12-mglru-on/nope-r0'" in r.output

@@ -53,8 +53,15 @@ def report(path, out_dir, only, cell, plan_path, force, as_json):
             b.set_description(f"report: {name}")
             b.update(1)
 
-        doc = build_report(path, out_dir, sections=sections, cell=cell, plan=plan_path, force=force,
-                           progress=step)
+        if (Path(path) / "matrix.json").is_file():
+            from moetrace.lab.matrix import matrix_report_inputs
+            from moetrace.reports.report import build_matrix_report
+
+            doc = build_matrix_report(matrix_report_inputs(path, cell), Path(out_dir or Path(path) / "report"),
+                                      sections=sections, force=force, progress=step)
+        else:
+            doc = build_report(path, out_dir, sections=sections, cell=cell, plan=plan_path, force=force,
+                               progress=step)
     if as_json:
         emit_json(doc)
         return

@@ -516,3 +516,31 @@ def write_table(out: str | os.PathLike) -> Path:
         w.writerows(rows)
     os.replace(tmp, path)
     return path
+
+
+def matrix_report_inputs(out: str | os.PathLike, cell: str | None = None):
+    """What `moetrace report DIR` shows of a matrix (reports.report.MatrixInputs): its tables
+    written afresh, the summary, the findings, Fig. 3, and the recorded cell to detail (``cell``:
+    its directory under cells/, e.g. 6.12-mglru-on/balloon0.81-320MiB-r0; default: the retained
+    cell with the highest amplification)."""
+    import pandas as pd
+
+    from moetrace.lab.matrix_report import fig3_png, matrix_findings, summarize
+    from moetrace.reports.report import MatrixInputs
+
+    out = Path(out)
+    write_table(out)
+    rows = matrix_rows(out)
+    summary = summarize(rows)
+    if cell is not None:
+        detail = out / "cells" / cell / "cell"
+        if not (detail / "cell.json").is_file():
+            raise UsageError(f"no finished cell {cell!r} in {out}",
+                             hint="name it as cells/ does: <kernel>-mglru-<on|off>/<mechanism>-<C>-r<i>")
+    else:
+        kept = [r for r in rows if r.get("retained") and r.get("amplification") is not None
+                and (out / r["cell_dir"] / "cell" / "run").is_dir()]
+        best = max(kept, key=lambda r: r["amplification"], default=None)
+        detail = out / best["cell_dir"] / "cell" if best else None
+    return MatrixInputs(out, pd.DataFrame(rows), pd.DataFrame(summary), matrix_findings(summary),
+                        fig3_png(summary) if summary else None, detail)

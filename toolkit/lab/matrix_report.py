@@ -236,7 +236,7 @@ def write_summary(out: str | os.PathLike, rows: list[dict[str, Any]]) -> dict[st
         w.writerows(summary)
     os.replace(tmp, paths["csv"])
     tmp = paths["md"].with_name("matrix_summary.md.tmp")
-    tmp.write_text(summary_markdown(summary))
+    tmp.write_text(summary_markdown(summary) + "".join(f"\n- {f}" for f in matrix_findings(summary)) + "\n")
     os.replace(tmp, paths["md"])
     if summary:
         tmp = paths["fig3"].with_name("matrix_fig3.tmp.png")
@@ -256,3 +256,51 @@ def fig3_png(summary: list[dict[str, Any]]) -> bytes:
     for ax, k in zip(axes if len(kernels) > 1 else [axes], kernels):
         plot_mechanism_matrix(summary, ax, k)
     return png_bytes(fig)
+
+
+#: a group whose median device bytes exceed its miss demand by more than this is called amplified
+AMPLIFIED = 1.10
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.0f} %"
+
+
+def matrix_findings(summary: list[dict[str, Any]]) -> list[str]:
+    """The matrix's answer in words, from its summary: per kernel, which MGLRU x mechanism groups
+    read more than AMPLIFIED x their miss demand (with scan-to-steal, and why the pages were read
+    again), which did not, and MGLRU on against off for each mechanism."""
+    out = []
+    for kernel in dict.fromkeys(s["kernel"] for s in summary):
+        rows = [s for s in summary if s["kernel"] == kernel and s["amplification_median"] is not None]
+        if not rows:
+            out.append(f"{kernel}: no retained cell with an amplification yet.")
+            continue
+        amp = [s for s in rows if s["amplification_median"] > AMPLIFIED]
+        calm = [s for s in rows if s not in amp]
+        for s in amp:
+            out.append(
+                f"{kernel}, MGLRU {s['mglru']}, {s['mechanism']}: device bytes {s['amplification_median']:.2f}x the "
+                f"miss demand (range {s['amplification_min']:.2f}-{s['amplification_max']:.2f}, {s['retained']} "
+                f"cells), scan-to-steal {_fmt(s['scan_to_steal_median'])}; of the re-read pages "
+                f"{_pct(s['excess_share_of_rereads_median'])} were ones a global LRU of C would have kept, "
+                f"{_pct(s['rereads_evicted_within_one_iteration_share_median'])} were evicted within one iteration "
+                f"of their last access, {_pct(s['evicted_from_oldest_share_median'])} of evictions came from the "
+                f"oldest generation (generation age at eviction {_fmt(s['eviction_age_ms_median_median'], 1, 0)} ms, "
+                f"{_fmt(s['generations_born_median'], 1, 0)} generations born in the window).")
+        if calm:
+            worst = max(calm, key=lambda s: s["amplification_median"])
+            out.append(f"{kernel}: no amplification (median <= {AMPLIFIED:.2f}x miss demand) in "
+                       + ", ".join(f"MGLRU {s['mglru']} {s['mechanism']} ({s['amplification_median']:.2f}x)"
+                                   for s in calm)
+                       + f"; the highest {worst['amplification_median']:.2f}x, scan-to-steal "
+                         f"{_fmt(worst['scan_to_steal_median'])}.")
+        for mech in dict.fromkeys(s["mechanism"] for s in rows):
+            on = next((s for s in rows if s["mechanism"] == mech and s["mglru"] == "on"), None)
+            off = next((s for s in rows if s["mechanism"] == mech and s["mglru"] == "off"), None)
+            if on and off and on["device_bytes_per_iteration_median"] and off["device_bytes_per_iteration_median"]:
+                r = on["device_bytes_per_iteration_median"] / off["device_bytes_per_iteration_median"]
+                out.append(f"{kernel}, {mech}: MGLRU on read {r:.2f}x what MGLRU off read per iteration "
+                           f"({_fmt(on['device_bytes_per_iteration_median'], 1e6)} against "
+                           f"{_fmt(off['device_bytes_per_iteration_median'], 1e6)} MB).")
+    return out

@@ -769,3 +769,56 @@ def build_report(path: str | os.PathLike, out: str | os.PathLike | None = None, 
         return build_sweep_report(open_sweep(p), out, **kw)
     kw.pop("cell", None)
     return build_run_report(open_run(p), out, **kw)
+
+
+@dataclass
+class MatrixInputs:
+    """What a matrix report shows, computed by moetrace.lab (the report imports no lab code)."""
+
+    path: Path
+    cells: pd.DataFrame  # a row per finished cell (lab.matrix.matrix_rows)
+    summary: pd.DataFrame  # a row per kernel x MGLRU x mechanism x C (lab.matrix_report.summarize)
+    findings: list[str]
+    fig3: bytes | None
+    detail: Path | None  # the cell directory whose per-expert detail follows (None: none recorded)
+
+
+def build_matrix_report(m: MatrixInputs, out: str | os.PathLike, *, sections: Iterable[str] = SECTIONS,
+                        force: bool = False, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The §5 matrix: the findings in words, Fig. 3, the summary over repeats, every cell, then
+    the full report of one recorded cell (``m.detail``)."""
+    from moetrace.run.handle import open_run
+
+    sections = _check_sections(sections)
+    out = Path(out)
+    _prepare_out(out, force)
+    with staged(out) as stage:
+        rep = Report(stage, f"moetrace matrix report: {m.path.name}")
+        rep.h(2, "The §5 matrix: MGLRU x capacity mechanism", "matrix")
+        if m.findings:
+            rep.html.append("<ul>" + "".join(f"<li>{html.escape(f)}</li>" for f in m.findings) + "</ul>")
+            rep.md.append("".join(f"- {f}\n" for f in m.findings))
+        else:
+            rep.p("No finished cell yet.")
+        rep.summary["findings"] = m.findings
+        if m.fig3:
+            rep.figure("fig3", m.fig3, "Fig. 3 (middle): device MB per iteration, MGLRU on (left) and off (right) "
+                                       "per mechanism, median and range over the repeats; dotted: miss demand; "
+                                       "numbers: kswapd scan-to-steal")
+        rep.table("matrix_summary", m.summary, "Per kernel x MGLRU x mechanism: medians and ranges over the "
+                                               "retained repeats", None)
+        rep.table("matrix_cells", m.cells, "Every finished cell", None)
+        rep.summary["cells"] = len(m.cells)
+        if m.detail is None:
+            rep.summary["kind"] = "matrix"
+            return _write(rep, ("matrix",), final=out)
+        run = open_run(m.detail)
+        rep.h(2, f"Cell {m.detail.parent.parent.name}/{m.detail.parent.name}: per-expert detail")
+        rep.p("The retained cell with the highest amplification; `moetrace report <matrix>/cells/<condition>/"
+              "<cell>/cell` reports any other.")
+        rep.summary["detail_cell"] = str(m.detail.relative_to(m.path))
+        _header(rep, run)
+        sim = _sim(run, None, rep.notes) if has_pool(run) else None
+        run_sections(rep, run, sections, sim, progress or (lambda s: None))
+        rep.summary["kind"] = "matrix"
+        return _write(rep, ("matrix",) + tuple(sections), final=out)
