@@ -3,9 +3,13 @@
 One *unit* is a recorded run or cell; repeats are several units of the same kind (a sweep's
 cells of one capacity, or several cell directories). For each metric the base and candidate
 medians, their spread, the ratio candidate / base, and where both sides have >= 2 repeats a
-Welch t-test (as mmtests' compare does) and a bootstrap interval of the ratio of means
-(scipy). A metric regressed when it moved the wrong way by more than its threshold and, with
-repeats, the t-test agrees (p < alpha). The geometric mean of the direction-normalised
+Welch t-test and a bootstrap interval of the ratio of means (scipy); with one unit a side, a
+Mann-Whitney U test of the per-iteration samples where the metric has them (iteration time, as
+mmtests' compare tests its samples), else the threshold alone (column ``test`` says which). A
+metric regressed when it moved the wrong way by more than its threshold and the test agrees
+(p < alpha). Within-cell samples do not see the noise between identical cells (page cache
+state, the host): the threshold must cover that, which ``check --calibrate`` measures from
+A/A pairs of identical cells. The geometric mean of the direction-normalised
 ratios (> 1: worse) summarises all.
 
 Thresholds (TOML, every key optional)::
@@ -149,6 +153,9 @@ def unit_metrics(run) -> dict[str, float | None]:
     res: dict[str, Any] = {k: (None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v))
                            for k, v in out.items()}
     res["refault_counting"] = refault_counting(run)  # not a metric: what refaults_per_iteration counted
+    # not a metric: per-iteration samples, tested when one unit stands on each side
+    res["samples"] = {"iteration_time_ns": meas["duration_ns"].to_numpy(float)} \
+        if it is not None and len(it) and len(it[it["phase"] == "measured"]) else {}
     return res
 
 
@@ -237,6 +244,7 @@ def compute_comparison(base: Sequence[Mapping[str, float | None]], cand: Sequenc
         c = np.array([u[m] for u in cand if u.get(m) is not None], dtype=float)
         if not len(b) or not len(c):
             continue
+        bs, cs = _one_unit_samples(base, m), _one_unit_samples(cand, m)
         bm, cm = float(np.median(b)), float(np.median(c))
         if bm == 0 and cm == 0:
             ratio = 1.0
@@ -246,7 +254,13 @@ def compute_comparison(base: Sequence[Mapping[str, float | None]], cand: Sequenc
             ratio = cm / bm
         worse = ratio if lower else (1 / ratio if ratio else math.inf)
         p = lo = hi = None
-        if len(b) >= 2 and len(c) >= 2:
+        test = "threshold only (one value a side)"
+        if len(b) < 2 or len(c) < 2:
+            if bs is not None and cs is not None:
+                p = float(stats.mannwhitneyu(cs, bs, alternative="two-sided").pvalue)
+                test = f"per-iteration samples: Mann-Whitney U ({len(bs)} / {len(cs)})"
+        else:
+            test = f"cells: Welch t ({len(b)} / {len(c)})"
             if np.ptp(b) == 0 and np.ptp(c) == 0:
                 p = 1.0 if bm == cm else 0.0
             else:
@@ -275,10 +289,10 @@ def compute_comparison(base: Sequence[Mapping[str, float | None]], cand: Sequenc
         rows.append({"metric": m, "unit": unit, "lower_is_better": lower, "base_n": len(b), "base_median": bm,
                      "base_spread": _spread(b), "cand_n": len(c), "cand_median": cm, "cand_spread": _spread(c),
                      "ratio": ratio, "worse_ratio": worse, "p_value": p, "ratio_ci_low": lo, "ratio_ci_high": hi,
-                     "threshold": thr, "verdict": verdict})
+                     "threshold": thr, "test": test, "verdict": verdict})
     df = pd.DataFrame(rows, columns=["metric", "unit", "lower_is_better", "base_n", "base_median", "base_spread",
                                      "cand_n", "cand_median", "cand_spread", "ratio", "worse_ratio", "p_value",
-                                     "ratio_ci_low", "ratio_ci_high", "threshold", "verdict"])
+                                     "ratio_ci_low", "ratio_ci_high", "threshold", "test", "verdict"])
     counted = df[df["verdict"] != "incomparable"]
     finite = counted["worse_ratio"][np.isfinite(counted["worse_ratio"].astype(float)) & (counted["worse_ratio"] > 0)]
     if len(finite):
@@ -294,6 +308,18 @@ def compute_comparison(base: Sequence[Mapping[str, float | None]], cand: Sequenc
     df["lower_is_better"] = pd.array(df["lower_is_better"], dtype="boolean")
     df.attrs["notes"] = notes
     return df
+
+
+#: the fewest per-iteration samples a side for the per-iteration test
+MIN_SAMPLES = 8
+
+
+def _one_unit_samples(units: Sequence[Mapping[str, Any]], metric: str) -> np.ndarray | None:
+    """The per-iteration samples of ``metric`` when ``units`` is one unit that has >= MIN_SAMPLES."""
+    if len(units) != 1:
+        return None
+    s = (units[0].get("samples") or {}).get(metric)
+    return None if s is None or len(s) < MIN_SAMPLES else np.asarray(s, dtype=float)
 
 
 def regressed(df: pd.DataFrame) -> list[str]:

@@ -203,3 +203,57 @@ def test_refaults_counted_differently_are_not_compared(tmp_path):
     r = subprocess.run([sys.executable, "-m", "moetrace.cli", "check", str(tmp_path / "on61"), str(tmp_path / "off61"),
                         "--json"], capture_output=True, text=True)
     assert r.returncode == NO_REGRESSION and json.loads(r.stdout)["notes"] == res.notes
+
+
+def _identical(tmp_path, n: int, slow: dict[int, float] | None = None):
+    """n copies of the pinned cell in tmp_path/aa/r<i>; ``slow``: i -> factor on its iteration times."""
+    src = DATA / "pinned"
+    for i in range(n):
+        d = tmp_path / "aa" / f"r{i}"
+        d.mkdir(parents=True)
+        cell = json.loads((src / "cell.json").read_text())
+        shutil.copytree(src / "replay", d / "replay")
+        f = (slow or {}).get(i)
+        if f:
+            it = pd.read_parquet(d / "replay" / "iterations.parquet")
+            it["duration_ns"] = (it["duration_ns"] * f).astype("int64")
+            it.to_parquet(d / "replay" / "iterations.parquet")
+            cell["iteration_time_median_ns"] = cell["iteration_time_median_ns"] * f
+        (d / "cell.json").write_text(json.dumps(cell))
+    return tmp_path / "aa"
+
+
+def test_one_cell_a_side_tests_its_per_iteration_samples(tmp_path):
+    aa = _identical(tmp_path, 2, slow={1: 1.3})
+    df = next(iter(run_check(aa / "r0", aa / "r1").tables.values()))
+    row = df.set_index("metric").loc["iteration_time_ns"]
+    assert row["test"].startswith("per-iteration samples: Mann-Whitney U (") and row["p_value"] < 1e-6
+    assert row["verdict"] == "regression"
+    dev = df.set_index("metric").loc["device_bytes_per_iteration"]
+    assert dev["test"] == "threshold only (one value a side)"
+    # the same samples a side: no evidence, whatever the threshold
+    same = run_check(aa / "r0", aa / "r0", C.Thresholds(0.05, {m: 0.0 for m in C.METRICS}))
+    it = next(iter(same.tables.values())).set_index("metric").loc["iteration_time_ns"]
+    assert it["p_value"] == pytest.approx(1.0) and it["verdict"] == "same"
+
+
+def test_calibrate_pairs_identical_cells_and_suggests_thresholds(tmp_path):
+    from moetrace.reports.check import calibrate, suggested_thresholds
+
+    quiet = calibrate(_identical(tmp_path / "q", 3))
+    assert (quiet["groups"], quiet["pairs"], quiet["quiet_pairs"]) == (1, 6, 6)
+    m = quiet["metrics"]["iteration_time_ns"]
+    assert m["aa_worse_ratio_p95"] == 1.0 and m["between_repeat_cv"] == 0.0 and m["false_regressions"] == 0
+    noisy = calibrate(_identical(tmp_path / "n", 3, slow={2: 1.25}))
+    n = noisy["metrics"]["iteration_time_ns"]
+    assert noisy["pairs"] == 6 and n["false_regressions"] == 2  # r0 -> r2 and r1 -> r2 slower by 25 %
+    assert n["aa_worse_ratio_p95"] == pytest.approx(1.25, rel=1e-3)
+    assert n["mde_3_repeats"] == pytest.approx(3.0355 * np.std([1, 1, 1.25], ddof=1) / np.mean([1, 1, 1.25]),
+                                               rel=1e-3)
+    toml = tmp_path / "t.toml"
+    toml.write_text(suggested_thresholds(noisy))
+    th = C.load_thresholds(toml)
+    assert th.per_metric["iteration_time_ns"] == 0.25 and th.per_metric["device_bytes_per_iteration"] == 0.05
+    assert calibrate(tmp_path / "n" / "aa", th)["quiet_pairs"] == 6  # the suggested thresholds keep them quiet
+    with pytest.raises(InputError, match="no two identical cells"):
+        calibrate(DATA / "sweep")

@@ -47,6 +47,7 @@ class LazyGroup(click.Group):
         "report": ".report:report",
         "flame": ".report:flame",
         "check": ".check:check",
+        "calibrate": ".calibrate:calibrate",
         "lab": ".lab:lab",
     },
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -63,7 +64,8 @@ def cli() -> None:
     Kernel:             doctor (what this kernel can trace, and why not)
     Recording (root):   record -- CMD (eBPF probes attached while CMD runs)
     Reports:            report RUN|CELL|SWEEP (HTML, Markdown, tables), flame RUN [--diff RUN]
-    Regressions:        check BASE CAND (verdict; exit 0 same, 1 regression, 2 cannot compare)
+    Regressions:        check BASE CAND (verdict; exit 0 same, 1 regression, 2 cannot compare),
+                        calibrate DIR (what check says of identical cells here)
     Kernel lab:         lab kernels (MGLRU, kprobes, BTF, signatures per kernel), lab setup
     End to end:         demo
     """

@@ -28,8 +28,13 @@ def check(base, cand, thresholds_path, as_json, html_dir):
     and refaults per iteration, scan-to-steal, hit-only ns/KiB and p50/p99,
     age at eviction (LRU dwell), MGLRU aging cadence. Medians with spread;
     with >= 2 repeats a side, Welch's t-test and a bootstrap 95 % interval of
-    the ratio; a metric regressed when it moved the wrong way by more than its
-    threshold (and p < alpha with repeats); a geometric-mean row sums up.
+    the ratio; with one cell a side, a Mann-Whitney U test of the per-iteration
+    samples where a metric has them (iteration time), else its threshold alone
+    (the output says which); a metric regressed when it moved the wrong way by
+    more than its threshold and the test agrees (p < alpha); a geometric-mean row
+    sums up. Samples within a cell do not see the noise between identical cells:
+    `moetrace calibrate` measures it on this machine and writes thresholds that
+    cover it.
     Exit status: 0 no regression, 1 regression, 2 could not compare.
     Example:
       moetrace check lab-6.1/cells lab-6.12/cells --thresholds thresholds.toml --html check-out
@@ -49,6 +54,9 @@ def check(base, cand, thresholds_path, as_json, html_dir):
             cols = ["metric", "base_n", "base_median", "cand_n", "cand_median", "ratio", "worse_ratio", "p_value",
                     "verdict"]
             click.echo(df[cols].to_string(index=False, na_rep="NA", float_format=lambda v: f"{v:.4g}"))
+            tested = df[df["test"].notna()] if "test" in df else df.iloc[:0]
+            for test, g in tested.groupby("test", sort=False):
+                click.echo(f"test: {test}: {', '.join(g['metric'])}")
         for n in res.notes:
             click.echo(f"note: {n}")
         click.echo(res.verdict())

@@ -143,3 +143,95 @@ def write_check_report(res: CheckResult, base, cand, out: str | os.PathLike) -> 
                       None)
         rep.summary.update(check_doc(res, base, cand))
         return _write(rep, ("verdict",), final=out)
+
+
+# -- calibration: what identical cells look like on this machine ----------------------------------
+
+#: (t_{0.975} + t_{0.80}) x sqrt(2 / n) at n = 3 a side (Welch, df ~ 4): the smallest relative change
+#: a check of 3 repeats a side detects with 80 % power at alpha 0.05 is this many coefficients of
+#: variation of the metric between identical cells
+MDE_3 = (2.776 + 0.941) * (2 / 3) ** 0.5
+
+
+def identical_groups(path: str | os.PathLike) -> dict[str, list]:
+    """Groups of identical cells (A/A material), {label: [Run, ...]}: a matrix's retained cells by
+    kernel, MGLRU, mechanism and C (their repeats); a sweep's by capacity; else load_units."""
+    from moetrace.run.handle import open_run
+
+    p = Path(path)
+    if (p / "matrix.json").is_file():
+        meta = json.loads((p / "matrix.json").read_text())
+        groups: dict[str, list] = {}
+        for c in meta["cells"]:
+            done = p / c["dir"] / "done.json"
+            if not done.is_file() or not json.loads(done.read_text()).get("retained"):
+                continue
+            label = f"{c['condition']}/{c['mechanism']}-{c['capacity_label']}"
+            groups.setdefault(label, []).append(open_run(p / c["dir"] / "cell", unrecorded=True))
+        return groups
+    return load_units(p)
+
+
+def calibrate(path: str | os.PathLike, thresholds=None) -> dict[str, Any]:
+    """Every A/A pair of identical cells (each pair both ways round) checked as a single cell a
+    side: how often `check` says regression (overall and per metric), the A/A ratio's 95th
+    percentile per metric (the threshold that would keep 95 % of pairs quiet), and from the
+    between-repeat spread the smallest change 3 repeats a side detect."""
+    import itertools
+
+    import numpy as np
+
+    from moetrace.analyses import compare as C
+
+    th = thresholds or C.Thresholds.default()
+    groups = {g: [C.unit_metrics(r) for r in rs] for g, rs in identical_groups(path).items() if len(rs) >= 2}
+    if not groups:
+        raise InputError("no two identical cells to pair", path=str(path),
+                         hint="give a matrix or sweep with repeats >= 2, or a directory of identical cells")
+    pairs, flagged, per = 0, 0, {m: {"pairs": 0, "regressions": 0, "ratios": [], "cvs": []} for m in C.METRICS}
+    for units in groups.values():
+        for m in C.METRICS:
+            v = np.array([u[m] for u in units if u.get(m) is not None], dtype=float)
+            if len(v) >= 2 and v.mean() > 0:
+                per[m]["cvs"].append(float(v.std(ddof=1) / v.mean()))
+        for a, b in itertools.permutations(units, 2):
+            df = C.compute_comparison([a], [b], th)
+            pairs += 1
+            flagged += bool(C.regressed(df))
+            for row in df[df["metric"].isin(list(C.METRICS))].itertuples():
+                d = per[row.metric]
+                d["pairs"] += 1
+                d["regressions"] += row.verdict == "regression"
+                if row.worse_ratio is not None and np.isfinite(float(row.worse_ratio)):
+                    d["ratios"].append(float(row.worse_ratio))
+    metrics = {}
+    for m, d in per.items():
+        if not d["pairs"]:
+            continue
+        r = np.array(d["ratios"])
+        cv = float(np.sqrt(np.mean(np.square(d["cvs"])))) if d["cvs"] else None
+        metrics[m] = {"pairs": d["pairs"], "false_regressions": d["regressions"],
+                      "false_regression_rate": d["regressions"] / d["pairs"], "threshold": th.per_metric.get(m),
+                      "aa_worse_ratio_p95": float(np.percentile(r, 95)) if r.size else None,
+                      "between_repeat_cv": cv, "mde_3_repeats": MDE_3 * cv if cv is not None else None}
+    return {"schema": "moetrace.calibration/1", "path": str(path), "groups": len(groups), "pairs": pairs,
+            "quiet_pairs": pairs - flagged, "quiet_share": (pairs - flagged) / pairs, "metrics": metrics}
+
+
+def suggested_thresholds(cal: dict[str, Any], thresholds=None) -> str:
+    """A thresholds TOML from a calibration: each metric's threshold raised to its A/A 95th
+    percentile (rounded up to the next percent) where that is higher."""
+    import math
+
+    from moetrace.analyses import compare as C
+
+    th = thresholds or C.Thresholds.default()
+    lines = [f"# from `moetrace calibrate {cal['path']}`: {cal['pairs']} A/A pairs in {cal['groups']} groups",
+             f"alpha = {th.alpha}"]
+    for m, d in cal["metrics"].items():
+        thr = th.per_metric.get(m, 0.0)
+        p95 = d.get("aa_worse_ratio_p95")
+        if p95 is not None:
+            thr = max(thr, math.ceil((p95 - 1) * 100) / 100)
+        lines += ["", f"[metrics.{m}]", f"threshold = {thr:g}"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,59 @@
+"""`moetrace calibrate DIR`: what `check` says of identical cells on this machine (A/A pairs)."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from moetrace.cli.common import emit_json
+
+
+@click.command()
+@click.argument("path", type=click.Path(exists=True, file_okay=False))
+@click.option("--thresholds", "thresholds_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="The thresholds to calibrate (TOML, as `check --thresholds`); default: check's own.")
+@click.option("--write-thresholds", "write_path", type=click.Path(dir_okay=False), default=None,
+              help="Write a thresholds TOML that keeps 95 % of these A/A pairs quiet, for `check --thresholds`.")
+@click.option("--json", "as_json", is_flag=True, help="Print the calibration as JSON.")
+def calibrate(path, thresholds_path, write_path, as_json):
+    """Pair every two identical cells of PATH (a `lab matrix` directory: the repeats of each
+    kernel x MGLRU x mechanism x C; a sweep: the cells of one capacity; or a directory of
+    identical cells) and check each pair both ways round as one cell a side, as a kernel
+    developer would check one cell against another.
+
+    \b
+    Prints per metric: the A/A pairs, how many `check` called a regression (a check you can
+    trust calls none: >= 95 % of pairs quiet), the A/A ratio's 95th percentile (the threshold
+    that keeps 95 % quiet), the spread between repeats and from it the smallest change a check
+    of 3 repeats a side detects (80 % power, alpha 0.05).
+    Example:
+      moetrace calibrate /var/tmp/matrix --write-thresholds lab-thresholds.toml
+      moetrace check base-cell cand-cell --thresholds lab-thresholds.toml
+    """
+    from moetrace.analyses.compare import load_thresholds
+    from moetrace.reports.check import calibrate as run_calibration
+    from moetrace.reports.check import suggested_thresholds
+
+    th = load_thresholds(thresholds_path)
+    cal = run_calibration(path, th)
+    if write_path:
+        tmp = f"{write_path}.tmp"
+        with open(tmp, "w") as fh:
+            fh.write(suggested_thresholds(cal, th))
+        os.replace(tmp, write_path)
+        cal["thresholds_written"] = str(write_path)
+    if as_json:
+        emit_json(cal)
+        return
+    click.echo(f"{cal['pairs']} A/A pairs in {cal['groups']} groups of identical cells: {cal['quiet_pairs']} "
+               f"quiet ({100 * cal['quiet_share']:.0f} %)")
+    click.echo(f"{'metric':28s} {'pairs':>5s} {'false':>5s} {'thr':>6s} {'A/A p95':>8s} {'cv':>7s} {'mde(3)':>7s}")
+    for m, d in cal["metrics"].items():
+        def f(v, pct=False):
+            return "-" if v is None else (f"{100 * v:.1f}%" if pct else f"{v:.3f}")
+        click.echo(f"{m:28s} {d['pairs']:5d} {d['false_regressions']:5d} {f(d['threshold'], True):>6s} "
+                   f"{f(d['aa_worse_ratio_p95']):>8s} {f(d['between_repeat_cv'], True):>7s} "
+                   f"{f(d['mde_3_repeats'], True):>7s}")
+    if write_path:
+        click.echo(f"thresholds: {write_path}", err=True)
