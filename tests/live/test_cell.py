@@ -147,6 +147,12 @@ def test_cell_balloon_verifies_vmlck_and_unlocks(small_pool):
     assert res["device_bytes"] <= 1 * MIB  # the pool fits in what the balloon leaves
     assert _scope_gone("test-balloon") and _scope_gone("test-balloon.balloon")
     assert not os.path.exists(f"/proc/{b['pid']}")
+    # the cell's watch (a recorder) was left its allowance, and the balloon topped up at loop entry
+    # to C + headroom - the replay's anon: the loop-entry snapshot's own MemAvailable read says so
+    t = b["top_up"]
+    assert b["recorder_allowance_bytes"] > 0 and t["verified"] and b["released_at"] == "post", b
+    assert abs(res["mem_available_at_loop_entry_bytes"] - t["target_bytes"]) < 48 * MIB, (res, t)
+    assert "pid" not in t or not os.path.exists(f"/proc/{t['pid']}")
     assert abs(read_meminfo()["Mlocked_bytes"] - base) < 8 * MIB
 
 
