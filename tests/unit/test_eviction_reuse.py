@@ -44,3 +44,49 @@ def test_summary_weights_pages_and_places_generations():
     assert summarize_eviction_reuse(r.iloc[:0]) == {"evicted_pages": 0}
     none = add_generation_position(r.drop(columns=["gens_above_oldest", "gens_below_youngest"]), gen, 9)
     assert none["gens_above_oldest"].isna().all() and "evicted_from_oldest_share" not in summarize_eviction_reuse(none)
+
+
+def test_the_cell_report_says_why_evicted_pages_were_read_again(tmp_path):
+    """The age section of a recorded cell's report, on the golden pinned cell given a plan (8 layers
+    x 16 experts, iteration i reads expert i % 16 of every layer) and mglru tables in its formats."""
+    import json
+    import shutil
+
+    from common.reports import DATA
+
+    from moetrace.inputs.geometry import Geometry
+    from moetrace.inputs.plan import write_plan
+    from moetrace.inputs.trace import Accesses
+    from moetrace.reports.report import build_report
+
+    cell = tmp_path / "cell"
+    shutil.copytree(DATA / "pinned", cell)
+    n_it, L = 30, 8
+    acc = Accesses(np.repeat(np.arange(n_it, dtype=np.int32), L), np.zeros(n_it * L, np.int8),
+                   np.tile(np.arange(L, dtype=np.int16), n_it), np.repeat(np.arange(n_it, dtype=np.int32) % 16, L),
+                   L, 16, n_it)
+    write_plan(tmp_path / "plan.bin", acc, Geometry(L, 16, 4, 1 << 20, "t"))
+    man = json.loads((cell / "run" / "manifest.json").read_text())
+    man["plan"]["path"] = str(tmp_path / "plan.bin")
+    (cell / "run" / "manifest.json").write_text(json.dumps(man))
+    it = pd.read_parquet(cell / "replay" / "iterations.parquet").reset_index(drop=True)
+    g = int(np.flatnonzero((it["phase"] == "measured").to_numpy())[2])
+    step = int(it.loc[g, "step"])
+    # expert 0 of layer 0 evicted (3 pages) in a measured iteration, after its last read
+    t = int(it.loc[g, "start_ns"]) + 1
+    pd.DataFrame({"time_ns": [t, t, t], "layer": 0, "expert": step % 16, "expert_id": step % 16, "ino": 5,
+                  "page_index": [0, 1, 2], "memcg_id": 3, "seq": pd.array([7, 7, 7], dtype="Int64"),
+                  "tgid": 1}).to_parquet(cell / "run" / "mglru_evictions.parquet")
+    pd.DataFrame({"time_ns": t - 10, "sample": 0, "memcg_id": 3, "memcg_path": "/moetrace-cell", "node": 0,
+                  "seq": [7, 8], "gen": [3, 0], "age_ms": [900, 100], "birth_ns": [t - 10 ** 9, t - 10 ** 8],
+                  "nr_anon_pages": 0, "nr_file_pages": [10, 5], "anon_evicted": False,
+                  "file_evicted": False}).to_parquet(cell / "run" / "lru_gen.parquet")
+    doc = build_report(cell, tmp_path / "rep", sections=["age"])
+    s = doc["summary"]["eviction_reuse"]
+    assert s["evicted_pages"] == 3 and s["evicted_from_oldest_share"] == 1.0
+    # the expert is read again 16 iterations later with 15 other experts of each layer between:
+    # within the 128-expert budget, so a global LRU would have kept it
+    assert (s["reread_pages"], s["excess_pages"]) == (3, 3)
+    assert s["rereads_evicted_within_one_iteration_share"] == 1.0  # evicted in the iteration that read it
+    page = (tmp_path / "rep" / "report.html").read_text()
+    assert "Why evicted pages were read again" in page and "pool pages" in page

@@ -455,12 +455,67 @@ def section_age(rep: Report, run) -> None:
                 "folios": int(len(ages)), "birth_known": int(len(known)),
                 "age_ms_median": float(known.median()) if len(known) else None,
                 "age_ms_p90": float(known.quantile(0.9)) if len(known) else None}
+            section_eviction_reuse(rep, run, evs, lg)
     else:
         rep.p("No lru_gen samples (not an MGLRU kernel, or the mglru probe was not recorded): generation "
               "ages come from the kernel lab's runs.")
     lf = G.locked_fraction(run.tables.get("mlock_timeline"), run.meta)
     if len(lf):
         rep.table("age_locked_fraction", lf, "Locked bytes over time (fraction of C)", 20)
+
+
+def section_eviction_reuse(rep: Report, run, evs: pd.DataFrame, lru_gen: pd.DataFrame) -> None:
+    """Why evicted pages were read again (analyses.eviction_reuse), for a cell: its replay log, its
+    plan and the LRU budget it was scored against; measured iterations only."""
+    from moetrace.analyses import eviction_reuse as ER
+    from moetrace.inputs.plan import read_accesses
+    from moetrace.reports import figures as F
+
+    it = run.tables.get("iterations")
+    plan = run.plan_path()
+    budget = ((run.cell or {}).get("simulated") or {}).get("budget_experts")
+    rep.h(3, "Why evicted pages were read again")
+    if it is None or plan is None or budget is None:
+        rep.p("Needs a cell's replay log, its plan and the LRU budget it was scored against (a recorded "
+              "`moetrace cell`).")
+        return
+    acc = read_accesses(plan)
+    reuse = ER.compute_eviction_reuse(evs, it, acc.iteration, acc.expert_id, int(budget))
+    memcg = int(evs["memcg_id"].mode().iloc[0]) if "memcg_id" in evs else -1
+    reuse = ER.add_generation_position(reuse, lru_gen, memcg)
+    measured = set(np.flatnonzero((it["phase"] == "measured").to_numpy()))
+    reuse = reuse[reuse["evict_iteration"].isin(measured)]
+    s = ER.summarize_eviction_reuse(reuse)
+    rep.summary["eviction_reuse"] = s
+    if not s.get("reread_pages"):
+        rep.p(f"{s.get('evicted_pages', 0)} pool pages evicted in the measured iterations; none read again.")
+        return
+
+    def pct(v):
+        return "-" if v is None else f"{100 * v:.0f} %"
+
+    rep.p(f"In the measured iterations the kernel evicted {s['evicted_pages']} pool pages; {s['reread_pages']} "
+          f"were read again later. {pct(s['excess_share_of_rereads'])} of those re-reads were of pages a global "
+          f"LRU of {budget} experts (C) would still have held: traffic beyond miss demand. "
+          f"{pct(s['rereads_evicted_within_one_iteration_share'])} were evicted within one iteration of their "
+          f"last access (median {_cell(s['reread_iterations_since_access_median'])} iterations after it); "
+          f"{pct(s.get('evicted_from_oldest_share'))} of the evictions came from the oldest generation holding "
+          f"file pages.")
+    per = reuse.assign(reread=reuse["pages"].where(reuse["next_access"].notna(), 0),
+                       excess=reuse["pages"].where(reuse["lru_keeps"].fillna(False).astype(bool), 0))
+    per = per.groupby("expert_id").agg(evicted_pages=("pages", "sum"), reread_pages=("reread", "sum"),
+                                       excess_pages=("excess", "sum"),
+                                       iterations_since_access_median=("iterations_since_access", "median"))
+    per = per.reset_index()
+    per["layer"], per["expert"] = per["expert_id"] // acc.n_experts, per["expert_id"] % acc.n_experts
+    per["excess_share"] = per["excess_pages"] / per["reread_pages"].where(per["reread_pages"] > 0)
+    n_layers, n_experts = _geometry(run)
+    fig, ax = F.new_figure(6.5, 4)
+    F.plot_heatmap(per, "excess_pages", n_layers, n_experts, ax, title="re-read pages LRU(C) would have kept",
+                   unit="pages", cmap="magma")
+    rep.figure("heatmap_excess_rereads", F.png_bytes(fig), "Layers x experts: re-reads beyond miss demand")
+    rep.table("age_eviction_reuse_experts", per, "Experts with the most re-reads beyond miss demand",
+              show=per.sort_values("excess_pages", ascending=False))
 
 
 def section_reclaim(rep: Report, run, it: pd.DataFrame | None) -> None:
