@@ -84,3 +84,48 @@ def test_the_balloon_reserve_is_the_rule_unless_a_disposable_machine_sets_it(mon
     monkeypatch.setenv(RESERVE_ENV, "160MiB")
     assert safe_reserve_bytes(4 << 30) == 160 << 20
     assert spec(mechanism="machine").validate() is None
+
+
+class _FakeBalloon:
+    made: list[int] = []
+
+    def __init__(self, size, scope, python=None):
+        self.size, self.pid, self.vmlck_bytes = size, 4242, size
+
+    def start(self):
+        _FakeBalloon.made.append(self.size)
+        return self
+
+    def verified(self):
+        return True
+
+
+class _NoScope:
+    def exists(self):
+        return False
+
+
+@pytest.mark.parametrize("avail_mib,target_mib,reserve_mib,want_mib", [
+    (900, 384, 160, 516),  # the recorder took less than its allowance: lock the rest
+    (386, 384, 160, 0),    # within TOP_UP_MIN: no top-up
+    (300, 384, 160, 0),    # the recorder took more: noted, nothing locked
+    (900, 100, 160, 740),  # C + headroom below the reserve: the top-up stops at the reserve
+])
+def test_the_balloon_top_up_leaves_c_plus_headroom_and_never_less_than_the_reserve(
+        monkeypatch, avail_mib, target_mib, reserve_mib, want_mib):
+    from moetrace.capacity import cell as K
+
+    MIB = 1 << 20
+    monkeypatch.setattr(K, "read_meminfo", lambda root: {"MemAvailable_bytes": avail_mib * MIB,
+                                                         "MemTotal_bytes": 4096 * MIB})
+    monkeypatch.setattr(K, "Balloon", _FakeBalloon)
+    monkeypatch.setenv("MOETRACE_BALLOON_RESERVE", f"{reserve_mib}MiB")
+    _FakeBalloon.made = []
+    spec = CellSpec(plan="p", pool="q", capacity_bytes=(target_mib - 64) * MIB, mechanism="balloon")
+    result = {"balloon": {}, "notes": []}
+    b = K._top_up_balloon(spec, _NoScope(), _NoScope(), result)
+    t = result["balloon"]["top_up"]
+    assert t["bytes"] == want_mib * MIB and t["verified"] is True
+    assert (b is not None) == (want_mib > 0) and _FakeBalloon.made == ([want_mib * MIB] if want_mib else [])
+    assert any("more than its allowance" in n for n in result["notes"]) == (avail_mib < target_mib)
+    assert any("safe reserve" in n for n in result["notes"]) == (target_mib < reserve_mib)

@@ -44,7 +44,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from moetrace.capacity.scope import PAGE, Balloon, Scope, balloon_size, find_memory_controller, remove_stale_scopes
+from moetrace.capacity.scope import (PAGE, Balloon, Scope, balloon_size, find_memory_controller, remove_stale_scopes,
+                                    safe_reserve_bytes)
 from moetrace.kernel.syscalls import set_pdeathsig
 from moetrace.errors import CellInterrupted, InputError, MoetraceError, ScopeError, UsageError
 from moetrace.kernel.procfs import SECTOR_BYTES, KernelLog, device_of, read_meminfo, take_snapshot
@@ -420,14 +421,22 @@ TOP_UP_MIN = 4 << 20
 def _top_up_balloon(spec: CellSpec, scope: Scope, bscope: Scope, result: dict) -> Balloon | None:
     """At loop entry, with the recorder and the replay settled: lock what is available beyond
     C + headroom - the replay's anonymous memory (the file capacity a cgroup wall of C + headroom
-    would leave) in a second balloon, so that the recorder's own memory does not come out of C.
-    Short (the recorder took more than its allowance): noted, no top-up."""
-    avail = read_meminfo("/")["MemAvailable_bytes"]
+    would leave) in a second balloon, so that the recorder's own memory does not come out of C;
+    never below the safe reserve (noted). Short (the recorder took more than its allowance):
+    noted, no top-up."""
+    mi = read_meminfo("/")
+    avail = mi["MemAvailable_bytes"]
     st = scope.counters().get("stat", {}) if scope.exists() else {}
     anon = int(st.get("rss", st.get("anon")) or 0)
     target = spec.capacity_bytes + spec.headroom_bytes - anon
+    reserve = safe_reserve_bytes(mi["MemTotal_bytes"])
+    info: dict[str, Any] = {"mem_available_bytes": avail, "target_bytes": target, "reserve_bytes": reserve}
+    if target < reserve:  # never lock below the reserve (the recorder and the cell must finish)
+        result["notes"].append(f"the balloon's top-up stops at the safe reserve ({reserve} B), above C + headroom "
+                               f"- the replay's anon ({target} B): the file tier had more than C")
+        target = reserve
     extra = (avail - target) // PAGE * PAGE
-    info: dict[str, Any] = {"mem_available_bytes": avail, "target_bytes": target, "bytes": max(extra, 0)}
+    info["bytes"] = extra if extra >= TOP_UP_MIN else 0
     result["balloon"]["top_up"] = info
     if extra < TOP_UP_MIN:
         if extra < 0:
