@@ -35,6 +35,28 @@ def test_guest_sees_the_host_root_read_only_and_writes_only_its_share(tmp_path):
     print(f"\n6.12: command at {doc['cmd_start_uptime_s']} s guest uptime, host wall {doc['host_wall_s']} s")
 
 
+def test_a_kernel_tree_build_boots_with_its_modules_install(tmp_path):
+    """--kernel PATH to a tree's arch/x86/boot/bzImage (here 6.12's image laid out as a build: its
+    .config in the tree, its modules from a modules_install directory): the release comes from the
+    image's header, the guest's drivers from --modules."""
+    import shutil
+
+    _need()
+    tree = tmp_path / "linux"
+    img = tree / "arch" / "x86" / "boot" / "bzImage"
+    img.parent.mkdir(parents=True)
+    shutil.copy(f"/boot/vmlinuz-{K612}", img)
+    shutil.copy(f"/boot/config-{K612}", tree / ".config")
+    mods = tmp_path / "mods" / "lib" / "modules"
+    mods.mkdir(parents=True)
+    (mods / K612).symlink_to(f"/lib/modules/{K612}")
+    out = tmp_path / "lab"
+    r = _lab(out, "--kernel", str(img), "--modules", str(tmp_path / "mods"), "--json", "--", "uname", "-r")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["release"] == K612 and doc["image"] == str(img) and (out / "stdout").read_text().strip() == K612
+
+
 @pytest.mark.parametrize("mglru, want", [("off", "0x0000"), ("on", "0x0007")])
 def test_61_mglru_switched_as_asked(tmp_path, mglru, want):
     _need()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from moetrace.errors import MoetraceError
+from moetrace.errors import MoetraceError, UsageError
 from moetrace.lab import run as L
 
 FAKE_QEMU = r'''#!/usr/bin/env python3
@@ -40,8 +40,8 @@ def fake(tmp_path, monkeypatch):
     q = tmp_path / "qemu"
     q.write_text(FAKE_QEMU.replace("/usr/bin/env python3", sys.executable))
     q.chmod(0o755)
-    monkeypatch.setattr(L, "resolve_kernel", lambda k: ("6.12.95+deb12-amd64", tmp_path / "vmlinuz"))
-    monkeypatch.setattr(L, "build_initramfs", lambda rel, dest, modules=(): dest)
+    monkeypatch.setattr(L, "resolve_kernel", lambda k, modules=None: ("6.12.95+deb12-amd64", tmp_path / "vmlinuz"))
+    monkeypatch.setattr(L, "build_initramfs", lambda rel, dest, modules=(), base=None: dest)
     return q
 
 
@@ -216,3 +216,68 @@ def test_a_lab_workdir_is_removed_at_the_end_and_one_whose_owner_died_by_the_nex
         assert Path(wd).is_dir() and Path(wd, "owner").read_text().split()[0] == str(os.getpid())
         assert not stale.exists() and legacy.exists() and alive.exists()
     assert not Path(wd).exists()
+
+
+def _bzimage(path: Path, version: str) -> Path:
+    """A file with an x86 boot protocol setup header pointing at ``version`` (what `make bzImage`
+    writes at 0x202 / 0x20E), nothing bootable."""
+    import struct
+
+    b = bytearray(0x800)
+    b[0x202:0x206] = b"HdrS"
+    struct.pack_into("<H", b, 0x20E, 0x400 - 0x200)
+    v = version.encode() + b" (me@box) #1 SMP\0"
+    b[0x400:0x400 + len(v)] = v
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(bytes(b))
+    return path
+
+
+DRIVERS_Y = "".join(f"CONFIG_{k}=y\n" for k in ("VIRTIO_PCI", "VIRTIO_BLK", "NET_9P_VIRTIO", "9P_FS",
+                                                "OVERLAY_FS", "EXT4_FS"))
+
+
+def test_a_kernel_image_of_ones_own_is_named_by_its_header_and_its_drivers_checked(tmp_path):
+    from moetrace.lab.kernels import image_config, image_release
+
+    tree = tmp_path / "linux"
+    img = _bzimage(tree / "arch" / "x86" / "boot" / "bzImage", "7.3.0-rc1-mglru+")
+    assert image_release(img) == "7.3.0-rc1-mglru+" and image_release(tmp_path) is None
+    (tmp_path / "junk").write_bytes(b"\0" * 4096)
+    assert image_release(tmp_path / "junk") is None
+    (tree / ".config").write_text(DRIVERS_Y)
+    assert image_config(img, "7.3.0-rc1-mglru+") == tree / ".config"
+    # every driver built in: no modules needed
+    assert L.resolve_kernel(str(img)) == ("7.3.0-rc1-mglru+", img) and L.modules_base("7.3.0-rc1-mglru+") is None
+    # 9p as modules: refused without them, accepted with a modules_install directory that has them
+    (tree / ".config").write_text(DRIVERS_Y.replace("CONFIG_9P_FS=y", "CONFIG_9P_FS=m"))
+    with pytest.raises(UsageError, match=r"(?s)lacks the guest's drivers 9p .*--modules DIR"):
+        L.resolve_kernel(str(img))
+    mods = tmp_path / "mods"
+    d = mods / "lib" / "modules" / "7.3.0-rc1-mglru+"
+    d.mkdir(parents=True)
+    (d / "modules.dep").write_text("kernel/fs/9p/9p.ko: kernel/net/9p/9pnet.ko\nkernel/net/9p/9pnet.ko:\n")
+    assert L.resolve_kernel(str(img), mods)[0] == "7.3.0-rc1-mglru+"
+    assert L.modules_base("7.3.0-rc1-mglru+", mods) == d
+    assert [p.name for p in L.module_files("7.3.0-rc1-mglru+", ("9p",), d)] == ["9pnet.ko", "9p.ko"]
+    with pytest.raises(UsageError, match="no modules.dep for 7.3.0-rc1-mglru"):
+        L.modules_base("7.3.0-rc1-mglru+", tmp_path)
+    with pytest.raises(UsageError, match="no kernel image"):
+        L.resolve_kernel(str(tmp_path / "nope" / "bzImage"))
+
+
+def test_lab_kernels_says_what_an_image_lacks(tmp_path):
+    from click.testing import CliRunner
+
+    from moetrace.cli import cli
+
+    img = _bzimage(tmp_path / "bzImage", "7.3.0-test")
+    (tmp_path / "config").write_text(DRIVERS_Y.replace("CONFIG_OVERLAY_FS=y\n", "") + "CONFIG_BPF_SYSCALL=y\n"
+                                     "# CONFIG_LRU_GEN is not set\nCONFIG_KPROBES=y\n")
+    r = CliRunner().invoke(cli, ["lab", "kernels", str(img), "--json"])
+    assert r.exit_code == 0, r.output
+    k, = json.loads(r.output)
+    assert k["release"] == "7.3.0-test" and k["config"] == str(tmp_path / "config") and not k["running"]
+    lacks = " | ".join(k["lacks"])
+    assert "MGLRU (CONFIG_LRU_GEN)" in lacks and "overlay" in lacks and "kprobes" not in lacks
+    assert "BTF" in lacks  # a header and no kernel: no BTF in it

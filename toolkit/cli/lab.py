@@ -29,19 +29,28 @@ def lab() -> None:
 
 
 @lab.command()
+@click.argument("images", nargs=-1, type=click.Path(exists=True, dir_okay=False))
+@click.option("--modules", "modules", type=click.Path(exists=True, file_okay=False), default=None,
+              help="With IMAGE: its modules (the INSTALL_MOD_PATH of `make modules_install`).")
 @click.option("--json", "as_json", is_flag=True, help="Print every fact as JSON.")
-def kernels(as_json):
-    """List the running kernel and every /boot/vmlinuz-* with what matters to moetrace.
+def kernels(images, modules, as_json):
+    """List the running kernel and every /boot/vmlinuz-* with what matters to moetrace, or
+    the kernel IMAGEs given (a bzImage you built: its release from the image's header, its
+    config beside it or in its tree), each with what the lab needs and it lacks.
 
     \b
     Read without booting: the kernel config, BTF from the image (the vmlinux inside the
     bzImage; /sys/kernel/btf/vmlinux for the running kernel), /lib/modules/R/build.
-    Example:
-      moetrace lab kernels --json | jq '.[] | {release, mglru_default, functions}'
+    Examples:
+      moetrace lab kernels --json | jq '.[] | {release, mglru_default, functions, lacks}'
+      moetrace lab kernels linux/arch/x86/boot/bzImage --modules /var/tmp/mods
     """
-    from moetrace.lab.kernels import LAB_FUNCTIONS, list_kernels
+    from moetrace.lab.kernels import LAB_FUNCTIONS, image_release, kernel_facts, list_kernels
 
-    ks = list_kernels()
+    if images:
+        ks = [kernel_facts(image_release(i) or Path(i).name, image=i, modules=modules) for i in images]
+    else:
+        ks = list_kernels()
     if as_json:
         emit_json([k.as_dict() for k in ks])
         return
@@ -57,6 +66,8 @@ def kernels(as_json):
                 click.echo(f"    {f:<22} {sig if sig else '-'}")
         for n in k.notes:
             click.echo(f"  note: {n}")
+        for n in k.lacks:
+            click.echo(f"  lacks: {n}")
 
 
 @lab.command()
@@ -95,9 +106,13 @@ def setup():
               help="KVM, TCG (emulated: every vCPU on one host thread, ~20x slower, works everywhere), or auto: KVM "
                    "when /dev/kvm opens, and TCG when it cannot or the guest does not reach COMMAND in 20 s "
                    "(a nested KVM hangs stock kernels); a KVM that hung is remembered per kernel pair.")
+@click.option("--modules", "modules", type=click.Path(exists=True, file_okay=False), default=None,
+              help="The guest's modules for a kernel image of your own: the INSTALL_MOD_PATH of `make "
+                   "modules_install` (or a directory holding modules.dep). Not needed when the image builds "
+                   "virtio, 9p, overlay and ext4 in.")
 @click.option("--json", "as_json", is_flag=True, help="Print lab.json.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(kernel, out_dir, memory, cpus, mglru, timeout_s, pool, memcg, accel, as_json, command):
+def run(kernel, out_dir, memory, cpus, mglru, timeout_s, pool, memcg, accel, modules, as_json, command):
     """Boot KERNEL under QEMU (KVM or TCG) with this host's root read-only, run COMMAND in the guest
     (cwd /tmp/lab = --out), power off, and exit with COMMAND's status.
 
@@ -110,11 +125,15 @@ def run(kernel, out_dir, memory, cpus, mglru, timeout_s, pool, memcg, accel, as_
       moetrace lab run --kernel 6.12 --mglru on --pool /var/tmp/pool --memcg 80M --out lab2 -- \\
         sh -c 'moetrace record --out /tmp/lab/run --cgroup $MOETRACE_LAB_CGROUP \\
                --probes pagecache,reclaim,mglru -- replay plan.bin --pool /var/tmp/pool --mode mmap'
+      # a kernel you built (its release read from the image; its config beside it or in its tree)
+      make -C linux INSTALL_MOD_PATH=/var/tmp/mods modules_install
+      moetrace lab run --kernel linux/arch/x86/boot/bzImage --modules /var/tmp/mods --out lab3 -- uname -r
     """
     from moetrace.lab.run import run_in_guest
 
     res = run_in_guest(kernel, list(command), Path(out_dir), memory=memory, cpus=cpus, mglru=mglru,
-                       timeout_s=timeout_s, pool=Path(pool) if pool else None, memcg=memcg, accel=accel)
+                       timeout_s=timeout_s, pool=Path(pool) if pool else None, memcg=memcg, accel=accel,
+                       modules=modules)
     if as_json:
         emit_json(res.doc)
     else:

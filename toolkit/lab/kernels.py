@@ -26,6 +26,51 @@ CONFIG_KEYS = ("CONFIG_LRU_GEN", "CONFIG_LRU_GEN_ENABLED", "CONFIG_KPROBES", "CO
                "CONFIG_KERNEL_ZSTD")
 
 
+#: the guest's drivers (lab.run GUEST_MODULES + POOL_MODULES) and the config symbol of each
+GUEST_DRIVERS = {"virtio_pci": "CONFIG_VIRTIO_PCI", "virtio_blk": "CONFIG_VIRTIO_BLK",
+                 "9pnet_virtio": "CONFIG_NET_9P_VIRTIO", "9p": "CONFIG_9P_FS", "overlay": "CONFIG_OVERLAY_FS",
+                 "ext4": "CONFIG_EXT4_FS"}
+
+
+def image_release(image: str | os.PathLike) -> str | None:
+    """The release a bzImage says it is: the x86 boot protocol's setup header ("HdrS" at 0x202)
+    points at the version string (0x20E: its offset - 0x200), whose first word is the release
+    (a kernel tree's own build included). None: not a bzImage."""
+    import struct
+
+    try:
+        with open(image, "rb") as fh:
+            head = fh.read(0x210)
+            if len(head) < 0x210 or head[0x202:0x206] != b"HdrS":
+                return None
+            fh.seek(struct.unpack_from("<H", head, 0x20E)[0] + 0x200)
+            text = fh.read(256).split(b"\0", 1)[0].decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return text.split()[0] if text else None
+
+
+def image_config(image: str | os.PathLike, release: str | None) -> Path | None:
+    """The config of a kernel image: beside it (``config``), its tree's ``.config`` when it is
+    ``<tree>/arch/x86/boot/bzImage``, else /boot/config-RELEASE."""
+    img = Path(image).resolve()
+    cands = [img.parent / "config", img.parent / f"config-{release}"]
+    if len(img.parents) > 3 and img.parent.name == "boot" and img.parents[1].name == "x86":
+        cands.append(img.parents[3] / ".config")
+    if release:
+        cands.append(Path(f"/boot/config-{release}"))
+    return next((c for c in cands if c.is_file()), None)
+
+
+def missing_drivers(config: dict[str, str], modules_dep: Path | None) -> list[str]:
+    """The guest's drivers that are neither built in (=y) nor in ``modules_dep`` as modules."""
+    have = set()
+    if modules_dep is not None and modules_dep.is_file():
+        for line in modules_dep.read_text().splitlines():
+            have.add(Path(line.partition(":")[0]).name.split(".ko")[0].replace("-", "_"))
+    return [d for d, key in GUEST_DRIVERS.items() if config.get(key) != "y" and d not in have]
+
+
 @dataclass
 class KernelFacts:
     release: str
@@ -42,6 +87,8 @@ class KernelFacts:
     headers: str  # "exact", "other (RELEASE)", "none"
     functions: dict[str, str | None] = field(default_factory=dict)  # name -> signature (None: absent)
     notes: list[str] = field(default_factory=list)
+    #: what the lab needs and this kernel does not have (BTF, BPF, MGLRU, kprobes, the guest's drivers)
+    lacks: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -70,20 +117,27 @@ def _headers(release: str, root: Path) -> str:
     return "exact" if got == release else f"other ({got})"
 
 
-def kernel_facts(release: str, root: str | os.PathLike = "/") -> KernelFacts:
-    """What moetrace needs to know of kernel ``release`` (installed under ``root``)."""
+def kernel_facts(release: str, root: str | os.PathLike = "/", image: str | os.PathLike | None = None,
+                 modules: str | os.PathLike | None = None) -> KernelFacts:
+    """What moetrace needs to know of kernel ``release`` (installed under ``root``), or of a kernel
+    ``image`` of one's own (its config beside it or in its tree; ``modules``: its modules_install
+    directory), with what the lab needs and it lacks."""
     from moetrace.errors import InputError
     from moetrace.kernel import btf as B
     from moetrace.kernel.kconfig import config_text, parse_config
 
     r = Path(root)
-    running = release == platform.release() and Path(root) == Path("/")
+    running = release == platform.release() and Path(root) == Path("/") and image is None
     notes: list[str] = []
-    cfg_text, cfg_src = config_text(release, root)
+    if image is not None:
+        cp = image_config(image, release)
+        cfg_text, cfg_src = (cp.read_text(), str(cp)) if cp else (None, None)
+    else:
+        cfg_text, cfg_src = config_text(release, root)
     cfg = parse_config(cfg_text) if cfg_text else {}
     if not cfg:
-        notes.append("no kernel config found (/boot/config-RELEASE or /proc/config.gz)")
-    image = r / "boot" / f"vmlinuz-{release}"
+        notes.append("no kernel config found (/boot/config-RELEASE, /proc/config.gz, or beside the image)")
+    image = Path(image) if image is not None else r / "boot" / f"vmlinuz-{release}"
     if not image.is_file() and r == Path("/"):
         from moetrace.kernel.kconfig import unpacked_tree
 
@@ -107,13 +161,39 @@ def kernel_facts(release: str, root: str | os.PathLike = "/") -> KernelFacts:
         except OSError:
             mglru_now = None
     built = _yes(cfg, "CONFIG_LRU_GEN")
-    return KernelFacts(
+    facts = KernelFacts(
         release=release, running=running, image=str(image) if image.is_file() else None, config=cfg_src,
         btf_source=str(btf_path) if b is not None else None, mglru_built=built,
         mglru_default=(("on" if _yes(cfg, "CONFIG_LRU_GEN_ENABLED") else "off") if built else None),
         mglru_now=mglru_now, kprobes=_yes(cfg, "CONFIG_KPROBES"),
         btf=(b is not None) if btf_path is not None else _yes(cfg, "CONFIG_DEBUG_INFO_BTF"),
         bpf=_yes(cfg, "CONFIG_BPF_SYSCALL"), headers=_headers(release, r), functions=funcs, notes=notes)
+    facts.lacks = _lacks(facts, cfg, release, modules)
+    return facts
+
+
+def _lacks(k: KernelFacts, cfg: dict[str, str], release: str, modules) -> list[str]:
+    """What the lab needs of a kernel and ``k`` does not have (unknown: not listed)."""
+    from moetrace.errors import UsageError
+    from moetrace.lab.run import modules_base
+
+    out = []
+    for have, what in ((k.btf, "BTF (CONFIG_DEBUG_INFO_BTF): the CO-RE probes relocate against it"),
+                       (k.bpf, "BPF (CONFIG_BPF_SYSCALL)"),
+                       (k.mglru_built, "MGLRU (CONFIG_LRU_GEN): the mglru probe and `--mglru on`"),
+                       (k.kprobes, "kprobes (CONFIG_KPROBES): the mglru and mlock function hooks")):
+        if have is False:
+            out.append(what)
+    if cfg:
+        try:
+            base = modules_base(release, modules)
+        except UsageError:
+            base = None
+        missing = missing_drivers(cfg, base / "modules.dep" if base else None)
+        if missing:
+            out.append(f"the guest's drivers {', '.join(missing)} (neither built in nor among its modules: "
+                       f"--modules DIR of `make modules_install INSTALL_MOD_PATH=DIR`)")
+    return out
 
 
 def list_kernels(root: str | os.PathLike = "/") -> list[KernelFacts]:

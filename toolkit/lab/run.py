@@ -64,14 +64,22 @@ GUEST_SHARE = "/tmp/lab"
 ALIASES = {"6.1": "6.1.0-47-amd64", "6.12": "6.12.95+deb12-amd64"}
 
 
-def resolve_kernel(kernel: str) -> tuple[str, Path]:
+def resolve_kernel(kernel: str, modules: str | os.PathLike | None = None) -> tuple[str, Path]:
     """(release, image) of '6.1', '6.12', 'newest' (the newest unpacked lab kernel), a release
-    under /boot or unpacked by the lab set-up (also by its version prefix, '7.2'), or an image path."""
+    under /boot or unpacked by the lab set-up (also by its version prefix, '7.2'), or an image path
+    (a kernel tree's arch/x86/boot/bzImage: its release read from the image's header; its modules
+    from ``modules``, a `make modules_install INSTALL_MOD_PATH=DIR` directory, or built in)."""
     from moetrace.kernel.kconfig import unpacked_tree
 
     if "/" in kernel:
+        from moetrace.lab.kernels import image_release
+
         img = Path(kernel)
-        rel = img.name.removeprefix("vmlinuz-")
+        if not img.is_file():
+            raise UsageError(f"no kernel image {img}", hint="give a bzImage (a kernel tree's arch/x86/boot/bzImage)")
+        rel = image_release(img) or img.name.removeprefix("vmlinuz-")
+        _check_guest_drivers(rel, img, modules)
+        return rel, img
     else:
         rel = ALIASES.get(kernel) or _unpacked_alias(kernel) or kernel
         tree = unpacked_tree(rel)
@@ -80,10 +88,49 @@ def resolve_kernel(kernel: str) -> tuple[str, Path]:
     if not img.is_file():
         raise UsageError(f"no kernel image {img}", hint="`moetrace lab setup` installs the lab kernels; "
                                                        "`moetrace lab kernels` lists what is here")
-    if not (modules_dir(rel) / "modules.dep").is_file():
+    if modules is not None:
+        _check_guest_drivers(rel, img, modules)
+    elif not (modules_dir(rel) / "modules.dep").is_file():
         raise UsageError(f"no modules for {rel} (no {modules_dir(rel) / 'modules.dep'})",
                          hint="install its linux-image package, or `moetrace lab setup` for the lab's kernels")
     return rel, img
+
+
+def modules_base(release: str, modules: str | os.PathLike | None = None) -> Path | None:
+    """Where the guest's modules come from: ``modules`` (DIR/lib/modules/RELEASE of a
+    `modules_install INSTALL_MOD_PATH=DIR`, or DIR itself holding modules.dep), else the installed
+    or unpacked kernel's; None when there are none (the drivers built in)."""
+    if modules is not None:
+        d = Path(modules)
+        for cand in (d / "lib" / "modules" / release, d):
+            if (cand / "modules.dep").is_file():
+                return cand
+        raise UsageError(f"--modules {d}: no modules.dep for {release} (neither {d / 'lib/modules' / release} nor {d})",
+                         hint="give the INSTALL_MOD_PATH of `make modules_install` (the release must match the image)")
+    base = modules_dir(release)
+    return base if (base / "modules.dep").is_file() else None
+
+
+def _check_guest_drivers(release: str, image: Path, modules) -> None:
+    """UsageError naming the guest drivers (virtio, 9p, overlay, ext4) that the image's config
+    neither builds in nor the modules provide."""
+    from moetrace.kernel.kconfig import parse_config
+    from moetrace.lab.kernels import image_config, missing_drivers
+
+    base = modules_base(release, modules)
+    cfg_path = image_config(image, release)
+    if cfg_path is None:
+        if base is None:
+            raise UsageError(f"no modules and no config for {image} ({release})",
+                             hint="give --modules DIR (make modules_install INSTALL_MOD_PATH=DIR), or put the "
+                                  "tree's .config beside the image as 'config'")
+        return
+    missing = missing_drivers(parse_config(cfg_path.read_text()), base / "modules.dep" if base else None)
+    if missing:
+        raise UsageError(f"{image} ({release}) lacks the guest's drivers {', '.join(missing)} ({cfg_path}: not "
+                         f"=y, and not among {'the modules of ' + str(base) if base else 'any modules'})",
+                         hint="build them in (=y) or as modules and give --modules DIR of `make modules_install "
+                              "INSTALL_MOD_PATH=DIR`")
 
 
 def unpacked_releases() -> list[str]:
@@ -120,9 +167,12 @@ def modules_dir(release: str) -> Path:
     return unpacked_tree(release) or installed
 
 
-def module_files(release: str, wanted=GUEST_MODULES) -> list[Path]:
-    """The .ko files to load, dependencies first (built-in modules left out)."""
-    base = modules_dir(release)
+def module_files(release: str, wanted=GUEST_MODULES, base: Path | None = None) -> list[Path]:
+    """The .ko files to load, dependencies first (built-in modules left out); ``base``: the
+    modules' directory (default: the release's installed or unpacked ones; none there: [])."""
+    base = base or modules_base(release)
+    if base is None:
+        return []
     deps: dict[str, list[str]] = {}
     for line in (base / "modules.dep").read_text().splitlines():
         mod, _, rest = line.partition(":")
@@ -220,7 +270,7 @@ sleep 30
 """
 
 
-def build_initramfs(release: str, dest: Path, modules=GUEST_MODULES) -> Path:
+def build_initramfs(release: str, dest: Path, modules=GUEST_MODULES, base: Path | None = None) -> Path:
     busybox = shutil.which("busybox") or "/bin/busybox"
     entries: list[tuple[str, int, bytes]] = []
     for d in ("bin", "dev", "proc", "sys", "modules", "newroot", "tmp"):
@@ -228,7 +278,7 @@ def build_initramfs(release: str, dest: Path, modules=GUEST_MODULES) -> Path:
     entries.append(("bin/busybox", stat.S_IFREG | 0o755, Path(busybox).read_bytes()))
     entries.append(("init", stat.S_IFREG | 0o755, INIT.encode()))
     names = []
-    for f in module_files(release, modules):
+    for f in module_files(release, modules, base):
         data = f.read_bytes()
         name = f.name
         if name.endswith(".xz"):
@@ -491,13 +541,14 @@ def _core_btf_for(image: Path) -> Path | None:
 def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2G", cpus: int | None = None,
                  mglru: str = "keep", timeout_s: float = 600.0, env: dict[str, str] | None = None,
                  pool: Path | None = None, memcg: str | None = None, accel: str = "auto",
-                 qemu: str = "qemu-system-x86_64") -> LabResult:
+                 qemu: str = "qemu-system-x86_64", modules: str | os.PathLike | None = None) -> LabResult:
     """Boot ``kernel``, run ``command`` in the guest (cwd /tmp/lab = ``out``), power off.
 
     ``pool``: a directory put on a virtio-blk ext4 image and mounted read-only at its own
     path in the guest. ``memcg``: a memory.max for a cgroup v2 made in the guest
     (GUEST_MEMCG, exported as MOETRACE_LAB_CGROUP). ``cpus``: vCPUs, else DEFAULT_CPUS of the
-    accelerator the guest boots under."""
+    accelerator the guest boots under. ``modules``: the guest's modules for a kernel image of one's
+    own (:func:`modules_base`)."""
     if mglru not in ("on", "off", "keep"):
         raise UsageError(f"--mglru {mglru!r}", hint="on, off or keep")
     if accel not in ("auto", "kvm", "tcg"):
@@ -507,7 +558,8 @@ def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2
         raise UsageError(f"--accel kvm: {kvm_why}", hint="--accel tcg (emulated, ~20x slower) works everywhere")
     if shutil.which(qemu) is None:
         raise UsageError(f"{qemu} not found", hint="`moetrace lab setup` installs qemu-system-x86")
-    release, image = resolve_kernel(kernel)
+    release, image = resolve_kernel(kernel, modules)
+    mod_base = modules_base(release, modules)
     core_btf = _core_btf_for(Path(image))
     byte_compile_package()
     out = Path(out)
@@ -526,7 +578,7 @@ def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2
     t0 = time.monotonic()
     with lab_workdir() as tmp:
         initrd = build_initramfs(release, Path(tmp) / "initramfs.cpio.gz",
-                                 GUEST_MODULES + (POOL_MODULES if pool is not None else ()))
+                                 GUEST_MODULES + (POOL_MODULES if pool is not None else ()), mod_base)
         drives: list[str] = []
         if pool is not None:
             img = pool_image(Path(pool), Path(tmp) / "pool.ext4")
