@@ -144,7 +144,7 @@ class FakeGuest:
     def __init__(self, fail=(), oom=(), stop_after=None):
         self.fail, self.oom, self.stop_after, self.calls = set(fail), set(oom), stop_after, []
 
-    def __call__(self, kernel, command, out, *, memory, mglru, timeout_s, pool, env):
+    def __call__(self, kernel, command, out, *, memory, mglru, timeout_s, pool, env, modules=None):
         from moetrace.errors import MoetraceError
         from moetrace.lab.run import LabResult
 
@@ -308,3 +308,14 @@ def test_report_of_a_matrix_states_its_findings_with_fig3_and_every_cell(tmp_pat
     assert "The §5 matrix" in page and "data:image/png;base64," in page and "detail_cell" not in doc["summary"]
     r = CliRunner().invoke(cli, ["report", str(out), "--cell", "6.12-mglru-on/nope-r0", "--force"])
     assert r.exit_code == 2 and "no finished cell '6.12-mglru-on/nope-r0'" in r.output
+
+
+def test_kernel_modules_of_an_own_build_reach_its_guests(tmp_path):
+    text = SPEC.replace('kernels = ["6.1", "6.12"]', 'kernels = ["6.12", "/src/bzImage"]') + \
+        'kernel_modules = {"/src/bzImage" = "mods"}\n'
+    spec = M.load_spec(write_spec(tmp_path, text))
+    assert dict(spec.kernel_modules) == {"/src/bzImage": str(tmp_path / "mods")}
+    assert spec.canonical()["kernel_modules"] == {"/src/bzImage": str(tmp_path / "mods")}
+    assert "kernel_modules" not in M.load_spec(write_spec(tmp_path)).canonical()  # old digests unchanged
+    with pytest.raises(InputError, match="kernel_modules"):
+        M.load_spec(write_spec(tmp_path, SPEC + 'kernel_modules = {"7.9" = "x"}\n'))

@@ -175,6 +175,7 @@ def matrix(spec_path, out_dir, resume, dry_run, report_only, as_json):
       headroom = "64MiB"; warmup = 1; passes = 2; threads = 2
       guest_base = "160MiB"                  # a guest's own need beside C + headroom
       cgroup_guest_memory = "2GiB"; timeout = 3600
+      kernel_modules = {"/src/linux/arch/x86/boot/bzImage" = "/var/tmp/mods"}  # own builds
     Mechanisms: cgroup (a v2 wall of C + headroom in a guest of cgroup_guest_memory),
     balloon:F (a guest sized so that the balloon locks about F of its memory and leaves
     C + headroom), vm-memory (the guest's RAM is C + headroom + guest_base, no limit

@@ -25,6 +25,7 @@ SPEC.toml (every key but the first four has a default)::
     repeats = 3
     mode = "pagecache"                        # the replay's read mode (pagecache = pread, mmap)
     seed = 1                                  # the cells' order within each condition
+    kernel_modules = {"/src/linux/arch/x86/boot/bzImage" = "/var/tmp/mods"}   # an own build's modules
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ MGLRU_STATES = ("on", "off")
 MODES = ("pagecache", "mmap")
 REQUIRED = ("kernels", "mechanisms", "capacities", "plan", "pool")
 KNOWN = REQUIRED + ("mglru", "repeats", "mode", "seed", "headroom", "warmup", "passes", "threads", "guest_base",
-                    "cgroup_guest_memory", "balloon_reserve", "timeout")
+                    "cgroup_guest_memory", "balloon_reserve", "timeout", "kernel_modules")
 DONE = "done.json"
 
 
@@ -136,6 +137,8 @@ class MatrixSpec:
     #: rule, MemTotal/16 + 5 %, refuses ~82 % locked in a 4 GiB guest)
     balloon_reserve: int = 160 << 20
     timeout: float = 3600.0
+    #: kernel (as in ``kernels``) -> its modules_install directory (a kernel image of one's own)
+    kernel_modules: tuple[tuple[str, str], ...] = ()
     source: str | None = field(default=None, compare=False)
 
     def canonical(self) -> dict[str, Any]:
@@ -146,7 +149,8 @@ class MatrixSpec:
                 "repeats": self.repeats, "mode": self.mode, "seed": self.seed, "headroom": self.headroom,
                 "warmup": self.warmup, "passes": self.passes, "threads": self.threads, "guest_base": self.guest_base,
                 "cgroup_guest_memory": self.cgroup_guest_memory, "balloon_reserve": self.balloon_reserve,
-                "timeout": self.timeout}
+                "timeout": self.timeout, **({"kernel_modules": dict(self.kernel_modules)} if self.kernel_modules
+                                            else {})}
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self.canonical(), sort_keys=True).encode()).hexdigest()[:16]
@@ -215,6 +219,12 @@ def load_spec(path: str | os.PathLike) -> MatrixSpec:
     base = p.resolve().parent
     files = {k: str((base / str(doc[k])).resolve()) for k in ("plan", "pool")}
     knobs = _cell_knobs(doc, where)
+    mods = doc.get("kernel_modules", {})
+    if not isinstance(mods, dict) or any(k not in map(str, doc["kernels"]) for k in mods):
+        raise InputError("kernel_modules: a table of kernel (as in kernels) = its modules_install directory",
+                         path=where)
+    if mods:
+        knobs["kernel_modules"] = tuple(sorted((str(k), str((base / str(v)).resolve())) for k, v in mods.items()))
     return MatrixSpec(tuple(str(k) for k in _list(doc, "kernels", where)), tuple(mglru), tuple(mechs), tuple(caps),
                       files["plan"], files["pool"], repeats, mode, seed, **knobs, source=str(p))
 
@@ -436,7 +446,8 @@ def run_cells(out: str | os.PathLike, spec: MatrixSpec, work: Work, progress=Non
             doc = run_guest(cell.kernel, cell_command(cell, spec, str(curve)), d,
                             memory=f"{guest_memory(cell, spec) >> 20}M",
                             mglru=cell.mglru, timeout_s=spec.timeout + 600, pool=Path(spec.pool),
-                            env={RESERVE_ENV: str(spec.balloon_reserve)}).doc
+                            env={RESERVE_ENV: str(spec.balloon_reserve)},
+                            modules=dict(spec.kernel_modules).get(cell.kernel)).doc
         except MoetraceError as e:  # the guest could not run the cell: a cell not retained, and on
             doc = {"status": "error", "error": e.format_message()}
         cj = d / "cell" / "cell.json"
