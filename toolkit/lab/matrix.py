@@ -471,6 +471,7 @@ def matrix_rows(out: str | os.PathLike) -> list[dict[str, Any]]:
     from moetrace.lab.matrix_report import cell_window
 
     out = Path(out)
+    curve = _saved_curve(out)
     rows = []
     for doc in finished(out):
         c, lab, res = doc["cell"], doc.get("lab") or {}, doc.get("result") or {}
@@ -485,11 +486,41 @@ def matrix_rows(out: str | os.PathLike) -> list[dict[str, Any]]:
         pool = (res.get("pool") or {}).get("data_bytes")
         # a cell whose capacity held the whole pool has no amplification to report (it read nothing)
         row["pool_fits"] = None if eff is None or pool is None else bool(eff >= pool)
+        row.update(at_effective_capacity(res, eff, curve))
         row["locked_fraction"] = locked_fraction(res)
         row["host_wall_s"] = lab.get("host_wall_s")
         row.update(cell_window(out / c["dir"]) if res else {})
         rows.append(row)
     return rows
+
+
+def _saved_curve(out: Path):
+    """The matrix's miss curve (miss_curve.npz) when it is there and readable, else None."""
+    from moetrace.capacity.cell import load_miss_curve
+
+    meta, path = out / "matrix.json", out / "miss_curve.npz"
+    if not path.exists() or not meta.exists():
+        return None
+    spec = json.loads(meta.read_text()).get("spec") or {}
+    try:
+        return load_miss_curve(path, spec["plan"], spec["warmup"], spec["passes"])
+    except (InputError, KeyError, OSError):
+        return None
+
+
+def at_effective_capacity(res: dict[str, Any], eff: int | None, curve) -> dict[str, Any]:
+    """Miss demand and amplification at the capacity the cell really had (nominal C's are the
+    cell's own): a vm-memory guest or a balloon never leaves exactly C."""
+    from moetrace.capacity.cell import simulated_miss
+
+    pool = res.get("pool") or {}
+    dev = res.get("device_bytes_per_iteration")
+    if curve is None or eff is None or not pool.get("extent_bytes"):
+        return {"miss_bytes_per_iteration_at_effective": None, "amplification_at_effective": None}
+    miss = simulated_miss(curve, int(eff), int(pool["extent_bytes"]), int(pool["expert_bytes"]))
+    m = miss["miss_bytes_per_iteration"]
+    return {"miss_bytes_per_iteration_at_effective": m,
+            "amplification_at_effective": (dev / m) if (dev is not None and m) else None}
 
 
 def locked_fraction(res: dict[str, Any]) -> float | None:

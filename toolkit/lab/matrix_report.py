@@ -163,7 +163,8 @@ def cell_window(cell_dir: str | os.PathLike) -> dict[str, Any]:
 
 
 #: the summary's figures: median and range over a group's retained cells
-SUMMARY_FIGURES = ("device_bytes_per_iteration", "amplification", "scan_to_steal", "iteration_time_median_ns",
+SUMMARY_FIGURES = ("device_bytes_per_iteration", "amplification", "amplification_at_effective", "scan_to_steal",
+                   "iteration_time_median_ns",
                    "effective_capacity_bytes", "locked_fraction", "evictions_per_page", "eviction_age_ms_median",
                    "generations_born", "excess_share_of_rereads", "rereads_evicted_within_one_iteration_share",
                    "evicted_from_oldest_share")
@@ -203,7 +204,7 @@ def _fmt(v: Any, scale: float = 1.0, digits: int = 2) -> str:
 def summary_markdown(summary: list[dict[str, Any]]) -> str:
     """The summary as a Markdown table (MB = 10^6 B, as the paper's GB)."""
     head = ("| kernel | MGLRU | mechanism | locked | C at loop entry MiB | cells kept | device MB/it (range) | miss MB/it | "
-            "amplification (range) | scan/steal | evictions/page | eviction age ms | gens born | "
+            "amplification (range) | at C loop entry | scan/steal | evictions/page | eviction age ms | gens born | "
             "re-reads LRU keeps | re-reads evicted <= 1 it after access | from oldest gen |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for s in summary:
@@ -213,7 +214,8 @@ def summary_markdown(summary: list[dict[str, Any]]) -> str:
             f"{s['retained']}/{s['cells']} | {_fmt(s['device_bytes_per_iteration_median'], 1e6)} "
             f"({_fmt(s['device_bytes_per_iteration_min'], 1e6)}-{_fmt(s['device_bytes_per_iteration_max'], 1e6)}) | "
             f"{_fmt(s['miss_bytes_per_iteration'], 1e6)} | {_fmt(s['amplification_median'])} "
-            f"({_fmt(s['amplification_min'])}-{_fmt(s['amplification_max'])}) | {_fmt(s['scan_to_steal_median'])} | "
+            f"({_fmt(s['amplification_min'])}-{_fmt(s['amplification_max'])}) | "
+            f"{_fmt(s['amplification_at_effective_median'])} | {_fmt(s['scan_to_steal_median'])} | "
             f"{_fmt(s['evictions_per_page_median'])} | {_fmt(s['eviction_age_ms_median_median'], 1, 0)} | "
             f"{_fmt(s['generations_born_median'], 1, 0)} | {_fmt(s['excess_share_of_rereads_median'])} | "
             f"{_fmt(s['rereads_evicted_within_one_iteration_share_median'])} | "
