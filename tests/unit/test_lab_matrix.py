@@ -304,6 +304,10 @@ def test_report_of_a_matrix_states_its_findings_with_fig3_and_every_cell(tmp_pat
     assert {"matrix_summary", "matrix_cells"} <= set(doc["tables"])
     # FakeGuest's cells: amplification 1.5, no miss demand, no recording -> an amplified group, no detail cell
     assert any("6.12, MGLRU on, cgroup: device bytes 1.50x the miss demand" in f for f in doc["summary"]["findings"])
+    # check per pair: MGLRU off -> on at each mechanism and C (FakeGuest's cells are alike: no regression)
+    pairs = doc["summary"]["pairs"]
+    assert len(pairs) == 6 - 1 and {p["verdict"] for p in pairs} == {"no regression"}  # one on cell OOMed
+    assert {(p["base"], p["candidate"]) for p in pairs} == {("6.12 MGLRU off", "6.12 MGLRU on")}
     page = (out / "report" / "report.html").read_text()
     assert "The §5 matrix" in page and "data:image/png;base64," in page and "detail_cell" not in doc["summary"]
     r = CliRunner().invoke(cli, ["report", str(out), "--cell", "6.12-mglru-on/nope-r0", "--force"])
@@ -319,3 +323,19 @@ def test_kernel_modules_of_an_own_build_reach_its_guests(tmp_path):
     assert "kernel_modules" not in M.load_spec(write_spec(tmp_path)).canonical()  # old digests unchanged
     with pytest.raises(InputError, match="kernel_modules"):
         M.load_spec(write_spec(tmp_path, SPEC + 'kernel_modules = {"7.9" = "x"}\n'))
+
+
+def test_kernel_pairs_are_checked_against_the_first_kernel(tmp_path):
+    from moetrace.lab.matrix_report import pair_checks
+
+    make_plan(tmp_path / "plan.bin")
+    text = (SPEC.replace('mglru = ["on", "off"]', 'mglru = ["on"]').replace(
+        'mechanisms = ["cgroup", "balloon:0.81", "vm-memory"]', 'mechanisms = ["cgroup"]')
+        .replace('capacities = ["192MiB", "320MiB"]', 'capacities = ["192MiB"]'))
+    spec = M.load_spec(write_spec(tmp_path, text))
+    out = tmp_path / "m"
+    M.run_cells(out, spec, M.prepare(out, spec, resume=False), run_guest=FakeGuest())
+    rows = pair_checks(out)
+    assert [(r["base"], r["candidate"], r["base_n"], r["cand_n"]) for r in rows] == [
+        ("6.1 MGLRU on", "6.12 MGLRU on", 2, 2)]
+    assert rows[0]["verdict"] == "no regression" and "cells: Welch t (2 / 2)" in rows[0]["tests"]

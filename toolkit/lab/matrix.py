@@ -567,7 +567,7 @@ def matrix_report_inputs(out: str | os.PathLike, cell: str | None = None):
     cell with the highest amplification)."""
     import pandas as pd
 
-    from moetrace.lab.matrix_report import fig3_png, matrix_findings, summarize
+    from moetrace.lab.matrix_report import fig3_png, matrix_findings, pair_checks, summarize
     from moetrace.reports.report import MatrixInputs
 
     out = Path(out)
@@ -585,4 +585,4 @@ def matrix_report_inputs(out: str | os.PathLike, cell: str | None = None):
         best = max(kept, key=lambda r: r["amplification"], default=None)
         detail = out / best["cell_dir"] / "cell" if best else None
     return MatrixInputs(out, pd.DataFrame(rows), pd.DataFrame(summary), matrix_findings(summary),
-                        fig3_png(summary) if summary else None, detail)
+                        fig3_png(summary) if summary else None, detail, pd.DataFrame(pair_checks(out)))

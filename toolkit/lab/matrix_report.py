@@ -238,7 +238,9 @@ def write_summary(out: str | os.PathLike, rows: list[dict[str, Any]]) -> dict[st
         w.writerows(summary)
     os.replace(tmp, paths["csv"])
     tmp = paths["md"].with_name("matrix_summary.md.tmp")
-    tmp.write_text(summary_markdown(summary) + "".join(f"\n- {f}" for f in matrix_findings(summary)) + "\n")
+    pairs = pairs_markdown(pair_checks(out)) if (out / "matrix.json").is_file() else ""
+    tmp.write_text(summary_markdown(summary) + "".join(f"\n- {f}" for f in matrix_findings(summary)) + "\n"
+                   + (f"\n`check` per pair (base -> candidate):\n\n{pairs}" if pairs else ""))
     os.replace(tmp, paths["md"])
     if summary:
         tmp = paths["fig3"].with_name("matrix_fig3.tmp.png")
@@ -306,3 +308,51 @@ def matrix_findings(summary: list[dict[str, Any]]) -> list[str]:
                            f"({_fmt(on['device_bytes_per_iteration_median'], 1e6)} against "
                            f"{_fmt(off['device_bytes_per_iteration_median'], 1e6)} MB).")
     return out
+
+
+def pair_checks(out: str | os.PathLike, thresholds=None) -> list[dict[str, Any]]:
+    """`check` between the retained repeats of a matrix's pairs at one mechanism and C: MGLRU off
+    (base) against on, and each kernel after the first of the spec against the first (same MGLRU):
+    per pair the verdict, the metrics that regressed or improved, and the test each used (a Welch
+    t-test over the repeats; one cell a side: its per-iteration samples)."""
+    from moetrace.analyses import compare as C
+    from moetrace.run.handle import open_run
+
+    out = Path(out)
+    meta = json.loads((out / "matrix.json").read_text())
+    units: dict[tuple[str, str, str, str], list] = {}
+    for c in meta["cells"]:
+        done = out / c["dir"] / "done.json"
+        if done.is_file() and json.loads(done.read_text()).get("retained"):
+            key = (c["kernel"], c["mglru"], c["mechanism"], c["capacity_label"])
+            units.setdefault(key, []).append(C.unit_metrics(open_run(out / c["dir"] / "cell", unrecorded=True)))
+    kernels = meta["spec"]["kernels"]
+    pairs = [((k, "off", m, cap), (k, "on", m, cap)) for (k, g, m, cap) in units if g == "on"]
+    pairs += [((kernels[0], g, m, cap), (k, g, m, cap)) for (k, g, m, cap) in units if k != kernels[0]]
+    rows = []
+    for base, cand in pairs:
+        if base not in units or cand not in units:
+            continue
+        df = C.compute_comparison(units[base], units[cand], thresholds)
+        m = df[df["metric"].isin(list(C.METRICS))]
+        dev = m.loc[m["metric"] == "device_bytes_per_iteration", "ratio"]
+        rows.append({"base": f"{base[0]} MGLRU {base[1]}", "candidate": f"{cand[0]} MGLRU {cand[1]}",
+                     "mechanism": base[2], "capacity": base[3], "base_n": len(units[base]),
+                     "cand_n": len(units[cand]), "verdict": "regression" if C.regressed(df) else "no regression",
+                     "regressed": ", ".join(C.regressed(df)),
+                     "improved": ", ".join(m.loc[m["verdict"] == "improvement", "metric"]),
+                     "device_ratio": float(dev.iloc[0]) if len(dev) and dev.notna().iloc[0] else None,
+                     "tests": "; ".join(dict.fromkeys(m["test"].dropna()))})
+    return rows
+
+
+def pairs_markdown(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return ""
+    lines = ["| base | candidate | mechanism | C | cells | verdict | regressed | improved | device ratio |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['base']} | {r['candidate']} | {r['mechanism']} | {r['capacity']} | {r['base_n']}/"
+                     f"{r['cand_n']} | {r['verdict']} | {r['regressed'] or '-'} | {r['improved'] or '-'} | "
+                     f"{_fmt(r['device_ratio'])} |")
+    return "\n".join(lines) + "\n"

@@ -836,6 +836,7 @@ class MatrixInputs:
     findings: list[str]
     fig3: bytes | None
     detail: Path | None  # the cell directory whose per-expert detail follows (None: none recorded)
+    pairs: pd.DataFrame | None = None  # `check` per MGLRU and kernel pair (lab.matrix_report.pair_checks)
 
 
 def build_matrix_report(m: MatrixInputs, out: str | os.PathLike, *, sections: Iterable[str] = SECTIONS,
@@ -862,6 +863,10 @@ def build_matrix_report(m: MatrixInputs, out: str | os.PathLike, *, sections: It
                                        "numbers: kswapd scan-to-steal")
         rep.table("matrix_summary", m.summary, "Per kernel x MGLRU x mechanism: medians and ranges over the "
                                                "retained repeats", None)
+        if m.pairs is not None and len(m.pairs):
+            rep.table("matrix_pairs", m.pairs, "`check` per pair: MGLRU off -> on, and the first kernel -> each "
+                                               "other (same MGLRU), over the retained repeats", None)
+            rep.summary["pairs"] = json.loads(table_json(m.pairs))
         rep.table("matrix_cells", m.cells, "Every finished cell", None)
         rep.summary["cells"] = len(m.cells)
         if m.detail is None:
