@@ -238,7 +238,7 @@ DRIVERS_Y = "".join(f"CONFIG_{k}=y\n" for k in ("VIRTIO_PCI", "VIRTIO_BLK", "NET
 
 
 def test_a_kernel_image_of_ones_own_is_named_by_its_header_and_its_drivers_checked(tmp_path):
-    from moetrace.lab.kernels import image_config, image_release
+    from moetrace.lab.run import image_config, image_release
 
     tree = tmp_path / "linux"
     img = _bzimage(tree / "arch" / "x86" / "boot" / "bzImage", "7.3.0-rc1-mglru+")

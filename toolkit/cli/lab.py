@@ -45,7 +45,8 @@ def kernels(images, modules, as_json):
       moetrace lab kernels --json | jq '.[] | {release, mglru_default, functions, lacks}'
       moetrace lab kernels linux/arch/x86/boot/bzImage --modules /var/tmp/mods
     """
-    from moetrace.lab.kernels import LAB_FUNCTIONS, image_release, kernel_facts, list_kernels
+    from moetrace.lab.kernels import LAB_FUNCTIONS, kernel_facts, list_kernels
+    from moetrace.lab.run import image_release
 
     if images:
         ks = [kernel_facts(image_release(i) or Path(i).name, image=i, modules=modules) for i in images]

@@ -26,51 +26,6 @@ CONFIG_KEYS = ("CONFIG_LRU_GEN", "CONFIG_LRU_GEN_ENABLED", "CONFIG_KPROBES", "CO
                "CONFIG_KERNEL_ZSTD")
 
 
-#: the guest's drivers (lab.run GUEST_MODULES + POOL_MODULES) and the config symbol of each
-GUEST_DRIVERS = {"virtio_pci": "CONFIG_VIRTIO_PCI", "virtio_blk": "CONFIG_VIRTIO_BLK",
-                 "9pnet_virtio": "CONFIG_NET_9P_VIRTIO", "9p": "CONFIG_9P_FS", "overlay": "CONFIG_OVERLAY_FS",
-                 "ext4": "CONFIG_EXT4_FS"}
-
-
-def image_release(image: str | os.PathLike) -> str | None:
-    """The release a bzImage says it is: the x86 boot protocol's setup header ("HdrS" at 0x202)
-    points at the version string (0x20E: its offset - 0x200), whose first word is the release
-    (a kernel tree's own build included). None: not a bzImage."""
-    import struct
-
-    try:
-        with open(image, "rb") as fh:
-            head = fh.read(0x210)
-            if len(head) < 0x210 or head[0x202:0x206] != b"HdrS":
-                return None
-            fh.seek(struct.unpack_from("<H", head, 0x20E)[0] + 0x200)
-            text = fh.read(256).split(b"\0", 1)[0].decode("ascii", "replace").strip()
-    except OSError:
-        return None
-    return text.split()[0] if text else None
-
-
-def image_config(image: str | os.PathLike, release: str | None) -> Path | None:
-    """The config of a kernel image: beside it (``config``), its tree's ``.config`` when it is
-    ``<tree>/arch/x86/boot/bzImage``, else /boot/config-RELEASE."""
-    img = Path(image).resolve()
-    cands = [img.parent / "config", img.parent / f"config-{release}"]
-    if len(img.parents) > 3 and img.parent.name == "boot" and img.parents[1].name == "x86":
-        cands.append(img.parents[3] / ".config")
-    if release:
-        cands.append(Path(f"/boot/config-{release}"))
-    return next((c for c in cands if c.is_file()), None)
-
-
-def missing_drivers(config: dict[str, str], modules_dep: Path | None) -> list[str]:
-    """The guest's drivers that are neither built in (=y) nor in ``modules_dep`` as modules."""
-    have = set()
-    if modules_dep is not None and modules_dep.is_file():
-        for line in modules_dep.read_text().splitlines():
-            have.add(Path(line.partition(":")[0]).name.split(".ko")[0].replace("-", "_"))
-    return [d for d, key in GUEST_DRIVERS.items() if config.get(key) != "y" and d not in have]
-
-
 @dataclass
 class KernelFacts:
     release: str
@@ -130,6 +85,8 @@ def kernel_facts(release: str, root: str | os.PathLike = "/", image: str | os.Pa
     running = release == platform.release() and Path(root) == Path("/") and image is None
     notes: list[str] = []
     if image is not None:
+        from moetrace.lab.run import image_config
+
         cp = image_config(image, release)
         cfg_text, cfg_src = (cp.read_text(), str(cp)) if cp else (None, None)
     else:
@@ -175,7 +132,7 @@ def kernel_facts(release: str, root: str | os.PathLike = "/", image: str | os.Pa
 def _lacks(k: KernelFacts, cfg: dict[str, str], release: str, modules) -> list[str]:
     """What the lab needs of a kernel and ``k`` does not have (unknown: not listed)."""
     from moetrace.errors import UsageError
-    from moetrace.lab.run import modules_base
+    from moetrace.lab.run import missing_drivers, modules_base
 
     out = []
     for have, what in ((k.btf, "BTF (CONFIG_DEBUG_INFO_BTF): the CO-RE probes relocate against it"),

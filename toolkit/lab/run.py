@@ -64,6 +64,51 @@ GUEST_SHARE = "/tmp/lab"
 ALIASES = {"6.1": "6.1.0-47-amd64", "6.12": "6.12.95+deb12-amd64"}
 
 
+#: the guest's drivers (GUEST_MODULES + POOL_MODULES) and the config symbol of each
+GUEST_DRIVERS = {"virtio_pci": "CONFIG_VIRTIO_PCI", "virtio_blk": "CONFIG_VIRTIO_BLK",
+                 "9pnet_virtio": "CONFIG_NET_9P_VIRTIO", "9p": "CONFIG_9P_FS", "overlay": "CONFIG_OVERLAY_FS",
+                 "ext4": "CONFIG_EXT4_FS"}
+
+
+def image_release(image: str | os.PathLike) -> str | None:
+    """The release a bzImage says it is: the x86 boot protocol's setup header ("HdrS" at 0x202)
+    points at the version string (0x20E: its offset - 0x200), whose first word is the release
+    (a kernel tree's own build included). None: not a bzImage."""
+    import struct
+
+    try:
+        with open(image, "rb") as fh:
+            head = fh.read(0x210)
+            if len(head) < 0x210 or head[0x202:0x206] != b"HdrS":
+                return None
+            fh.seek(struct.unpack_from("<H", head, 0x20E)[0] + 0x200)
+            text = fh.read(256).split(b"\0", 1)[0].decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return text.split()[0] if text else None
+
+
+def image_config(image: str | os.PathLike, release: str | None) -> Path | None:
+    """The config of a kernel image: beside it (``config``), its tree's ``.config`` when it is
+    ``<tree>/arch/x86/boot/bzImage``, else /boot/config-RELEASE."""
+    img = Path(image).resolve()
+    cands = [img.parent / "config", img.parent / f"config-{release}"]
+    if len(img.parents) > 3 and img.parent.name == "boot" and img.parents[1].name == "x86":
+        cands.append(img.parents[3] / ".config")
+    if release:
+        cands.append(Path(f"/boot/config-{release}"))
+    return next((c for c in cands if c.is_file()), None)
+
+
+def missing_drivers(config: dict[str, str], modules_dep: Path | None) -> list[str]:
+    """The guest's drivers that are neither built in (=y) nor in ``modules_dep`` as modules."""
+    have = set()
+    if modules_dep is not None and modules_dep.is_file():
+        for line in modules_dep.read_text().splitlines():
+            have.add(Path(line.partition(":")[0]).name.split(".ko")[0].replace("-", "_"))
+    return [d for d, key in GUEST_DRIVERS.items() if config.get(key) != "y" and d not in have]
+
+
 def resolve_kernel(kernel: str, modules: str | os.PathLike | None = None) -> tuple[str, Path]:
     """(release, image) of '6.1', '6.12', 'newest' (the newest unpacked lab kernel), a release
     under /boot or unpacked by the lab set-up (also by its version prefix, '7.2'), or an image path
@@ -72,8 +117,6 @@ def resolve_kernel(kernel: str, modules: str | os.PathLike | None = None) -> tup
     from moetrace.kernel.kconfig import unpacked_tree
 
     if "/" in kernel:
-        from moetrace.lab.kernels import image_release
-
         img = Path(kernel)
         if not img.is_file():
             raise UsageError(f"no kernel image {img}", hint="give a bzImage (a kernel tree's arch/x86/boot/bzImage)")
@@ -115,7 +158,6 @@ def _check_guest_drivers(release: str, image: Path, modules) -> None:
     """UsageError naming the guest drivers (virtio, 9p, overlay, ext4) that the image's config
     neither builds in nor the modules provide."""
     from moetrace.kernel.kconfig import parse_config
-    from moetrace.lab.kernels import image_config, missing_drivers
 
     base = modules_base(release, modules)
     cfg_path = image_config(image, release)
