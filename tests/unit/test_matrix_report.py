@@ -103,3 +103,33 @@ def test_summary_takes_medians_over_retained_repeats_and_draws_fig3(tmp_path):
     assert len(pd.read_csv(paths["csv"])) == 4 and not list(tmp_path.glob("*.tmp*"))
     (tmp_path / "empty").mkdir()
     assert "fig3" not in R.write_summary(tmp_path / "empty", [])  # nothing finished yet: tables, no figure
+
+
+def test_cell_window_says_why_pages_were_read_again_from_the_plan_and_the_log(tmp_path):
+    """With the cell's plan, its replay log and its LRU budget (cell.json), the window's evictions
+    are set against the accesses around them (analyses.eviction_reuse)."""
+    import numpy as np
+
+    from moetrace.inputs.geometry import Geometry
+    from moetrace.inputs.plan import write_plan
+    from moetrace.inputs.trace import Accesses
+
+    s = 10 ** 9
+    # plan: iteration i reads expert i % 4 (1 layer x 4 experts); the log: 8 iterations 1 s apart
+    acc = Accesses(np.arange(4, dtype=np.int32), np.zeros(4, np.int8), np.zeros(4, np.int16),
+                   np.arange(4, dtype=np.int32), 1, 4, 4)
+    write_plan(tmp_path / "plan.bin", acc, Geometry(1, 4, 1, 1 << 20, "t"))
+    # expert 1 evicted at 2.5 s (iteration 2, read in 1, again in 5: {2, 3, 0} between)
+    d = write_cell(tmp_path / "c", [(int(2.5 * s), 7, 0, 1), (int(2.5 * s), 7, 1, 1)], {1: 0})
+    ev = pd.read_parquet(d / "cell" / "run" / "mglru_evictions.parquet")
+    ev.assign(expert_id=1).to_parquet(d / "cell" / "run" / "mglru_evictions.parquet")
+    (d / "cell" / "replay").mkdir()
+    pd.DataFrame({"phase": "measured", "step": [i % 4 for i in range(8)],
+                  "start_ns": [i * s for i in range(8)]}).to_parquet(d / "cell" / "replay" / "iterations.parquet")
+    cell = json.loads((d / "cell" / "cell.json").read_text())
+    cell.update(inputs={"plan": str(tmp_path / "plan.bin")}, simulated={"budget_experts": 4})
+    (d / "cell" / "cell.json").write_text(json.dumps(cell))
+    w = R.cell_window(d)
+    assert (w["evicted_pages"], w["reread_pages"], w["excess_pages"]) == (2, 2, 2)  # 3 others < 4: LRU keeps it
+    assert w["excess_share_of_rereads"] == 1.0 and w["reread_iterations_since_access_median"] == 1.0
+    assert w["evicted_from_oldest_share"] == 1.0
