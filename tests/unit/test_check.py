@@ -244,6 +244,7 @@ def test_calibrate_pairs_identical_cells_and_suggests_thresholds(tmp_path):
     assert (quiet["groups"], quiet["pairs"], quiet["quiet_pairs"]) == (1, 6, 6)
     m = quiet["metrics"]["iteration_time_ns"]
     assert m["aa_worse_ratio_p95"] == 1.0 and m["between_repeat_cv"] == 0.0 and m["false_regressions"] == 0
+    assert quiet["by_group"] == {"128MiB": {"cells": 3, "iteration_time_ns_cv": 0.0}}  # grouped by C
     noisy = calibrate(_identical(tmp_path / "n", 3, slow={2: 1.25}))
     n = noisy["metrics"]["iteration_time_ns"]
     assert noisy["pairs"] == 6 and n["false_regressions"] == 2  # r0 -> r2 and r1 -> r2 slower by 25 %

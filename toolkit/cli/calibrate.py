@@ -55,5 +55,10 @@ def calibrate(path, thresholds_path, write_path, as_json):
         click.echo(f"{m:28s} {d['pairs']:5d} {d['false_regressions']:5d} {f(d['threshold'], True):>6s} "
                    f"{f(d['aa_worse_ratio_p95']):>8s} {f(d['between_repeat_cv'], True):>7s} "
                    f"{f(d['mde_3_repeats'], True):>7s}")
+    click.echo(f"{'group of identical cells':44s} {'cells':>5s} {'time cv':>8s} {'device cv':>9s}")
+    for g, d in cal["by_group"].items():
+        cv = lambda k: "-" if d.get(k) is None else f"{100 * d[k]:.1f}%"  # noqa: E731
+        click.echo(f"{g:44s} {d['cells']:5d} {cv('iteration_time_ns_cv'):>8s} "
+                   f"{cv('device_bytes_per_iteration_cv'):>9s}")
     if write_path:
         click.echo(f"thresholds: {write_path}", err=True)

@@ -189,11 +189,15 @@ def calibrate(path: str | os.PathLike, thresholds=None) -> dict[str, Any]:
         raise InputError("no two identical cells to pair", path=str(path),
                          hint="give a matrix or sweep with repeats >= 2, or a directory of identical cells")
     pairs, flagged, per = 0, 0, {m: {"pairs": 0, "regressions": 0, "ratios": [], "cvs": []} for m in C.METRICS}
-    for units in groups.values():
+    by_group = {}
+    for label, units in groups.items():
+        by_group[label] = {"cells": len(units)}
         for m in C.METRICS:
             v = np.array([u[m] for u in units if u.get(m) is not None], dtype=float)
             if len(v) >= 2 and v.mean() > 0:
                 per[m]["cvs"].append(float(v.std(ddof=1) / v.mean()))
+                if m in ("iteration_time_ns", "device_bytes_per_iteration"):
+                    by_group[label][f"{m}_cv"] = float(v.std(ddof=1) / v.mean())
         for a, b in itertools.permutations(units, 2):
             df = C.compute_comparison([a], [b], th)
             pairs += 1
@@ -215,7 +219,8 @@ def calibrate(path: str | os.PathLike, thresholds=None) -> dict[str, Any]:
                       "aa_worse_ratio_p95": float(np.percentile(r, 95)) if r.size else None,
                       "between_repeat_cv": cv, "mde_3_repeats": MDE_3 * cv if cv is not None else None}
     return {"schema": "moetrace.calibration/1", "path": str(path), "groups": len(groups), "pairs": pairs,
-            "quiet_pairs": pairs - flagged, "quiet_share": (pairs - flagged) / pairs, "metrics": metrics}
+            "quiet_pairs": pairs - flagged, "quiet_share": (pairs - flagged) / pairs, "metrics": metrics,
+            "by_group": by_group}
 
 
 def suggested_thresholds(cal: dict[str, Any], thresholds=None) -> str:
