@@ -121,6 +121,15 @@ def add_generation_position(reuse: pd.DataFrame, lru_gen: pd.DataFrame, memcg_id
     return out
 
 
+def compute_eviction_reuse_generations(evictions: pd.DataFrame, iterations: pd.DataFrame, accesses, budget: int,
+                                       lru_gen: pd.DataFrame) -> pd.DataFrame:
+    """:func:`compute_eviction_reuse` with :func:`add_generation_position` against the memcg most
+    evictions came from; ``accesses``: the plan's (inputs.plan.read_accesses)."""
+    reuse = compute_eviction_reuse(evictions, iterations, accesses.iteration, accesses.expert_id, budget)
+    memcg = int(evictions["memcg_id"].mode().iloc[0]) if "memcg_id" in evictions and len(evictions) else -1
+    return add_generation_position(reuse, lru_gen, memcg)
+
+
 def summarize_eviction_reuse(reuse: pd.DataFrame) -> dict:
     """Page-weighted: ``evicted_pages``, ``reread_pages`` (read again later in the log),
     ``excess_pages`` (re-reads a global LRU of the budget would have kept) and its share of the

@@ -540,7 +540,7 @@ def effective_capacity(res: dict[str, Any]) -> int | None:
     return res.get("mem_available_at_loop_entry_bytes")
 
 
-def write_table(out: str | os.PathLike) -> Path:
+def write_table(out: str | os.PathLike, rows: list[dict[str, Any]] | None = None, pairs=None) -> Path:
     """matrix_cells.csv: :func:`matrix_rows` (written aside, then moved into place), and the
     summary over repeats beside it (matrix_summary.csv / .md, matrix_fig3.png)."""
     import csv
@@ -548,8 +548,8 @@ def write_table(out: str | os.PathLike) -> Path:
     from moetrace.lab.matrix_report import write_summary
 
     out = Path(out)
-    rows = matrix_rows(out)
-    write_summary(out, rows)
+    rows = matrix_rows(out) if rows is None else rows
+    write_summary(out, rows, pairs)
     path, tmp = out / "matrix_cells.csv", out / "matrix_cells.csv.tmp"
     cols = list(dict.fromkeys(k for r in rows for k in r)) or ["condition"]
     with open(tmp, "w", newline="") as fh:
@@ -571,8 +571,8 @@ def matrix_report_inputs(out: str | os.PathLike, cell: str | None = None):
     from moetrace.reports.report import MatrixInputs
 
     out = Path(out)
-    write_table(out)
-    rows = matrix_rows(out)
+    rows, pairs = matrix_rows(out), pair_checks(out)
+    write_table(out, rows, pairs)
     summary = summarize(rows)
     if cell is not None:
         detail = out / "cells" / cell / "cell"
@@ -585,4 +585,4 @@ def matrix_report_inputs(out: str | os.PathLike, cell: str | None = None):
         best = max(kept, key=lambda r: r["amplification"], default=None)
         detail = out / best["cell_dir"] / "cell" if best else None
     return MatrixInputs(out, pd.DataFrame(rows), pd.DataFrame(summary), matrix_findings(summary),
-                        fig3_png(summary) if summary else None, detail, pd.DataFrame(pair_checks(out)))
+                        fig3_png(summary) if summary else None, detail, pd.DataFrame(pairs))

@@ -85,7 +85,9 @@ def eviction_ages_window(run_dir: Path, t0_ns: int, t1_ns: int, reuse_inputs=Non
         return out
     lru_gen = pd.read_parquet(gen_path)
     if reuse_inputs is not None:
-        out.update(_reuse(ev, lru_gen, *reuse_inputs))
+        from moetrace.analyses.eviction_reuse import compute_eviction_reuse_generations, summarize_eviction_reuse
+
+        out.update(summarize_eviction_reuse(compute_eviction_reuse_generations(ev, *reuse_inputs, lru_gen)))
     ages = compute_eviction_ages(ev, lru_gen)["age_ms"].astype("float64")
     known = ages.dropna()
     distinct = int(ev[["ino", "page_index"]].drop_duplicates().shape[0])
@@ -95,15 +97,6 @@ def eviction_ages_window(run_dir: Path, t0_ns: int, t1_ns: int, reuse_inputs=Non
         out.update(eviction_age_ms_p10=float(known.quantile(0.1)), eviction_age_ms_median=float(known.median()),
                    eviction_age_ms_p90=float(known.quantile(0.9)))
     return out
-
-
-def _reuse(ev, lru_gen, iterations, acc, budget: int) -> dict[str, Any]:
-    from moetrace.analyses.eviction_reuse import (add_generation_position, compute_eviction_reuse,
-                                                  summarize_eviction_reuse)
-
-    reuse = compute_eviction_reuse(ev, iterations, acc.iteration, acc.expert_id, budget)
-    memcg = int(ev["memcg_id"].mode().iloc[0]) if "memcg_id" in ev and len(ev) else -1
-    return summarize_eviction_reuse(add_generation_position(reuse, lru_gen, memcg))
 
 
 _ACCESSES: dict[tuple[str, int, int], Any] = {}
@@ -223,9 +216,11 @@ def summary_markdown(summary: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_summary(out: str | os.PathLike, rows: list[dict[str, Any]]) -> dict[str, Path]:
+def write_summary(out: str | os.PathLike, rows: list[dict[str, Any]],
+                  pairs: list[dict[str, Any]] | None = None) -> dict[str, Path]:
     """matrix_summary.csv, matrix_summary.md and matrix_fig3.png in ``out`` (each written aside,
-    then moved into place). Returns their paths."""
+    then moved into place); ``pairs``: :func:`pair_checks` when the caller has them. Returns
+    their paths."""
     import csv
 
     out = Path(out)
@@ -238,9 +233,11 @@ def write_summary(out: str | os.PathLike, rows: list[dict[str, Any]]) -> dict[st
         w.writerows(summary)
     os.replace(tmp, paths["csv"])
     tmp = paths["md"].with_name("matrix_summary.md.tmp")
-    pairs = pairs_markdown(pair_checks(out)) if (out / "matrix.json").is_file() else ""
+    if pairs is None and (out / "matrix.json").is_file():
+        pairs = pair_checks(out)
+    pmd = pairs_markdown(pairs or [])
     tmp.write_text(summary_markdown(summary) + "".join(f"\n- {f}" for f in matrix_findings(summary)) + "\n"
-                   + (f"\n`check` per pair (base -> candidate):\n\n{pairs}" if pairs else ""))
+                   + (f"\n`check` per pair (base -> candidate):\n\n{pmd}" if pmd else ""))
     os.replace(tmp, paths["md"])
     if summary:
         tmp = paths["fig3"].with_name("matrix_fig3.tmp.png")

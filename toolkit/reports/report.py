@@ -480,9 +480,7 @@ def section_eviction_reuse(rep: Report, run, evs: pd.DataFrame, lru_gen: pd.Data
               "`moetrace cell`).")
         return
     acc = read_accesses(plan)
-    reuse = ER.compute_eviction_reuse(evs, it, acc.iteration, acc.expert_id, int(budget))
-    memcg = int(evs["memcg_id"].mode().iloc[0]) if "memcg_id" in evs else -1
-    reuse = ER.add_generation_position(reuse, lru_gen, memcg)
+    reuse = ER.compute_eviction_reuse_generations(evs, it, acc, int(budget), lru_gen)
     measured = set(np.flatnonzero((it["phase"] == "measured").to_numpy()))
     reuse = reuse[reuse["evict_iteration"].isin(measured)]
     s = ER.summarize_eviction_reuse(reuse)
