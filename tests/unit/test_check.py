@@ -258,3 +258,38 @@ def test_calibrate_pairs_identical_cells_and_suggests_thresholds(tmp_path):
     assert calibrate(tmp_path / "n" / "aa", th)["quiet_pairs"] == 6  # the suggested thresholds keep them quiet
     with pytest.raises(InputError, match="no two identical cells"):
         calibrate(DATA / "sweep")
+
+
+def test_suggest_raises_the_quantile_until_the_pairs_together_are_quiet():
+    from moetrace.reports.check import quiet_share, suggest
+
+    # 40 pairs, two metrics each loud in a different 2 of them (5 % each, 10 % together): the
+    # defaults keep 90 % quiet, the 95th percentiles 95 %; the 97.5th all but the loudest (1.6)
+    ratios = {"iteration_time_ns": [1.0] * 38 + [1.5, 1.6], "device_bytes_per_iteration": [1.0] * 40}
+    pairs = [{"iteration_time_ns": [r, None], "device_bytes_per_iteration": [1.0, None]}
+             for r in ratios["iteration_time_ns"]]
+    for i in range(2):
+        pairs[i]["device_bytes_per_iteration"] = [1.3, None]
+    ratios["device_bytes_per_iteration"] = sorted([1.0] * 38 + [1.3, 1.3])
+    cal = {"pair_metrics": pairs, "metrics": {m: {"aa_worse_ratios": sorted(r)} for m, r in ratios.items()}}
+    th = C.Thresholds.default()
+    assert quiet_share(pairs, th) == pytest.approx(36 / 40)
+    sug, q, share = suggest(cal, th)
+    assert (q, share) == (0.975, 39 / 40)
+    assert sug.per_metric["iteration_time_ns"] == 0.51 and sug.per_metric["device_bytes_per_iteration"] == 0.3
+    # a test's p-value above alpha keeps a pair quiet whatever its ratio
+    assert quiet_share([{"iteration_time_ns": [3.0, 0.2]}], th) == 1.0
+    assert quiet_share([{"iteration_time_ns": [None, None]}], th) == 0.0  # infinitely worse, no test
+
+
+def test_calibrate_only_the_groups_asked_for(tmp_path):
+    from moetrace.reports.check import calibrate
+
+    aa = _identical(tmp_path, 2)
+    assert calibrate(aa, only=["128MiB"])["pairs"] == 2
+    with pytest.raises(InputError, match="no group of identical cells matches 6.1-"):
+        calibrate(aa, only=["6.1-*"])
+    r = subprocess.run([sys.executable, "-m", "moetrace.cli", "calibrate", str(aa), "--only", "12*", "--json"],
+                       capture_output=True, text=True)
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and doc["only"] == ["12*"] and doc["suggested"]["quiet_share"] == 1.0

@@ -15,8 +15,11 @@ from moetrace.cli.common import emit_json
               help="The thresholds to calibrate (TOML, as `check --thresholds`); default: check's own.")
 @click.option("--write-thresholds", "write_path", type=click.Path(dir_okay=False), default=None,
               help="Write a thresholds TOML that keeps 95 % of these A/A pairs quiet, for `check --thresholds`.")
+@click.option("--only", "only", multiple=True, metavar="GLOB",
+              help="Only the groups whose label matches (repeatable): calibrate on one half of a matrix "
+                   "(--only '6.12-*') and try the thresholds on the other (--thresholds).")
 @click.option("--json", "as_json", is_flag=True, help="Print the calibration as JSON.")
-def calibrate(path, thresholds_path, write_path, as_json):
+def calibrate(path, thresholds_path, write_path, only, as_json):
     """Pair every two identical cells of PATH (a `lab matrix` directory: the repeats of each
     kernel x MGLRU x mechanism x C; a sweep: the cells of one capacity; or a directory of
     identical cells) and check each pair both ways round as one cell a side, as a kernel
@@ -27,16 +30,21 @@ def calibrate(path, thresholds_path, write_path, as_json):
     trust calls none: >= 95 % of pairs quiet), the A/A ratio's 95th percentile (the threshold
     that keeps 95 % quiet), the spread between repeats and from it the smallest change a check
     of 3 repeats a side detects (80 % power, alpha 0.05).
+    The suggested thresholds put each metric at the lowest A/A quantile (95th, 97.5th, 99th,
+    largest) that keeps >= 97.5 % of the pairs quiet together; try them out of sample.
     Example:
-      moetrace calibrate /var/tmp/matrix --write-thresholds lab-thresholds.toml
+      moetrace calibrate /var/tmp/matrix --only '6.12-*' --write-thresholds lab-thresholds.toml
+      moetrace calibrate /var/tmp/matrix --only '6.1-*' --thresholds lab-thresholds.toml
       moetrace check base-cell cand-cell --thresholds lab-thresholds.toml
     """
     from moetrace.analyses.compare import load_thresholds
     from moetrace.reports.check import calibrate as run_calibration
-    from moetrace.reports.check import suggested_thresholds
+    from moetrace.reports.check import suggest, suggested_thresholds
 
     th = load_thresholds(thresholds_path)
-    cal = run_calibration(path, th)
+    cal = run_calibration(path, th, list(only))
+    sug, q, share = suggest(cal, th)
+    cal["suggested"] = {"quantile": q, "quiet_share": share, "thresholds": sug.per_metric}
     if write_path:
         tmp = f"{write_path}.tmp"
         with open(tmp, "w") as fh:
@@ -60,5 +68,7 @@ def calibrate(path, thresholds_path, write_path, as_json):
         cv = lambda k: "-" if d.get(k) is None else f"{100 * d[k]:.1f}%"  # noqa: E731
         click.echo(f"{g:44s} {d['cells']:5d} {cv('iteration_time_ns_cv'):>8s} "
                    f"{cv('device_bytes_per_iteration_cv'):>9s}")
+    click.echo(f"suggested: each metric at its A/A {100 * q:g}th percentile or the default: "
+               f"{100 * share:.1f} % of these pairs quiet")
     if write_path:
         click.echo(f"thresholds: {write_path}", err=True)
