@@ -75,10 +75,23 @@ def test_cell_window_ages_the_evictions_inside_the_window_and_caches(tmp_path):
     # ages: 2000, 3000 (seq 1 born at 0), 1000, 2000 (seq 2 born at 3 s)
     assert w["eviction_age_ms_median"] == pytest.approx(2000) and w["eviction_age_birth_known_share"] == 1.0
     assert w["pgpgin"] == 1000 and w["generations_born"] == 0
-    assert json.loads((d / "cell" / "window.json").read_text()) == w
+    assert json.loads((d / "cell" / "window.json").read_text()) == {**w, "window_version": R.WINDOW_VERSION}
     (d / "cell" / "run" / "mglru_evictions.parquet").unlink()
     assert R.cell_window(d) == w  # from the cache
     assert R.cell_window(tmp_path / "none") == {}  # a cell that brought nothing back
+
+
+def test_cell_window_leaves_generation_figures_out_with_mglru_off(tmp_path):
+    """With MGLRU off lru_gen still lists generations and folios keep stale generation bits: their
+    ages at eviction and the generations born mean nothing, and are left out."""
+    s = 10 ** 9
+    d = write_cell(tmp_path / "c", [(2 * s, 1, 0, 1), (3 * s, 1, 0, 1)], {1: 0})
+    (d / "cell" / "run" / "manifest.json").write_text(json.dumps({"mglru": {"on": False}}))
+    w = R.cell_window(d)
+    assert w["evicted_pages"] == 2 and w["evictions_per_page"] == 2.0 and w["pgpgin"] == 1000
+    assert not {k for k in w if k.startswith(("eviction_age", "generations_", "live_gen", "oldest_gen"))}
+    (d / "cell" / "window.json").write_text(json.dumps({**w, "eviction_age_ms_median": 1.0}))  # an older cache
+    assert R.cell_window(d) == w
 
 
 def row(mglru: str, mech: str, dev: float, retained=True, **kw) -> dict:

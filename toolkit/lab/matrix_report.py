@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 WINDOW = "window.json"
+#: cell_window's cache is recomputed when its version differs (2: no generation figures with MGLRU off)
+WINDOW_VERSION = 2
 VMSTAT_KEYS = ("pgscan_kswapd", "pgsteal_kswapd", "pgscan_direct", "pgsteal_direct", "workingset_refault_file",
                "workingset_activate_file", "workingset_restore_file", "pgpgin")
 
@@ -66,11 +68,20 @@ def generations_window(pre: dict[str, Any], post: dict[str, Any], memcg_path: st
             "live_generations": b[1] - b[0] + 1}
 
 
+def mglru_was_on(run_dir: Path) -> bool | None:
+    """The recording's MGLRU state (its manifest's ``mglru.on``); None when unknown."""
+    try:
+        return (json.loads((run_dir / "manifest.json").read_text()).get("mglru") or {}).get("on")
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
 def eviction_ages_window(run_dir: Path, t0_ns: int, t1_ns: int, reuse_inputs=None) -> dict[str, Any]:
     """The pool evictions the mglru probe recorded between t0 and t1 (CLOCK_MONOTONIC, as the
     snapshots): count, distinct pages, the age of the generation each came from, and with
     ``reuse_inputs`` (the replay's iteration log, the plan's accesses, the LRU budget) why each
-    page was read again (analyses.eviction_reuse)."""
+    page was read again (analyses.eviction_reuse). With MGLRU off the generation figures are
+    left out: the folios' generation bits and lru_gen's sequence numbers are not maintained."""
     import pandas as pd
 
     from moetrace.analyses.age import compute_eviction_ages
@@ -83,16 +94,22 @@ def eviction_ages_window(run_dir: Path, t0_ns: int, t1_ns: int, reuse_inputs=Non
     out: dict[str, Any] = {"evicted_pages": int(len(ev))}
     if ev.empty:
         return out
-    lru_gen = pd.read_parquet(gen_path)
+    generations = mglru_was_on(run_dir) is not False
+    lru_gen = pd.read_parquet(gen_path) if generations else None
     if reuse_inputs is not None:
-        from moetrace.analyses.eviction_reuse import compute_eviction_reuse_generations, summarize_eviction_reuse
+        from moetrace.analyses import eviction_reuse as R
 
-        out.update(summarize_eviction_reuse(compute_eviction_reuse_generations(ev, *reuse_inputs, lru_gen)))
+        reuse = (R.compute_eviction_reuse_generations(ev, *reuse_inputs, lru_gen) if generations else
+                 R.compute_eviction_reuse(ev, reuse_inputs[0], reuse_inputs[1].iteration,
+                                          reuse_inputs[1].expert_id, reuse_inputs[2]))
+        out.update(R.summarize_eviction_reuse(reuse))
+    distinct = int(ev[["ino", "page_index"]].drop_duplicates().shape[0])
+    out.update(distinct_evicted_pages=distinct, evictions_per_page=len(ev) / distinct)
+    if not generations:
+        return out
     ages = compute_eviction_ages(ev, lru_gen)["age_ms"].astype("float64")
     known = ages.dropna()
-    distinct = int(ev[["ino", "page_index"]].drop_duplicates().shape[0])
-    out.update(distinct_evicted_pages=distinct, evictions_per_page=len(ev) / distinct,
-               eviction_age_birth_known_share=float(len(known) / len(ages)))
+    out["eviction_age_birth_known_share"] = float(len(known) / len(ages))
     if len(known):
         out.update(eviction_age_ms_p10=float(known.quantile(0.1)), eviction_age_ms_median=float(known.median()),
                    eviction_age_ms_p90=float(known.quantile(0.9)))
@@ -133,7 +150,9 @@ def cell_window(cell_dir: str | os.PathLike) -> dict[str, Any]:
     cache = cdir / WINDOW
     if cache.exists():
         try:
-            return json.loads(cache.read_text())
+            cached = json.loads(cache.read_text())
+            if cached.pop("window_version", None) == WINDOW_VERSION:
+                return cached
         except (OSError, json.JSONDecodeError):
             pass
     try:
@@ -143,14 +162,16 @@ def cell_window(cell_dir: str | os.PathLike) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError):
         return {}
     memcg = "/" + Path((cell.get("scope") or {}).get("path") or "/").name
-    out = {**vmstat_window(pre, post), **generations_window(pre, post, memcg)}
+    out = vmstat_window(pre, post)
+    if mglru_was_on(cdir / "run") is not False:
+        out.update(generations_window(pre, post, memcg))
     out.update(eviction_ages_window(cdir / "run", int(pre["monotonic_ns"]), int(post["monotonic_ns"]),
                                     _reuse_inputs(cdir, cell)))
     n = cell.get("measured_iterations")
     if n and "evicted_pages" in out:
         out["evicted_bytes_per_iteration"] = out["evicted_pages"] * 4096 / n
     tmp = cache.with_name(WINDOW + ".tmp")
-    tmp.write_text(json.dumps(out, indent=1) + "\n")
+    tmp.write_text(json.dumps({**out, "window_version": WINDOW_VERSION}, indent=1) + "\n")
     os.replace(tmp, cache)
     return out
 
