@@ -86,8 +86,12 @@ def test_cell_window_leaves_generation_figures_out_with_mglru_off(tmp_path):
     ages at eviction and the generations born mean nothing, and are left out."""
     s = 10 ** 9
     d = write_cell(tmp_path / "c", [(2 * s, 1, 0, 1), (3 * s, 1, 0, 1)], {1: 0})
-    (d / "cell" / "run" / "manifest.json").write_text(json.dumps({"mglru": {"on": False}}))
+    (d / "cell" / "run" / "manifest.json").write_text(json.dumps({"mglru": {"on": False},
+                                                                 "totals": {"experts_added_pages": 250}}))
+    (d / "cell" / "run" / "snapshots.json").write_text(json.dumps({"pre": {"vmstat": {"pgpgin": 10}},
+                                                                   "post": {"vmstat": {"pgpgin": 1010}}}))
     w = R.cell_window(d)
+    assert (w["experts_added_pages"], w["recording_pgpgin_kib"], w["added_pages_equal_pgpgin"]) == (250, 1000, True)
     assert w["evicted_pages"] == 2 and w["evictions_per_page"] == 2.0 and w["pgpgin"] == 1000
     assert not {k for k in w if k.startswith(("eviction_age", "generations_", "live_gen", "oldest_gen"))}
     (d / "cell" / "window.json").write_text(json.dumps({**w, "eviction_age_ms_median": 1.0}))  # an older cache
@@ -103,14 +107,15 @@ def row(mglru: str, mech: str, dev: float, retained=True, **kw) -> dict:
 def test_summary_takes_medians_over_retained_repeats_and_draws_fig3(tmp_path):
     rows = [row("on", "balloon0.81", 9e6, sts=2.5), row("on", "balloon0.81", 8e6, sts=2.4),
             row("on", "balloon0.81", 1e9, retained=False), row("off", "balloon0.81", 4.2e6),
-            row("on", "cgroup", 4.1e6), row("off", "cgroup", 4.0e6)]
+            row("on", "cgroup", 4.1e6), row("off", "cgroup", 4.0e6, added_pages_equal_pgpgin=True)]
     summ = {(s["mglru"], s["mechanism"]): s for s in R.summarize(rows)}
     b = summ[("on", "balloon0.81")]
     assert (b["cells"], b["retained"]) == (3, 2)
     assert b["device_bytes_per_iteration_median"] == 8.5e6 and b["device_bytes_per_iteration_max"] == 9e6
     assert b["scan_to_steal_median"] == pytest.approx(2.45) and b["eviction_age_ms_median_median"] is None
+    assert b["added_pages_equal_pgpgin"] == 0 and summ[("off", "cgroup")]["added_pages_equal_pgpgin"] == 1
     md = R.summary_markdown(R.summarize(rows))
-    assert md.count("\n") == 2 + 4 and "| 6.12 | on | balloon0.81 | - | - | 2/3 | 8.50 (8.00-9.00) | 4.00 | 2.12" in md
+    assert md.count("\n") == 2 + 4 and "| 6.12 | on | balloon0.81 | - | - | - | 2/3 | 8.50 (8.00-9.00) | 4.00 | 2.12" in md
     paths = R.write_summary(tmp_path, rows)
     assert paths["fig3"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(pd.read_csv(paths["csv"])) == 4 and not list(tmp_path.glob("*.tmp*"))
@@ -146,3 +151,23 @@ def test_cell_window_says_why_pages_were_read_again_from_the_plan_and_the_log(tm
     assert (w["evicted_pages"], w["reread_pages"], w["excess_pages"]) == (2, 2, 2)  # 3 others < 4: LRU keeps it
     assert w["excess_share_of_rereads"] == 1.0 and w["reread_iterations_since_access_median"] == 1.0
     assert w["evicted_from_oldest_share"] == 1.0
+
+
+def test_pool_resident_sums_added_less_evicted_from_the_recordings_start(tmp_path):
+    """Epoch 0 setup, 1-2 warm-up, 3-5 measured, 6 after: resident at the end of 3, 4, 5 is
+    300, 250, 260 pages (one expert row per epoch and a file row that does not count)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    pd.DataFrame({"epoch": range(7), "phase": ["setup", "warmup", "warmup", "measured", "measured", "measured",
+                                               "after"]}).to_parquet(run / "epochs.parquet")
+    rows = [(1, 200, 0), (2, 150, 50), (3, 0, 0), (4, 10, 60), (5, 20, 10), (6, 0, 260)]
+    df = pd.DataFrame({"epoch": [r[0] for r in rows], "kind": "expert", "added_pages": [r[1] for r in rows],
+                       "evicted_pages": [r[2] for r in rows]})
+    other = pd.DataFrame({"epoch": [3], "kind": "file", "added_pages": [999], "evicted_pages": [0]})
+    pd.concat([df, other]).to_parquet(run / "expert_epochs.parquet")
+    r = R.pool_resident(run)
+    assert r == {"pool_resident_bytes": 260 * 4096.0, "pool_resident_bytes_min": 250 * 4096,
+                 "pool_resident_bytes_max": 300 * 4096}
+    df.loc[0, "added_pages"] = 0  # evicted before it was added: resident at the start, unknown
+    df.to_parquet(run / "expert_epochs.parquet")
+    assert R.pool_resident(run) == {} and R.pool_resident(tmp_path / "none") == {}

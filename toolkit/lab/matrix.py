@@ -490,6 +490,10 @@ def matrix_rows(out: str | os.PathLike) -> list[dict[str, Any]]:
         row["locked_fraction"] = locked_fraction(res)
         row["host_wall_s"] = lab.get("host_wall_s")
         row.update(cell_window(out / c["dir"]) if res else {})
+        res_bytes = row.get("pool_resident_bytes")
+        at = at_effective_capacity(res, None if res_bytes is None else int(res_bytes), curve)
+        row["miss_bytes_per_iteration_at_resident"] = at["miss_bytes_per_iteration_at_effective"]
+        row["amplification_at_resident"] = at["amplification_at_effective"]
         rows.append(row)
     return rows
 

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 WINDOW = "window.json"
-#: cell_window's cache is recomputed when its version differs (2: no generation figures with MGLRU off)
+#: cell_window's cache is recomputed when its version differs (2: no generation figures with MGLRU
+#: off, the pgpgin oracle, the pool's resident bytes)
 WINDOW_VERSION = 2
 VMSTAT_KEYS = ("pgscan_kswapd", "pgsteal_kswapd", "pgscan_direct", "pgsteal_direct", "workingset_refault_file",
                "workingset_activate_file", "workingset_restore_file", "pgpgin")
@@ -66,6 +67,44 @@ def generations_window(pre: dict[str, Any], post: dict[str, Any], memcg_path: st
         return {}
     return {"generations_born": b[1] - a[1], "generations_left": b[0] - a[0], "oldest_generation_age_ms": b[2],
             "live_generations": b[1] - b[0] + 1}
+
+
+def added_pages_oracle(run_dir: Path) -> dict[str, Any]:
+    """The recording's expert pages added (its manifest's totals) against the guest's own pgpgin
+    (KiB) around it (the run's pre/post snapshots): in a lab guest nothing else reads from a
+    block device, so added x 4 equals pgpgin exactly. {} without the files."""
+    try:
+        man = json.loads((run_dir / "manifest.json").read_text())
+        snaps = json.loads((run_dir / "snapshots.json").read_text())
+        added = int(man["totals"]["experts_added_pages"])
+        pgpgin = int(snaps["post"]["vmstat"]["pgpgin"]) - int(snaps["pre"]["vmstat"]["pgpgin"])
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError):
+        return {}
+    return {"experts_added_pages": added, "recording_pgpgin_kib": pgpgin, "added_pages_equal_pgpgin": added * 4 == pgpgin}
+
+
+def pool_resident(run_dir: Path, page_bytes: int = 4096) -> dict[str, Any]:
+    """The pool pages resident in the page cache at the end of each measured iteration: the
+    recording's expert pages added less evicted, summed from its start (a cell drops caches
+    before it records: nothing of the pool is resident then), as bytes — median, min and max.
+    The capacity the pool really held at steady state, beside nominal C and MemAvailable. {}
+    without the tables, or when the sum goes negative (something was resident at the start)."""
+    import pandas as pd
+
+    try:
+        ep = pd.read_parquet(run_dir / "epochs.parquet", columns=["epoch", "phase"]).set_index("epoch")
+        ee = pd.read_parquet(run_dir / "expert_epochs.parquet", columns=["epoch", "kind", "added_pages", "evicted_pages"])
+    except (OSError, ValueError, KeyError):
+        return {}
+    ee = ee[ee["kind"] == "expert"]
+    net = (ee["added_pages"].astype("int64") - ee["evicted_pages"].astype("int64")).groupby(ee["epoch"]).sum()
+    resident = net.reindex(ep.index.sort_values(), fill_value=0).cumsum()
+    measured = resident[ep["phase"].reindex(resident.index) == "measured"]
+    if measured.empty or int(resident.min()) < 0:
+        return {}
+    return {"pool_resident_bytes": float(measured.median()) * page_bytes,
+            "pool_resident_bytes_min": int(measured.min()) * page_bytes,
+            "pool_resident_bytes_max": int(measured.max()) * page_bytes}
 
 
 def mglru_was_on(run_dir: Path) -> bool | None:
@@ -162,7 +201,7 @@ def cell_window(cell_dir: str | os.PathLike) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError):
         return {}
     memcg = "/" + Path((cell.get("scope") or {}).get("path") or "/").name
-    out = vmstat_window(pre, post)
+    out = {**vmstat_window(pre, post), **added_pages_oracle(cdir / "run"), **pool_resident(cdir / "run")}
     if mglru_was_on(cdir / "run") is not False:
         out.update(generations_window(pre, post, memcg))
     out.update(eviction_ages_window(cdir / "run", int(pre["monotonic_ns"]), int(post["monotonic_ns"]),
@@ -178,8 +217,8 @@ def cell_window(cell_dir: str | os.PathLike) -> dict[str, Any]:
 
 #: the summary's figures: median and range over a group's retained cells
 SUMMARY_FIGURES = ("device_bytes_per_iteration", "amplification", "amplification_at_effective", "scan_to_steal",
-                   "iteration_time_median_ns",
-                   "effective_capacity_bytes", "locked_fraction", "evictions_per_page", "eviction_age_ms_median",
+                   "iteration_time_median_ns", "pool_resident_bytes", "amplification_at_resident",
+                   "miss_bytes_per_iteration_at_resident", "effective_capacity_bytes", "locked_fraction", "evictions_per_page", "eviction_age_ms_median",
                    "generations_born", "excess_share_of_rereads", "rereads_evicted_within_one_iteration_share",
                    "evicted_from_oldest_share")
 
@@ -201,7 +240,9 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                              "retained": len(kept),
                              "miss_bytes_per_iteration": next((r["miss_bytes_per_iteration"] for r in kept
                                                                if r.get("miss_bytes_per_iteration") is not None), None),
-                             "pool_fits_any": any(r.get("pool_fits") in (True, "True") for r in kept)}
+                             "pool_fits_any": any(r.get("pool_fits") in (True, "True") for r in kept),
+                             "added_pages_equal_pgpgin": sum(r.get("added_pages_equal_pgpgin") in (True, "True")
+                                                             for r in kept)}
         for f in SUMMARY_FIGURES:
             vals = [float(r[f]) for r in kept if r.get(f) not in (None, "")]
             s[f"{f}_median"] = statistics.median(vals) if vals else None
@@ -217,23 +258,24 @@ def _fmt(v: Any, scale: float = 1.0, digits: int = 2) -> str:
 
 def summary_markdown(summary: list[dict[str, Any]]) -> str:
     """The summary as a Markdown table (MB = 10^6 B, as the paper's GB)."""
-    head = ("| kernel | MGLRU | mechanism | locked | C at loop entry MiB | cells kept | device MB/it (range) | miss MB/it | "
-            "amplification (range) | at C loop entry | scan/steal | evictions/page | eviction age ms | gens born | "
-            "re-reads LRU keeps | re-reads evicted <= 1 it after access | from oldest gen |")
+    head = ("| kernel | MGLRU | mechanism | locked | C at loop entry MiB | pool resident MiB | cells kept | "
+            "device MB/it (range) | miss MB/it | amplification (range) | at C loop entry | at pool resident | scan/steal | evictions/page | eviction age ms | gens born | "
+            "re-reads LRU keeps | re-reads evicted <= 1 it after access | from oldest gen | added x 4 = pgpgin |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for s in summary:
         lines.append(
             f"| {s['kernel']} | {s['mglru']} | {s['mechanism']} | {_fmt(s['locked_fraction_median'])} | "
             f"{_fmt(s['effective_capacity_bytes_median'], 2 ** 20, 0)} | "
-            f"{s['retained']}/{s['cells']} | {_fmt(s['device_bytes_per_iteration_median'], 1e6)} "
+            f"{_fmt(s['pool_resident_bytes_median'], 2 ** 20, 0)} | {s['retained']}/{s['cells']} | {_fmt(s['device_bytes_per_iteration_median'], 1e6)} "
             f"({_fmt(s['device_bytes_per_iteration_min'], 1e6)}-{_fmt(s['device_bytes_per_iteration_max'], 1e6)}) | "
             f"{_fmt(s['miss_bytes_per_iteration'], 1e6)} | {_fmt(s['amplification_median'])} "
             f"({_fmt(s['amplification_min'])}-{_fmt(s['amplification_max'])}) | "
-            f"{_fmt(s['amplification_at_effective_median'])} | {_fmt(s['scan_to_steal_median'])} | "
+            f"{_fmt(s['amplification_at_effective_median'])} | {_fmt(s['amplification_at_resident_median'])} | "
+            f"{_fmt(s['scan_to_steal_median'])} | "
             f"{_fmt(s['evictions_per_page_median'])} | {_fmt(s['eviction_age_ms_median_median'], 1, 0)} | "
             f"{_fmt(s['generations_born_median'], 1, 0)} | {_fmt(s['excess_share_of_rereads_median'])} | "
             f"{_fmt(s['rereads_evicted_within_one_iteration_share_median'])} | "
-            f"{_fmt(s['evicted_from_oldest_share_median'])} |")
+            f"{_fmt(s['evicted_from_oldest_share_median'])} | {s['added_pages_equal_pgpgin']}/{s['retained']} |")
     return "\n".join(lines) + "\n"
 
 
