@@ -171,3 +171,16 @@ def test_pool_resident_sums_added_less_evicted_from_the_recordings_start(tmp_pat
     df.loc[0, "added_pages"] = 0  # evicted before it was added: resident at the start, unknown
     df.to_parquet(run / "expert_epochs.parquet")
     assert R.pool_resident(run) == {} and R.pool_resident(tmp_path / "none") == {}
+
+
+def test_oldest_file_generation_share_is_the_median_over_the_windows_samples():
+    rows = []
+    for sample, t, files in ((0, 1, (0, 10, 30)), (1, 5, (0, 40, 60)), (2, 6, (0, 50, 50)), (3, 20, (0, 1, 99))):
+        rows += [{"time_ns": t, "sample": sample, "memcg_id": 3, "node": 0, "seq": s, "nr_file_pages": f}
+                 for s, f in enumerate(files)]
+    rows.append({"time_ns": 5, "sample": 1, "memcg_id": 1, "node": 0, "seq": 0, "nr_file_pages": 7})
+    g = pd.DataFrame(rows)
+    # inside [2, 10]: samples 1 and 2, oldest generation holding file pages (seq 1): 0.4 and 0.5
+    assert R.oldest_file_generation_share(g, 3, 2, 10) == pytest.approx(0.45)
+    assert R.oldest_file_generation_share(g, 1, 0, 10) == 1.0
+    assert R.oldest_file_generation_share(g, 3, 30, 40) is None

@@ -31,8 +31,8 @@ from typing import Any
 
 WINDOW = "window.json"
 #: cell_window's cache is recomputed when its version differs (2: no generation figures with MGLRU
-#: off, the pgpgin oracle, the pool's resident bytes)
-WINDOW_VERSION = 2
+#: off; 3: the pgpgin oracle, the pool's resident bytes, the file pages' spread over generations)
+WINDOW_VERSION = 3
 VMSTAT_KEYS = ("pgscan_kswapd", "pgsteal_kswapd", "pgscan_direct", "pgsteal_direct", "workingset_refault_file",
                "workingset_activate_file", "workingset_restore_file", "pgpgin")
 
@@ -107,6 +107,20 @@ def pool_resident(run_dir: Path, page_bytes: int = 4096) -> dict[str, Any]:
             "pool_resident_bytes_max": int(measured.max()) * page_bytes}
 
 
+def oldest_file_generation_share(lru_gen, memcg_id: int, t0_ns: int, t1_ns: int) -> float | None:
+    """How the memcg's file pages were spread over its generations while the window ran: the
+    share in the oldest generation holding file pages, median over the lru_gen samples inside
+    the window (1.0: one generation holds them all, and eviction order within it is insertion
+    order refined by tiers, not generation age). None without samples."""
+    g = lru_gen[(lru_gen["memcg_id"] == memcg_id) & (lru_gen["time_ns"] >= t0_ns) & (lru_gen["time_ns"] <= t1_ns)]
+    g = g[g["nr_file_pages"] > 0]
+    if g.empty:
+        return None
+    per = g.groupby(["sample", "node"]).apply(
+        lambda x: x.loc[x["seq"].idxmin(), "nr_file_pages"] / x["nr_file_pages"].sum(), include_groups=False)
+    return float(per.median())
+
+
 def mglru_was_on(run_dir: Path) -> bool | None:
     """The recording's MGLRU state (its manifest's ``mglru.on``); None when unknown."""
     try:
@@ -146,6 +160,8 @@ def eviction_ages_window(run_dir: Path, t0_ns: int, t1_ns: int, reuse_inputs=Non
     out.update(distinct_evicted_pages=distinct, evictions_per_page=len(ev) / distinct)
     if not generations:
         return out
+    memcg = int(ev["memcg_id"].mode().iloc[0]) if "memcg_id" in ev else -1
+    out["file_pages_in_oldest_generation_share"] = oldest_file_generation_share(lru_gen, memcg, t0_ns, t1_ns)
     ages = compute_eviction_ages(ev, lru_gen)["age_ms"].astype("float64")
     known = ages.dropna()
     out["eviction_age_birth_known_share"] = float(len(known) / len(ages))
@@ -219,7 +235,7 @@ def cell_window(cell_dir: str | os.PathLike) -> dict[str, Any]:
 SUMMARY_FIGURES = ("device_bytes_per_iteration", "amplification", "amplification_at_effective", "scan_to_steal",
                    "iteration_time_median_ns", "pool_resident_bytes", "amplification_at_resident",
                    "miss_bytes_per_iteration_at_resident", "effective_capacity_bytes", "locked_fraction", "evictions_per_page", "eviction_age_ms_median",
-                   "generations_born", "excess_share_of_rereads", "rereads_evicted_within_one_iteration_share",
+                   "generations_born", "file_pages_in_oldest_generation_share", "excess_share_of_rereads", "rereads_evicted_within_one_iteration_share",
                    "evicted_from_oldest_share")
 
 
@@ -273,7 +289,8 @@ def summary_markdown(summary: list[dict[str, Any]]) -> str:
             f"{_fmt(s['amplification_at_effective_median'])} | {_fmt(s['amplification_at_resident_median'])} | "
             f"{_fmt(s['scan_to_steal_median'])} | "
             f"{_fmt(s['evictions_per_page_median'])} | {_fmt(s['eviction_age_ms_median_median'], 1, 0)} | "
-            f"{_fmt(s['generations_born_median'], 1, 0)} | {_fmt(s['excess_share_of_rereads_median'])} | "
+            f"{_fmt(s['generations_born_median'], 1, 0)} | {_fmt(s['file_pages_in_oldest_generation_share_median'])} | "
+            f"{_fmt(s['excess_share_of_rereads_median'])} | "
             f"{_fmt(s['rereads_evicted_within_one_iteration_share_median'])} | "
             f"{_fmt(s['evicted_from_oldest_share_median'])} | {s['added_pages_equal_pgpgin']}/{s['retained']} |")
     return "\n".join(lines) + "\n"
