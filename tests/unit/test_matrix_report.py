@@ -184,3 +184,15 @@ def test_oldest_file_generation_share_is_the_median_over_the_windows_samples():
     assert R.oldest_file_generation_share(g, 3, 2, 10) == pytest.approx(0.45)
     assert R.oldest_file_generation_share(g, 1, 0, 10) == 1.0
     assert R.oldest_file_generation_share(g, 3, 30, 40) is None
+
+
+def test_generation_findings_say_where_the_file_pages_sat():
+    on = {"mglru": "on", "generations_born_median": 0, "evicted_from_oldest_share_median": 1.0,
+          "file_pages_in_oldest_generation_share_median": 0.4}
+    on2 = {**on, "file_pages_in_oldest_generation_share_median": 0.85}
+    off = {"mglru": "off", "generations_born_median": None}
+    (text,) = R.generation_findings("6.12", [on, on2, off])
+    assert text == ("6.12, MGLRU on: 0 generations born in the measured windows (2 mechanisms); 100 % of "
+                    "evictions from the oldest generation; the oldest generation held 40-85 % of the memcg's file "
+                    "pages, the rest sat in younger generations that no eviction reached.")
+    assert R.generation_findings("6.12", [off]) == []

@@ -347,6 +347,11 @@ def _pct(v: float | None) -> str:
     return "-" if v is None else f"{100 * v:.0f} %"
 
 
+def _pct_range(vals: list[float]) -> str:
+    lo, hi = _pct(min(vals)), _pct(max(vals))
+    return lo if lo == hi else f"{lo[:-2]}-{hi}"
+
+
 def matrix_findings(summary: list[dict[str, Any]]) -> list[str]:
     """The matrix's answer in words, from its summary: per kernel, which MGLRU x mechanism groups
     read more than AMPLIFIED x their miss demand (with scan-to-steal, and why the pages were read
@@ -383,8 +388,32 @@ def matrix_findings(summary: list[dict[str, Any]]) -> list[str]:
                 r = on["device_bytes_per_iteration_median"] / off["device_bytes_per_iteration_median"]
                 out.append(f"{kernel}, {mech}: MGLRU on read {r:.2f}x what MGLRU off read per iteration "
                            f"({_fmt(on['device_bytes_per_iteration_median'], 1e6)} against "
-                           f"{_fmt(off['device_bytes_per_iteration_median'], 1e6)} MB).")
+                           f"{_fmt(off['device_bytes_per_iteration_median'], 1e6)} MB), holding "
+                           f"{_fmt(on['pool_resident_bytes_median'], 2 ** 20, 0)} against "
+                           f"{_fmt(off['pool_resident_bytes_median'], 2 ** 20, 0)} MiB of the pool resident.")
+        out += generation_findings(kernel, rows)
     return out
+
+
+def generation_findings(kernel: str, rows: list[dict[str, Any]]) -> list[str]:
+    """What the generations did under MGLRU on, in words: generations born in the measured
+    windows, where the evictions came from, and the share of the file pages the oldest
+    generation held (the rest, promoted out of it, never reached eviction)."""
+    on = [s for s in rows if s["mglru"] == "on" and s.get("generations_born_median") is not None]
+    if not on:
+        return []
+    born = sorted({int(s["generations_born_median"]) for s in on})
+    oldest = [s["evicted_from_oldest_share_median"] for s in on if s.get("evicted_from_oldest_share_median") is not None]
+    share = [s["file_pages_in_oldest_generation_share_median"] for s in on
+             if s.get("file_pages_in_oldest_generation_share_median") is not None]
+    text = (f"{kernel}, MGLRU on: {'/'.join(map(str, born))} generations born in the measured windows "
+            f"({len(on)} mechanisms)")
+    if oldest:
+        text += f"; {_pct_range(oldest)} of evictions from the oldest generation"
+    if share:
+        text += (f"; the oldest generation held {_pct_range(share)} of the memcg's file pages, "
+                 f"the rest sat in younger generations that no eviction reached")
+    return [text + "."]
 
 
 def pair_checks(out: str | os.PathLike, thresholds=None) -> list[dict[str, Any]]:
