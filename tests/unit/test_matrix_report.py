@@ -196,3 +196,12 @@ def test_generation_findings_say_where_the_file_pages_sat():
                     "evictions from the oldest generation; the oldest generation held 40-85 % of the memcg's file "
                     "pages, the rest sat in younger generations that no eviction reached.")
     assert R.generation_findings("6.12", [off]) == []
+
+
+def test_lru_dwell_reads_the_lru_probes_histogram(tmp_path):
+    pd.DataFrame({"kind": ["insertion_to_eviction"] * 2 + ["insertion_to_activation"],
+                  "slot": [30, 31, 20], "lo_ns": [2 ** 30, 2 ** 31, 2 ** 20], "hi_ns": [2 ** 31, 2 ** 32, 2 ** 21],
+                  "pages": [10, 30, 7]}).to_parquet(tmp_path / "lru_dwell_histogram.parquet")
+    d = R.lru_dwell(tmp_path)
+    assert d["activated_pages"] == 7 and 2 ** 31 / 1e6 <= d["dwell_at_eviction_ms_p50"] <= 2 ** 32 / 1e6
+    assert R.lru_dwell(tmp_path / "none") == {}

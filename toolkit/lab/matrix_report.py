@@ -31,8 +31,9 @@ from typing import Any
 
 WINDOW = "window.json"
 #: cell_window's cache is recomputed when its version differs (2: no generation figures with MGLRU
-#: off; 3: the pgpgin oracle, the pool's resident bytes, the file pages' spread over generations)
-WINDOW_VERSION = 3
+#: off; 3: the pgpgin oracle, the pool's resident bytes, the file pages' spread over generations;
+#: 4: dwell at eviction and activations)
+WINDOW_VERSION = 4
 VMSTAT_KEYS = ("pgscan_kswapd", "pgsteal_kswapd", "pgscan_direct", "pgsteal_direct", "workingset_refault_file",
                "workingset_activate_file", "workingset_restore_file", "pgpgin")
 
@@ -119,6 +120,26 @@ def oldest_file_generation_share(lru_gen, memcg_id: int, t0_ns: int, t1_ns: int)
     per = g.groupby(["sample", "node"]).apply(
         lambda x: x.loc[x["seq"].idxmin(), "nr_file_pages"] / x["nr_file_pages"].sum(), include_groups=False)
     return float(per.median())
+
+
+def lru_dwell(run_dir: Path) -> dict[str, Any]:
+    """The classic view of why pages left, for MGLRU on and off alike (the lru probe): median
+    insertion-to-eviction dwell over the recording (ms; log2 buckets, within a factor of 2) and
+    the pages activated after insertion. {} without the histogram."""
+    import pandas as pd
+
+    from moetrace.analyses.age import compute_dwell_quantiles
+
+    try:
+        q = compute_dwell_quantiles(pd.read_parquet(run_dir / "lru_dwell_histogram.parquet")).set_index("kind")
+    except (OSError, ValueError, KeyError):
+        return {}
+    out: dict[str, Any] = {}
+    if "insertion_to_eviction" in q.index and pd.notna(q.loc["insertion_to_eviction", "p50_ns"]):
+        out["dwell_at_eviction_ms_p50"] = float(q.loc["insertion_to_eviction", "p50_ns"]) / 1e6
+    if "insertion_to_activation" in q.index:
+        out["activated_pages"] = int(q.loc["insertion_to_activation", "pages"])
+    return out
 
 
 def mglru_was_on(run_dir: Path) -> bool | None:
@@ -217,7 +238,8 @@ def cell_window(cell_dir: str | os.PathLike) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError):
         return {}
     memcg = "/" + Path((cell.get("scope") or {}).get("path") or "/").name
-    out = {**vmstat_window(pre, post), **added_pages_oracle(cdir / "run"), **pool_resident(cdir / "run")}
+    out = {**vmstat_window(pre, post), **added_pages_oracle(cdir / "run"), **pool_resident(cdir / "run"),
+           **lru_dwell(cdir / "run")}
     if mglru_was_on(cdir / "run") is not False:
         out.update(generations_window(pre, post, memcg))
     out.update(eviction_ages_window(cdir / "run", int(pre["monotonic_ns"]), int(post["monotonic_ns"]),
@@ -225,6 +247,8 @@ def cell_window(cell_dir: str | os.PathLike) -> dict[str, Any]:
     n = cell.get("measured_iterations")
     if n and "evicted_pages" in out:
         out["evicted_bytes_per_iteration"] = out["evicted_pages"] * 4096 / n
+    if n and "workingset_activate_file" in out:
+        out["activations_per_iteration"] = out["workingset_activate_file"] / n
     tmp = cache.with_name(WINDOW + ".tmp")
     tmp.write_text(json.dumps({**out, "window_version": WINDOW_VERSION}, indent=1) + "\n")
     os.replace(tmp, cache)
@@ -236,7 +260,7 @@ SUMMARY_FIGURES = ("device_bytes_per_iteration", "amplification", "amplification
                    "iteration_time_median_ns", "pool_resident_bytes", "amplification_at_resident",
                    "miss_bytes_per_iteration_at_resident", "effective_capacity_bytes", "locked_fraction", "evictions_per_page", "eviction_age_ms_median",
                    "generations_born", "file_pages_in_oldest_generation_share", "excess_share_of_rereads", "rereads_evicted_within_one_iteration_share",
-                   "evicted_from_oldest_share")
+                   "evicted_from_oldest_share", "dwell_at_eviction_ms_p50", "activations_per_iteration")
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -276,7 +300,8 @@ def summary_markdown(summary: list[dict[str, Any]]) -> str:
     """The summary as a Markdown table (MB = 10^6 B, as the paper's GB)."""
     head = ("| kernel | MGLRU | mechanism | locked | C at loop entry MiB | pool resident MiB | cells kept | "
             "device MB/it (range) | miss MB/it | amplification (range) | at C loop entry | at pool resident | scan/steal | evictions/page | eviction age ms | gens born | "
-            "re-reads LRU keeps | re-reads evicted <= 1 it after access | from oldest gen | added x 4 = pgpgin |")
+            "re-reads LRU keeps | re-reads evicted <= 1 it after access | from oldest gen | dwell at eviction s | "
+            "activations/it | added x 4 = pgpgin |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for s in summary:
         lines.append(
@@ -292,7 +317,8 @@ def summary_markdown(summary: list[dict[str, Any]]) -> str:
             f"{_fmt(s['generations_born_median'], 1, 0)} | {_fmt(s['file_pages_in_oldest_generation_share_median'])} | "
             f"{_fmt(s['excess_share_of_rereads_median'])} | "
             f"{_fmt(s['rereads_evicted_within_one_iteration_share_median'])} | "
-            f"{_fmt(s['evicted_from_oldest_share_median'])} | {s['added_pages_equal_pgpgin']}/{s['retained']} |")
+            f"{_fmt(s['evicted_from_oldest_share_median'])} | {_fmt(s['dwell_at_eviction_ms_p50_median'], 1e3, 1)} | "
+            f"{_fmt(s['activations_per_iteration_median'], 1, 0)} | {s['added_pages_equal_pgpgin']}/{s['retained']} |")
     return "\n".join(lines) + "\n"
 
 
