@@ -205,3 +205,14 @@ def test_lru_dwell_reads_the_lru_probes_histogram(tmp_path):
     d = R.lru_dwell(tmp_path)
     assert d["activated_pages"] == 7 and 2 ** 31 / 1e6 <= d["dwell_at_eviction_ms_p50"] <= 2 ** 32 / 1e6
     assert R.lru_dwell(tmp_path / "none") == {}
+
+
+def test_mechanisms_in_the_order_of_their_pressure():
+    from moetrace.reports.figures import mechanism_order
+
+    mechs = ["vm-memory", "balloon0.9", "other", "cgroup", "balloon0.74"]
+    assert sorted(mechs, key=mechanism_order) == ["cgroup", "balloon0.74", "balloon0.9", "vm-memory", "other"]
+    rows = [row("off", "vm-memory", 1e6), row("on", "balloon0.9", 1e6), row("off", "cgroup", 1e6),
+            row("on", "cgroup", 1e6)]
+    assert [(s["mechanism"], s["mglru"]) for s in R.summarize(rows)] == [
+        ("cgroup", "on"), ("cgroup", "off"), ("balloon0.9", "on"), ("vm-memory", "off")]

@@ -269,6 +269,8 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ``_max`` (None when no retained cell has it)."""
     import statistics
 
+    from moetrace.reports.figures import mechanism_order
+
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r["kernel"], r["mglru"], r["mechanism_spec"], r["capacity"]), []).append(r)
@@ -289,7 +291,9 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             s[f"{f}_min"] = min(vals) if vals else None
             s[f"{f}_max"] = max(vals) if vals else None
         out.append(s)
-    return out
+    kernels = list(dict.fromkeys(s["kernel"] for s in out))
+    return sorted(out, key=lambda s: (kernels.index(s["kernel"]), mechanism_order(s["mechanism"]), s["capacity"],
+                                      s["mglru"] != "on"))
 
 
 def _fmt(v: Any, scale: float = 1.0, digits: int = 2) -> str:
@@ -360,8 +364,20 @@ def fig3_png(summary: list[dict[str, Any]]) -> bytes:
 
     kernels = list(dict.fromkeys(s["kernel"] for s in summary))
     fig, axes = new_figure(w=4.2 * len(kernels), h=3.6, ncols=len(kernels))
-    for ax, k in zip(axes if len(kernels) > 1 else [axes], kernels):
+    axes = list(axes) if len(kernels) > 1 else [axes]
+    for ax, k in zip(axes, kernels):
         plot_mechanism_matrix(summary, ax, k)
+    top = max(ax.get_ylim()[1] for ax in axes)
+    handles: dict[str, Any] = {}
+    for ax in axes:  # one scale: the kernels side by side; one legend, beside the panels
+        ax.set_ylim(0, top)
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, h)
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
+    if handles:
+        fig.legend(list(handles.values()), list(handles), fontsize=7, loc="outside lower center",
+                   ncols=len(handles), frameon=False)
     return png_bytes(fig)
 
 

@@ -160,14 +160,28 @@ def plot_reclaim_timeline(tl: pd.DataFrame, ax) -> None:
     ax.set_title("Reclaim over time", fontsize=10)
 
 
+def mechanism_order(mech: str) -> tuple:
+    """cgroup, then balloons by their locked fraction, then vm-memory, then anything else."""
+    if mech == "cgroup":
+        return (0, 0.0, mech)
+    if mech.startswith("balloon"):
+        try:
+            return (1, float(mech[len("balloon"):].lstrip(":")), mech)
+        except ValueError:
+            return (1, 1.0, mech)
+    return (2 if mech == "vm-memory" else 3, 0.0, mech)
+
+
 def plot_mechanism_matrix(summary: list[dict], ax, kernel: str) -> None:
     """The paper's Fig. 3 (middle) for one kernel: per mechanism a pair of bars, MGLRU on (left)
     and off (right), the median device MB per iteration over the retained repeats with their
-    range, the simulated miss demand as a dotted tick over the pair, and the median kswapd
-    scan-to-steal over each bar."""
+    range, the simulated miss demand at nominal C as a dotted tick over the pair, a dash on each
+    bar at the miss demand of a global LRU as large as the pool's resident size there, and the
+    median kswapd scan-to-steal over each bar."""
     rows = [s for s in summary if s["kernel"] == kernel]
-    mechs = list(dict.fromkeys(s["mechanism"] for s in rows))
+    mechs = sorted(dict.fromkeys(s["mechanism"] for s in rows), key=mechanism_order)
     colors = {"on": "tab:blue", "off": "tab:orange"}
+    dash = False
     for i, mech in enumerate(mechs):
         for j, state in enumerate(("on", "off")):
             s = next((r for r in rows if r["mechanism"] == mech and r["mglru"] == state), None)
@@ -177,13 +191,18 @@ def plot_mechanism_matrix(summary: list[dict], ax, kernel: str) -> None:
             lo, hi = s["device_bytes_per_iteration_min"] / 1e6, s["device_bytes_per_iteration_max"] / 1e6
             ax.bar(x, y, width=0.36, color=colors[state], label=f"MGLRU {state}" if i == 0 else None)
             ax.errorbar(x, y, yerr=[[y - lo], [hi - y]], color="black", capsize=2, lw=0.8)
+            at_res = s.get("miss_bytes_per_iteration_at_resident_median")
+            if at_res is not None:
+                ax.hlines(at_res / 1e6, x - 0.17, x + 0.17, colors="black", lw=1.6,
+                          label=None if dash else "LRU miss at the resident pool")
+                dash = True
             if s["scan_to_steal_median"] is not None:
                 ax.annotate(f"{s['scan_to_steal_median']:.1f}", (x, hi), ha="center", va="bottom", fontsize=7)
         miss = next((r["miss_bytes_per_iteration"] for r in rows if r["mechanism"] == mech
                      and r["miss_bytes_per_iteration"] is not None), None)
         if miss is not None:
             ax.hlines(miss / 1e6, i - 0.45, i + 0.45, colors="black", linestyles="dotted",
-                      label="miss demand" if i == 0 else None)
+                      label="miss demand at C" if i == 0 else None)
     ax.set_xticks(range(len(mechs)), mechs, rotation=20, fontsize=8)
     ax.set_ylabel("device MB per iteration")
     ax.set_title(f"{kernel} (numbers: kswapd scan/steal)", fontsize=9)
