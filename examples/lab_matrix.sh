@@ -4,8 +4,8 @@
 # balloon locking 74 / 81 / 90 % of the guest, vm-memory (the paper's mem= boot)} x 3 repeats,
 # C = 320 MiB over a 512 MiB pool (1 layer x 512 experts x 1 MiB, 8 per step, 128 steps of a
 # low-reuse trace: simulated miss demand 53 % of the reads), pread replay, 1 warm-up + 2 measured
-# passes, every cell recorded with the default probes. 90 cells, ~150 s each under TCG
-# (measured on 6.12): about 3 h 45 min. Stop it any time (Ctrl-C, or a kill): run the script
+# passes, every cell recorded with the default probes. 90 cells, 84-134 s each under TCG
+# (measured, 6.12 / 6.1 / 7.2): about 2 h 50 min. Stop it any time (Ctrl-C, or a kill): run the script
 # again with the same OUT_DIR and it resumes, keeping every finished cell.
 # Out: OUT_DIR/m/matrix_summary.md (the table), OUT_DIR/m/matrix_fig3.png (Fig. 3),
 # OUT_DIR/m/matrix_cells.csv (a row per cell). `moetrace lab matrix ... --report` rewrites them

@@ -205,6 +205,8 @@ def plot_mechanism_matrix(summary: list[dict], ax, kernel: str) -> None:
                       label="miss demand at C" if i == 0 else None)
     ax.set_xticks(range(len(mechs)), mechs, rotation=20, fontsize=8)
     ax.set_ylabel("device MB per iteration")
-    ax.set_title(f"{kernel} (numbers: kswapd scan/steal)", fontsize=9)
+    release = next((r.get("release") for r in rows if r.get("release")), None)
+    name = kernel if not release or release.startswith(kernel) else f"{kernel}: {release.split('+')[0]}"
+    ax.set_title(f"{name} (numbers: kswapd scan/steal)", fontsize=9)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
