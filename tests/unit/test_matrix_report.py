@@ -116,6 +116,7 @@ def test_summary_takes_medians_over_retained_repeats_and_draws_fig3(tmp_path):
     assert b["scan_to_steal_median"] == pytest.approx(2.45) and b["eviction_age_ms_median_median"] is None
     assert b["added_pages_equal_pgpgin"] == 0 and summ[("off", "cgroup")]["added_pages_equal_pgpgin"] == 1
     md = R.summary_markdown(R.summarize(rows))
+    assert len({line.count("|") for line in md.splitlines()}) == 1  # every row has the header's columns
     assert md.count("\n") == 2 + 4 and "| 6.12 | on | balloon0.81 | - | - | - | 2/3 | 8.50 (8.00-9.00) | 4.00 | 2.12" in md
     paths = R.write_summary(tmp_path, rows)
     assert paths["fig3"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

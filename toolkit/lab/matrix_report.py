@@ -326,8 +326,8 @@ def _fmt(v: Any, scale: float = 1.0, digits: int = 2) -> str:
 def summary_markdown(summary: list[dict[str, Any]]) -> str:
     """The summary as a Markdown table (MB = 10^6 B, as the paper's GB)."""
     head = ("| kernel | MGLRU | mechanism | locked | C at loop entry MiB | pool resident MiB | cells kept | "
-            "device MB/it (range) | miss MB/it | amplification (range) | at C loop entry | at pool resident | scan/steal | evictions/page | eviction age ms | gens born | "
-            "re-reads LRU keeps | re-reads evicted <= 1 it after access | from oldest gen | dwell at eviction s | "
+            "device MB/it (range) | miss MB/it | amplification (range) | at C loop entry | at pool resident | "
+            "scan/steal | evictions/page | eviction age ms | gens born | file pages in oldest gen | re-reads LRU keeps | re-reads evicted <= 1 it after access | from oldest gen | dwell at eviction s | "
             "activations/it | added x 4 = pgpgin |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for s in summary:
