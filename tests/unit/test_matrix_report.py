@@ -242,3 +242,20 @@ def test_the_pgpgin_oracle_allows_the_probe_runs_the_kernel_skipped_and_counted(
     s = R.summarize([row("on", "cgroup", 1e6, added_pages_equal_pgpgin=True),
                      row("on", "cgroup", 1e6, added_pages_equal_pgpgin=False, added_pages_within_skipped_runs=True)])
     assert "| 1/2 (+1 within skipped runs) |" in R.summary_markdown(s)
+
+
+def test_the_cells_memcg_by_path_where_the_eviction_records_carry_none(tmp_path):
+    """7.2's eviction records have memcg_id 0 and no generation: the spread of the file pages is
+    still the cell's memcg's, found in lru_gen by the scope's path."""
+    s = 10 ** 9
+    d = write_cell(tmp_path / "c", [(2 * s, 1, 0, 1), (3 * s, 1, 1, 1)], {1: 0})
+    run = d / "cell" / "run"
+    ev = pd.read_parquet(run / "mglru_evictions.parquet")
+    ev["memcg_id"] = 0
+    ev["seq"] = pd.array([None, None], dtype="Int64")
+    ev.to_parquet(run / "mglru_evictions.parquet")
+    pd.DataFrame({"time_ns": 2 * s, "sample": 0, "memcg_id": 3, "memcg_path": "/moetrace-cell", "node": 0,
+                  "seq": [1, 2], "gen": [1, 2], "age_ms": 0, "birth_ns": [0, s], "nr_anon_pages": 0,
+                  "nr_file_pages": [30, 70], "anon_evicted": False, "file_evicted": False}).to_parquet(
+        run / "lru_gen.parquet")
+    assert R.cell_window(d)["file_pages_in_oldest_generation_share"] == pytest.approx(0.3)

@@ -32,8 +32,9 @@ from typing import Any
 WINDOW = "window.json"
 #: cell_window's cache is recomputed when its version differs (2: no generation figures with MGLRU
 #: off; 3: the pgpgin oracle, the pool's resident bytes, the file pages' spread over generations;
-#: 4: dwell at eviction and activations; 5: the oracle's bounds of skipped probe runs)
-WINDOW_VERSION = 5
+#: 4: dwell at eviction and activations; 5: the oracle's bounds of skipped probe runs; 6: the
+#: cell's memcg by path where the eviction records carry none)
+WINDOW_VERSION = 6
 VMSTAT_KEYS = ("pgscan_kswapd", "pgsteal_kswapd", "pgscan_direct", "pgsteal_direct", "workingset_refault_file",
                "workingset_activate_file", "workingset_restore_file", "pgpgin")
 
@@ -164,7 +165,8 @@ def mglru_was_on(run_dir: Path) -> bool | None:
         return None
 
 
-def eviction_ages_window(run_dir: Path, t0_ns: int, t1_ns: int, reuse_inputs=None) -> dict[str, Any]:
+def eviction_ages_window(run_dir: Path, t0_ns: int, t1_ns: int, reuse_inputs=None,
+                         memcg_path: str | None = None) -> dict[str, Any]:
     """The pool evictions the mglru probe recorded between t0 and t1 (CLOCK_MONOTONIC, as the
     snapshots): count, distinct pages, the age of the generation each came from, and with
     ``reuse_inputs`` (the replay's iteration log, the plan's accesses, the LRU budget) why each
@@ -196,6 +198,10 @@ def eviction_ages_window(run_dir: Path, t0_ns: int, t1_ns: int, reuse_inputs=Non
     if not generations:
         return out
     memcg = int(ev["memcg_id"].mode().iloc[0]) if "memcg_id" in ev else -1
+    if memcg not in set(lru_gen["memcg_id"]) and memcg_path is not None:
+        # the eviction records carry no memcg (7.2: the probe reads none): the cell's own, by path
+        ids = lru_gen.loc[lru_gen["memcg_path"] == memcg_path, "memcg_id"]
+        memcg = int(ids.iloc[0]) if len(ids) else memcg
     out["file_pages_in_oldest_generation_share"] = oldest_file_generation_share(lru_gen, memcg, t0_ns, t1_ns)
     ages = compute_eviction_ages(ev, lru_gen)["age_ms"].astype("float64")
     known = ages.dropna()
@@ -257,7 +263,7 @@ def cell_window(cell_dir: str | os.PathLike) -> dict[str, Any]:
     if mglru_was_on(cdir / "run") is not False:
         out.update(generations_window(pre, post, memcg))
     out.update(eviction_ages_window(cdir / "run", int(pre["monotonic_ns"]), int(post["monotonic_ns"]),
-                                    _reuse_inputs(cdir, cell)))
+                                    _reuse_inputs(cdir, cell), memcg))
     n = cell.get("measured_iterations")
     if n and "evicted_pages" in out:
         out["evicted_bytes_per_iteration"] = out["evicted_pages"] * 4096 / n
