@@ -258,4 +258,8 @@ def test_the_cells_memcg_by_path_where_the_eviction_records_carry_none(tmp_path)
                   "seq": [1, 2], "gen": [1, 2], "age_ms": 0, "birth_ns": [0, s], "nr_anon_pages": 0,
                   "nr_file_pages": [30, 70], "anon_evicted": False, "file_evicted": False}).to_parquet(
         run / "lru_gen.parquet")
-    assert R.cell_window(d)["file_pages_in_oldest_generation_share"] == pytest.approx(0.3)
+    w = R.cell_window(d)
+    assert w["file_pages_in_oldest_generation_share"] == pytest.approx(0.3)
+    # records that name another memcg than the cell's are not trusted for generations
+    assert w["eviction_records_memcg_unmatched"] is True and w["evicted_pages"] == 2
+    assert not {k for k in w if k.startswith("eviction_age") or k == "evicted_from_oldest_share"}

@@ -33,8 +33,8 @@ WINDOW = "window.json"
 #: cell_window's cache is recomputed when its version differs (2: no generation figures with MGLRU
 #: off; 3: the pgpgin oracle, the pool's resident bytes, the file pages' spread over generations;
 #: 4: dwell at eviction and activations; 5: the oracle's bounds of skipped probe runs; 6: the
-#: cell's memcg by path where the eviction records carry none)
-WINDOW_VERSION = 6
+#: cell's memcg by path, eviction records naming another memcg not trusted for generations)
+WINDOW_VERSION = 7
 VMSTAT_KEYS = ("pgscan_kswapd", "pgsteal_kswapd", "pgscan_direct", "pgsteal_direct", "workingset_refault_file",
                "workingset_activate_file", "workingset_restore_file", "pgpgin")
 
@@ -165,6 +165,18 @@ def mglru_was_on(run_dir: Path) -> bool | None:
         return None
 
 
+def _eviction_memcg(ev, lru_gen, memcg_path: str | None) -> tuple[int, bool]:
+    """(the memcg the window's evictions came from, whether their records can be trusted for
+    generations): the records' most common memcg; where the cell's memcg (by path in lru_gen) is
+    known and the records name another, the cell's, untrusted (7.2's records carry memcg 0 or the
+    root, with generations that do not fit)."""
+    memcg = int(ev["memcg_id"].mode().iloc[0]) if "memcg_id" in ev else -1
+    ids = lru_gen.loc[lru_gen["memcg_path"] == memcg_path, "memcg_id"] if memcg_path is not None else []
+    if len(ids) and memcg != int(ids.iloc[0]):
+        return int(ids.iloc[0]), False
+    return memcg, True
+
+
 def eviction_ages_window(run_dir: Path, t0_ns: int, t1_ns: int, reuse_inputs=None,
                          memcg_path: str | None = None) -> dict[str, Any]:
     """The pool evictions the mglru probe recorded between t0 and t1 (CLOCK_MONOTONIC, as the
@@ -186,10 +198,13 @@ def eviction_ages_window(run_dir: Path, t0_ns: int, t1_ns: int, reuse_inputs=Non
         return out
     generations = mglru_was_on(run_dir) is not False
     lru_gen = pd.read_parquet(gen_path) if generations else None
+    memcg, trusted = _eviction_memcg(ev, lru_gen, memcg_path) if generations else (-1, False)
+    if generations and not trusted:
+        out["eviction_records_memcg_unmatched"] = True
     if reuse_inputs is not None:
         from moetrace.analyses import eviction_reuse as R
 
-        reuse = (R.compute_eviction_reuse_generations(ev, *reuse_inputs, lru_gen) if generations else
+        reuse = (R.compute_eviction_reuse_generations(ev, *reuse_inputs, lru_gen) if trusted else
                  R.compute_eviction_reuse(ev, reuse_inputs[0], reuse_inputs[1].iteration,
                                           reuse_inputs[1].expert_id, reuse_inputs[2]))
         out.update(R.summarize_eviction_reuse(reuse))
@@ -197,12 +212,9 @@ def eviction_ages_window(run_dir: Path, t0_ns: int, t1_ns: int, reuse_inputs=Non
     out.update(distinct_evicted_pages=distinct, evictions_per_page=len(ev) / distinct)
     if not generations:
         return out
-    memcg = int(ev["memcg_id"].mode().iloc[0]) if "memcg_id" in ev else -1
-    if memcg not in set(lru_gen["memcg_id"]) and memcg_path is not None:
-        # the eviction records carry no memcg (7.2: the probe reads none): the cell's own, by path
-        ids = lru_gen.loc[lru_gen["memcg_path"] == memcg_path, "memcg_id"]
-        memcg = int(ids.iloc[0]) if len(ids) else memcg
     out["file_pages_in_oldest_generation_share"] = oldest_file_generation_share(lru_gen, memcg, t0_ns, t1_ns)
+    if not trusted:
+        return out
     ages = compute_eviction_ages(ev, lru_gen)["age_ms"].astype("float64")
     known = ages.dropna()
     out["eviction_age_birth_known_share"] = float(len(known) / len(ages))
