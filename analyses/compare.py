@@ -271,7 +271,6 @@ def compute_comparison(base: Sequence[Mapping[str, float | None]], cand: Sequenc
                                       method="percentile", random_state=np.random.default_rng(seed))
                 lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
         thr = th.per_metric.get(m, 0.0)
-        significant = p is None or p < th.alpha
         if m == "refaults_per_iteration" and refaults_differ:
             verdict = "incomparable"
             notes.append(f"refaults_per_iteration not compared: workingset_refault_file counted differently "
@@ -280,9 +279,9 @@ def compute_comparison(base: Sequence[Mapping[str, float | None]], cand: Sequenc
                          f"counts a refault only when its shadow entry is from the oldest generation; 6.5 "
                          f"counts every one (\"Multi-gen LRU: fix workingset accounting\"). Compare "
                          f"rereads_per_iteration (the pagecache probe) or device bytes instead.")
-        elif worse > 1 + thr and significant:
+        elif past_threshold(worse, p, thr, th.alpha):
             verdict = "regression"
-        elif worse < 1 / (1 + thr) and significant:
+        elif past_threshold(1 / worse if worse else math.inf, p, thr, th.alpha):
             verdict = "improvement"
         else:
             verdict = "same"
@@ -308,6 +307,12 @@ def compute_comparison(base: Sequence[Mapping[str, float | None]], cand: Sequenc
     df["lower_is_better"] = pd.array(df["lower_is_better"], dtype="boolean")
     df.attrs["notes"] = notes
     return df
+
+
+def past_threshold(worse: float, p: float | None, threshold: float, alpha: float) -> bool:
+    """A move check names: ``worse`` (> 1: worse) beyond 1 + ``threshold``, and significant (p <
+    alpha, or no test: one value a side)."""
+    return worse > 1 + threshold and (p is None or p < alpha)
 
 
 #: the fewest per-iteration samples a side for the per-iteration test

@@ -94,8 +94,8 @@ def added_pages_oracle(run_dir: Path) -> dict[str, Any]:
     short = pgpgin * 1024 - dev
     gap = int(t["experts_device_read_bytes"]) - added * 4096
     within = (0 <= short <= bio_miss * (4 << 20)) and (-bio_miss * (4 << 20) <= gap <= add_miss * (2 << 20))
-    return {"experts_added_pages": added, "recording_pgpgin_kib": pgpgin, "added_pages_equal_pgpgin": added * 4 == pgpgin,
-            "skipped_add_runs": add_miss, "skipped_bio_runs": bio_miss,
+    return {"experts_added_pages": added, "recording_pgpgin_kib": pgpgin,
+            "added_pages_equal_pgpgin": added * 4 == pgpgin, "skipped_add_runs": add_miss, "skipped_bio_runs": bio_miss,
             "added_pages_within_skipped_runs": bool(within)}
 
 
@@ -109,7 +109,8 @@ def pool_resident(run_dir: Path, page_bytes: int = 4096) -> dict[str, Any]:
 
     try:
         ep = pd.read_parquet(run_dir / "epochs.parquet", columns=["epoch", "phase"]).set_index("epoch")
-        ee = pd.read_parquet(run_dir / "expert_epochs.parquet", columns=["epoch", "kind", "added_pages", "evicted_pages"])
+        ee = pd.read_parquet(run_dir / "expert_epochs.parquet",
+                             columns=["epoch", "kind", "added_pages", "evicted_pages"])
     except (OSError, ValueError, KeyError):
         return {}
     ee = ee[ee["kind"] == "expert"]
@@ -178,12 +179,13 @@ def _eviction_memcg(ev, lru_gen, memcg_path: str | None) -> tuple[int, bool]:
 
 
 def eviction_ages_window(run_dir: Path, t0_ns: int, t1_ns: int, reuse_inputs=None,
-                         memcg_path: str | None = None) -> dict[str, Any]:
+                         memcg_path: str | None = None, mglru_on: bool | None = None) -> dict[str, Any]:
     """The pool evictions the mglru probe recorded between t0 and t1 (CLOCK_MONOTONIC, as the
     snapshots): count, distinct pages, the age of the generation each came from, and with
     ``reuse_inputs`` (the replay's iteration log, the plan's accesses, the LRU budget) why each
     page was read again (analyses.eviction_reuse). With MGLRU off the generation figures are
-    left out: the folios' generation bits and lru_gen's sequence numbers are not maintained."""
+    left out: the folios' generation bits and lru_gen's sequence numbers are not maintained
+    (``mglru_on``: the recording's state, read from its manifest when not given)."""
     import pandas as pd
 
     from moetrace.analyses.age import compute_eviction_ages
@@ -196,7 +198,7 @@ def eviction_ages_window(run_dir: Path, t0_ns: int, t1_ns: int, reuse_inputs=Non
     out: dict[str, Any] = {"evicted_pages": int(len(ev))}
     if ev.empty:
         return out
-    generations = mglru_was_on(run_dir) is not False
+    generations = (mglru_was_on(run_dir) if mglru_on is None else mglru_on) is not False
     lru_gen = pd.read_parquet(gen_path) if generations else None
     memcg, trusted = _eviction_memcg(ev, lru_gen, memcg_path) if generations else (-1, False)
     if generations and not trusted:
@@ -270,12 +272,13 @@ def cell_window(cell_dir: str | os.PathLike) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError):
         return {}
     memcg = "/" + Path((cell.get("scope") or {}).get("path") or "/").name
-    out = {**vmstat_window(pre, post), **added_pages_oracle(cdir / "run"), **pool_resident(cdir / "run"),
-           **lru_dwell(cdir / "run")}
-    if mglru_was_on(cdir / "run") is not False:
+    run = cdir / "run"
+    out = {**vmstat_window(pre, post), **added_pages_oracle(run), **pool_resident(run), **lru_dwell(run)}
+    on = mglru_was_on(run)
+    if on is not False:
         out.update(generations_window(pre, post, memcg))
-    out.update(eviction_ages_window(cdir / "run", int(pre["monotonic_ns"]), int(post["monotonic_ns"]),
-                                    _reuse_inputs(cdir, cell), memcg))
+    out.update(eviction_ages_window(run, int(pre["monotonic_ns"]), int(post["monotonic_ns"]),
+                                    _reuse_inputs(cdir, cell), memcg, on))
     n = cell.get("measured_iterations")
     if n and "evicted_pages" in out:
         out["evicted_bytes_per_iteration"] = out["evicted_pages"] * 4096 / n
@@ -290,9 +293,11 @@ def cell_window(cell_dir: str | os.PathLike) -> dict[str, Any]:
 #: the summary's figures: median and range over a group's retained cells
 SUMMARY_FIGURES = ("device_bytes_per_iteration", "amplification", "amplification_at_effective", "scan_to_steal",
                    "iteration_time_median_ns", "pool_resident_bytes", "amplification_at_resident",
-                   "miss_bytes_per_iteration_at_resident", "effective_capacity_bytes", "locked_fraction", "evictions_per_page", "eviction_age_ms_median",
-                   "generations_born", "file_pages_in_oldest_generation_share", "excess_share_of_rereads", "rereads_evicted_within_one_iteration_share",
-                   "evicted_from_oldest_share", "dwell_at_eviction_ms_p50", "activations_per_iteration")
+                   "miss_bytes_per_iteration_at_resident", "effective_capacity_bytes", "locked_fraction",
+                   "evictions_per_page", "eviction_age_ms_median", "generations_born",
+                   "file_pages_in_oldest_generation_share", "excess_share_of_rereads",
+                   "rereads_evicted_within_one_iteration_share", "evicted_from_oldest_share",
+                   "dwell_at_eviction_ms_p50", "activations_per_iteration")
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -345,14 +350,16 @@ def summary_markdown(summary: list[dict[str, Any]]) -> str:
     """The summary as a Markdown table (MB = 10^6 B, as the paper's GB)."""
     head = ("| kernel | MGLRU | mechanism | locked | C at loop entry MiB | pool resident MiB | cells kept | "
             "device MB/it (range) | miss MB/it | amplification (range) | at C loop entry | at pool resident | "
-            "scan/steal | evictions/page | eviction age ms | gens born | file pages in oldest gen | re-reads LRU keeps | re-reads evicted <= 1 it after access | from oldest gen | dwell at eviction s | "
+            "scan/steal | evictions/page | eviction age ms | gens born | file pages in oldest gen | "
+            "re-reads LRU keeps | re-reads evicted <= 1 it after access | from oldest gen | dwell at eviction s | "
             "activations/it | added x 4 = pgpgin |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for s in summary:
         lines.append(
             f"| {s['kernel']} | {s['mglru']} | {s['mechanism']} | {_fmt(s['locked_fraction_median'])} | "
             f"{_fmt(s['effective_capacity_bytes_median'], 2 ** 20, 0)} | "
-            f"{_fmt(s['pool_resident_bytes_median'], 2 ** 20, 0)} | {s['retained']}/{s['cells']} | {_fmt(s['device_bytes_per_iteration_median'], 1e6)} "
+            f"{_fmt(s['pool_resident_bytes_median'], 2 ** 20, 0)} | {s['retained']}/{s['cells']} | "
+            f"{_fmt(s['device_bytes_per_iteration_median'], 1e6)} "
             f"({_fmt(s['device_bytes_per_iteration_min'], 1e6)}-{_fmt(s['device_bytes_per_iteration_max'], 1e6)}) | "
             f"{_fmt(s['miss_bytes_per_iteration'], 1e6)} | {_fmt(s['amplification_median'])} "
             f"({_fmt(s['amplification_min'])}-{_fmt(s['amplification_max'])}) | "
@@ -486,7 +493,8 @@ def generation_findings(kernel: str, rows: list[dict[str, Any]]) -> list[str]:
     if not on:
         return []
     born = sorted({int(s["generations_born_median"]) for s in on})
-    oldest = [s["evicted_from_oldest_share_median"] for s in on if s.get("evicted_from_oldest_share_median") is not None]
+    oldest = [s["evicted_from_oldest_share_median"] for s in on
+              if s.get("evicted_from_oldest_share_median") is not None]
     share = [s["file_pages_in_oldest_generation_share_median"] for s in on
              if s.get("file_pages_in_oldest_generation_share_median") is not None]
     text = (f"{kernel}, MGLRU on: {'/'.join(map(str, born))} generations born in the measured windows "

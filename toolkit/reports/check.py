@@ -205,10 +205,14 @@ def quiet_share(pair_metrics: list[dict[str, list]], thresholds) -> float:
     threshold with p < alpha (or no test). Mirrors compute_comparison's verdict."""
     if not pair_metrics:
         return 1.0
+    import math
+
+    from moetrace.analyses.compare import past_threshold
+
     quiet = 0
     for pm in pair_metrics:
-        quiet += not any((w is None or w > 1 + thresholds.per_metric.get(m, 0.0))
-                         and (p is None or p < thresholds.alpha) for m, (w, p) in pm.items())
+        quiet += not any(past_threshold(math.inf if w is None else w, p, thresholds.per_metric.get(m, 0.0),
+                                        thresholds.alpha) for m, (w, p) in pm.items())
     return quiet / len(pair_metrics)
 
 
