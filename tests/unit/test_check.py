@@ -238,7 +238,7 @@ def test_one_cell_a_side_tests_its_per_iteration_samples(tmp_path):
 
 
 def test_calibrate_pairs_identical_cells_and_suggests_thresholds(tmp_path):
-    from moetrace.reports.check import calibrate, suggested_thresholds
+    from moetrace.reports.calibration import calibrate, suggested_thresholds
 
     quiet = calibrate(_identical(tmp_path / "q", 3))
     assert (quiet["groups"], quiet["pairs"], quiet["quiet_pairs"]) == (1, 6, 6)
@@ -261,7 +261,7 @@ def test_calibrate_pairs_identical_cells_and_suggests_thresholds(tmp_path):
 
 
 def test_suggest_raises_the_quantile_until_the_pairs_together_are_quiet():
-    from moetrace.reports.check import quiet_share, suggest
+    from moetrace.reports.calibration import quiet_share, suggest
 
     # 40 pairs, two metrics each loud in a different 2 of them (5 % each, 10 % together): the
     # defaults keep 90 % quiet, the 95th percentiles 95 %; the 97.5th all but the loudest (1.6)
@@ -283,7 +283,7 @@ def test_suggest_raises_the_quantile_until_the_pairs_together_are_quiet():
 
 
 def test_calibrate_only_the_groups_asked_for(tmp_path):
-    from moetrace.reports.check import calibrate
+    from moetrace.reports.calibration import calibrate
 
     aa = _identical(tmp_path, 2)
     assert calibrate(aa, only=["128MiB"])["pairs"] == 2

@@ -38,8 +38,8 @@ def calibrate(path, thresholds_path, write_path, only, as_json):
       moetrace check base-cell cand-cell --thresholds lab-thresholds.toml
     """
     from moetrace.analyses.compare import load_thresholds
-    from moetrace.reports.check import calibrate as run_calibration
-    from moetrace.reports.check import suggest, suggested_thresholds
+    from moetrace.reports.calibration import calibrate as run_calibration
+    from moetrace.reports.calibration import suggest, suggested_thresholds
 
     th = load_thresholds(thresholds_path)
     cal = run_calibration(path, th, list(only))

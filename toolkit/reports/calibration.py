@@ -1,0 +1,182 @@
+"""`moetrace calibrate DIR`: what `check` says of identical cells on this machine (A/A pairs),
+the thresholds that keep them quiet, and how those thresholds fare on pairs they were not fitted
+on."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from moetrace.lazyimport import pandas as pd
+
+from moetrace.errors import InputError
+from moetrace.reports.check import load_units
+
+#: (t_{0.975} + t_{0.80}) x sqrt(2 / n) at n = 3 a side (Welch, df ~ 4): the smallest relative change
+#: a check of 3 repeats a side detects with 80 % power at alpha 0.05 is this many coefficients of
+#: variation of the metric between identical cells
+MDE_3 = (2.776 + 0.941) * (2 / 3) ** 0.5
+
+
+def identical_groups(path: str | os.PathLike, only: list[str] | None = None) -> dict[str, list]:
+    """Groups of identical cells (A/A material), {label: [Run, ...]}: a matrix's retained cells by
+    kernel, MGLRU, mechanism and C (their repeats); a sweep's by capacity; else load_units.
+    ``only``: shell patterns on the labels (``6.12-*``); a group is kept when one matches."""
+    import fnmatch
+
+    from moetrace.run.handle import open_run
+
+    p = Path(path)
+    if (p / "matrix.json").is_file():
+        meta = json.loads((p / "matrix.json").read_text())
+        groups: dict[str, list] = {}
+        for c in meta["cells"]:
+            done = p / c["dir"] / "done.json"
+            if not done.is_file() or not json.loads(done.read_text()).get("retained"):
+                continue
+            label = f"{c['condition']}/{c['mechanism']}-{c['capacity_label']}"
+            groups.setdefault(label, []).append(c["dir"])
+        groups = {g: [open_run(p / d / "cell", unrecorded=True) for d in ds] for g, ds in groups.items()
+                  if not only or any(fnmatch.fnmatchcase(g, o) for o in only)}
+    else:
+        groups = {g: rs for g, rs in load_units(p).items()
+                  if not only or any(fnmatch.fnmatchcase(g, o) for o in only)}
+    if only and not groups:
+        raise InputError(f"no group of identical cells matches {', '.join(only)}", path=str(p),
+                         hint="the labels are kernel-mglru-STATE/MECHANISM-C in a matrix (6.12-mglru-on/"
+                              "cgroup-320MiB), the capacity in a sweep (128MiB)")
+    return groups
+
+
+def _pair_metrics(df) -> dict[str, list]:
+    """{metric: [worse ratio, p-value]} of one A/A comparison, what a threshold decides on: worse
+    None when infinitely worse (zero a side), p None when there is no test (one value a side)."""
+    import math
+
+    from moetrace.analyses import compare as C
+
+    out = {}
+    for row in df[df["metric"].isin(list(C.METRICS)) & (df["verdict"] != "incomparable")].itertuples():
+        w, p = row.worse_ratio, row.p_value
+        if pd.isna(w):
+            continue
+        w = float(w) if math.isfinite(float(w)) else None
+        out[row.metric] = [w, None if pd.isna(p) else float(p)]
+    return out
+
+
+def quiet_share(pair_metrics: list[dict[str, list]], thresholds) -> float:
+    """The share of A/A pairs ``thresholds`` keep quiet: none of their metrics worse than 1 + its
+    threshold with p < alpha (or no test). Mirrors compute_comparison's verdict."""
+    if not pair_metrics:
+        return 1.0
+    import math
+
+    from moetrace.analyses.compare import past_threshold
+
+    quiet = 0
+    for pm in pair_metrics:
+        quiet += not any(past_threshold(math.inf if w is None else w, p, thresholds.per_metric.get(m, 0.0),
+                                        thresholds.alpha) for m, (w, p) in pm.items())
+    return quiet / len(pair_metrics)
+
+
+def calibrate(path: str | os.PathLike, thresholds=None, only: list[str] | None = None) -> dict[str, Any]:
+    """Every A/A pair of identical cells (each pair both ways round) checked as a single cell a
+    side: how often `check` says regression (overall and per metric), the A/A ratio's 95th
+    percentile per metric (the threshold that would keep 95 % of pairs quiet), and from the
+    between-repeat spread the smallest change 3 repeats a side detect. ``pair_metrics`` keeps
+    each pair's worse ratios and p-values, to try other thresholds on (quiet_share)."""
+    import itertools
+
+    import numpy as np
+
+    from moetrace.analyses import compare as C
+
+    th = thresholds or C.Thresholds.default()
+    groups = {g: [C.unit_metrics(r) for r in rs] for g, rs in identical_groups(path, only).items() if len(rs) >= 2}
+    if not groups:
+        raise InputError("no two identical cells to pair", path=str(path),
+                         hint="give a matrix or sweep with repeats >= 2, or a directory of identical cells")
+    pair_metrics, per = [], {m: {"pairs": 0, "regressions": 0, "ratios": [], "cvs": []} for m in C.METRICS}
+    by_group = {}
+    for label, units in groups.items():
+        by_group[label] = {"cells": len(units)}
+        for m in C.METRICS:
+            v = np.array([u[m] for u in units if u.get(m) is not None], dtype=float)
+            if len(v) >= 2 and v.mean() > 0:
+                per[m]["cvs"].append(float(v.std(ddof=1) / v.mean()))
+                if m in ("iteration_time_ns", "device_bytes_per_iteration"):
+                    by_group[label][f"{m}_cv"] = float(v.std(ddof=1) / v.mean())
+        for a, b in itertools.permutations(units, 2):
+            df = C.compute_comparison([a], [b], th)
+            pair_metrics.append(_pair_metrics(df))
+            for row in df[df["metric"].isin(list(C.METRICS))].itertuples():
+                d = per[row.metric]
+                d["pairs"] += 1
+                d["regressions"] += row.verdict == "regression"
+                if row.worse_ratio is not None and np.isfinite(float(row.worse_ratio)):
+                    d["ratios"].append(float(row.worse_ratio))
+    metrics = {}
+    for m, d in per.items():
+        if not d["pairs"]:
+            continue
+        r = np.array(d["ratios"])
+        cv = float(np.sqrt(np.mean(np.square(d["cvs"])))) if d["cvs"] else None
+        metrics[m] = {"pairs": d["pairs"], "false_regressions": d["regressions"],
+                      "false_regression_rate": d["regressions"] / d["pairs"], "threshold": th.per_metric.get(m),
+                      "aa_worse_ratio_p95": float(np.percentile(r, 95)) if r.size else None,
+                      "aa_worse_ratios": sorted(d["ratios"]),
+                      "between_repeat_cv": cv, "mde_3_repeats": MDE_3 * cv if cv is not None else None}
+    pairs = len(pair_metrics)
+    quiet = round(quiet_share(pair_metrics, th) * pairs)
+    return {"schema": "moetrace.calibration/1", "path": str(path), "only": list(only or []),
+            "groups": len(groups), "pairs": pairs, "quiet_pairs": quiet, "quiet_share": quiet / pairs,
+            "metrics": metrics, "by_group": by_group, "pair_metrics": pair_metrics}
+
+
+#: the A/A quantiles suggested_thresholds tries, lowest first
+QUANTILES = (0.95, 0.975, 0.99, 1.0)
+#: the share of the calibration's own A/A pairs suggested thresholds keep quiet (above the 95 %
+#: asked of new pairs: a threshold fitted to its sample is optimistic about the next)
+TARGET_QUIET = 0.975
+
+
+def suggest(cal: dict[str, Any], thresholds=None) -> tuple[Any, float, float]:
+    """(Thresholds, quantile, in-sample quiet share): each metric's threshold raised to the lowest
+    A/A quantile of QUANTILES (rounded up to the next percent) at which the pairs together are
+    >= TARGET_QUIET quiet; a metric is one of several a pair can fail on, so its 95th
+    percentile alone keeps fewer than 95 % of pairs quiet."""
+    import math
+
+    import numpy as np
+
+    from moetrace.analyses import compare as C
+
+    th = thresholds or C.Thresholds.default()
+    for q in QUANTILES:
+        per = dict(th.per_metric)
+        for m, d in cal["metrics"].items():
+            r = d.get("aa_worse_ratios") or []
+            if r:
+                per[m] = max(per.get(m, 0.0), math.ceil((float(np.quantile(r, q)) - 1) * 100 - 1e-9) / 100)
+        cand = C.Thresholds(th.alpha, per)
+        share = quiet_share(cal["pair_metrics"], cand)
+        if share >= TARGET_QUIET or q == QUANTILES[-1]:
+            return cand, q, share
+    raise AssertionError("unreachable")
+
+
+def suggested_thresholds(cal: dict[str, Any], thresholds=None) -> str:
+    """A thresholds TOML from a calibration (see suggest)."""
+    th, q, share = suggest(cal, thresholds)
+    only = f" --only {' --only '.join(cal['only'])}" if cal.get("only") else ""
+    lines = [f"# from `moetrace calibrate {cal['path']}{only}`: {cal['pairs']} A/A pairs in {cal['groups']} groups;",
+             f"# each metric at its A/A {100 * q:g}th percentile (or check's default, if higher): "
+             f"{100 * share:.1f} % of these pairs quiet",
+             f"alpha = {th.alpha}"]
+    for m in cal["metrics"]:
+        lines += ["", f"[metrics.{m}]", f"threshold = {th.per_metric[m]:g}"]
+    return "\n".join(lines) + "\n"
