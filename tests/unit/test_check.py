@@ -293,3 +293,53 @@ def test_calibrate_only_the_groups_asked_for(tmp_path):
                        capture_output=True, text=True)
     doc = json.loads(r.stdout)
     assert r.returncode == 0 and doc["only"] == ["12*"] and doc["suggested"]["quiet_share"] == 1.0
+
+
+def test_held_out_fits_thresholds_without_the_pairs_it_tries_them_on():
+    from moetrace.reports.calibration import held_out
+
+    # two groups of 4 identical cells; in b, cell 3 ran 50 % slower: a candidate of b's cell 3 is
+    # 1.5x worse, every other pair the same
+    pms, cells = [], []
+    for g in ("a", "b"):
+        for i in range(4):
+            for j in range(4):
+                if i != j:
+                    pms.append({"iteration_time_ns": [1.5 if (g, j) == ("b", 3) else 1.0, None]})
+                    cells.append([g, i, j])
+    cal = {"pair_metrics": pms, "pair_cells": cells, "by_group": {"a": {"cells": 4}, "b": {"cells": 4}},
+           "splits": [{"group": "b", "base": [0, 1, 2], "cand": [3, 0, 1],
+                       "metrics": {"iteration_time_ns": [1.2, 0.01]}},
+                      {"group": "b", "base": [0, 1, 2], "cand": [1, 2, 3],
+                       "metrics": {"iteration_time_ns": [1.2, 0.2]}}]}
+    ho = held_out(cal, C.Thresholds.default())
+    # leave b out: fitted on a alone (all 1.0: the default 10 %): b's three pairs into cell 3 loud
+    assert ho["groups"] == {"pairs": 24, "quiet": 21, "share": 21 / 24, "loud_by_group": {"b": 3}}
+    # halves {0, 1} / {2, 3}: fitted on the first halves (all 1.0), b's 2 -> 3 is loud; fitted on the
+    # second halves (which hold that 1.5), the first halves' pairs are quiet
+    assert ho["halves"] == {"pairs": 8, "quiet": 7, "share": 7 / 8, "loud_by_group": {"b": 1}}
+    # the cell-level comparisons with b left out: loud only where the test says so (p < alpha)
+    assert ho["splits"] == {"pairs": 2, "quiet": 1, "share": 0.5, "loud_by_group": {"b": 1}}
+    # too few cells for halves: none, and said so
+    small = {**cal, "by_group": {"a": {"cells": 3}, "b": {"cells": 3}},
+             "pair_metrics": [], "pair_cells": [], "splits": []}
+    assert held_out(small)["halves"]["pairs"] == 0 and held_out(small)["halves"]["share"] is None
+
+
+def test_calibrate_compares_three_cells_against_three_in_groups_of_six(tmp_path):
+    from moetrace.reports.calibration import calibrate, held_out
+
+    cal = calibrate(_identical(tmp_path, 6, slow={5: 1.3}))
+    assert cal["pairs"] == 30 and len(cal["pair_cells"]) == 30
+    assert len(cal["splits"]) == 20  # every triple against the first triple of the other three
+    assert all(len(set(s["base"]) | set(s["cand"])) == 6 for s in cal["splits"])
+    slow_side = [s for s in cal["splits"] if 5 in s["cand"]]
+    assert len(slow_side) == 10 and all(s["metrics"]["iteration_time_ns"][0] == pytest.approx(1.0)
+                                        for s in slow_side)  # the median of three: one slow cell moves nothing
+    ho = held_out(cal)
+    assert ho["halves"]["pairs"] == 12 and ho["groups"]["pairs"] == 0  # one group: nothing to leave out
+    r = subprocess.run([sys.executable, "-m", "moetrace.cli", "calibrate", str(tmp_path / "aa")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "3 cells against 3 of the same group (the cell-level test): 20 A/A comparisons, 100.0 % quiet" in r.stdout
+    assert "one group, fitted on every other group: none (needs two groups or more)" in r.stdout

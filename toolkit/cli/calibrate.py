@@ -31,7 +31,10 @@ def calibrate(path, thresholds_path, write_path, only, as_json):
     that keeps 95 % quiet), the spread between repeats and from it the smallest change a check
     of 3 repeats a side detects (80 % power, alpha 0.05).
     The suggested thresholds put each metric at the lowest A/A quantile (95th, 97.5th, 99th,
-    largest) that keeps >= 97.5 % of the pairs quiet together; try them out of sample.
+    largest) that keeps >= 97.5 % of the pairs quiet together. Held out, it says how such
+    thresholds fare on A/A pairs they were not fitted on: one half of each group's repeats (fitted
+    on the other half), one whole group (fitted on the others: a condition never seen), and, in
+    groups of 6 or more, 3 cells against 3 (the cell-level test a check of repeats runs).
     Example:
       moetrace calibrate /var/tmp/matrix --only '6.12-*' --write-thresholds lab-thresholds.toml
       moetrace calibrate /var/tmp/matrix --only '6.1-*' --thresholds lab-thresholds.toml
@@ -39,12 +42,15 @@ def calibrate(path, thresholds_path, write_path, only, as_json):
     """
     from moetrace.analyses.compare import load_thresholds
     from moetrace.reports.calibration import calibrate as run_calibration
-    from moetrace.reports.calibration import suggest, suggested_thresholds
+    from moetrace.reports.calibration import SPLIT_REPEATS, held_out, quiet_share, suggest, suggested_thresholds
 
     th = load_thresholds(thresholds_path)
     cal = run_calibration(path, th, list(only))
     sug, q, share = suggest(cal, th)
     cal["suggested"] = {"quantile": q, "quiet_share": share, "thresholds": sug.per_metric}
+    splits = [s["metrics"] for s in cal["splits"]]
+    cal["split_quiet_share"] = quiet_share(splits, th) if splits else None
+    cal["held_out"] = held_out(cal, th)
     if write_path:
         tmp = f"{write_path}.tmp"
         with open(tmp, "w") as fh:
@@ -70,5 +76,24 @@ def calibrate(path, thresholds_path, write_path, only, as_json):
                    f"{cv('device_bytes_per_iteration_cv'):>9s}")
     click.echo(f"suggested: each metric at its A/A {100 * q:g}th percentile or the default: "
                f"{100 * share:.1f} % of these pairs quiet")
+    if splits:
+        click.echo(f"{SPLIT_REPEATS} cells against {SPLIT_REPEATS} of the same group (the cell-level test): "
+                   f"{len(splits)} A/A comparisons, {100 * cal['split_quiet_share']:.1f} % quiet")
+    _echo_held_out(cal["held_out"])
     if write_path:
         click.echo(f"thresholds: {write_path}", err=True)
+
+
+def _echo_held_out(ho: dict) -> None:
+    click.echo("held out (suggested thresholds fitted without the comparisons they are tried on):")
+    for key, what, need in (("halves", "one half of each group's repeats, fitted on the other", "groups of >= 4 cells"),
+                            ("groups", "one group, fitted on every other group", "two groups or more"),
+                            ("splits", "3 against 3 of one group, fitted on every other group",
+                             "groups of >= 6 cells and two groups or more")):
+        d = ho[key]
+        if not d["pairs"]:
+            click.echo(f"  {what}: none (needs {need})")
+            continue
+        loudest = ", ".join(f"{g} {n}" for g, n in sorted(d["loud_by_group"].items(), key=lambda x: -x[1])[:3])
+        click.echo(f"  {what}: {d['quiet']} of {d['pairs']} quiet ({100 * d['share']:.1f} %)"
+                   + (f"; loud: {loudest}" if loudest else ""))

@@ -67,20 +67,22 @@ def _pair_metrics(df) -> dict[str, list]:
     return out
 
 
-def quiet_share(pair_metrics: list[dict[str, list]], thresholds) -> float:
-    """The share of A/A pairs ``thresholds`` keep quiet: none of their metrics worse than 1 + its
-    threshold with p < alpha (or no test). Mirrors compute_comparison's verdict."""
-    if not pair_metrics:
-        return 1.0
+def loud(pm: dict[str, list], thresholds) -> bool:
+    """Would check call this A/A comparison ({metric: [worse ratio, p-value]}) a regression: a
+    metric worse than 1 + its threshold with p < alpha (or no test). Mirrors compute_comparison."""
     import math
 
     from moetrace.analyses.compare import past_threshold
 
-    quiet = 0
-    for pm in pair_metrics:
-        quiet += not any(past_threshold(math.inf if w is None else w, p, thresholds.per_metric.get(m, 0.0),
-                                        thresholds.alpha) for m, (w, p) in pm.items())
-    return quiet / len(pair_metrics)
+    return any(past_threshold(math.inf if w is None else w, p, thresholds.per_metric.get(m, 0.0), thresholds.alpha)
+               for m, (w, p) in pm.items())
+
+
+def quiet_share(pair_metrics: list[dict[str, list]], thresholds) -> float:
+    """The share of A/A comparisons ``thresholds`` keep quiet (see loud)."""
+    if not pair_metrics:
+        return 1.0
+    return sum(not loud(pm, thresholds) for pm in pair_metrics) / len(pair_metrics)
 
 
 def calibrate(path: str | os.PathLike, thresholds=None, only: list[str] | None = None) -> dict[str, Any]:
@@ -100,7 +102,8 @@ def calibrate(path: str | os.PathLike, thresholds=None, only: list[str] | None =
     if not groups:
         raise InputError("no two identical cells to pair", path=str(path),
                          hint="give a matrix or sweep with repeats >= 2, or a directory of identical cells")
-    pair_metrics, per = [], {m: {"pairs": 0, "regressions": 0, "ratios": [], "cvs": []} for m in C.METRICS}
+    pair_metrics, pair_cells = [], []
+    per = {m: {"pairs": 0, "regressions": 0, "ratios": [], "cvs": []} for m in C.METRICS}
     by_group = {}
     for label, units in groups.items():
         by_group[label] = {"cells": len(units)}
@@ -110,9 +113,10 @@ def calibrate(path: str | os.PathLike, thresholds=None, only: list[str] | None =
                 per[m]["cvs"].append(float(v.std(ddof=1) / v.mean()))
                 if m in ("iteration_time_ns", "device_bytes_per_iteration"):
                     by_group[label][f"{m}_cv"] = float(v.std(ddof=1) / v.mean())
-        for a, b in itertools.permutations(units, 2):
-            df = C.compute_comparison([a], [b], th)
+        for i, j in itertools.permutations(range(len(units)), 2):
+            df = C.compute_comparison([units[i]], [units[j]], th)
             pair_metrics.append(_pair_metrics(df))
+            pair_cells.append([label, i, j])
             for row in df[df["metric"].isin(list(C.METRICS))].itertuples():
                 d = per[row.metric]
                 d["pairs"] += 1
@@ -134,7 +138,32 @@ def calibrate(path: str | os.PathLike, thresholds=None, only: list[str] | None =
     quiet = round(quiet_share(pair_metrics, th) * pairs)
     return {"schema": "moetrace.calibration/1", "path": str(path), "only": list(only or []),
             "groups": len(groups), "pairs": pairs, "quiet_pairs": quiet, "quiet_share": quiet / pairs,
-            "metrics": metrics, "by_group": by_group, "pair_metrics": pair_metrics}
+            "metrics": metrics, "by_group": by_group, "pair_metrics": pair_metrics, "pair_cells": pair_cells,
+            "splits": _repeat_splits(groups, th)}
+
+
+#: repeats a side in the cell-level A/A comparisons (``splits``)
+SPLIT_REPEATS = 3
+
+
+def _repeat_splits(groups: dict[str, list], th) -> list[dict[str, Any]]:
+    """A/A comparisons of SPLIT_REPEATS cells against SPLIT_REPEATS others of the same group (the
+    cell-level test, as a check of repeats runs it), in groups of >= 2 x SPLIT_REPEATS cells:
+    every base triple against the first triple of the cells left, [{"group", "base", "cand",
+    "metrics": {metric: [worse ratio, p-value]}}]."""
+    import itertools
+
+    from moetrace.analyses import compare as C
+
+    k, out = SPLIT_REPEATS, []
+    for label, units in groups.items():
+        if len(units) < 2 * k:
+            continue
+        for base in itertools.combinations(range(len(units)), k):
+            cand = [i for i in range(len(units)) if i not in base][:k]
+            df = C.compute_comparison([units[i] for i in base], [units[i] for i in cand], th)
+            out.append({"group": label, "base": list(base), "cand": cand, "metrics": _pair_metrics(df)})
+    return out
 
 
 #: the A/A quantiles suggested_thresholds tries, lowest first
@@ -180,3 +209,60 @@ def suggested_thresholds(cal: dict[str, Any], thresholds=None) -> str:
     for m in cal["metrics"]:
         lines += ["", f"[metrics.{m}]", f"threshold = {th.per_metric[m]:g}"]
     return "\n".join(lines) + "\n"
+
+
+def _fitted(pair_metrics: list[dict[str, list]], thresholds):
+    """The thresholds suggest() fits to these A/A pairs alone."""
+    ratios: dict[str, list[float]] = {}
+    for pm in pair_metrics:
+        for m, (w, _p) in pm.items():
+            if w is not None:
+                ratios.setdefault(m, []).append(w)
+    sub = {"pair_metrics": pair_metrics, "metrics": {m: {"aa_worse_ratios": sorted(r)} for m, r in ratios.items()}}
+    return suggest(sub, thresholds)[0]
+
+
+def _tally(comparisons: list[tuple[str, bool]]) -> dict[str, Any]:
+    """{"pairs", "quiet", "share", "loud_by_group"} of [(group, loud?)]."""
+    n, noisy = len(comparisons), [g for g, is_loud in comparisons if is_loud]
+    by: dict[str, int] = {}
+    for g in noisy:
+        by[g] = by.get(g, 0) + 1
+    return {"pairs": n, "quiet": n - len(noisy), "share": (n - len(noisy)) / n if n else None, "loud_by_group": by}
+
+
+def held_out(cal: dict[str, Any], thresholds=None) -> dict[str, Any]:
+    """How thresholds fitted to A/A pairs (suggest) fare on pairs they were not fitted on, which
+    is what a new pair of identical cells can expect (in-sample shares are optimistic):
+
+    - ``halves``: each group's cells split by run order into a first and a second half (groups
+      of >= 4 cells); fitted on the pairs within one half of every group, tried on the pairs
+      within the other half, and the other way round;
+    - ``groups``: leave one group out: fitted on every other group's pairs, tried on its pairs
+      (a condition the thresholds never saw: another kernel, MGLRU state or mechanism), in
+      calibrations of two or more groups;
+    - ``splits``: the same leave-one-group-out thresholds tried on the group's cell-level A/A
+      comparisons (SPLIT_REPEATS cells a side; groups of >= 2 x SPLIT_REPEATS cells)."""
+    from moetrace.analyses import compare as C
+
+    th = thresholds or C.Thresholds.default()
+    pms, cells = cal["pair_metrics"], cal["pair_cells"]
+    sizes = {g: d["cells"] for g, d in cal["by_group"].items()}
+
+    def half(g, i):
+        return None if sizes[g] < 4 else int(i >= sizes[g] // 2)
+
+    halves = []
+    for h in (0, 1):
+        fit = _fitted([pm for pm, (g, i, j) in zip(pms, cells) if half(g, i) == h == half(g, j)], th)
+        halves += [(g, loud(pm, fit)) for pm, (g, i, j) in zip(pms, cells)
+                   if half(g, i) == 1 - h == half(g, j)]
+    groups, splits = [], []
+    for g in sizes:
+        others = [pm for pm, c in zip(pms, cells) if c[0] != g]
+        if not others:
+            continue
+        fit = _fitted(others, th)
+        groups += [(g, loud(pm, fit)) for pm, c in zip(pms, cells) if c[0] == g]
+        splits += [(g, loud(s["metrics"], fit)) for s in cal.get("splits", []) if s["group"] == g]
+    return {"halves": _tally(halves), "groups": _tally(groups), "splits": _tally(splits)}
