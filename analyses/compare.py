@@ -245,31 +245,14 @@ def compute_comparison(base: Sequence[Mapping[str, float | None]], cand: Sequenc
         if not len(b) or not len(c):
             continue
         bs, cs = _one_unit_samples(base, m), _one_unit_samples(cand, m)
+        ratio, worse, p, test = compare_values(b, c, lower, bs, cs)
         bm, cm = float(np.median(b)), float(np.median(c))
-        if bm == 0 and cm == 0:
-            ratio = 1.0
-        elif bm == 0:
-            ratio = math.inf
-        else:
-            ratio = cm / bm
-        worse = ratio if lower else (1 / ratio if ratio else math.inf)
-        p = lo = hi = None
-        test = "threshold only (one value a side)"
-        if len(b) < 2 or len(c) < 2:
-            if bs is not None and cs is not None:
-                p = float(stats.mannwhitneyu(cs, bs, alternative="two-sided").pvalue)
-                test = f"per-iteration samples: Mann-Whitney U ({len(bs)} / {len(cs)})"
-        else:
-            test = f"cells: Welch t ({len(b)} / {len(c)})"
-            if np.ptp(b) == 0 and np.ptp(c) == 0:
-                p = 1.0 if bm == cm else 0.0
-            else:
-                p = float(stats.ttest_ind(c, b, equal_var=False).pvalue)
-            if b.mean() > 0:
-                res = stats.bootstrap((c, b), lambda x, y, axis=-1: np.mean(x, axis=axis) / np.mean(y, axis=axis),
-                                      vectorized=True, paired=False, n_resamples=2000, confidence_level=0.95,
-                                      method="percentile", random_state=np.random.default_rng(seed))
-                lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+        lo = hi = None
+        if len(b) >= 2 and len(c) >= 2 and b.mean() > 0:
+            res = stats.bootstrap((c, b), lambda x, y, axis=-1: np.mean(x, axis=axis) / np.mean(y, axis=axis),
+                                  vectorized=True, paired=False, n_resamples=2000, confidence_level=0.95,
+                                  method="percentile", random_state=np.random.default_rng(seed))
+            lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
         thr = th.per_metric.get(m, 0.0)
         if m == "refaults_per_iteration" and refaults_differ:
             verdict = "incomparable"
@@ -307,6 +290,36 @@ def compute_comparison(base: Sequence[Mapping[str, float | None]], cand: Sequenc
     df["lower_is_better"] = pd.array(df["lower_is_better"], dtype="boolean")
     df.attrs["notes"] = notes
     return df
+
+
+def compare_values(b: np.ndarray, c: np.ndarray, lower: bool, bs: np.ndarray | None = None,
+                   cs: np.ndarray | None = None) -> tuple[float, float, float | None, str]:
+    """(ratio of the medians cand / base, worse ratio (> 1: worse, whichever the direction),
+    p-value or None, the test's name) of one metric's values, base ``b`` and candidate ``c``:
+    Welch t over the values with two or more a side; with one a side, Mann-Whitney U over the
+    per-iteration samples ``bs`` / ``cs`` where both are given; else no test."""
+    from scipy import stats
+
+    bm, cm = float(np.median(b)), float(np.median(c))
+    if bm == 0 and cm == 0:
+        ratio = 1.0
+    elif bm == 0:
+        ratio = math.inf
+    else:
+        ratio = cm / bm
+    worse = ratio if lower else (1 / ratio if ratio else math.inf)
+    p, test = None, "threshold only (one value a side)"
+    if len(b) < 2 or len(c) < 2:
+        if bs is not None and cs is not None:
+            p = float(stats.mannwhitneyu(cs, bs, alternative="two-sided").pvalue)
+            test = f"per-iteration samples: Mann-Whitney U ({len(bs)} / {len(cs)})"
+    else:
+        test = f"cells: Welch t ({len(b)} / {len(c)})"
+        if np.ptp(b) == 0 and np.ptp(c) == 0:
+            p = 1.0 if bm == cm else 0.0
+        else:
+            p = float(stats.ttest_ind(c, b, equal_var=False).pvalue)
+    return ratio, worse, p, test
 
 
 def past_threshold(worse: float, p: float | None, threshold: float, alpha: float) -> bool:

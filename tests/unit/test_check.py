@@ -343,3 +343,31 @@ def test_calibrate_compares_three_cells_against_three_in_groups_of_six(tmp_path)
     assert r.returncode == 0, r.stderr
     assert "3 cells against 3 of the same group (the cell-level test): 20 A/A comparisons, 100.0 % quiet" in r.stdout
     assert "one group, fitted on every other group: none (needs two groups or more)" in r.stdout
+    assert "det(3): the smallest change the suggested thresholds name in >= 80 % of the 3-against-3" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "moetrace.cli", "calibrate", str(tmp_path / "aa"), "--json"],
+                       capture_output=True, text=True)
+    doc = json.loads(r.stdout)
+    # one cell of six 30 % slower: more than the 15 % that identical cells would need; no device reads
+    # (a pinned cell): nothing to make worse
+    assert doc["detectable_pct"]["iteration_time_ns"] > 15 and "device_bytes_per_iteration" not in doc["detectable_pct"]
+    assert doc["held_out"]["halves"]["pairs"] == 12 and doc["split_quiet_share"] == 1.0
+
+
+def test_detectable_is_the_smallest_change_named_in_most_cell_level_comparisons():
+    from moetrace.reports.calibration import detectable
+
+    def split(b, c):
+        return {"values": {"device_bytes_per_iteration": [b, c], "iteration_time_ns": [b, c]}}
+
+    # identical values: any change past the threshold is named (no spread: p = 0), the first such
+    # change of CHANGES: > 5 % for device bytes, > 10 % for iteration time
+    quiet = [split([1.0, 1.0, 1.0], [1.0, 1.0, 1.0])] * 5
+    assert detectable(quiet) == {"iteration_time_ns": 15, "device_bytes_per_iteration": 7}
+    # a spread of +-20 % between cells: Welch needs a much larger change
+    noisy = [split([0.8, 1.0, 1.2], [1.2, 0.8, 1.0]), split([1.0, 1.2, 0.8], [0.8, 1.0, 1.2])]
+    d = detectable(noisy)
+    assert d["device_bytes_per_iteration"] > 30 and d["iteration_time_ns"] >= d["device_bytes_per_iteration"]
+    # higher is better (age at eviction): worse means smaller
+    older = [{"values": {"age_at_eviction_p50_ns": [[10.0, 10.0, 10.0], [10.0, 10.0, 10.0]]}}] * 3
+    assert detectable(older) == {"age_at_eviction_p50_ns": 30}  # 1 / (1/1.3) = 1.3 > 1.25
+    assert detectable([]) == {}

@@ -162,7 +162,46 @@ def _repeat_splits(groups: dict[str, list], th) -> list[dict[str, Any]]:
         for base in itertools.combinations(range(len(units)), k):
             cand = [i for i in range(len(units)) if i not in base][:k]
             df = C.compute_comparison([units[i] for i in base], [units[i] for i in cand], th)
-            out.append({"group": label, "base": list(base), "cand": cand, "metrics": _pair_metrics(df)})
+            values = {m: [[units[i][m] for i in base], [units[i][m] for i in cand]] for m in C.METRICS
+                      if all(units[i].get(m) is not None for i in (*base, *cand))}
+            out.append({"group": label, "base": list(base), "cand": cand, "metrics": _pair_metrics(df),
+                        "values": values})
+    return out
+
+
+#: the changes (in %) detectable() makes worse on one side of the cell-level A/A comparisons
+CHANGES = (1, 2, 3, 5, 7, 10, 15, 20, 30, 50, 70, 100, 150, 200, 300)
+#: the share of comparisons that must name a change for it to count as detected
+POWER = 0.8
+
+
+def detectable(splits: list[dict[str, Any]], thresholds=None) -> dict[str, int | None]:
+    """Measured, not modelled: per metric, the smallest change of CHANGES (in %) that check names a
+    regression in >= POWER of the cell-level A/A comparisons when the candidate side is made that
+    much worse (x (1 + change) where lower is better, / (1 + change) where higher is), with its
+    thresholds; None when no change of CHANGES is; no entry where the base is 0 (nothing to scale).
+    The noise is this machine's, between real cells."""
+    import numpy as np
+
+    from moetrace.analyses import compare as C
+
+    th = thresholds or C.Thresholds.default()
+    out: dict[str, int | None] = {}
+    for m, (_unit, lower, _d, _doc) in C.METRICS.items():
+        vals = [s["values"][m] for s in splits if m in s.get("values", {}) and np.median(s["values"][m][0]) > 0]
+        if not vals:
+            continue
+        out[m] = None
+        for pct in CHANGES:
+            f = 1 + pct / 100
+            named = 0
+            for b, c in vals:
+                c = np.asarray(c, dtype=float) * (f if lower else 1 / f)
+                _r, worse, p, _t = C.compare_values(np.asarray(b, dtype=float), c, lower)
+                named += C.past_threshold(worse, p, th.per_metric.get(m, 0.0), th.alpha)
+            if named >= POWER * len(vals):
+                out[m] = pct
+                break
     return out
 
 
