@@ -224,8 +224,12 @@ def _identical(tmp_path, n: int, slow: dict[int, float] | None = None):
 
 
 def test_one_cell_a_side_tests_its_per_iteration_samples(tmp_path):
+    from moetrace.reports.check import ONE_A_SIDE
+
     aa = _identical(tmp_path, 2, slow={1: 1.3})
-    df = next(iter(run_check(aa / "r0", aa / "r1").tables.values()))
+    res = run_check(aa / "r0", aa / "r1")
+    assert ONE_A_SIDE in res.notes  # what one cell a side cannot see, said
+    df = next(iter(res.tables.values()))
     row = df.set_index("metric").loc["iteration_time_ns"]
     assert row["test"].startswith("per-iteration samples: Mann-Whitney U (") and row["p_value"] < 1e-6
     assert row["verdict"] == "regression"
@@ -341,9 +345,12 @@ def test_calibrate_compares_three_cells_against_three_in_groups_of_six(tmp_path)
     r = subprocess.run([sys.executable, "-m", "moetrace.cli", "calibrate", str(tmp_path / "aa")],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+    from moetrace.reports.check import ONE_A_SIDE
+    three = run_check(_identical(tmp_path / "x", 3), _identical(tmp_path / "y", 3))
+    assert three.status == 0 and ONE_A_SIDE not in three.notes  # repeats a side: the cell-level test
     assert "3 cells against 3 of the same group (the cell-level test): 20 A/A comparisons, 100.0 % quiet" in r.stdout
     assert "one group, fitted on every other group: none (needs two groups or more)" in r.stdout
-    assert "det(3): the smallest change the suggested thresholds name in >= 80 % of the 3-against-3" in r.stdout
+    assert "det(3): the smallest change check names (these thresholds) in >= 80 % of the 3-against-3" in r.stdout
     r = subprocess.run([sys.executable, "-m", "moetrace.cli", "calibrate", str(tmp_path / "aa"), "--json"],
                        capture_output=True, text=True)
     doc = json.loads(r.stdout)

@@ -52,7 +52,7 @@ def calibrate(path, thresholds_path, write_path, only, as_json):
     splits = [s["metrics"] for s in cal["splits"]]
     cal["split_quiet_share"] = quiet_share(splits, th) if splits else None
     cal["held_out"] = held_out(cal, th)
-    cal["detectable_pct"] = detectable(cal["splits"], sug) if splits else {}
+    cal["detectable_pct"] = detectable(cal["splits"], th) if splits else {}
     if write_path:
         tmp = f"{write_path}.tmp"
         with open(tmp, "w") as fh:
@@ -80,7 +80,7 @@ def calibrate(path, thresholds_path, write_path, only, as_json):
     click.echo(f"suggested: each metric at its A/A {100 * q:g}th percentile or the default: "
                f"{100 * share:.1f} % of these pairs quiet")
     if splits:
-        click.echo(f"det(3): the smallest change the suggested thresholds name in >= {100 * POWER:.0f} % of the "
+        click.echo(f"det(3): the smallest change check names (these thresholds) in >= {100 * POWER:.0f} % of the "
                    f"{SPLIT_REPEATS}-against-{SPLIT_REPEATS} A/A comparisons made that much worse (measured; "
                    f"mde(3) is the model's, from the spread)")
         click.echo(f"{SPLIT_REPEATS} cells against {SPLIT_REPEATS} of the same group (the cell-level test): "

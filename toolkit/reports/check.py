@@ -109,9 +109,18 @@ def run_check(base: str | os.PathLike, cand: str | os.PathLike, thresholds=None)
         res.tables[name] = df
         res.regressed[name] = C.regressed(df)
         res.notes += [n for n in df.attrs.get("notes", []) if n not in res.notes]
+    if any(len(bg[b]) == 1 or len(cg[c]) == 1 for b, c in pairs):
+        res.notes.append(ONE_A_SIDE)
     if any(res.regressed.values()):
         res.status = REGRESSION
     return res
+
+
+#: said whenever a side has one unit: what a check of one cell a side cannot see
+ONE_A_SIDE = ("one cell a side: the noise between identical cells (boot to boot, run to run) is not measured "
+              "here, and samples within a cell do not see it; trust a regression from one cell a side only "
+              "with thresholds from `moetrace calibrate` on this machine's identical cells, or give 3 repeats a "
+              "side (the cell-level test)")
 
 
 def check_doc(res: CheckResult, base, cand) -> dict[str, Any]:
