@@ -24,7 +24,8 @@
 //       folio of the pool (s_dev = moe_pool_dev): inode, index, its memcg's id and
 //       min_seq[file] (the generation eviction takes from, as the kernel's shadow entry records
 //       it), read through CO-RE relocations: folio->mapping->host, ->i_sb->s_dev,
-//       folio->memcg_data, memcg->id.id, memcg->nodeinfo[0]->lruvec.lrugen.min_seq[1] (node 0)
+//       folio->memcg_data (through its obj_cgroup on 7.x), memcg->id.id (7.x: css.cgroup->kn->id),
+//       memcg->nodeinfo[0]->lruvec.lrugen.min_seq[1] (node 0)
 // The other hooks only count calls.
 //
 // Knobs (read-only globals; moetrace/record/probes/mglru.py declares them): moe_evict_events,
@@ -84,7 +85,7 @@ struct evict_event {
     u64 ino;       // folio->mapping->host->i_ino
     u64 index;     // folio->index (first page of the folio)
     u64 min_seq;   // folio's memcg: nodeinfo[0]->lruvec.lrugen.min_seq[LRU_GEN_FILE]; SEQ_UNKNOWN without
-    u32 memcg_id;  // mem_cgroup->id.id (the lru_gen file's memcg id); 0 without memcg
+    u32 memcg_id;  // the lru_gen file's memcg id: id.id, 7.x cgroup_id() (low 32 bits); 0 without memcg
     u32 tgid;      // who evicted
 };
 
@@ -103,9 +104,25 @@ struct mem_cgroup_per_node___moe {
     struct lruvec___moe lruvec;
 } __attribute__((preserve_access_index));
 struct mem_cgroup___moe {
-    struct mem_cgroup_id id;
+    struct cgroup_subsys_state css;
+    struct mem_cgroup_id id;  // 7.x: struct mem_cgroup_private_id, the same int id
     struct mem_cgroup_per_node___moe *nodeinfo[];
 } __attribute__((preserve_access_index));
+// Since "memcg: ... use the public cgroup IDs" (7.x), id.id is the memcg's private id (swap and
+// workingset records), and lru_gen (debugfs) names a memcg by its cgroup id, cgroup_id(): the
+// kernfs node's id. The type's presence says which one lru_gen prints.
+struct mem_cgroup_private_id___moe {
+    int id;
+};
+// Since "mm: memcontrol: eliminate the problem of dying memory cgroup for LRU folios" (7.x),
+// folio->memcg_data of an LRU folio points to an obj_cgroup, whose memcg is the folio's (the same
+// series added is_root: its presence says which one memcg_data holds). Before, it pointed to the
+// mem_cgroup itself, and to an obj_cgroup only for kmem folios (MEMCG_DATA_KMEM).
+struct obj_cgroup___moe {
+    struct mem_cgroup___moe *memcg;
+    bool is_root;
+} __attribute__((preserve_access_index));
+#define MEMCG_DATA_KMEM___moe 2UL
 
 MOE_ARRAY(stats, u64);          // N_STATS: the one map every load has
 MOE_ARRAY(inc_gen_from, u64);   // GEN_SLOTS
@@ -196,8 +213,13 @@ static __always_inline int ws_eviction(struct folio *folio)
     if (bpf_core_field_exists(folio->memcg_data))
         data = BPF_CORE_READ(folio, memcg_data);
     struct mem_cgroup___moe *memcg = (void *)(data & ~7UL);  // memcg_data: low bits are flags
+    if (memcg && (bpf_core_field_exists(struct obj_cgroup___moe, is_root) || (data & MEMCG_DATA_KMEM___moe)))
+        memcg = BPF_CORE_READ((struct obj_cgroup___moe *)memcg, memcg);
     if (memcg) {
-        e->memcg_id = BPF_CORE_READ(memcg, id.id);
+        if (bpf_core_type_exists(struct mem_cgroup_private_id___moe))
+            e->memcg_id = (u32)BPF_CORE_READ(memcg, css.cgroup, kn, id);  // lru_gen's id: cgroup_id()
+        else
+            e->memcg_id = BPF_CORE_READ(memcg, id.id);
         e->min_seq = memcg_min_seq(memcg);
     }
     bpf_ringbuf_submit(e, 0);

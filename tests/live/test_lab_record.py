@@ -164,6 +164,13 @@ def test_the_newest_debian_kernel_records_the_default_set_with_the_objects_built
     assert mg["kprobe_counts"]["inc_max_seq"] > 0 and mg["eviction_records"]["recorded"] is True
     inc = pd.read_parquet(run / "mglru_inc_gen.parquet")  # the generation field found where the config says
     assert inc["folios"].sum() > 0 and int(inc.loc[inc["from_gen"].isna(), "folios"].sum()) == 0
+    # each eviction record names the folio's memcg (7.x: through the obj_cgroup its memcg_data now
+    # points to) and the generation eviction took it from, as on 6.12
+    g = pd.read_parquet(run / "lru_gen.parquet")
+    lab_id = int(g.loc[g["memcg_path"] == "/lab", "memcg_id"].iloc[0])
+    evs = pd.read_parquet(run / "mglru_evictions.parquet")
+    assert len(evs) > 0 and (evs["memcg_id"] == lab_id).all() and evs["seq"].notna().all(), (
+        lab_id, evs["memcg_id"].value_counts().head(), evs["seq"].isna().sum())
     print(f"\n{rel} lab record: command at {lab['cmd_start_uptime_s']} s guest uptime, replay started "
           f"{m['timings']['command_start_ns'] / 1e9:.1f} s after boot; probes attached in "
           f"{m['timings']['probes_attach_s']:.1f} s; added {t['experts_added_pages']} pages, pgpgin {d['pgpgin']} KiB, "

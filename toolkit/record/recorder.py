@@ -598,6 +598,7 @@ class _Recording:
         self.releaser = release_in_child()
         for r in self.recorders:
             r.ctx.command_start_ns, r.ctx.command_end_ns = self.t_start, self.t_end
+            t1 = time.perf_counter()
             try:
                 r.close()
             except Exception as e:  # noqa: BLE001 - one probe's failure must not lose the others' tables
@@ -606,6 +607,7 @@ class _Recording:
                 continue
             if r.collected and r.name not in EXPERTS_PROBES:
                 self._write_probe(r)  # on disk as soon as drained: a later crash cannot lose them
+            self.manifest["timings"][f"{r.name}_collect_s"] = round(time.perf_counter() - t1, 4)
         _runs_after(dups, self.manifest["bpf_runtime"])
         self.releaser.release()
         self.manifest["detached"] = True
