@@ -348,7 +348,8 @@ def test_calibrate_compares_three_cells_against_three_in_groups_of_six(tmp_path)
     from moetrace.reports.check import ONE_A_SIDE
     three = run_check(_identical(tmp_path / "x", 3), _identical(tmp_path / "y", 3))
     assert three.status == 0 and ONE_A_SIDE not in three.notes  # repeats a side: the cell-level test
-    assert "3 cells against 3 of the same group (the cell-level test): 20 A/A comparisons, 100.0 % quiet" in r.stdout
+    assert "3 cells against 3 of the same group (the cell-level test): 20 A/A comparisons, 20 quiet (100.0 %)" in r.stdout
+    assert "3v3 quiet" in r.stdout and " 20/20 " in r.stdout
     assert "one group, fitted on every other group: none (needs two groups or more)" in r.stdout
     assert "det(3): the smallest change check names (these thresholds) in >= 80 % of the 3-against-3" in r.stdout
     r = subprocess.run([sys.executable, "-m", "moetrace.cli", "calibrate", str(tmp_path / "aa"), "--json"],
@@ -356,8 +357,10 @@ def test_calibrate_compares_three_cells_against_three_in_groups_of_six(tmp_path)
     doc = json.loads(r.stdout)
     # one cell of six 30 % slower: more than the 15 % that identical cells would need; no device reads
     # (a pinned cell): nothing to make worse
-    assert doc["detectable_pct"]["iteration_time_ns"] > 15 and "device_bytes_per_iteration" not in doc["detectable_pct"]
-    assert doc["held_out"]["halves"]["pairs"] == 12 and doc["split_quiet_share"] == 1.0
+    cl = doc["cell_level"]
+    assert cl["detectable_pct"]["iteration_time_ns"] > 15 and "device_bytes_per_iteration" not in cl["detectable_pct"]
+    assert doc["held_out"]["halves"]["pairs"] == 12 and (cl["comparisons"], cl["quiet"]) == (20, 20)
+    assert cl["by_group"]["128MiB"]["comparisons"] == 20  # per group: the noise differs by mechanism
 
 
 def test_detectable_is_the_smallest_change_named_in_most_cell_level_comparisons():

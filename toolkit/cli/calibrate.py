@@ -42,17 +42,14 @@ def calibrate(path, thresholds_path, write_path, only, as_json):
     """
     from moetrace.analyses.compare import load_thresholds
     from moetrace.reports.calibration import calibrate as run_calibration
-    from moetrace.reports.calibration import (POWER, SPLIT_REPEATS, detectable, held_out, quiet_share, suggest,
-                                              suggested_thresholds)
+    from moetrace.reports.calibration import held_out, split_summary, suggest, suggested_thresholds
 
     th = load_thresholds(thresholds_path)
     cal = run_calibration(path, th, list(only))
     sug, q, share = suggest(cal, th)
     cal["suggested"] = {"quantile": q, "quiet_share": share, "thresholds": sug.per_metric}
-    splits = [s["metrics"] for s in cal["splits"]]
-    cal["split_quiet_share"] = quiet_share(splits, th) if splits else None
     cal["held_out"] = held_out(cal, th)
-    cal["detectable_pct"] = detectable(cal["splits"], th) if splits else {}
+    cal["cell_level"] = split_summary(cal, th)
     if write_path:
         tmp = f"{write_path}.tmp"
         with open(tmp, "w") as fh:
@@ -62,6 +59,16 @@ def calibrate(path, thresholds_path, write_path, only, as_json):
     if as_json:
         emit_json(cal)
         return
+    _echo(cal, q, share)
+    _echo_held_out(cal["held_out"])
+    if write_path:
+        click.echo(f"thresholds: {write_path}", err=True)
+
+
+def _echo(cal: dict, q: float, share: float) -> None:
+    from moetrace.reports.calibration import POWER, SPLIT_REPEATS
+
+    cl = cal["cell_level"]
     click.echo(f"{cal['pairs']} A/A pairs in {cal['groups']} groups of identical cells: {cal['quiet_pairs']} "
                f"quiet ({100 * cal['quiet_share']:.0f} %)")
     click.echo(f"{'metric':28s} {'pairs':>5s} {'false':>5s} {'thr':>6s} {'A/A p95':>8s} {'cv':>7s} {'mde(3)':>7s} "
@@ -71,23 +78,26 @@ def calibrate(path, thresholds_path, write_path, only, as_json):
             return "-" if v is None else (f"{100 * v:.1f}%" if pct else f"{v:.3f}")
         click.echo(f"{m:28s} {d['pairs']:5d} {d['false_regressions']:5d} {f(d['threshold'], True):>6s} "
                    f"{f(d['aa_worse_ratio_p95']):>8s} {f(d['between_repeat_cv'], True):>7s} "
-                   f"{f(d['mde_3_repeats'], True):>7s} {_pct(cal['detectable_pct'], m, bool(splits)):>7s}")
-    click.echo(f"{'group of identical cells':44s} {'cells':>5s} {'time cv':>8s} {'device cv':>9s}")
+                   f"{f(d['mde_3_repeats'], True):>7s} {_pct(cl['detectable_pct'], m, bool(cl['comparisons'])):>7s}")
+    click.echo(f"{'group of identical cells':44s} {'cells':>5s} {'time cv':>8s} {'device cv':>9s} "
+               f"{'3v3 quiet':>9s} {'det(3) time':>11s} {'det(3) dev':>10s}")
     for g, d in cal["by_group"].items():
         cv = lambda k: "-" if d.get(k) is None else f"{100 * d[k]:.1f}%"  # noqa: E731
+        sg = cl["by_group"].get(g)
+        q3 = f"{sg['quiet']}/{sg['comparisons']}" if sg else "-"
+        det = sg["detectable_pct"] if sg else {}
         click.echo(f"{g:44s} {d['cells']:5d} {cv('iteration_time_ns_cv'):>8s} "
-                   f"{cv('device_bytes_per_iteration_cv'):>9s}")
+                   f"{cv('device_bytes_per_iteration_cv'):>9s} {q3:>9s} "
+                   f"{_pct(det, 'iteration_time_ns', bool(sg)):>11s} {_pct(det, 'device_bytes_per_iteration', bool(sg)):>10s}")
     click.echo(f"suggested: each metric at its A/A {100 * q:g}th percentile or the default: "
                f"{100 * share:.1f} % of these pairs quiet")
-    if splits:
+    if cl["comparisons"]:
         click.echo(f"det(3): the smallest change check names (these thresholds) in >= {100 * POWER:.0f} % of the "
                    f"{SPLIT_REPEATS}-against-{SPLIT_REPEATS} A/A comparisons made that much worse (measured; "
                    f"mde(3) is the model's, from the spread)")
         click.echo(f"{SPLIT_REPEATS} cells against {SPLIT_REPEATS} of the same group (the cell-level test): "
-                   f"{len(splits)} A/A comparisons, {100 * cal['split_quiet_share']:.1f} % quiet")
-    _echo_held_out(cal["held_out"])
-    if write_path:
-        click.echo(f"thresholds: {write_path}", err=True)
+                   f"{cl['comparisons']} A/A comparisons, {cl['quiet']} quiet "
+                   f"({100 * cl['quiet'] / cl['comparisons']:.1f} %)")
 
 
 def _pct(det: dict, m: str, have: bool) -> str:

@@ -305,3 +305,21 @@ def held_out(cal: dict[str, Any], thresholds=None) -> dict[str, Any]:
         groups += [(g, loud(pm, fit)) for pm, c in zip(pms, cells) if c[0] == g]
         splits += [(g, loud(s["metrics"], fit)) for s in cal.get("splits", []) if s["group"] == g]
     return {"halves": _tally(halves), "groups": _tally(groups), "splits": _tally(splits)}
+
+
+def split_summary(cal: dict[str, Any], thresholds=None) -> dict[str, Any]:
+    """The cell-level A/A comparisons (``splits``) under ``thresholds``, overall and per group:
+    {"comparisons", "quiet", "detectable_pct", "by_group": {label: {"comparisons", "quiet",
+    "detectable_pct"}}}; the noise, and so what 3 repeats detect, differs by mechanism."""
+    def one(splits):
+        return {"comparisons": len(splits), "quiet": sum(not loud(s["metrics"], thresholds) for s in splits),
+                "detectable_pct": detectable(splits, thresholds)}
+
+    from moetrace.analyses import compare as C
+
+    thresholds = thresholds or C.Thresholds.default()
+    splits = cal.get("splits") or []
+    out = one(splits)
+    out["by_group"] = {g: one([s for s in splits if s["group"] == g]) for g in cal["by_group"]
+                       if any(s["group"] == g for s in splits)}
+    return out
