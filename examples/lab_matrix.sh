@@ -16,15 +16,7 @@ set -euo pipefail
 out=${1:-/var/tmp/moetrace-matrix}
 here=$(cd "$(dirname "$0")/.." && pwd)
 mt=${MOETRACE:-$here/.venv/bin/moetrace}
-geo=(--layers 1 --experts 512 --k 8 --expert-bytes 1MiB)
-mkdir -p "$out"
-if [ ! -f "$out/plan.bin" ]; then
-  rm -rf "$out/pool"
-  "$mt" pool create "$out/pool" "${geo[@]}" --layout files
-  "$mt" trace synth --layers 1 --experts 512 --k 8 --steps 128 --zipf 0.6 --reuse 0.02 --reuse-8 0.1 \
-      --reuse-64 0.3 --seed 7 -o "$out/t.jsonl"
-  "$mt" plan compile "$out/t.jsonl" "${geo[@]}" -o "$out/plan.bin"
-fi
+. "$here/examples/lab_inputs.sh"
 cat > "$out/matrix.toml" <<'TOML'
 kernels = ["6.12", "6.1", "newest"]
 mglru = ["on", "off"]

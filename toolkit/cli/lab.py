@@ -194,7 +194,8 @@ def matrix(spec_path, out_dir, resume, dry_run, report_only, as_json):
     if dry_run:
         for c in cells:
             click.echo(f"{c.rel_dir}\tguest memory {M.guest_memory(c, spec) >> 20} MiB")
-        click.echo(f"{len(cells)} cells in {len(spec.kernels) * len(spec.mglru)} conditions", err=True)
+        n = len(spec.kernels) * len(spec.mglru)
+        click.echo(f"{len(cells)} cells in {n} condition{'s' if n != 1 else ''}", err=True)
         return
     if report_only:
         M.check_matrix_dir(out_dir, spec)
