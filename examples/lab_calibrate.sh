@@ -3,7 +3,7 @@
 # lab, then a capacity cut to an eighth that a check must name. The cells are lab_matrix.sh's
 # (C = 320 MiB over a 512 MiB pool, pread, 1 warm-up + 2 measured passes, recorded) on 6.12 and 6.1
 # x MGLRU on/off x {cgroup wall, balloon locking 81 %, vm-memory} x 6 repeats: 72 cells, then 3
-# cells at C = 40 MiB (6.12, MGLRU on, cgroup). 84-134 s each under TCG: about 2 h 10 min.
+# cells at C = 40 MiB (6.12, MGLRU on, cgroup). 59-116 s each under TCG (measured): about 2 h.
 # Six repeats a group give 30 one-cell A/A pairs and 20 comparisons of 3 cells against 3 (the
 # cell-level test of a check of repeats); `calibrate` prints both, the thresholds that keep the
 # pairs quiet and how they fare held out, and det(3): the smallest change 3 repeats detect.
