@@ -158,7 +158,7 @@ def test_the_newest_debian_kernel_records_the_default_set_with_the_objects_built
     # most one folio (order 9: 2 MiB), a skipped bio_queue at most one bio (bounded by 4 MiB here).
     o = added_pages_oracle(run)  # the bounds once, with the matrix report's column
     assert o["added_pages_within_skipped_runs"], o
-    add_miss, bio_miss, dev = o["skipped_add_runs"], o["skipped_bio_runs"], o["device_bytes"]
+    add_miss, bio_miss, dev = o["skipped_add_runs"], o["skipped_bio_runs"], o["recording_device_bytes"]
     assert t["experts_added_pages"] > 0 and t["experts_device_read_bytes"] > 0 and d["pgpgin"] > 0, (t, d)
     assert 0 < m["summaries"]["reclaim"]["reclaimed_pages"] <= d["pgsteal_file"]
     assert mg["kprobe_counts"]["inc_max_seq"] > 0 and mg["eviction_records"]["recorded"] is True

@@ -238,6 +238,8 @@ def test_the_pgpgin_oracle_allows_the_probe_runs_the_kernel_skipped_and_counted(
         return R.added_pages_oracle(d)
     o = run(60)
     assert o["added_pages_equal_pgpgin"] is False and o["added_pages_within_skipped_runs"] is True
+    # merged into a matrix row: none of its keys may shadow the row's own (the measured device_bytes)
+    assert o["recording_device_bytes"] == 1057 * 4096 and "device_bytes" not in o
     assert run(0)["added_pages_within_skipped_runs"] is False
     s = R.summarize([row("on", "cgroup", 1e6, added_pages_equal_pgpgin=True),
                      row("on", "cgroup", 1e6, added_pages_equal_pgpgin=False, added_pages_within_skipped_runs=True)])

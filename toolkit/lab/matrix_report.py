@@ -96,7 +96,7 @@ def added_pages_oracle(run_dir: Path) -> dict[str, Any]:
     within = (0 <= short <= bio_miss * (4 << 20)) and (-bio_miss * (4 << 20) <= gap <= add_miss * (2 << 20))
     return {"experts_added_pages": added, "recording_pgpgin_kib": pgpgin,
             "added_pages_equal_pgpgin": added * 4 == pgpgin, "skipped_add_runs": add_miss, "skipped_bio_runs": bio_miss,
-            "added_pages_within_skipped_runs": bool(within), "device_bytes": dev,
+            "added_pages_within_skipped_runs": bool(within), "recording_device_bytes": dev,
             "pgpgin_bytes_over_device": short, "expert_device_bytes_over_added": gap}
 
 
