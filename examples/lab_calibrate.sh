@@ -16,26 +16,6 @@ out=${1:-/var/tmp/moetrace-calibrate}
 here=$(cd "$(dirname "$0")/.." && pwd)
 mt=${MOETRACE:-$here/.venv/bin/moetrace}
 . "$here/examples/lab_inputs.sh"
-spec() {  # spec NAME KERNELS MGLRU MECHANISMS CAPACITY REPEATS
-  cat > "$out/$1.toml" <<TOML
-kernels = $2
-mglru = $3
-mechanisms = $4
-capacities = ["$5"]
-repeats = $6
-plan = "plan.bin"
-pool = "pool"
-mode = "pagecache"
-warmup = 1
-passes = 2
-timeout = 480
-TOML
-}
-run() {  # run NAME: the matrix of NAME.toml in OUT_DIR/NAME, resumed when it was started before
-  local resume=()
-  [ -f "$out/$1/matrix.json" ] && resume=(--resume)
-  "$mt" lab matrix "$out/$1.toml" --out "$out/$1" "${resume[@]}"
-}
 spec aa '["6.12", "6.1"]' '["on", "off"]' '["cgroup", "balloon:0.81", "vm-memory"]' 320MiB 6
 spec c8 '["6.12"]' '["on"]' '["cgroup"]' 40MiB 3
 run aa

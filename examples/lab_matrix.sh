@@ -17,19 +17,6 @@ out=${1:-/var/tmp/moetrace-matrix}
 here=$(cd "$(dirname "$0")/.." && pwd)
 mt=${MOETRACE:-$here/.venv/bin/moetrace}
 . "$here/examples/lab_inputs.sh"
-cat > "$out/matrix.toml" <<'TOML'
-kernels = ["6.12", "6.1", "newest"]
-mglru = ["on", "off"]
-mechanisms = ["cgroup", "balloon:0.74", "balloon:0.81", "balloon:0.9", "vm-memory"]
-capacities = ["320MiB"]
-repeats = 3
-plan = "plan.bin"
-pool = "pool"
-mode = "pagecache"
-warmup = 1
-passes = 2
-timeout = 480
-TOML
-resume=()
-[ -f "$out/m/matrix.json" ] && resume=(--resume)
-"$mt" lab matrix "$out/matrix.toml" --out "$out/m" "${resume[@]}"
+spec matrix '["6.12", "6.1", "newest"]' '["on", "off"]' \
+    '["cgroup", "balloon:0.74", "balloon:0.81", "balloon:0.9", "vm-memory"]' 320MiB 3
+run matrix m

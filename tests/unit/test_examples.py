@@ -32,16 +32,22 @@ def test_notebook_example(tmp_path):
     assert (tmp_path / "report" / "report.html").is_file()
 
 
-def test_lab_matrix_example_builds_its_inputs_and_spec(tmp_path):
-    """examples/lab_matrix.sh as shipped, its `lab matrix` run with --dry-run (the real one boots
-    90 guests: the live tier runs a two-cell matrix), its pool left out (512 MiB of writes)."""
+def _dry(tmp_path, script: str, out, more: str = ""):
+    """Run examples/SCRIPT OUT through a moetrace shim: `pool create` makes an empty directory (no
+    512 MiB of writes), `lab matrix` runs with --dry-run (no guests), ``more``: other case arms."""
     real = Path(sys.executable).with_name("moetrace")
     shim = tmp_path / "moetrace"
     shim.write_text(f'#!/bin/sh\ncase "$1" in\n  pool) mkdir -p "$3"; exit 0;;\n  lab) exec {real} "$@" --dry-run;;\n'
-                    f'esac\nexec {real} "$@"\n')
+                    f'{more}esac\nexec {real} "$@"\n')
     shim.chmod(0o755)
-    r = subprocess.run(["bash", str(ROOT / "examples" / "lab_matrix.sh"), str(tmp_path / "m")], capture_output=True,
-                       text=True, timeout=300, env=dict(os.environ, MOETRACE=str(shim)))
+    return subprocess.run(["bash", str(ROOT / "examples" / script), str(out)], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, MOETRACE=str(shim)))
+
+
+def test_lab_matrix_example_builds_its_inputs_and_spec(tmp_path):
+    """examples/lab_matrix.sh as shipped, its `lab matrix` run with --dry-run (the real one boots
+    90 guests: the live tier runs a two-cell matrix), its pool left out (512 MiB of writes)."""
+    r = _dry(tmp_path, "lab_matrix.sh", tmp_path / "m")
     assert r.returncode == 0, r.stderr
     assert "90 cells in 6 conditions" in r.stderr and r.stdout.count("cells/") == 90
     assert "cells/7.2-mglru-off/" in r.stdout or "cells/newest-mglru-off/" in r.stdout
@@ -50,14 +56,8 @@ def test_lab_matrix_example_builds_its_inputs_and_spec(tmp_path):
 def test_lab_calibrate_example_makes_its_two_matrices_then_calibrates_and_checks(tmp_path):
     """examples/lab_calibrate.sh as shipped: its `lab matrix` runs dry (the real one boots 75
     guests), then calibrate and check, which a shim records instead of running (no cells)."""
-    real = Path(sys.executable).with_name("moetrace")
     log = tmp_path / "calls"
-    shim = tmp_path / "moetrace"
-    shim.write_text(f'#!/bin/sh\ncase "$1" in\n  pool) mkdir -p "$3"; exit 0;;\n  lab) exec {real} "$@" --dry-run;;\n'
-                    f'  calibrate|check) echo "$@" >> {log}; exit 0;;\nesac\nexec {real} "$@"\n')
-    shim.chmod(0o755)
-    r = subprocess.run(["bash", str(ROOT / "examples" / "lab_calibrate.sh"), str(tmp_path / "c")], capture_output=True,
-                       text=True, timeout=300, env=dict(os.environ, MOETRACE=str(shim)))
+    r = _dry(tmp_path, "lab_calibrate.sh", tmp_path / "c", f'  calibrate|check) echo "$@" >> {log}; exit 0;;\n')
     assert r.returncode == 0, r.stderr
     assert "72 cells in 4 conditions" in r.stderr and "3 cells in 1 condition\n" in r.stderr
     assert r.stdout.count("cells/") == 75 and "check C/8: exit 0" in r.stdout
