@@ -5,6 +5,13 @@ from __future__ import annotations
 from common.lru_probe import *  # noqa: F401,F403
 
 
+def _check_reinserted(e, u, st):
+    """Putbacks: counted per folio in insert_repeated, in pages (>= 1 page a folio) per expert and unattributed."""
+    re_pages = int(e["reinserted_pages"].sum()) + int(u["reinserted_pages"])
+    assert re_pages >= st["insert_repeated"], (re_pages, st)
+    assert (re_pages == 0) == (st["insert_repeated"] == 0), (re_pages, st)
+
+
 @pytest.mark.live
 @pytest.mark.parametrize("layout", ["files", "pool"])
 def test_insertions_equal_additions_then_activations_then_nothing(live, pools, layout, tmp_path):
@@ -42,8 +49,10 @@ def test_insertions_equal_additions_then_activations_then_nothing(live, pools, l
           f"{int(e['activated_pages'].sum())}, pagecache added {int(pc['added_pages'].sum())}; {chk}; "
           f"join {s['join']}; drain {s['drain']['detail']}; stats {doc['stats']['lru']}")
     print(hist.to_string())
-    # the join: LRU insertions (mm_lru_insertion) of pool pages = pages the pagecache probe saw added
+    # the join: first LRU insertions (mm_lru_insertion) of pool pages = pages the pagecache probe
+    # saw added; putbacks of isolated pages insert again (measured: 3 of 5,891 in CI, no pressure)
     assert e["inserted_pages"].tolist() == pc["added_pages"].tolist()
+    _check_reinserted(e, u, doc["stats"]["lru"])
     assert (pc["added_pages"] - pc["re_added_pages"]).tolist() == [PAGES] * N  # re-adds: outside evictions
     cold_out = w.deleted_by(*armed_interval(doc)[1])
     if not cold_out:
@@ -142,17 +151,13 @@ def test_dwell_under_a_memory_limit(live, pressure_pool, tmp_path):
     # same tracepoints, another program: additions and evictions equal the pagecache probe's, per expert
     assert e["added_pages"].tolist() == pc["added_pages"].tolist()
     assert e["evicted_pages"].tolist() == pc["evicted_pages"].tolist()
-    # every added page was inserted (batches drained at close); the pool was dropped before the
-    # recording, so every eviction is of a page added in it, and reclaim only takes listed pages.
-    # A page reclaim isolated but could not free (locked by a read in flight) goes back on the list:
-    # a second insertion without a new add, which the probe counts as insert_repeated (measured in
-    # CI: 16 of 73,676 insertions, inserted - added = 16 exactly)
+    # every added page was inserted once (batches drained at close); the pool was dropped before
+    # the recording, so every eviction is of a page added in it, and reclaim only takes listed pages.
+    # A page isolated but not freed and put back (folio_putback_lru) is inserted again without a new
+    # add: reinserted, not inserted (measured in CI: 16 of 73,676 insertions)
     st = doc["stats"]["lru"]
-    extra = (e["inserted_pages"] - e["added_pages"]).astype(int)
-    # (insert_repeated counts folios, inserted_pages pages: equal for order-0 folios; none repeated,
-    # none extra)
-    assert (extra >= 0).all() and st["insert_repeated"] <= int(extra.sum()), (int(extra.sum()), st)
-    assert (int(extra.sum()) == 0) == (st["insert_repeated"] == 0), (int(extra.sum()), st)
+    assert e["inserted_pages"].tolist() == e["added_pages"].tolist()
+    _check_reinserted(e, u, st)
     assert e["evicted_joined_pages"].tolist() == e["evicted_pages"].tolist()
     assert e["dwell_count"].tolist() == e["evicted_pages"].tolist()
     # what is left = added - evicted, less what others evicted after the probes stopped counting

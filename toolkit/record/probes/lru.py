@@ -103,12 +103,14 @@ LRU = ProbeSpec(
         Column("expert", "Int32", "", "expert index within the layer"),
         Column("expert_id", "Int64", "", "layer * n_experts + expert"),
         _lru_pages("added_pages", "pages added to the page cache during the recording (the join's entries)"),
-        _lru_pages("inserted_pages", "LRU insertions of those pages (mm_lru_insertion, any list)"),
+        _lru_pages("inserted_pages", "first LRU insertions of those pages (mm_lru_insertion, any list)"),
         _lru_pages("inserted_inactive_pages", "... onto the inactive file list"),
         _lru_pages("inserted_active_pages", "... onto the active file list (activated before reaching the list: a "
                                             "workingset refault, or a second access while batched)"),
         _lru_pages("inserted_unevictable_pages", "... onto the unevictable list (mlocked)"),
         _lru_pages("inserted_other_pages", "... onto another list (anon lists: swap-backed file pages)"),
+        _lru_pages("reinserted_pages", "insertions again without a new add: putbacks (folio_putback_lru) of "
+                                       "isolated pages that were not freed (reclaim_pages, failed migration)"),
         _lru_pages("activated_pages", "inactive -> active moves (mm_lru_activate; NA when not compiled)"),
         Column("activation_dwell_ns_sum", "Int64", "ns",
                "LRU insertion -> activation, summed over activated pages whose insertion was seen"),
@@ -138,7 +140,7 @@ LRU = ProbeSpec(
         Struct("lru_counts", tuple((f, "u64") for f in (
             "added", "inserted", "inserted_inactive", "inserted_active", "inserted_unevictable", "inserted_other",
             "activated", "activation_dwell_ns", "activation_dwell_count", "evicted", "evicted_joined",
-            "evicted_activated", "dwell_ns", "dwell_count"))),
+            "evicted_activated", "dwell_ns", "dwell_count", "reinserted"))),
         Struct("pfn_val", (("add_ns", "u64"), ("insert_ns", "u64"), ("eid", "u32"), ("pstart", "u32"),
                            ("elast", "u32"), ("pages", "u32"), ("lru", "u32"), ("activations", "u32"))),
     ),
@@ -309,6 +311,7 @@ def lru_tables(counts: np.ndarray, hist: np.ndarray, n_experts: int, experts_per
         "inserted_active_pages": ints(col["inserted_active"]),
         "inserted_unevictable_pages": ints(col["inserted_unevictable"]),
         "inserted_other_pages": ints(col["inserted_other"]),
+        "reinserted_pages": ints(col["reinserted"]),
         "activated_pages": ints(col["activated"], act),
         "activation_dwell_ns_sum": ints(col["activation_dwell_ns"], act),
         "activation_dwell_count": ints(col["activation_dwell_count"], act),
