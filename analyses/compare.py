@@ -17,6 +17,8 @@ Thresholds (TOML, every key optional)::
     alpha = 0.05                 # significance level of the t-test
     [metrics.iteration_time_ns]
     threshold = 0.10             # relative change that counts (0.10 = 10 %)
+    [watch]                      # `moetrace watch`'s alarms (WATCH_THRESHOLDS)
+    scan_to_steal = 2.0
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from __future__ import annotations
 import math
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,10 +54,23 @@ METRICS: dict[str, tuple[str, bool, float, str]] = {
 }
 
 
+#: `moetrace watch`'s alarm thresholds ([watch] in the same TOML): name -> (default, what it is)
+WATCH_THRESHOLDS: dict[str, tuple[float, str]] = {
+    "amplification": (1.5, "pool device bytes / computed LRU misses in one interval (with scan_to_steal: the "
+                           "paper's signature)"),
+    "scan_to_steal": (2.0, "pages scanned / stolen by reclaim in one interval (with amplification)"),
+    "rereads_pages": (256.0, "pool pages re-added (read again after their eviction) in one interval"),
+    "outside_pages": (1.0, "pool pages evicted in one interval by an evictor other than reclaim (DAMON, "
+                           "proactive reclaim, fadvise, drop_caches, truncation, other)"),
+    "psi_full_pct": (10.0, "share of the interval in which every task of the scope stalled on memory (PSI full)"),
+}
+
+
 @dataclass(frozen=True)
 class Thresholds:
     alpha: float
     per_metric: dict[str, float]
+    watch: dict[str, float] = field(default_factory=lambda: {k: v[0] for k, v in WATCH_THRESHOLDS.items()})
 
     @classmethod
     def default(cls) -> "Thresholds":
@@ -96,7 +111,24 @@ def load_thresholds(path: str | Path | None) -> Thresholds:
     alpha = doc.get("alpha", t.alpha)
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
         raise InputError("alpha must be a number in (0, 1)", path=str(p))
-    return Thresholds(float(alpha), per)
+    return Thresholds(float(alpha), per, _watch_thresholds(doc.get("watch"), t.watch, p))
+
+
+def _watch_thresholds(table: Any, base: dict[str, float], p: Path) -> dict[str, float]:
+    """The [watch] table: alarm thresholds of `moetrace watch` (WATCH_THRESHOLDS)."""
+    out = dict(base)
+    if table is None:
+        return out
+    if not isinstance(table, dict):
+        raise InputError("watch must be a table: [watch] scan_to_steal = 2.0", path=str(p))
+    for k, v in table.items():
+        if k not in WATCH_THRESHOLDS:
+            raise InputError(f"unknown watch threshold {k!r}", path=str(p),
+                             hint="watch thresholds: " + ", ".join(WATCH_THRESHOLDS))
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1e300:
+            raise InputError(f"watch.{k} must be a number >= 0", path=str(p))
+        out[k] = float(v)
+    return out
 
 
 # -- metrics of one unit ---------------------------------------------------------------------------

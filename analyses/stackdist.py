@@ -180,6 +180,34 @@ def _stack_chunk(group, item, n_groups, n_items, cut, hist, dist_out, tree, owne
     return hist
 
 
+class LiveStack:
+    """Stack distances of an unbounded stream fed in pieces (``moetrace watch``): one global
+    LRU stack over ``n_items`` items, its state O(items) whatever the stream's length.
+    ``feed(items)`` returns each access's distance (0 = the item's first access)."""
+
+    def __init__(self, n_items: int):
+        self.n_items = max(int(n_items), 1)
+        self.state = stack_state(1, self.n_items)
+        self._hist = np.zeros(self.n_items + 2, np.int64)
+        self._group = np.zeros(1, np.int32)
+
+    def feed(self, items: np.ndarray) -> np.ndarray:
+        item = np.ascontiguousarray(items, dtype=np.int32)
+        if len(item) and (item.min() < 0 or item.max() >= self.n_items):
+            raise UsageError(f"stack items must be in [0, {self.n_items})")
+        out = np.zeros(len(item), np.int32)
+        if len(item):
+            _stack_chunk(self._group, item, 1, self.n_items, len(item), self._hist, out, *self.state)
+        return out
+
+
+def lru_misses(distances: np.ndarray, capacity_items: int) -> np.ndarray:
+    """Which accesses an LRU of ``capacity_items`` items misses: first accesses and those
+    whose stack distance exceeds the capacity."""
+    d = np.asarray(distances)
+    return (d == 0) | (d > int(capacity_items))
+
+
 def repeated_accesses(acc: Accesses, times: int) -> Accesses:
     """The access stream repeated ``times`` times (iterations renumbered): a replay's warm-up
     and measured passes over one plan."""

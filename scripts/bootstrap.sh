@@ -13,7 +13,9 @@ have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok
 # clang, bpftool, libbpf-dev: the CO-RE probes are compiled once, here (scripts/build-probes.sh);
 # libbpf1 loads them at record time. No kernel headers: the probes read kernel structs through
 # BTF relocations.
-for p in python3-venv python3-pip fio chromium clang bpftool libbpf-dev libbpf1; do
+# prometheus: `moetrace watch --prometheus` is scraped by a real server in the tests (started by
+# the test on a loopback port; the package's own service is not started here)
+for p in python3-venv python3-pip fio chromium clang bpftool libbpf-dev libbpf1 prometheus; do
   have_pkg "$p" || need_apt+=("$p")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -71,30 +71,9 @@ def _resident_pages(path: Path) -> int:
 
 def _resident_pages_range(path: Path, first: int = 0, n: int | None = None) -> int:
     """Resident pages of ``n`` pages of a file from page ``first`` (default: to the end), by mincore(2)."""
-    size = path.stat().st_size
-    if size == 0:
-        return 0
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        if addr in (None, ctypes.c_void_p(-1).value):
-            raise OSError(ctypes.get_errno(), "mmap")
-        try:
-            total = -(-size // mmap.PAGESIZE)
-            vec = (ctypes.c_ubyte * total)()
-            if libc.mincore(addr, size, vec) != 0:
-                raise OSError(ctypes.get_errno(), "mincore")
-            last = total if n is None else min(total, first + n)
-            return sum(vec[i] & 1 for i in range(first, last))
-        finally:
-            libc.munmap(addr, size)
-    finally:
-        os.close(fd)
+    from moetrace.kernel.syscalls import resident_pages
+
+    return resident_pages(path, first, n)
 
 
 def _drop(pool_dir: Path) -> None:

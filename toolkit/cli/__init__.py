@@ -49,6 +49,7 @@ class LazyGroup(click.Group):
         "check": ".check:check",
         "calibrate": ".calibrate:calibrate",
         "lab": ".lab:lab",
+        "watch": ".watch:watch",
     },
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -66,6 +67,7 @@ def cli() -> None:
     Reports:            report RUN|CELL|SWEEP (HTML, Markdown, tables), flame RUN [--diff RUN]
     Regressions:        check BASE CAND (verdict; exit 0 same, 1 regression, 2 cannot compare),
                         calibrate DIR (what check says of identical cells here)
+    Live host (root):   watch (the pool's page-cache figures and alarms every interval)
     Kernel lab:         lab kernels (MGLRU, kprobes, BTF, signatures per kernel), lab setup
     End to end:         demo
     """

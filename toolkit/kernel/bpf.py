@@ -453,6 +453,21 @@ class EventStream:
         """The kept records, concatenated (``record_size`` bytes each)."""
         return b"".join(self.chunks)
 
+    def take(self) -> tuple[bytes, int, int]:
+        """A consumer that reads as it goes (``moetrace watch``): the records kept since the last
+        take, handed over and forgotten, with the records lost meanwhile (kernel, user side).
+        Memory stays bounded by what one take brings (``max_records`` at most), and the
+        per-interval losses are folded into the totals instead of kept."""
+        self._take(self._reader.read())
+        out, self.chunks, self.kept = b"".join(self.chunks), [], 0
+        k = self._kernel_lost_now()
+        n0, u0, k0 = self._mark
+        lost = (k - k0, self._lost_user - u0)
+        self._mark = (self._n, self._lost_user, k)
+        self.intervals.clear()
+        self._t0 = time.monotonic_ns()
+        return out, lost[0], lost[1]
+
 
 # ---------------------------------------------------------------------------
 # BPF program info (UAPI struct bpf_prog_info: append-only, layout-stable)

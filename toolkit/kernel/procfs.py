@@ -131,21 +131,27 @@ def read_psi(root: str | os.PathLike = "/") -> dict[str, dict[str, dict[str, flo
             text = _read_text(f)
         except OSError:
             continue
-        rows: dict[str, dict[str, float]] = {}
-        for line in text.splitlines():
-            parts = line.split()
-            if not parts:
-                continue
-            vals: dict[str, float] = {}
-            for kv in parts[1:]:
-                k, _, v = kv.partition("=")
-                if k == "total":
-                    vals["total_us"] = int(v)
-                else:
-                    vals[k] = float(v)
-            rows[parts[0]] = vals
-        out[res] = rows
+        out[res] = parse_psi(text)
     return out
+
+
+def parse_psi(text: str) -> dict[str, dict[str, float]]:
+    """One pressure file (/proc/pressure/memory, a cgroup's memory.pressure):
+    {"some"|"full": {avg10, avg60, avg300, total_us}}."""
+    rows: dict[str, dict[str, float]] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if not parts:
+            continue
+        vals: dict[str, float] = {}
+        for kv in parts[1:]:
+            k, _, v = kv.partition("=")
+            if k == "total":
+                vals["total_us"] = int(v)
+            else:
+                vals[k] = float(v)
+        rows[parts[0]] = vals
+    return rows
 
 
 # -- mounts, debugfs, MGLRU --------------------------------------------------------------------

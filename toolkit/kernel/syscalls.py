@@ -39,3 +39,36 @@ def set_pdeathsig(sig: int = signal.SIGKILL) -> None:
     if _libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
         e = ctypes.get_errno()
         raise OSError(e, f"prctl(PR_SET_PDEATHSIG): {os.strerror(e)}")
+
+
+def resident_pages(path: str | os.PathLike, first: int = 0, n: int | None = None) -> int:
+    """Pages of a file resident in the page cache, by mincore(2) (what fincore does): ``n``
+    pages from page ``first`` (default: to the end). The file is mapped, never read."""
+    import mmap
+
+    import numpy as np
+
+    size = os.stat(path).st_size
+    if size == 0:
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), "mmap")
+        try:
+            total = -(-size // mmap.PAGESIZE)
+            vec = (ctypes.c_ubyte * total)()
+            if libc.mincore(addr, size, vec) != 0:
+                raise OSError(ctypes.get_errno(), "mincore")
+            last = total if n is None else min(total, first + n)
+            return int((np.frombuffer(vec, np.uint8)[first:last] & 1).sum())
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)

@@ -152,6 +152,12 @@ class ProbeRecorder:
             self.probe.arm(on)
         self.armed = on
 
+    def counters(self) -> dict[str, Any] | None:
+        """The probe's cumulative counts so far, read while it stays attached (``moetrace watch``
+        samples them every interval; differences of two readings are the interval's counts).
+        None: this probe has nothing to give live."""
+        return None
+
     def settle(self) -> None:
         """Last work that must still be counted, just before the probes are disarmed
         (e.g. lru flushes the per-CPU LRU batches)."""
@@ -255,6 +261,13 @@ class EngineProbe(ProbeRecorder):
 
     def gated(self) -> bool:
         return self.engine is not None and bool(self.engine.gated)
+
+    def counters(self) -> dict[str, Any] | None:
+        """The engine's running totals (its ``live_totals``), once closed its result's."""
+        live = getattr(self.engine, "live_totals", None)
+        if live is None or (self.engine.probe is None and self.engine.result is None):
+            return None
+        return live()
 
     def close(self) -> None:
         """The engine reads the kernel's data and detaches (idempotent)."""

@@ -230,7 +230,7 @@ def suggest(cal: dict[str, Any], thresholds=None) -> tuple[Any, float, float]:
             r = d.get("aa_worse_ratios") or []
             if r:
                 per[m] = max(per.get(m, 0.0), math.ceil((float(np.quantile(r, q)) - 1) * 100 - 1e-9) / 100)
-        cand = C.Thresholds(th.alpha, per)
+        cand = C.Thresholds(th.alpha, per, th.watch)
         share = quiet_share(cal["pair_metrics"], cand)
         if share >= TARGET_QUIET or q == QUANTILES[-1]:
             return cand, q, share

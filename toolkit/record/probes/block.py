@@ -251,6 +251,7 @@ class BlockRecorder:
         self._chunks: list[bytes] = []
         self._nbuf = 0
         self._lock = threading.Lock()
+        self._attributing = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._poll_error: BaseException | None = None
@@ -331,20 +332,39 @@ class BlockRecorder:
         return 0
 
     def _flush(self) -> None:
-        with self._lock:
-            chunks, self._chunks, self._nbuf = self._chunks, [], 0
-        if not chunks:
-            return
-        rec = np.frombuffer(b"".join(chunks), dtype=BIO_EVENT_DTYPE)
-        self._streamed += int(rec["nr_sector"].astype(np.int64).sum()) * SECTOR
-        self._streamed_bios += len(rec)
-        if self.index is None:
-            self._unattr += int(rec["nr_sector"].astype(np.int64).sum()) * SECTOR
-            return
-        by, bios, un = self.index.attribute(rec["sector"], rec["nr_sector"])
-        self._by += by
-        self._bios += bios
-        self._unattr += un
+        with self._attributing:  # the ring thread and live_totals() both flush
+            with self._lock:
+                chunks, self._chunks, self._nbuf = self._chunks, [], 0
+            if not chunks:
+                return
+            rec = np.frombuffer(b"".join(chunks), dtype=BIO_EVENT_DTYPE)
+            self._streamed += int(rec["nr_sector"].astype(np.int64).sum()) * SECTOR
+            self._streamed_bios += len(rec)
+            if self.index is None:
+                self._unattr += int(rec["nr_sector"].astype(np.int64).sum()) * SECTOR
+                return
+            by, bios, un = self.index.attribute(rec["sector"], rec["nr_sector"])
+            self._by += by
+            self._bios += bios
+            self._unattr += un
+
+    def live_totals(self) -> dict[str, Any]:
+        """Running totals while attached (``moetrace watch``): the bios the ring delivered so far,
+        attributed (per expert device bytes and bios, unattributed bytes), and the kernel's own
+        byte / bio / lost counts. A bio still in the ring counts at the next reading; once
+        closed, the result's final totals."""
+        r = self.result
+        if self.probe is None and r is not None:
+            return {"device_read_bytes": r.per_expert["device_read_bytes"].to_numpy(np.int64).copy(),
+                    "bios": r.per_expert["bios"].to_numpy(np.int64).copy(), "unattributed_bytes": r.unattributed_bytes,
+                    "kernel_read_bytes": r.kernel_read_bytes, "kernel_bios": r.kernel_bios,
+                    "lost_events": r.lost_events}
+        self._flush()
+        st = dict(zip(STATS, self.probe.table("stats").percpu_sums().tolist()))
+        with self._attributing:
+            return {"device_read_bytes": self._by.copy(), "bios": self._bios.copy(),
+                    "unattributed_bytes": int(self._unattr), "kernel_read_bytes": int(st["read_bytes"]),
+                    "kernel_bios": int(st["read_bios"]), "lost_events": int(st["ring_lost"])}
 
     def _cleanup(self) -> None:
         """Detach (idempotent). The polling thread is stopped first: closing the probe frees the

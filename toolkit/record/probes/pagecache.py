@@ -253,6 +253,24 @@ class PagecacheRecorder(ProbeRecorder):
         if self.stream is not None:
             self.stream.poll(timeout_ms)
 
+    def counters(self) -> dict[str, Any] | None:
+        """Cumulative per-slot counts (experts + the unattributed slot last): added, evicted and
+        re-added pages, pages evicted per evictor class (columns in EVICTORS order), and the
+        followed tasks' read calls and bytes. Once closed, what close() read."""
+        from moetrace.kernel.bpf import read_array
+
+        if self.collected:
+            c, ev, st = self.counts, self.evictors, self.stats
+        elif self.probe is None or self.probe.closed:
+            return None
+        else:
+            c = read_array(self.probe.table("counts"), EXPERT_COUNTS_DTYPE)
+            ev = read_array(self.probe.table("evictors"), U64).astype(np.int64).reshape(-1, len(EVICTORS))
+            st = dict(zip(SPEC.stats, read_array(self.probe.table("stats"), U64).astype(np.int64).tolist()))
+        return {"added_pages": c["added_pages"].astype(np.int64), "evicted_pages": c["evicted_pages"].astype(np.int64),
+                "re_added_pages": c["re_added_pages"].astype(np.int64), "evicted_by": ev.copy(),
+                "read_bytes": int(st["read_bytes"]), "read_calls": int(st["read_calls"])}
+
     def close(self) -> None:
         """Read the counters (totals, evictors, epochs, stats), finish the stream, detach."""
         from moetrace.kernel.bpf import read_array

@@ -720,6 +720,8 @@ class ReadsRecorder(ProbeRecorder):
         super().__init__(ctx)
         self.pool = PoolIndex.from_pmap(ctx.pmap)
         self.stream = None  # moetrace.kernel.bpf.EventStream of read_call records
+        #: identity -> its inode as the kernel announced it (idents ring), when streaming
+        self.announced: dict[Ident, Resolution] = {}
         self.paths: FdPaths | None = None
         self.col: Collected | None = None
         self._misses: dict[str, int | None] = {}
@@ -752,6 +754,8 @@ class ReadsRecorder(ProbeRecorder):
         recs = np.frombuffer(self._idents.read(), IDENT_DTYPE)
         for r in recs.tolist():
             self.paths.look(*r)
+            if self.stream is not None and r[4]:  # the stream's calls are attributed by identity
+                self.announced[tuple(r[:4])] = Resolution(int(r[4]), int(r[5]), None, "fd")
 
     def follow(self, pid: int) -> None:
         self.probe.put("tgids", struct.pack("<I", pid), struct.pack("<I", 0))  # followed, epoch 0
@@ -770,6 +774,16 @@ class ReadsRecorder(ProbeRecorder):
             left = t_end - time.monotonic()
             if left <= 0.001 or self.wait_command(min(left, IDENT_DRAIN_S)):
                 break
+
+    def take_calls(self) -> tuple[pd.DataFrame, int]:
+        """The read calls streamed since the last take (``moetrace watch``; needs ctx.stream),
+        attributed to experts by their identity's announced inode (else the call's own) and
+        position, and the calls lost meanwhile (ring full, or over max_records)."""
+        if self.stream is None:
+            raise MoetraceError("reads: take_calls needs the stream (RecordContext.stream=True)")
+        self._drain_idents()
+        raw, lost_k, lost_u = self.stream.take()
+        return calls_table(raw, self.announced, self.pool), lost_k + lost_u
 
     def close(self) -> None:
         """Drain the rings, read the kernel's aggregates (``collected``), detach. Idempotent."""
