@@ -64,9 +64,9 @@ def in_cgroup(cmd: list[str], cg: Path) -> list[str]:
 class Watch:
     """`moetrace watch --json` on the cgroup, started and attached, stopped by SIGTERM."""
 
-    def __init__(self, pool: Path, cg: Path, out: Path):
+    def __init__(self, pool: Path, cg: Path, out: Path, extra: tuple[str, ...] = ()):
         self.out = open(out, "w")
-        self.p = subprocess.Popen([*WATCH, "--pool", str(pool), "--cgroup", str(cg), "--json", "1"],
+        self.p = subprocess.Popen([*WATCH, "--pool", str(pool), "--cgroup", str(cg), "--json", *extra, "1"],
                                   stdout=self.out, stderr=subprocess.PIPE, text=True)
         for line in self.p.stderr:
             if "watching every" in line:
@@ -110,7 +110,7 @@ def pairs(args, plan: Path, pool, cg: Path, d: Path) -> int:
         order = ("plain", "watch") if i % 2 == 0 else ("watch", "plain")
         got = {}
         for arm in order:
-            w = Watch(Path(pool.root), cg, d / f"w{i}.jsonl") if arm == "watch" else None
+            w = Watch(Path(pool.root), cg, d / f"w{i}.jsonl", tuple(args.watch_arg)) if arm == "watch" else None
             try:
                 got[arm] = run_replay(cmd, cg, d / f"r{i}{arm}", w)
             finally:
@@ -133,7 +133,7 @@ def pairs(args, plan: Path, pool, cg: Path, d: Path) -> int:
 
 def soak(args, plan: Path, pool, cg: Path, d: Path) -> int:
     """One watch over a replay looping --soak-s seconds; RSS every 10 s."""
-    w = Watch(Path(pool.root), cg, d / "soak.jsonl")
+    w = Watch(Path(pool.root), cg, d / "soak.jsonl", tuple(args.watch_arg))
     rep = None
     try:
         passes = 10 ** 6
@@ -170,6 +170,7 @@ def main() -> int:
     ap.add_argument("--pass-s", type=float, default=0.75)
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--soak-s", type=float, default=0, help="also the 10-minute memory soak (600)")
+    ap.add_argument("--watch-arg", action="append", default=[], help="an extra argument of watch (e.g. --no-misses)")
     args = ap.parse_args()
     from moetrace.capacity.scope import Scope, find_memory_controller, remove_stale_scopes
 

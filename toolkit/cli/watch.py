@@ -82,6 +82,10 @@ def _counted(fig) -> bool:
 @click.option("--thresholds", type=click.Path(dir_okay=False, exists=True), metavar="FILE",
               help="check's TOML; its [watch] table sets the alarm thresholds: amplification, scan_to_steal, "
                    "rereads_pages, outside_pages, psi_full_pct (README: Watching a live host).")
+@click.option("--misses/--no-misses", default=True, show_default=True,
+              help="Computed misses (and the amplification alarm): stream the followed processes' read calls "
+                   "(the reads probe, one record per call) through an LRU of the pool's resident size. "
+                   "--no-misses: counters only.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per interval on stdout.")
 @click.option("--prometheus", metavar="HOST:PORT",
               help="Serve the metrics (Prometheus text format) on http://HOST:PORT/metrics, e.g. 127.0.0.1:9464.")
@@ -91,7 +95,8 @@ def _counted(fig) -> bool:
 @click.argument("interval", type=click.FloatRange(min=0.05), default=1.0, required=False)
 @click.argument("count", type=click.IntRange(min=1), required=False)
 @click.pass_context
-def watch(ctx, pool_dir, pid, cgroup, noclear, rows, thresholds, as_json, prometheus, textfile, interval, count):
+def watch(ctx, pool_dir, pid, cgroup, noclear, rows, thresholds, misses, as_json, prometheus, textfile, interval,
+          count):
     """Watch the expert pool in the page cache: every INTERVAL seconds (default 1), COUNT times
     (default: until Ctrl-C, SIGTERM, or the watched process's end).
 
@@ -116,7 +121,7 @@ def watch(ctx, pool_dir, pid, cgroup, noclear, rows, thresholds, as_json, promet
     private_mounts()
     th = load_thresholds(thresholds).watch
     opts = WatchOptions(pool=pool_dir, pid=pid, cgroup=cgroup, interval=interval, count=count, top=max(rows, 10),
-                        thresholds=th)
+                        thresholds=th, misses=misses)
     say = (lambda s: click.echo(f"moetrace watch: {s}", err=True))
     w = Watcher(opts, say=say)
     old = signal.signal(signal.SIGTERM, _on_term)

@@ -689,6 +689,8 @@ class MmapRing:
 
         self.map, self.size = m, int(record_size)
         self.stride = -(-(self.size + _RINGBUF_HDR) // 8) * 8
+        self._rec_dtype = np.dtype({"names": ["hdr", "rec"], "formats": ["<u4", f"V{self.size}"],
+                                    "offsets": [0, _RINGBUF_HDR], "itemsize": self.stride})
         page = mmap.PAGESIZE
         data = m.max_entries
         self._cons = mmap.mmap(m.fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
@@ -711,13 +713,16 @@ class MmapRing:
         raw = self._data[start:start + (prod - cons)]
         n = len(raw) // self.stride
         if n * self.stride == len(raw):
-            recs = raw.reshape(n, self.stride)
-            hdr = recs[:, :4].copy().view(np.uint32).ravel()
+            # each record one element (its header, its bytes as one void): copies are a memcpy per
+            # record, not a byte at a time (an uint8 (n, stride) view copied ~100 MB/s)
+            recs = raw.view(self._rec_dtype)
+            hdr = recs["hdr"].copy()
             busy = np.flatnonzero(hdr & _RINGBUF_BUSY)
             k = int(busy[0]) if len(busy) else n
             if (hdr[:k] & ~np.uint32(_RINGBUF_DISCARD) == self.size).all():
-                keep = recs[:k][(hdr[:k] & _RINGBUF_DISCARD) == 0]
-                out = keep[:, _RINGBUF_HDR:_RINGBUF_HDR + self.size].tobytes()
+                body = recs["rec"][:k]
+                drop = (hdr[:k] & _RINGBUF_DISCARD) != 0
+                out = (body[~drop] if drop.any() else body).tobytes()
                 self._cpos[0] = cons + k * self.stride  # release: x86-64 and arm64 order this store
                 return out
         return self._walk(cons, prod)

@@ -96,8 +96,15 @@ def read_scope(cgroup: str | os.PathLike | None = None, root: str | os.PathLike 
 
 
 def cgroup_pids(cgroup: str | os.PathLike) -> list[int]:
-    """The processes (tgids) in a cgroup now; [] when it is gone."""
+    """The processes (tgids) in a cgroup now; [] when it is gone. (Read every poll of
+    `moetrace watch`: plain os calls, no pathlib.)"""
     try:
-        return [int(x) for x in (Path(cgroup) / "cgroup.procs").read_text().split()]
+        fd = os.open(os.path.join(cgroup, "cgroup.procs"), os.O_RDONLY)
+    except OSError:
+        return []
+    try:
+        return [int(x) for x in os.read(fd, 1 << 20).split()]
     except (OSError, ValueError):
         return []
+    finally:
+        os.close(fd)

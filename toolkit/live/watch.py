@@ -50,8 +50,15 @@ class WatchOptions:
     #: computed misses: stream the followed processes' read calls (the reads probe, one record
     #: per call) through an LRU stack of the pool's resident size (needs --pool)
     misses: bool = True
-    #: how often the rings are drained within an interval
-    poll_s: float = 0.05
+    #: how often the rings are drained (and a cgroup's new processes followed) within an interval
+    poll_s: float = 0.25
+    #: the reads stream's ring, in pages: 8 MiB hold ~80k calls (8 s of 10k calls/s between polls)
+    ring_pages: int = 2048
+
+
+def _knobs(name: str, opts: WatchOptions) -> dict[str, int]:
+    """Knobs of watch's probes: no per-epoch counters; the reads stream's ring sized for polls."""
+    return {"pagecache": {"EPOCHS": 0}, "reads": {"MOE_RINGBUF_PAGES": opts.ring_pages}}.get(name, {})
 
 
 class Watcher:
@@ -116,7 +123,7 @@ class Watcher:
                 ctx = RecordContext(features=feats, plan=plan, pmap=self.pmap, notes=self.notes, say=self.say,
                                     gated=False, recording=probes, stream=name == "reads",
                                     stream_max_records=1_000_000,
-                                    knobs={"EPOCHS": 0} if name == "pagecache" else {})
+                                    knobs=_knobs(name, self.opts))
                 self.say(f"loading and attaching {name} ...")
                 rec = recorder_class(name)(ctx)
                 self.recs.append(rec)
@@ -148,6 +155,7 @@ class Watcher:
         from moetrace.kernel.syscalls import resident_pages
 
         self.stack = LiveStack(self.n_experts)
+        LiveStack(1).feed([0])  # numba's kernel loaded now, while attaching, not in the first busy interval
         self.resident0 = sum(resident_pages(p) for p in pool.data_paths())
 
     # -- read -----------------------------------------------------------------------------------
@@ -185,16 +193,16 @@ class Watcher:
 
         from moetrace.analyses.stackdist import lru_misses
 
-        calls, lost = self._rec("reads").take_calls()
-        calls = calls.sort_values("ts_ns", kind="stable")
-        ok = calls[calls["expert_id"].notna() & (calls["ret"] > 0)]
+        c, lost = self._rec("reads").take_calls()
+        order = np.argsort(c["ts_ns"], kind="stable")
+        ok = order[(c["expert_id"][order] >= 0) & (c["ret"][order] > 0)]
         cap = self.capacity_experts(pc)
-        d = self.stack.feed(ok["expert_id"].to_numpy(np.int64))
+        d = self.stack.feed(c["expert_id"][ok])
         self.cum["accesses"] += len(ok)
-        self.cum["requested_bytes"] += int(ok["ret"].sum())
+        self.cum["requested_bytes"] += int(c["ret"][ok].sum())
         self.cum["miss_bytes"] += int(lru_misses(d, cap).sum()) * self.extent_bytes
         self.cum["lost_calls"] += lost
-        hit = calls.loc[calls["class"] == "hit_only", "latency_ns"].to_numpy(np.int64)
+        hit = c["latency_ns"][c["hit_only"]]
         q = np.percentile(hit, [50, 99]) if len(hit) else (None, None)
         return dict(self.cum, capacity_experts=cap, hit_only_p50_ns=None if q[0] is None else float(q[0]),
                     hit_only_p99_ns=None if q[1] is None else float(q[1]))
