@@ -17,7 +17,8 @@ Watch's CPU is its process's user + system time (/proc/PID/stat) from the replay
 end, in % of one CPU over that wall time (its attach comes before and is excluded). Targets: time ratio <= 1.03x, watch CPU <= 2 %.
 
 --soak-s: then one watch over a replay that loops for that long, its RSS sampled every 10 s:
-memory flat = the last third's RSS within 1 MiB of the first third's (printed with the slope).
+memory flat = the last third's RSS within 1 MiB of the second third's (the first is warm-up;
+printed with the slope and the RSS minute by minute).
 Everything it creates (pool, cgroup, run dirs) is removed at the end, also on error.
 """
 
@@ -154,13 +155,16 @@ def soak(args, plan: Path, pool, cg: Path, d: Path) -> int:
         w.stop()
     t = np.array([s[0] for s in samples])
     rss = np.array([s[1] for s in samples], float)
+    print("  RSS MiB by minute: " + " ".join(f"{r / 2**20:.1f}" for tt, r in samples if int(tt) % 60 < 10))
     third = max(1, len(rss) // 3)
-    first, last = rss[:third].mean(), rss[-third:].mean()
-    slope = np.polyfit(t, rss, 1)[0] if len(t) > 1 else 0.0
+    first, last = rss[third:2 * third].mean(), rss[-third:].mean()  # after the first third's warm-up
+    late = t >= t[third] if len(t) > 3 else np.ones(len(t), bool)
+    slope = np.polyfit(t[late], rss[late], 1)[0] if late.sum() > 1 else 0.0
     lines = sum(1 for _ in open(d / "soak.jsonl"))
     ok = last - first <= 1 << 20
-    print(f"soak {args.soak_s:.0f} s, {lines} intervals: watch RSS first third {first / 2**20:.1f} MiB, last third "
-          f"{last / 2**20:.1f} MiB, slope {slope * 3600 / 2**20:.2f} MiB/h: {'flat' if ok else 'GROWS'}")
+    print(f"soak {args.soak_s:.0f} s, {lines} intervals: watch RSS second third {first / 2**20:.1f} MiB, last third "
+          f"{last / 2**20:.1f} MiB, slope after the first third {slope * 3600 / 2**20:.2f} MiB/h: "
+          f"{'flat' if ok else 'GROWS'}")
     return 0 if ok else 1
 
 

@@ -33,3 +33,11 @@ def test_demo_capacity_sweep(tmp_path, live):
     md = (out / "REPORT.md").read_text()
     assert "## Sweep report" in md and "(report/figures/heatmap_amp.png)" in md
     assert f"report: {out / 'report' / 'report.html'}" in r.output
+    # ... and one more replay at 48 MiB watched live by cgroup: it thrashes, watch says so
+    figs = [json.loads(x) for x in (out / "watch.jsonl").read_text().splitlines()]
+    readded = sum(f["pool"]["re_added_pages"] for f in figs)
+    print(f"\nwatch: {len(figs)} intervals, re-added {readded}; {md.split('## Watched live')[1][:600]}")
+    assert len(figs) >= 2 and readded > 0 and sum(f["pool"]["expert_accesses"] for f in figs) > 0
+    assert any(f["alarms"]["rereads"]["on"] for f in figs)
+    assert "## Watched live (`moetrace watch`)" in md and "alarms raised: " in md
+    assert "stopped: terminated (SIGTERM); probes detached" in (out / "watch.log").read_text()

@@ -39,15 +39,21 @@ def test_host_scope_reads_file_lru_scan_steal_refaults_psi_and_mlocked(tmp_path)
     assert (s["some_us"], s["full_us"], s["full_avg10"]) == (2_000_000, 1_000_000, 0.5)
 
 
-def test_v2_cgroup_scope_is_the_cgroups_own(tmp_path):
+def _cgroup(tmp_path, name: str, **files: str):
+    """A fake host tree and a cgroup directory in it with these files ("memory_stat": memory.stat)."""
     _host_tree(tmp_path)
-    cg = tmp_path / "cg"
+    cg = tmp_path / name
     cg.mkdir()
-    (cg / "memory.stat").write_text("file 4096\npgscan 90\npgsteal 30\nworkingset_refault_file 12\nunevictable 8192\n")
-    (cg / "memory.max").write_text("1073741824\n")
-    (cg / "memory.pressure").write_text("some avg10=9.00 avg60=0 avg300=0 total=77\nfull avg10=3.00 avg60=0 "
-                                        "avg300=0 total=55\n")
-    (cg / "cgroup.procs").write_text("10\n11\n")
+    for f, text in files.items():
+        (cg / f.replace("_", ".", 1)).write_text(text)
+    return cg
+
+
+def test_v2_cgroup_scope_is_the_cgroups_own(tmp_path):
+    cg = _cgroup(tmp_path, "cg", memory_stat="file 4096\npgscan 90\npgsteal 30\nworkingset_refault_file 12\n"
+                                             "unevictable 8192\n", memory_max="1073741824\n",
+                 memory_pressure="some avg10=9.00 avg60=0 avg300=0 total=77\nfull avg10=3.00 avg60=0 avg300=0 "
+                                 "total=55\n", cgroup_procs="10\n11\n")
     assert cgroup_version(cg) == 2 and cgroup_pids(cg) == [10, 11]
     s = read_scope(cg, root=tmp_path)
     assert s["reclaim_scope"] == s["psi_scope"] == str(cg)
@@ -56,11 +62,8 @@ def test_v2_cgroup_scope_is_the_cgroups_own(tmp_path):
 
 
 def test_v1_cgroup_scope_keeps_the_hosts_reclaim_and_psi(tmp_path):
-    _host_tree(tmp_path)
-    cg = tmp_path / "v1"
-    cg.mkdir()
-    (cg / "memory.stat").write_text("cache 1\ntotal_workingset_refault_file 5\ntotal_unevictable 4096\n")
-    (cg / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    cg = _cgroup(tmp_path, "v1", memory_stat="cache 1\ntotal_workingset_refault_file 5\ntotal_unevictable 4096\n",
+                 memory_limit_in_bytes="9223372036854771712\n")
     assert cgroup_version(cg) == 1 and cgroup_version(tmp_path / "nope") is None
     s = read_scope(cg, root=tmp_path)
     assert s["reclaim_scope"] == "host" and s["psi_scope"] == "host" and s["scope"] == str(cg)

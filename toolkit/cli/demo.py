@@ -50,6 +50,7 @@ def demo(out_dir, preset, steps, seed, capacity):
     6. pool create + sweep --record (root): a small scaled pool, and capacity
        cells under a cgroup memory limit from "pool fits" down to 1/4, each
        recorded with the eBPF probes -> sweep/fig2.png, sweep/cells/*/run/
+       and `moetrace watch` of one more replay at 48 MiB -> watch.jsonl
     7. report: `moetrace report` of the sweep -> report/report.html (Table 2,
        per-expert amplification, hit path, age, reclaim, flame graph, timeline)
     Everything lands in --out (JSON beside each step, REPORT.md last).
@@ -175,8 +176,67 @@ def _capacity_step(out: Path, seed: int) -> str:
                      f"{'NA' if amp is None else f'{amp:.2f}':>5}")
     text = "\n".join(lines) + "\n" + _recorded_summary(out / "sweep")
     click.echo(text)
-    shutil.rmtree(pool, ignore_errors=True)  # 184 MiB of test data: keep the results, not the pool
-    return ("\n## Capacity sweep (cgroup wall)\n\n```\n" + text + "\n```\n\n![capacity](sweep/fig2.png)\n")
+    try:
+        watched = _watch_step(out, pool, plan)
+    finally:
+        shutil.rmtree(pool, ignore_errors=True)  # 184 MiB of test data: keep the results, not the pool
+    return ("\n## Capacity sweep (cgroup wall)\n\n```\n" + text + "\n```\n\n![capacity](sweep/fig2.png)\n" + watched)
+
+
+def _watch_step(out: Path, pool: Path, plan: Path) -> str:
+    """`moetrace watch` on one more replay of the smallest cell's capacity (48 MiB + 64 MiB of
+    headroom behind a cgroup wall): its intervals in OUT/watch.jsonl, summed; the section."""
+    import signal
+    import subprocess
+    import sys
+
+    from moetrace.capacity.scope import Scope, remove_stale_scopes
+
+    click.echo(click.style("      watch: the same pool at 48 MiB, live (moetrace watch --json 0.5)", bold=True))
+    remove_stale_scopes("demo-watch")
+    scope = Scope("demo-watch").create((48 + 64) << 20)
+    w = None
+    try:
+        with open(out / "watch.jsonl", "w") as fh, open(out / "watch.log", "w") as log:
+            w = subprocess.Popen([sys.executable, "-m", "moetrace.cli", "watch", "--pool", str(pool), "--cgroup",
+                                  str(scope.path), "--json", "0.5"], stdout=fh, stderr=subprocess.PIPE, text=True)
+            for line in w.stderr:
+                log.write(line)
+                if "watching every" in line:
+                    break
+            subprocess.run(["sh", "-c", f'echo $$ > {scope.path}/cgroup.procs && exec "$@"', "sh", sys.executable,
+                            "-m", "moetrace.cli.replay", str(plan), "--pool", str(pool), "--warmup", "0",
+                            "--passes", "2", "--run-dir", str(out / "capacity" / "watched-replay")],
+                           check=True, stdout=subprocess.DEVNULL)
+            time.sleep(1.0)  # one more interval: the last bios read
+            w.send_signal(signal.SIGTERM)
+            log.write(w.stderr.read())
+            w.wait(60)
+    finally:
+        if w is not None and w.poll() is None:
+            w.kill()
+            w.wait()
+        scope.remove(kill=True)
+    return _watch_summary([json.loads(x) for x in (out / "watch.jsonl").read_text().splitlines() if x.strip()])
+
+
+def _watch_summary(figs: list[dict]) -> str:
+    """Totals of the watched intervals and the alarms they raised."""
+    tot = {k: sum(int(f["pool"].get(k) or 0) for f in figs)
+           for k in ("added_pages", "re_added_pages", "device_read_bytes", "computed_miss_bytes", "expert_accesses")}
+    raised: dict[str, int] = {}
+    for f in figs:
+        for name, a in (f.get("alarms") or {}).items():
+            if a.get("on"):
+                raised[name] = raised.get(name, 0) + 1
+    amp = tot["device_read_bytes"] / tot["computed_miss_bytes"] if tot["computed_miss_bytes"] else None
+    text = (f"      {len(figs)} intervals: {tot['expert_accesses']} expert accesses, added {tot['added_pages']} pages, "
+            f"re-added {tot['re_added_pages']}, device {tot['device_read_bytes'] / 2**20:.1f} MiB against computed "
+            f"misses {tot['computed_miss_bytes'] / 2**20:.1f} MiB (amplification {_fmt(amp)}); alarms raised: "
+            + (", ".join(f"{k} in {v} intervals" for k, v in raised.items()) or "none"))
+    click.echo(text)
+    return ("\n## Watched live (`moetrace watch`)\n\nThe same pool at 48 MiB, one more replay watched by cgroup "
+            "every 0.5 s (watch.jsonl: one object per interval):\n\n```\n" + text.strip() + "\n```\n")
 
 
 def _recorded_summary(sweep: Path) -> str:
