@@ -52,9 +52,9 @@ class WatchProc:
         for line in self.p.stdout:
             self.lines.append((time.monotonic(), json.loads(line)))
 
-    def stop(self) -> int:
+    def stop(self, sig: int = signal.SIGTERM) -> int:
         if self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
+            self.p.send_signal(sig)
         try:
             rc = self.p.wait(60)
         finally:
@@ -146,8 +146,8 @@ def test_an_outside_fadvise_raises_the_outside_evictor_alarm_within_one_interval
             t1 = time.monotonic()
             time.sleep(3 * interval)
         finally:
-            rc = w.stop()
-    assert rc == 0, "".join(w.err)
+            rc = w.stop(signal.SIGINT)  # Ctrl-C
+    assert rc == 0 and "stopped: interrupted; probes detached" in "".join(w.err), "".join(w.err)
     hit = [f for f in w.intervals if f["pool"]["evicted_by"]["fadvise"]]
     assert len(hit) == 1, w.intervals  # one fadvise, counted in one interval
     f = hit[0]
@@ -269,3 +269,45 @@ def test_a_real_prometheus_scrapes_watch_and_sees_the_thrash_alarm_rise_and_fall
     assert on and t_start <= on[0] <= t_thrash_end + 1.0 + 0.5, (vals, t_start, t_thrash_end)
     after = [v for t, v in vals if t >= t_thrash_end + 2.0]
     assert len(after) >= 3 and set(after) == {0.0}, (vals, t_thrash_end)
+
+
+def _bpf_prog_ids() -> set[int]:
+    out = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True, check=True).stdout
+    return {p["id"] for p in json.loads(out or "[]")}
+
+
+@pytest.mark.live
+def test_watch_by_pid_counts_the_process_reads_and_ends_with_it_leaving_no_probe(live, tmp_path):
+    from moetrace.inputs.pool import open_pool
+
+    pools = make_expert_pools(tmp_path, 23)
+    files = [str(p) for p in open_pool(pools["files"]).data_paths()]
+    before = _bpf_prog_ids()
+    with io_lock():
+        _drop(pools["files"])
+        # a reader that waits to be told, then reads every expert file once with read(2) and exits
+        child = subprocess.Popen([sys.executable, "-c", "import sys\nsys.stdin.readline()\nfor p in sys.argv[1:]:\n"
+                                  "    open(p, 'rb', buffering=0).read()\n", *files],
+                                 stdin=subprocess.PIPE, text=True)
+        w = None
+        try:
+            w = WatchProc("--pool", str(pools["files"]), "--pid", str(child.pid))
+            child.stdin.write("go\n")
+            child.stdin.close()
+            assert child.wait(60) == 0
+            w.p.wait(60)  # ends by itself: the process exited
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+            rc = w.stop() if w is not None else None
+    err = "".join(w.err)
+    assert rc == 0 and f"stopped: process {child.pid} exited; probes detached" in err, err
+    tot = {k: w.total(k) for k in ("expert_accesses", "requested_bytes", "added_pages", "device_read_bytes",
+                                   "computed_miss_bytes")}
+    print(f"\n{tot}")
+    # every file read once, cold: 23 accesses of 1 MiB, each a first access (a computed miss), each
+    # page added once and read from the device once
+    assert tot == {"expert_accesses": 23, "requested_bytes": 23 * MIB, "added_pages": 23 * MIB // 4096,
+                   "device_read_bytes": 23 * MIB, "computed_miss_bytes": 23 * MIB}, tot
+    assert _bpf_prog_ids() <= before  # every program watch loaded is gone

@@ -277,3 +277,22 @@ def test_computed_misses_and_amplification_per_interval():
     assert judge(f, dict(DEFAULTS, amplification=1.2))["amplification"]["on"] == 1  # scan/steal 3 > 2
     b.extra["miss_bytes"] = 1 << 20  # no computed misses in the interval: nothing to judge
     assert figures(a, b, 2, 2)["pool"]["amplification"] is None
+
+
+def test_the_terminal_table_renders_the_pool_the_experts_and_the_alarms():
+    from rich.console import Console
+
+    from moetrace.live.view import table
+
+    z = _by()
+    a = _reading(0, [0, 0, 0], [0, 0, 0], [0, 0, 0], [z, z, z], [0, 0, 0])
+    b = _reading(1, [300, 20, 1], [290, 0, 0], [5, 0, 0], [_by(damon=5), z, z], [1 << 20, 0, 0])
+    f = figures(a, b, 3, 3)
+    f["alarms"] = judge(f, DEFAULTS)
+    con = Console(record=True, width=240, force_terminal=False)
+    con.print(table(f, rows=2))
+    text = con.export_text()
+    assert "device 1.0 MB" in text and "re-added 290" in text and "(damon 5)" in text
+    assert "ALARM rereads: 290 pages re-added" in text and "ALARM outside_evictor" in text
+    rows = [ln for ln in text.splitlines() if ln.strip().startswith("0 ")]
+    assert len(rows) == 2  # -r 2: the top two experts of three

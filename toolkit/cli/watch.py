@@ -11,11 +11,26 @@ from moetrace.cli.common import exit_now
 
 
 class _Stop(Exception):
-    """SIGTERM: end the watch like Ctrl-C (the last interval is still shown, probes detached)."""
+    """SIGINT / SIGTERM while attaching: stop at once (open() detaches what it attached)."""
 
 
-def _on_term(signum, frame):
-    raise _Stop()
+class _Signals:
+    """SIGINT and SIGTERM: while attaching they stop at once; once watching they ask the loop to
+    end after the step in flight (never in the middle of a reading: nothing counted is lost),
+    and the last partial interval is still shown before the probes detach."""
+
+    def __init__(self, w):
+        self.w, self.watching = w, False
+        self.old = {s: signal.signal(s, self) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def __call__(self, signum, frame):
+        self.w.stop_reason = "interrupted" if signum == signal.SIGINT else "terminated (SIGTERM)"
+        if not self.watching:
+            raise _Stop()
+
+    def restore(self) -> None:
+        for s, h in self.old.items():
+            signal.signal(s, h)
 
 
 def _show(fig, opts, live, w=None) -> None:
@@ -40,20 +55,11 @@ def _loop(w, opts, live) -> str:
     """Show intervals until COUNT, the watched process's end, the cgroup's removal, Ctrl-C or
     SIGTERM; then the last partial interval. Returns why it ended."""
     n, why = 0, None
-    try:
-        while opts["count"] is None or n < opts["count"]:
-            fig = w.step()
-            n += 1
-            _show(fig, opts, live, w)
-            if w.ended():
-                why = w.end_reason
-                break
-        else:
-            why = f"{n} intervals"
-    except KeyboardInterrupt:
-        why = "interrupted"
-    except _Stop:
-        why = "terminated (SIGTERM)"
+    while not w.ended() and (opts["count"] is None or n < opts["count"]):
+        fig = w.step()
+        n += 1
+        _show(fig, opts, live, w)
+    why = w.stop_reason or w.end_reason or f"{n} intervals"
     last = w.finish()  # what the probes counted since the last interval: shown when anything was
     if last is not None and _counted(last):
         last["final"] = True
@@ -124,10 +130,11 @@ def watch(ctx, pool_dir, pid, cgroup, noclear, rows, thresholds, misses, as_json
                         thresholds=th, misses=misses)
     say = (lambda s: click.echo(f"moetrace watch: {s}", err=True))
     w = Watcher(opts, say=say)
-    old = signal.signal(signal.SIGTERM, _on_term)
+    sig = _Signals(w)
     show: dict = {}
     try:
         w.open()
+        sig.watching = True
         for note in w.notes:
             say(note)
         show = {"json": as_json, "rows": rows, "count": count, "textfile": textfile,
@@ -142,12 +149,12 @@ def watch(ctx, pool_dir, pid, cgroup, noclear, rows, thresholds, misses, as_json
             why = _loop(w, show, None)
     except _Stop:
         w.abort()
-        why = "terminated (SIGTERM)"
+        why = w.stop_reason
     finally:
         w.abort()
         if show.get("exposition") is not None:
             show["exposition"].close()
-        signal.signal(signal.SIGTERM, old)
+        sig.restore()
     say(f"stopped: {why}; probes detached")
     exit_now(ctx, 0)
 

@@ -73,6 +73,8 @@ class Watcher:
         self.prev: Reading | None = None
         self.pidfd: int | None = None
         self.end_reason: str | None = None
+        #: set by a signal handler (the CLI's): the loop ends after the step in flight
+        self.stop_reason: str | None = None
         self.n_experts = self.n_per_layer = 0
         self.stack = None  # moetrace.analyses.stackdist.LiveStack when computing misses
         self.extent_bytes = self.ppe = self.resident0 = 0
@@ -220,8 +222,8 @@ class Watcher:
         process ends."""
         t_end = time.monotonic() + max(seconds, 0.0)
         pollers = [r for r in self.recs if r.needs_poll]
-        while (left := t_end - time.monotonic()) > 0:
-            step = min(left, self.opts.poll_s) if pollers or self.opts.cgroup is not None else left
+        while (left := t_end - time.monotonic()) > 0 and self.stop_reason is None:
+            step = min(left, self.opts.poll_s)
             if self.pidfd is not None and select.select([self.pidfd], [], [], step)[0]:
                 self.end_reason = f"process {self.opts.pid} exited"
                 return
@@ -233,6 +235,9 @@ class Watcher:
                 self.follow_new()
 
     def ended(self) -> bool:
+        """The watched process exited, the cgroup was removed, or a stop was asked for."""
+        if self.stop_reason is not None:
+            return True
         if self.end_reason is None and self.opts.cgroup is not None and not Path(self.opts.cgroup).is_dir():
             self.end_reason = f"cgroup {self.opts.cgroup} was removed"
         return self.end_reason is not None
