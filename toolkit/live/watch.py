@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from moetrace.errors import MoetraceError, UsageError
+from moetrace.errors import UsageError
 from moetrace.live.host import cgroup_pids, cgroup_version, read_scope
 from moetrace.live.interval import Reading, figures
 
@@ -261,15 +261,21 @@ class Watcher:
             for r in self.recs:
                 r.close()
             return self._figures(self.read(extra))
-        except MoetraceError:
-            raise
         finally:
             self.abort()
 
     def abort(self) -> None:
-        """Detach everything (never raises)."""
+        """Detach everything, and unmount the debugfs / tracefs this process mounted for the
+        probes, as record does (never raises; a no-op in the CLI's own mount namespace)."""
+        from moetrace.kernel.features import unmount_ours
+
         for r in self.recs:
             r.abort()
+        try:
+            for note in unmount_ours():
+                self.say(note)
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass
         if self.pidfd is not None:
             try:
                 os.close(self.pidfd)
