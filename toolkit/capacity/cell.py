@@ -44,6 +44,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from moetrace.atomic import atomic_write
 from moetrace.capacity.scope import (PAGE, Balloon, Scope, balloon_size, find_memory_controller, remove_stale_scopes,
                                     safe_reserve_bytes)
 from moetrace.kernel.syscalls import set_pdeathsig
@@ -222,11 +223,10 @@ def save_miss_curve(curve, path: str | os.PathLike, plan: str | os.PathLike, war
     anew at every boot: ~25 s under TCG), with the key of what it was computed from."""
     w = curve.window
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, cum_hits=curve.cum_hits, accesses=curve.accesses, cold=curve.cold, scope=curve.scope,
-             window=np.array([w.n_iterations, w.warm_iterations, w.cut, w.n_accesses], np.int64),
-             key=plan_key(plan, warmup, passes))
-    os.replace(tmp, path)
+    with atomic_write(path) as tmp, open(tmp, "wb") as fh:  # a file object: savez adds no ".npz"
+        np.savez(fh, cum_hits=curve.cum_hits, accesses=curve.accesses, cold=curve.cold, scope=curve.scope,
+                 window=np.array([w.n_iterations, w.warm_iterations, w.cut, w.n_accesses], np.int64),
+                 key=plan_key(plan, warmup, passes))
     return path
 
 
@@ -321,9 +321,8 @@ def check_privileges() -> None:
 def _write_json(path: Path, obj: Any) -> None:
     from moetrace.jsonutil import json_default
 
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=json_default))
-    os.replace(tmp, path)
+    with atomic_write(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, default=json_default))
 
 
 class _Child:

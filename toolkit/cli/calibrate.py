@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import click
 
 from moetrace.cli.common import emit_json
@@ -51,10 +49,10 @@ def calibrate(path, thresholds_path, write_path, only, as_json):
     cal["held_out"] = held_out(cal, th)
     cal["cell_level"] = split_summary(cal, th)
     if write_path:
-        tmp = f"{write_path}.tmp"
-        with open(tmp, "w") as fh:
-            fh.write(suggested_thresholds(cal, th))
-        os.replace(tmp, write_path)
+        from moetrace.atomic import atomic_write
+
+        with atomic_write(write_path) as tmp:
+            tmp.write_text(suggested_thresholds(cal, th))
         cal["thresholds_written"] = str(write_path)
     if as_json:
         emit_json(cal)

@@ -23,6 +23,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from moetrace.atomic import atomic_write
+
 log = logging.getLogger("moetrace.kernel.minbtf")
 
 KERNEL_BTF = Path("/sys/kernel/btf/vmlinux")
@@ -73,15 +75,11 @@ def find(name: str) -> Path | None:
 def build(kernel_btf_file: Path, objects: list[Path], out: Path) -> None:
     """``bpftool gen min_core_btf`` into ``out`` (written whole or not at all)."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
+    with atomic_write(out) as tmp:
         r = subprocess.run(["bpftool", "gen", "min_core_btf", str(kernel_btf_file), str(tmp), *map(str, objects)],
                            capture_output=True, text=True, timeout=300)
         if r.returncode != 0 or not tmp.is_file():
             raise OSError(f"bpftool gen min_core_btf failed: {(r.stderr or r.stdout).strip()[-500:]}")
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def ensure(objects: list[Path], kernel_btf: bytes | None = None) -> Path | None:

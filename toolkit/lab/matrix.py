@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moetrace.atomic import atomic_write
 from moetrace.capacity.scope import RESERVE_ENV
 from moetrace.errors import InputError, MoetraceError, UsageError
 
@@ -342,9 +343,8 @@ def _write_json(path: Path, doc: dict[str, Any]) -> None:
     from moetrace.jsonutil import json_default
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1, default=json_default) + "\n")
-    os.replace(tmp, path)
+    with atomic_write(path) as tmp:
+        tmp.write_text(json.dumps(doc, indent=1, default=json_default) + "\n")
 
 
 # ---------------------------------------------------------------------------
@@ -554,13 +554,12 @@ def write_table(out: str | os.PathLike, rows: list[dict[str, Any]] | None = None
     out = Path(out)
     rows = matrix_rows(out) if rows is None else rows
     write_summary(out, rows, pairs)
-    path, tmp = out / "matrix_cells.csv", out / "matrix_cells.csv.tmp"
+    path = out / "matrix_cells.csv"
     cols = list(dict.fromkeys(k for r in rows for k in r)) or ["condition"]
-    with open(tmp, "w", newline="") as fh:
+    with atomic_write(path) as tmp, open(tmp, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=cols)
         w.writeheader()
         w.writerows(rows)
-    os.replace(tmp, path)
     return path
 
 

@@ -29,6 +29,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from moetrace.atomic import atomic_write
+
 WINDOW = "window.json"
 #: cell_window's cache is recomputed when its version differs (2: no generation figures with MGLRU
 #: off; 3: the pgpgin oracle, the pool's resident bytes, the file pages' spread over generations;
@@ -285,9 +287,8 @@ def cell_window(cell_dir: str | os.PathLike) -> dict[str, Any]:
         out["evicted_bytes_per_iteration"] = out["evicted_pages"] * 4096 / n
     if n and "workingset_activate_file" in out:
         out["activations_per_iteration"] = out["workingset_activate_file"] / n
-    tmp = cache.with_name(WINDOW + ".tmp")
-    tmp.write_text(json.dumps({**out, "window_version": WINDOW_VERSION}, indent=1) + "\n")
-    os.replace(tmp, cache)
+    with atomic_write(cache) as tmp:
+        tmp.write_text(json.dumps({**out, "window_version": WINDOW_VERSION}, indent=1) + "\n")
     return out
 
 
@@ -385,23 +386,19 @@ def write_summary(out: str | os.PathLike, rows: list[dict[str, Any]],
     out = Path(out)
     summary = summarize(rows)
     paths = {"csv": out / "matrix_summary.csv", "md": out / "matrix_summary.md", "fig3": out / "matrix_fig3.png"}
-    tmp = paths["csv"].with_name("matrix_summary.csv.tmp")
-    with open(tmp, "w", newline="") as fh:
+    with atomic_write(paths["csv"]) as tmp, open(tmp, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(summary[0]) if summary else ["kernel"])
         w.writeheader()
         w.writerows(summary)
-    os.replace(tmp, paths["csv"])
-    tmp = paths["md"].with_name("matrix_summary.md.tmp")
     if pairs is None and (out / "matrix.json").is_file():
         pairs = pair_checks(out)
     pmd = pairs_markdown(pairs or [])
-    tmp.write_text(summary_markdown(summary) + "".join(f"\n- {f}" for f in matrix_findings(summary)) + "\n"
-                   + (f"\n`check` per pair (base -> candidate):\n\n{pmd}" if pmd else ""))
-    os.replace(tmp, paths["md"])
+    with atomic_write(paths["md"]) as tmp:
+        tmp.write_text(summary_markdown(summary) + "".join(f"\n- {f}" for f in matrix_findings(summary)) + "\n"
+                       + (f"\n`check` per pair (base -> candidate):\n\n{pmd}" if pmd else ""))
     if summary:
-        tmp = paths["fig3"].with_name("matrix_fig3.tmp.png")
-        tmp.write_bytes(fig3_png(summary))
-        os.replace(tmp, paths["fig3"])
+        with atomic_write(paths["fig3"]) as tmp:
+            tmp.write_bytes(fig3_png(summary))
     else:
         paths.pop("fig3")
     return paths

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from moetrace.atomic import atomic_write
 from moetrace.errors import MoetraceError, UsageError
 from moetrace.kernel.syscalls import set_pdeathsig
 
@@ -454,9 +455,8 @@ def _remember_kvm_failed(release: str, reason: str) -> None:
                                                "reason": reason}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(seen, indent=1) + "\n")
-        os.replace(tmp, path)
+        with atomic_write(path) as tmp:
+            tmp.write_text(json.dumps(seen, indent=1) + "\n")
     except OSError:  # not remembered: the next auto run tries KVM again
         pass
 

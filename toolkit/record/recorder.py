@@ -40,6 +40,7 @@ from typing import Any, Callable
 
 from moetrace.lazyimport import pandas as pd
 
+from moetrace.atomic import atomic_write
 from moetrace.run import directory as rd
 from moetrace.errors import MoetraceError, UsageError
 from moetrace.record.probe import ProbeRecorder, RecordContext, available as available_recorders, recorder_class
@@ -787,4 +788,5 @@ def _write_snapshots(run_dir: Path, snaps: dict[str, Any]) -> None:
     from moetrace.jsonutil import json_default
 
     text = json.dumps(snaps, default=json_default) + "\n"
-    rd._atomic(run_dir / "snapshots.json", lambda t: Path(t).write_text(text))
+    with atomic_write(run_dir / "snapshots.json", mode=rd.FILE_MODE) as tmp:
+        tmp.write_text(text)

@@ -60,6 +60,7 @@ from typing import Callable
 import numpy as np
 
 from moetrace import __version__
+from moetrace.atomic import atomic_write
 from moetrace.jsonutil import json_default
 from moetrace.errors import InputError, MoetraceError, ReplayInterrupted, SignalReceived, UsageError
 from moetrace.inputs.geometry import format_bytes
@@ -960,16 +961,6 @@ def summarize(rep: Replayer, complete: bool, exit_status: int, error: str | None
     }
 
 
-def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        write(str(tmp))
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def write_outputs(run_dir: str | os.PathLike, rows: dict, summary: dict) -> None:
     """Write iterations.parquet and replay.json into run_dir, each atomically."""
     import pyarrow as pa
@@ -982,15 +973,10 @@ def write_outputs(run_dir: str | os.PathLike, rows: dict, summary: dict) -> None
         raise InputError(f"cannot create the run directory: {e.strerror}", path=str(d)) from None
     table = pa.table({c: pa.array(rows[c], type=getattr(pa, t)()) for c, t in ITERATION_COLUMNS})
     table = table.replace_schema_metadata({"schema": REPLAY_SCHEMA, "clock": "CLOCK_MONOTONIC"})
-    _atomic_write(d / ITERATIONS_FILE, lambda p: pq.write_table(table, p))
-
-    def wjson(p: str) -> None:
-        with open(p, "w") as fh:
-            json.dump(summary, fh, indent=1, default=json_default)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-    _atomic_write(d / SUMMARY_FILE, wjson)
+    with atomic_write(d / ITERATIONS_FILE) as tmp:
+        pq.write_table(table, str(tmp))
+    with atomic_write(d / SUMMARY_FILE, fsync=True) as tmp:
+        tmp.write_text(json.dumps(summary, indent=1, default=json_default) + "\n")
 
 
 def run_replay(plan_path: str | os.PathLike, pool_dir: str | os.PathLike, opts: ReplayOptions, *,

@@ -48,6 +48,7 @@ from typing import Any
 from moetrace.lazyimport import pandas as pd
 
 from moetrace import __version__
+from moetrace.atomic import atomic_write
 from moetrace.errors import InputError, UsageError
 from moetrace.jsonutil import json_default
 
@@ -84,15 +85,6 @@ def create_run_dir(path: str | os.PathLike) -> Path:
     return p
 
 
-def _atomic(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-    os.close(fd)
-    os.chmod(tmp, FILE_MODE)
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def write_manifest(run_dir: str | os.PathLike, doc: dict[str, Any], pretty: bool = True) -> Path:
     """Write manifest.json atomically (0600); fills schema and toolkit_version. ``pretty=False``:
     on one line, by the json module's C encoder (a recording's intermediate writes: ~8x faster
@@ -103,14 +95,16 @@ def write_manifest(run_dir: str | os.PathLike, doc: dict[str, Any], pretty: bool
     doc.setdefault("toolkit_version", __version__)
     path = Path(run_dir) / MANIFEST
     text = json.dumps(doc, indent=1 if pretty else None, default=json_default, sort_keys=False) + "\n"
-    _atomic(path, lambda t: Path(t).write_text(text))
+    with atomic_write(path, mode=FILE_MODE) as tmp:
+        tmp.write_text(text)
     return path
 
 
 def write_table(run_dir: str | os.PathLike, name: str, df: pd.DataFrame) -> Path:
     """Write ``<name>.parquet`` atomically (0600)."""
     path = Path(run_dir) / f"{name}.parquet"
-    _atomic(path, lambda t: df.to_parquet(t, index=False))
+    with atomic_write(path, mode=FILE_MODE) as tmp:
+        df.to_parquet(tmp, index=False)
     return path
 
 

@@ -57,6 +57,7 @@ from moetrace.lazyimport import pandas as pd
 
 from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
                                   AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, group, kp_cand, tp_cand)
+from moetrace.atomic import atomic_write
 from moetrace.run import directory as rd
 from moetrace.errors import MoetraceError, ProbeError, UsageError
 from moetrace.record.probe import ProbeRecorder, RecordContext, schema_doc
@@ -470,7 +471,8 @@ class StacksRecorder(ProbeRecorder):
         run_dir = Path(run_dir)
         rd.write_table(run_dir, SPEC.table, self.df)
         text = folded_text(self.df)
-        rd._atomic(run_dir / FOLDED, lambda t: Path(t).write_text(text))
+        with atomic_write(run_dir / FOLDED, mode=rd.FILE_MODE) as tmp:
+            tmp.write_text(text)
         manifest.setdefault("stats", {})[self.name] = dict(self.stats)
         manifest.setdefault("lost", {})[self.name] = dict(self.lost)
         manifest.setdefault("summaries", {})[self.name] = dict(self.summary)
