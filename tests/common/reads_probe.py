@@ -51,11 +51,12 @@ from moetrace.record.spec import resolve
 
 
 from moetrace.record.probes import PROBES
+from moetrace.kernel.syscalls import kernel_dev
 
 
 from moetrace.record.probes.reads import (CLASSES, FD_FIELDS, HIST_SLOTS, NOPOS, READ_CALL_DTYPE, SYSCALLS, UNATTRIBUTED,
                                Collected,
-                               FdPaths, PoolIndex, Resolution, build, calls_table, kernel_dev, reads_knobs,
+                               FdPaths, PoolIndex, Resolution, build, calls_table, reads_knobs,
                                replay_oracle)
 
 

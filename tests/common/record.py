@@ -46,7 +46,8 @@ from moetrace.kernel import bpf
 from moetrace.run import directory as rundir
 
 
-from moetrace.record.recorder import kernel_dev, pool_from_command
+from moetrace.kernel.syscalls import kernel_dev
+from moetrace.record.recorder import pool_from_command
 
 
 N, MIB = 23, 1 << 20

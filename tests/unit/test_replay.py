@@ -125,7 +125,7 @@ def test_mlock_failure_names_the_limit(monkeypatch):
             ctypes.set_errno(errno.ENOMEM)
             return -1
 
-    monkeypatch.setattr(rp, "_libc", FakeLibc())
+    monkeypatch.setattr(rp, "libc", FakeLibc())
     with pytest.raises(MoetraceError, match="RLIMIT_MEMLOCK") as ei:
         rp._mlock(4096, 1 << 20)
     assert "cgroup" in ei.value.format_message()
@@ -135,7 +135,7 @@ def test_mlock_failure_names_the_limit(monkeypatch):
             ctypes.set_errno(errno.EPERM)
             return -1
 
-    monkeypatch.setattr(rp, "_libc", FakeLibc2())
+    monkeypatch.setattr(rp, "libc", FakeLibc2())
     with pytest.raises(MoetraceError, match="CAP_IPC_LOCK"):
         rp._mlock(4096, 1 << 20)
 

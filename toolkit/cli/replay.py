@@ -63,11 +63,17 @@ def replay(ctx, plan, pool_dir, mode, threads, warmup, passes, arena_bytes, freq
       replay plan.bin --pool /var/tmp/pool --prefetch fadvise --fadvise-random
     """
     from moetrace.inputs.geometry import format_bytes
-    from moetrace.replay.harness import ReplayOptions, run_replay, set_pdeathsig
+    from moetrace.errors import MoetraceError
+    from moetrace.kernel.syscalls import set_pdeathsig
+    from moetrace.replay.harness import ReplayOptions, run_replay
     from moetrace.cli.common import progress
 
     if os.environ.get("MOETRACE_PDEATHSIG") == "1":
-        set_pdeathsig()
+        try:
+            set_pdeathsig(orphan_exits=True)
+        except OSError as e:
+            raise MoetraceError(f"the replay cannot follow its parent: {e}",
+                                hint="unset MOETRACE_PDEATHSIG to run it without") from None
     opts = ReplayOptions(mode=mode, threads=threads, warmup=warmup, passes=passes, arena_bytes=arena_bytes,
                          freq_table=freq_table, prefetch=prefetch, fadvise_random=fadvise_random,
                          read_size=read_size, run_dir=run_dir or None, sync_fd=sync_fd)

@@ -22,7 +22,6 @@ Answers are cached per process (keyed by root and the tracefs location); call
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import logging
 import errno
@@ -33,6 +32,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+from moetrace.kernel.syscalls import libc
 
 log = logging.getLogger("moetrace.kernel.features")
 
@@ -86,7 +87,6 @@ def _enter_private_namespace() -> str | None:
     mounts are made as before, in the host's namespace, and unmounted at the end)."""
     if threading.active_count() > 1:  # a mount namespace belongs to the calling thread only
         return "other threads are running"
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     if libc.unshare(_CLONE_NEWNS) != 0:
         return f"unshare(CLONE_NEWNS): {os.strerror(ctypes.get_errno())}"
     if libc.mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None) != 0:
@@ -248,7 +248,6 @@ def _mount_now(fstype: str, target: str) -> tuple[bool, str]:
             return True, f"mounted {fstype} at {target} (`mount -t {fstype} nodev {target}`)"
         err = (r.stderr or r.stdout).strip()
     except (OSError, subprocess.SubprocessError):  # no mount(8): try mount(2)
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         if libc.mount(b"nodev", target.encode(), fstype.encode(), 0, None) == 0:
             return True, f"mounted {fstype} at {target} (mount(2))"
         err = os.strerror(ctypes.get_errno())

@@ -29,6 +29,7 @@ from typing import Callable
 import numpy as np
 
 from moetrace.errors import ProbeError
+from moetrace.kernel.syscalls import libc
 
 _lib = None
 _lib_lock = threading.Lock()
@@ -48,10 +49,6 @@ _BTF_KIND_STRUCT = 4
 _BTF_KIND_DATASEC = 15
 
 
-def _libc():
-    return ctypes.CDLL(None, use_errno=True)
-
-
 _LIBBPF_DEBUG = 2
 
 
@@ -63,7 +60,7 @@ def _on_print(level: int, fmt: bytes, ap: int) -> int:
         return 0
     if not hasattr(_tls, "buf"):  # one message can be a whole verifier log (libbpf prints it at once)
         _tls.buf = ctypes.create_string_buffer(1 << 22)
-    _libc().vsnprintf(_tls.buf, ctypes.c_size_t(len(_tls.buf)), fmt, ctypes.c_void_p(ap))
+    libc.vsnprintf(_tls.buf, ctypes.c_size_t(len(_tls.buf)), fmt, ctypes.c_void_p(ap))
     for ln in _tls.buf.value.decode(errors="replace").splitlines():
         _log().append(ln)
     del _log()[:-2000]

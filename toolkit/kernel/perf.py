@@ -16,8 +16,9 @@ import ctypes
 import os
 from pathlib import Path
 
-#: perf_event_open(2) syscall numbers (asm/unistd.h)
-SYS_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241, "riscv64": 241, "ppc64le": 319, "s390x": 331}
+from moetrace.kernel.syscalls import SYS_PERF_EVENT_OPEN, libc
+
+#: perf_event_open(2)'s constants (its syscall numbers: moetrace.kernel.syscalls)
 PERF_TYPE_SOFTWARE = 1
 PERF_COUNT_SW_CPU_CLOCK = 0
 PERF_FLAG_FD_CLOEXEC = 1 << 3
@@ -39,10 +40,6 @@ class PerfEventAttr(ctypes.Structure):
                 ("sample_stack_user", ctypes.c_uint32), ("clockid", ctypes.c_int32),
                 ("sample_regs_intr", ctypes.c_uint64), ("aux_watermark", ctypes.c_uint32),
                 ("sample_max_stack", ctypes.c_uint16), ("reserved_2", ctypes.c_uint16)]
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
 
 
 def id_list(text: str) -> list[int]:
@@ -73,7 +70,7 @@ def open_cpu_clock(cpu: int, freq: int) -> int:
         raise OSError(38, f"perf_event_open: no syscall number for {os.uname().machine}")
     attr = PerfEventAttr(type=PERF_TYPE_SOFTWARE, size=ctypes.sizeof(PerfEventAttr), config=PERF_COUNT_SW_CPU_CLOCK,
                          sample_period=int(freq), flags=_ATTR_DISABLED | _ATTR_FREQ)
-    fd = _libc.syscall(ctypes.c_long(nr), ctypes.byref(attr), ctypes.c_int(-1), ctypes.c_int(cpu),
+    fd = libc.syscall(ctypes.c_long(nr), ctypes.byref(attr), ctypes.c_int(-1), ctypes.c_int(cpu),
                        ctypes.c_int(-1), ctypes.c_ulong(PERF_FLAG_FD_CLOEXEC))
     if fd < 0:
         e = ctypes.get_errno()

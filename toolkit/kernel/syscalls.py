@@ -1,7 +1,9 @@
-"""The raw system calls moetrace makes without a library: bpf(2) and prctl(2).
+"""The raw system calls moetrace makes without a library: bpf(2), perf_event_open(2),
+migrate_pages(2), prctl(2), mincore(2); and the kernel's encoding of a device number.
 
-One syscall-number table, one libc handle. Every caller passes a ctypes structure of
-the UAPI's ``union bpf_attr`` layout (append-only, stable) for its command.
+One syscall-number table, one libc handle (:data:`libc`, its prototypes set once here: every
+module that calls libc uses it). bpf(2)'s callers pass a ctypes structure of the UAPI's
+``union bpf_attr`` layout (append-only, stable) for its command.
 """
 
 from __future__ import annotations
@@ -10,13 +12,30 @@ import ctypes
 import os
 import signal
 
-#: bpf(2) syscall numbers (asm/unistd.h); absent: moetrace cannot call bpf(2) directly there
+#: syscall numbers per machine (asm/unistd.h); absent: moetrace cannot make that call there
 SYS_BPF = {"x86_64": 321, "aarch64": 280, "riscv64": 280, "ppc64le": 361, "s390x": 351}
+SYS_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241, "riscv64": 241, "ppc64le": 319, "s390x": 331}
+SYS_MIGRATE_PAGES = {"x86_64": 256, "aarch64": 238}
 PR_SET_PDEATHSIG = 1
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
-_libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+#: the C library (the process's own namespace), errno kept for ctypes.get_errno()
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.mmap.restype = ctypes.c_void_p
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+libc.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+libc.munlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def kernel_dev(st_dev: int) -> int:
+    """A stat() device number in the kernel-internal encoding tracepoints print and BPF reads
+    (``inode->i_sb->s_dev``): (major << 20) | minor."""
+    return (os.major(st_dev) << 20) | os.minor(st_dev)
 
 
 def bpf_nr() -> int | None:
@@ -29,16 +48,21 @@ def sys_bpf(cmd: int, attr: ctypes.Structure | ctypes.Array) -> int:
     nr = bpf_nr()
     if nr is None:
         return -38  # ENOSYS
-    r = _libc.syscall(ctypes.c_long(nr), ctypes.c_int(cmd), ctypes.byref(attr), ctypes.c_uint(ctypes.sizeof(attr)))
+    r = libc.syscall(ctypes.c_long(nr), ctypes.c_int(cmd), ctypes.byref(attr), ctypes.c_uint(ctypes.sizeof(attr)))
     return int(r) if r >= 0 else -ctypes.get_errno()
 
 
-def set_pdeathsig(sig: int = signal.SIGKILL) -> None:
+def set_pdeathsig(sig: int = signal.SIGKILL, *, orphan_exits: bool = False) -> None:
     """prctl(PR_SET_PDEATHSIG, sig): this process gets ``sig`` when its parent thread exits.
-    Raises OSError on failure."""
-    if _libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+    Raises OSError on failure. ``orphan_exits``: when the parent is already gone (this process
+    was reparented before the call, or its parent is init), exit at once with status 1, the
+    signal never coming (a replay started by a cell that died meanwhile)."""
+    ppid = os.getppid()
+    if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
         e = ctypes.get_errno()
         raise OSError(e, f"prctl(PR_SET_PDEATHSIG): {os.strerror(e)}")
+    if orphan_exits and (ppid == 1 or os.getppid() != ppid):
+        os._exit(1)
 
 
 def resident_pages(path: str | os.PathLike, first: int = 0, n: int | None = None) -> int:
@@ -51,15 +75,10 @@ def resident_pages(path: str | os.PathLike, first: int = 0, n: int | None = None
     size = os.stat(path).st_size
     if size == 0:
         return 0
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
     fd = os.open(path, os.O_RDONLY)
     try:
         addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        if addr in (None, ctypes.c_void_p(-1).value):
+        if addr in (None, MAP_FAILED):
             raise OSError(ctypes.get_errno(), "mmap")
         try:
             total = -(-size // mmap.PAGESIZE)

@@ -47,7 +47,7 @@ from moetrace.record.probe import ProbeRecorder, RecordContext, available as ava
 from moetrace.record.spec import resolve
 from moetrace.record.probes import DEFAULT_PROBES, PROBES
 from moetrace.run.replaylog import read_replay_summary, requested_from_replay
-from moetrace.kernel.syscalls import set_pdeathsig
+from moetrace.kernel.syscalls import kernel_dev, set_pdeathsig
 
 log = logging.getLogger("moetrace.record")
 
@@ -77,12 +77,6 @@ PAGE_EVENT_DTYPE = PROBES["pagecache"].struct("page_event").dtype()
 
 # ---------------------------------------------------------------------------
 # the pool -> BPF map
-
-
-def kernel_dev(st_dev: int) -> int:
-    """A stat() device number in the kernel-internal encoding tracepoints print:
-    (major << 20) | minor (what ``inode->i_sb->s_dev`` holds)."""
-    return (os.major(st_dev) << 20) | os.minor(st_dev)
 
 
 @dataclass

@@ -42,7 +42,6 @@ Clock: ``time.monotonic_ns()`` (CLOCK_MONOTONIC), the clock the recorder uses.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno as _errno
 import itertools
 import json
@@ -62,6 +61,7 @@ import numpy as np
 from moetrace import __version__
 from moetrace.atomic import atomic_write
 from moetrace.jsonutil import json_default
+from moetrace.kernel.syscalls import MAP_FAILED, libc
 from moetrace.errors import InputError, MoetraceError, ReplayInterrupted, SignalReceived, UsageError
 from moetrace.inputs.geometry import format_bytes
 from moetrace.inputs.plan import FlatPlan, load_flat_plan  # noqa: F401  (re-exported)
@@ -93,14 +93,6 @@ ITERATION_COLUMNS = (
     ("hints_completed", "int64"),  # ... finished by the worker during the iteration
 )
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-_libc.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_libc.munlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-_libc.mmap.restype = ctypes.c_void_p
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-_MAP_FAILED = ctypes.c_void_p(-1).value
 _MADV_RANDOM = 1
 _memmove = ctypes.memmove  # a ctypes foreign call: the GIL is released during the copy
 
@@ -111,7 +103,7 @@ def _round_up(n: int, a: int) -> int:
 
 def _mlock(addr: int, length: int) -> None:
     """mlock(2) via libc; raises MoetraceError naming the limit that refused it."""
-    if _libc.mlock(addr, length) == 0:
+    if libc.mlock(addr, length) == 0:
         return
     err = ctypes.get_errno()
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
@@ -135,22 +127,6 @@ def read_vmlck(pid: int | str = "self") -> int:
     from moetrace.kernel.procfs import read_vmlck as _read
 
     return _read(pid) or 0
-
-
-def set_pdeathsig(sig: int = signal.SIGKILL) -> None:
-    """Ask the kernel to send sig to this process when its parent dies (prctl PR_SET_PDEATHSIG).
-
-    If the parent is already gone (reparented before the call), exit at once.
-    """
-    from moetrace.kernel import syscalls
-
-    ppid = os.getppid()
-    try:
-        syscalls.set_pdeathsig(sig)
-    except OSError as e:
-        raise MoetraceError(str(e)) from None
-    if ppid == 1 or os.getppid() != ppid:
-        os._exit(1)
 
 
 def frequency_table(source: str, plan: FlatPlan, n_layers: int, n_experts: int) -> np.ndarray:
@@ -555,13 +531,13 @@ class Replayer:
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
                 if mode == "mmap":
                     length = size if pool.layout == "pool" else g.expert_bytes
-                    addr = _libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-                    if addr in (None, _MAP_FAILED):
+                    addr = libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+                    if addr in (None, MAP_FAILED):
                         err = ctypes.get_errno()
                         raise InputError(f"cannot mmap pool file: {os.strerror(err)}", path=p)
                     self._maps.append((addr, length))
                     if self.opts.fadvise_random:
-                        _libc.madvise(addr, length, _MADV_RANDOM)
+                        libc.madvise(addr, length, _MADV_RANDOM)
             except BaseException:
                 os.close(fd)
                 raise
@@ -838,7 +814,7 @@ class Replayer:
                 w.close()
             self.pool_threads = None
         for addr, length in self._maps:
-            _libc.munmap(addr, length)
+            libc.munmap(addr, length)
         self._maps = []
         self._map_addr = []
         for fd in self.fds:
@@ -848,7 +824,7 @@ class Replayer:
                 pass
         self.fds = []
         if self.arena is not None:
-            _libc.munlock(self.arena_addr, self.arena_len)
+            libc.munlock(self.arena_addr, self.arena_len)
             try:
                 self.arena.close()
             except BufferError:
@@ -1089,4 +1065,4 @@ def run_replay(plan_path: str | os.PathLike, pool_dir: str | os.PathLike, opts: 
 __all__ = ["MODES", "PREFETCH", "REPLAY_SCHEMA", "ITERATIONS_FILE", "SUMMARY_FILE", "ITERATION_COLUMNS",
            "FlatPlan", "load_flat_plan", "frequency_table", "choose_arena", "PrefetchAdvisor", "ReplayOptions",
            "ReplayResult", "ReplayInterrupted", "Replayer", "run_replay", "summarize", "write_outputs",
-           "read_vmlck", "set_pdeathsig"]
+           "read_vmlck"]

@@ -51,6 +51,7 @@ from moetrace.lazyimport import pandas as pd
 from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
                                   AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, group, kp_cand, tp_cand)
 from moetrace.errors import ProbeError
+from moetrace.kernel.syscalls import SYS_MIGRATE_PAGES, libc
 from moetrace.record.probe import ProbeRecorder, schema_doc
 
 # -- the declaration: attach candidates, knobs, tables (probes/lru.bpf.c and probes/lru.bpf.c agree:
@@ -165,7 +166,6 @@ _LRU_SLACK_PER_CPU = 256
 #: of kernel memory, one per cached folio (8 GiB of order-0 pages); beyond it the LRU hash forgets
 #: the least recently touched pages, whose later eviction is counted in ``delete_unjoined``
 MAX_PFNS_CAP = 1 << 21
-_SYS_MIGRATE_PAGES = {"x86_64": 256, "aarch64": 238}
 PAGE = os.sysconf("SC_PAGE_SIZE")
 #: the mm_lru_insertion print format's anonymous test (``REC->flags & 0x0002u ? "a" : "f"``)
 _ANON_RE = re.compile(r"REC->flags\s*&\s*(0x[0-9a-fA-F]+)u?\s*\)?\s*\?\s*\"a\"")
@@ -236,7 +236,7 @@ def drain_lru_batches(root: str | os.PathLike = "/") -> tuple[bool, str]:
     nodes to the same nodes. do_migrate_pages() starts with ``lru_cache_disable()``,
     which drains all CPUs' batches and waits, then finds no (source, destination) pair
     that differs and moves nothing. Returns (ok, what happened)."""
-    nr = _SYS_MIGRATE_PAGES.get(os.uname().machine)
+    nr = SYS_MIGRATE_PAGES.get(os.uname().machine)
     if nr is None:
         return False, f"migrate_pages: no syscall number for {os.uname().machine}"
     nodes = _memory_nodes(root)
@@ -246,7 +246,6 @@ def drain_lru_batches(root: str | os.PathLike = "/") -> tuple[bool, str]:
     mask = (ctypes.c_ulong * words)()
     for n in nodes:
         mask[n // 64] |= 1 << (n % 64)
-    libc = ctypes.CDLL(None, use_errno=True)
     t0 = time.perf_counter()
     r = libc.syscall(ctypes.c_long(nr), ctypes.c_int(0), ctypes.c_ulong(words * 64 + 1), ctypes.byref(mask),
                      ctypes.byref(mask))

@@ -74,6 +74,7 @@ from moetrace.lazyimport import pandas as pd
 from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
                                   AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, group, kp_cand, tp_cand)
 from moetrace.errors import MoetraceError, ProbeError
+from moetrace.kernel.syscalls import kernel_dev
 from moetrace.record.probe import ProbeRecorder, RecordContext, schema_doc
 from moetrace.record.spec import AttachPlan
 
@@ -354,11 +355,6 @@ class Resolution:
     dev: int  # kernel encoding
     path: str | None
     by: str  # "fd" (the task's fd table, in the kernel) | "add" (the first added page)
-
-
-def kernel_dev(st_dev: int) -> int:
-    """stat()'s st_dev in the kernel encoding tracepoints use: (major << 20) | minor."""
-    return (os.major(st_dev) << 20) | os.minor(st_dev)
 
 
 @dataclass
