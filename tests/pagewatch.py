@@ -29,7 +29,7 @@ class PageWatcher:
         from moetrace.record.probe import RecordContext
         from moetrace.record.probes import PROBES
         from moetrace.record.probes.pagecache import EVICTORS, PagecacheRecorder
-        from moetrace.record.recorder import pool_map
+        from moetrace.record.poolmap import pool_map
         from moetrace.record.spec import resolve
 
         spec = PROBES["pagecache"]

@@ -103,9 +103,10 @@ def _defines(prefix: str, src: str = SRC) -> list[tuple[str, int]]:
 
 
 def _pmap(n: int, ppe: int, inodes: dict | None = None):
-    return SimpleNamespace(n_total=n, pages_per_expert=ppe, pool_dev=(8 << 20) | 1,
-                           inodes=inodes if inodes is not None else {100 + i: (i, 1) for i in range(n)},
-                           pool=SimpleNamespace(geometry=SimpleNamespace(n_experts=n)))
+    from moetrace.record.poolmap import PAGE as page_bytes, PoolMap
+
+    return PoolMap(inodes if inodes is not None else {100 + i: (i, 1) for i in range(n)}, (8 << 20) | 1,
+                   ppe * page_bytes, n, n)
 
 
 KNOB_SETS = [

@@ -52,11 +52,12 @@ from moetrace.record.spec import resolve
 
 from moetrace.record.probes import PROBES
 from moetrace.kernel.syscalls import kernel_dev
+from moetrace.record.poolmap import PoolMap
 
 
 from moetrace.record.probes.reads import (CLASSES, FD_FIELDS, HIST_SLOTS, NOPOS, READ_CALL_DTYPE, SYSCALLS, UNATTRIBUTED,
                                Collected,
-                               FdPaths, PoolIndex, Resolution, build, calls_table, reads_knobs,
+                               FdPaths, Resolution, build, calls_table, reads_knobs,
                                replay_oracle)
 
 
@@ -84,11 +85,11 @@ from conftest import io_lock  # noqa: E402
 from common.record import _drop  # noqa: E402  (fadvise DONTNEED, then mincore: 0 pages resident)
 
 
-FILES_POOL = PoolIndex({100 + i: (i, 1) for i in range(4)}, dev=(8 << 20) | 1, extent_bytes=MIB, n_total=4,
+FILES_POOL = PoolMap({100 + i: (i, 1) for i in range(4)}, dev=(8 << 20) | 1, extent_bytes=MIB, n_total=4,
                        n_experts=2)
 
 
-ONE_FILE_POOL = PoolIndex({200: (0, 4)}, dev=(8 << 20) | 1, extent_bytes=MIB, n_total=4, n_experts=2)
+ONE_FILE_POOL = PoolMap({200: (0, 4)}, dev=(8 << 20) | 1, extent_bytes=MIB, n_total=4, n_experts=2)
 
 
 def _fd_row(tgid, fd, gen, epoch, chunk, calls, hit, miss, err, added, ino=0, dev=0, nbytes=None, by=None):
@@ -152,4 +153,4 @@ def _replay_log(run: Path) -> tuple[dict, pd.DataFrame]:
     return json.loads((rep / "replay.json").read_text()), pd.read_parquet(rep / "iterations.parquet")
 
 
-__all__ = ['BIN', 'CLASSES', 'Collected', 'FD_FIELDS', 'FILES_POOL', 'FdPaths', 'HIST_SLOTS', 'KNOB_SETS', 'MIB', 'N', 'NOPOS', 'ONE_FILE_POOL', 'PAGES', 'PROBES', 'Path', 'PoolIndex', 'READ_CALL_DTYPE', 'RECORD', 'REPLAY', 'Resolution', 'SPEC', 'SYSCALLS', 'UNATTRIBUTED', '_collected', '_drop', '_fd_row', '_moetrace', '_record', '_replay_log', 'build', 'calls_table', 'io_lock', 'json', 'kernel_dev', 'mmap', 'np', 'os', 'pd', 'pools', 'pytest', 'reads_knobs', 'replay_oracle', 'resolve', 'rundir', 'subprocess', 'sys', 'textwrap']
+__all__ = ['BIN', 'CLASSES', 'Collected', 'FD_FIELDS', 'FILES_POOL', 'FdPaths', 'HIST_SLOTS', 'KNOB_SETS', 'MIB', 'N', 'NOPOS', 'ONE_FILE_POOL', 'PAGES', 'PROBES', 'Path', 'PoolMap', 'READ_CALL_DTYPE', 'RECORD', 'REPLAY', 'Resolution', 'SPEC', 'SYSCALLS', 'UNATTRIBUTED', '_collected', '_drop', '_fd_row', '_moetrace', '_record', '_replay_log', 'build', 'calls_table', 'io_lock', 'json', 'kernel_dev', 'mmap', 'np', 'os', 'pd', 'pools', 'pytest', 'reads_knobs', 'replay_oracle', 'resolve', 'rundir', 'subprocess', 'sys', 'textwrap']

@@ -33,7 +33,7 @@ def test_ring_read_in_place_wraps_and_accounts_for_every_record(live, pools):
     from moetrace.record.probe import RecordContext
     from moetrace.record.probes import PROBES
     from moetrace.record.probes.pagecache import PAGE_EVENT_DTYPE, PagecacheRecorder
-    from moetrace.record.recorder import pool_map
+    from moetrace.record.poolmap import pool_map
     from moetrace.record.spec import resolve
 
     pool = pools["files"]

@@ -236,10 +236,11 @@ def test_eviction_records_map_to_experts_through_the_pool_map():
     divides by pages per expert, an inode outside the pool is -1 (and dropped from the table)."""
     import numpy as np
 
-    from moetrace.record.recorder import PoolMap
+    from moetrace.record.poolmap import PAGE, PoolMap
 
-    pm = PoolMap(pool=None, pool_dev=0, pages_per_expert=256, words_per_expert=4,
-                 inodes={50: (3, 1), 10: (0, 3), 70: (9, 1)})
+    pm = PoolMap(inodes={50: (3, 1), 10: (0, 3), 70: (9, 1)}, dev=0, extent_bytes=256 * PAGE, n_total=11,
+                 n_experts=11)
+    assert (pm.pages_per_expert, pm.words_per_expert) == (256, 4)
     got = pm.expert_ids(np.array([10, 10, 10, 50, 70, 99, 5]), np.array([0, 256, 700, 12, 0, 0, 0]))
     assert got.tolist() == [0, 1, 2, 3, 9, -1, -1]
-    assert PoolMap(None, 0, 256, 4, {}).expert_ids(np.array([1]), np.array([0])).tolist() == [-1]
+    assert PoolMap({}, 0, 256 * PAGE, 0, 0).expert_ids(np.array([1]), np.array([0])).tolist() == [-1]

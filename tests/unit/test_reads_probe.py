@@ -30,7 +30,7 @@ def test_knobs_from_plan_and_pool():
     assert reads_knobs(plan, FILES_POOL, stream=False)["MOE_EXTENT"] == 0  # one expert per file: no split
     assert reads_knobs(plan, None, stream=False)["MOE_EXTENT"] == 0
     # a pool file's identities are per extent: `fds` holds 4 per expert + 4096 others, a power of two
-    big = PoolIndex({5: (0, 8000)}, 1, MIB, 8000, 8000)
+    big = PoolMap({5: (0, 8000)}, 1, MIB, 8000, 8000)
     assert reads_knobs(plan, big, stream=False)["MOE_MAX_FDS"] == 65536
     assert reads_knobs(plan, ONE_FILE_POOL, stream=False)["MOE_MAX_FDS"] == 16384  # the default suffices
 

@@ -101,7 +101,8 @@ class Watcher:
         from moetrace.kernel.features import Features
         from moetrace.record.probe import RecordContext, recorder_class
         from moetrace.record.probes import PROBES
-        from moetrace.record.recorder import check_can_record, pool_map
+        from moetrace.record.poolmap import pool_map
+        from moetrace.record.recorder import check_can_record
         from moetrace.record.spec import resolve
 
         self._check_scope()

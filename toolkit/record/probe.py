@@ -48,7 +48,7 @@ class RecordContext:
 
     features: :class:`moetrace.kernel.features.Features` of the live kernel. plan: this probe's
     resolved :class:`AttachPlan` (attach what it says, compile out what it does not).
-    pmap: :class:`moetrace.record.recorder.PoolMap` (inode -> expert, pool device, pages per
+    pmap: :class:`moetrace.record.poolmap.PoolMap` (inode -> expert, pool device, pages per
     expert) or None when no pool was named. run_dir: the run directory (0700).
     log_dir: where the command's replay log lands (replay.json, iterations.parquet).
     stream: ``record --stream`` (per-event streams on). t0_ns: CLOCK_MONOTONIC ns when

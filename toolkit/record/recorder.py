@@ -47,11 +47,11 @@ from moetrace.record.probe import ProbeRecorder, RecordContext, available as ava
 from moetrace.record.spec import resolve
 from moetrace.record.probes import DEFAULT_PROBES, PROBES
 from moetrace.run.replaylog import read_replay_summary, requested_from_replay
-from moetrace.kernel.syscalls import kernel_dev, set_pdeathsig
+from moetrace.kernel.syscalls import set_pdeathsig
+from moetrace.record.poolmap import pool_map
 
 log = logging.getLogger("moetrace.record")
 
-PAGE = os.sysconf("SC_PAGE_SIZE")
 #: the recorder's wait loop: milliseconds per round (waitpid once per round). Every poller
 #: returns early on its own events (a new fd identity, ring data, the command's exit), so a
 #: round only bounds how stale a ring may get; with counters only the rings carry little and
@@ -76,57 +76,7 @@ PAGE_EVENT_DTYPE = PROBES["pagecache"].struct("page_event").dtype()
 
 
 # ---------------------------------------------------------------------------
-# the pool -> BPF map
-
-
-@dataclass
-class PoolMap:
-    """The pool as the pagecache probe sees it."""
-
-    pool: Any
-    pool_dev: int  # kernel encoding
-    pages_per_expert: int
-    words_per_expert: int
-    inodes: dict[int, tuple[int, int]]  # ino -> (base expert_id, experts in the file)
-
-    @property
-    def n_total(self) -> int:
-        return self.pool.n_total
-
-    def expert_ids(self, ino, page_index):
-        """expert_id of each (inode, page index) of the pool (vectorised); -1 outside the pool."""
-        import numpy as np
-
-        inos = np.array(sorted(self.inodes), dtype=np.int64)
-        if not len(inos):
-            return np.full(len(ino), -1, np.int64)
-        base = np.array([self.inodes[i][0] for i in inos], np.int64)
-        nfile = np.array([self.inodes[i][1] for i in inos], np.int64)
-        ino = np.asarray(ino, np.int64)
-        pos = np.minimum(np.searchsorted(inos, ino), len(inos) - 1)
-        hit = inos[pos] == ino
-        eid = np.where(nfile[pos] > 1, base[pos] + np.asarray(page_index, np.int64) // max(1, self.pages_per_expert),
-                       base[pos])
-        return np.where(hit, eid, -1)
-
-
-def pool_map(pool) -> PoolMap:
-    """inode -> (base, n) for every data file of the pool; all on one filesystem."""
-    ppe = -(-pool.extent_bytes // PAGE)
-    inodes: dict[int, tuple[int, int]] = {}
-    devs = set()
-    for i, p in enumerate(pool.data_paths()):
-        st = os.stat(p)
-        devs.add(st.st_dev)
-        base, n = (i, 1) if pool.layout == "files" else (0, pool.n_total)
-        if st.st_ino in inodes:
-            raise UsageError(f"two pool files share inode {st.st_ino} ({p})", hint="hard links in a pool are not supported")
-        inodes[st.st_ino] = (base, n)
-    if len(devs) > 1:
-        raise UsageError(f"the pool {pool.root} spans {len(devs)} filesystems",
-                         hint="keep every expert file of a pool on one filesystem")
-    dev = kernel_dev(devs.pop()) if devs else 0
-    return PoolMap(pool, dev, ppe, -(-ppe // 64), inodes)
+# the command line
 
 
 def option_from_command(cmd: list[str], name: str) -> str | None:
@@ -341,8 +291,8 @@ class _Recording:
             self.pool_doc = {"root": str(Path(pool.root).resolve()), "identity": pool.manifest.get("checksum"),
                              "layout": pool.layout, "geometry": pool.geometry.to_dict(),
                              "extent_bytes": pool.extent_bytes, "pages_per_expert": pmap.pages_per_expert,
-                             "files": len(pool.files), "s_dev": pmap.pool_dev,
-                             "s_dev_text": f"{pmap.pool_dev >> 20}:{pmap.pool_dev & ((1 << 20) - 1)}",
+                             "files": len(pool.files), "s_dev": pmap.dev,
+                             "s_dev_text": f"{pmap.dev >> 20}:{pmap.dev & ((1 << 20) - 1)}",
                              "source": "--pool" if opts.pool else "the command's --pool"}
         else:
             self.notes.append("no pool named (--pool, or --pool in the command): every page-cache page is "

@@ -209,7 +209,7 @@ def lru_knobs(plan_knobs: dict[str, int] | None = None, pmap=None, mem_pages: in
         pool_pages = int(pmap.n_total) * int(pmap.pages_per_expert)
         want = pool_pages if mem_pages is None else min(pool_pages, int(mem_pages))
         slack = _LRU_SLACK_PER_CPU * int(ncpus or os.cpu_count() or 1) + 1024
-        over.update(POOL_DEV=int(pmap.pool_dev), N_EXPERTS=int(pmap.n_total), PPE=int(pmap.pages_per_expert),
+        over.update(POOL_DEV=int(pmap.dev), N_EXPERTS=int(pmap.n_total), PPE=int(pmap.pages_per_expert),
                     MAX_INODES=max(16, len(pmap.inodes) + 16), MAX_PFNS=min(max(want + slack, 1024), MAX_PFNS_CAP))
     if anon_flag is not None:
         over["ANON_FLAG"] = int(anon_flag)
@@ -481,7 +481,7 @@ class LruRecorder(ProbeRecorder):
         self.probe.close()
         self.closed = True
         n = self.knobs["N_EXPERTS"]
-        E = self.ctx.pmap.pool.geometry.n_experts if self.ctx.pmap is not None else 1
+        E = self.ctx.pmap.n_experts if self.ctx.pmap is not None else 1
         self.table, self.histogram = lru_tables(counts, hist.reshape(len(HISTOGRAMS), HIST_SLOTS), n, E,
                                                 self.have_activate)
         self.collected = True

@@ -273,7 +273,7 @@ class MglruRecorder(ProbeRecorder):
             k["MOE_EVICT_EVENTS"] = 0
             self.evict_why_not = why
             return
-        k["MOE_POOL_DEV"] = int(self.ctx.pmap.pool_dev)
+        k["MOE_POOL_DEV"] = int(self.ctx.pmap.dev)
 
     def _plan_inc_gen(self) -> None:
         """folio_inc_gen needs the build's LRU_GEN_PGOFF: derived, or the group is not loaded (with why)."""
@@ -367,7 +367,7 @@ class MglruRecorder(ProbeRecorder):
         all_eid = pm.expert_ids(ino, idx)
         keep = all_eid >= 0
         eid = all_eid[keep]
-        E = pm.pool.geometry.n_experts
+        E = pm.n_experts
         seq = ev["min_seq"][keep]
         return pd.DataFrame({
             "time_ns": ev["ts_ns"][keep].astype(np.int64),

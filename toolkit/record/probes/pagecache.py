@@ -173,7 +173,7 @@ def pagecache_knobs(plan_knobs: dict[str, int], pmap, stream: bool, reads_record
 
     over: dict[str, int] = dict(plan_knobs)
     if pmap is not None:
-        over.update(POOL_DEV=pmap.pool_dev, N_EXPERTS=pmap.n_total, PPE=pmap.pages_per_expert,
+        over.update(POOL_DEV=pmap.dev, N_EXPERTS=pmap.n_total, PPE=pmap.pages_per_expert,
                     WPE=pmap.words_per_expert, EPOCHS=epochs_for(pmap.n_total + 1))
     over["STREAM_EVENTS"] = int(stream)
     if reads_recorded:
@@ -388,7 +388,7 @@ def experts_table(pmap, counts: list[tuple[int, int, int]] | None, req_bytes: np
 
     n = pmap.n_total if pmap is not None else 0
     c = np.full((n + 1, 3), -1, np.int64) if counts is None else np.asarray(counts, np.int64).reshape(-1, 3)
-    E = pmap.pool.geometry.n_experts if pmap is not None else 1
+    E = pmap.n_experts if pmap is not None else 1
     eid = np.arange(n, dtype=np.int64)
 
     def ia(x, dtype="Int64"):
@@ -456,7 +456,7 @@ def epoch_tables(arr: np.ndarray, epochs: list, pmap, evictors: np.ndarray | Non
     tot = a["added_pages"].astype(np.int64) + a["evicted_pages"] + a["re_added_pages"]
     nz = np.flatnonzero(tot)
     ep, eid = nz // n1, nz % n1
-    E = pmap.pool.geometry.n_experts
+    E = pmap.n_experts
     is_exp = eid < pmap.n_total
 
     def ia(x, dt="Int64"):

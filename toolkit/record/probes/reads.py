@@ -75,6 +75,7 @@ from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, A
                                   AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, group, kp_cand, tp_cand)
 from moetrace.errors import MoetraceError, ProbeError
 from moetrace.kernel.syscalls import kernel_dev
+from moetrace.record.poolmap import PoolMap
 from moetrace.record.probe import ProbeRecorder, RecordContext, schema_doc
 from moetrace.record.spec import AttachPlan
 
@@ -274,51 +275,7 @@ Ident = tuple[int, int, int, int]  # (tgid, fd, gen, epoch)
 
 
 # ---------------------------------------------------------------------------
-# the pool as attribution needs it
-
-
-@dataclass(frozen=True)
-class PoolIndex:
-    """inode -> experts, from :class:`moetrace.record.recorder.PoolMap` (or built by hand in tests).
-
-    inodes: {st_ino: (base expert_id, experts in the file)}; dev: the pool filesystem's
-    device, kernel encoding (major << 20) | minor; extent_bytes: the pool file's extent
-    (expert = base + pos // extent_bytes when a file holds more than one expert)."""
-
-    inodes: dict[int, tuple[int, int]]
-    dev: int
-    extent_bytes: int
-    n_total: int
-    n_experts: int
-
-    @classmethod
-    def from_pmap(cls, pmap) -> "PoolIndex | None":
-        if pmap is None:
-            return None
-        return cls(dict(pmap.inodes), int(pmap.pool_dev), int(pmap.pool.extent_bytes), int(pmap.n_total),
-                   int(pmap.pool.geometry.n_experts))
-
-    @property
-    def split(self) -> bool:
-        """True when some file holds several experts (the pool layout)."""
-        return any(n > 1 for _b, n in self.inodes.values())
-
-    def locate(self, ino: int | None, dev: int | None, pos: int | None) -> tuple[str, int | None]:
-        """(source, expert_id) of a call on (ino, dev) at byte position ``pos`` (None: unknown)."""
-        if ino is None:
-            return "unresolved_fd", None
-        v = self.inodes.get(int(ino))
-        if v is None or (dev is not None and int(dev) != self.dev):
-            return "other_files", None
-        base, n = v
-        if n <= 1:
-            return "expert", base
-        if pos is None:
-            return "no_position", None
-        off = int(pos) // self.extent_bytes
-        if off >= n:
-            return "pool_tail", None
-        return "expert", base + off
+# the BPF maps and knobs
 
 
 def _map_sizes(k: dict[str, int]) -> dict[str, int]:
@@ -331,7 +288,7 @@ def _map_sizes(k: dict[str, int]) -> dict[str, int]:
             "calls": PAGE * (int(k["MOE_RINGBUF_PAGES"]) if k["MOE_STREAM"] else 1)}
 
 
-def reads_knobs(plan: AttachPlan, pool: PoolIndex | None, stream: bool, **over: int) -> dict[str, int]:
+def reads_knobs(plan: AttachPlan, pool: PoolMap | None, stream: bool, **over: int) -> dict[str, int]:
     """The knobs of the reads probe: the attach plan's (group and field knobs), the pool's
     extent split, the page size and the stream switch; ``over`` wins."""
     k: dict[str, int] = dict(plan.knobs)
@@ -459,7 +416,7 @@ def _ident_inodes(fds: pd.DataFrame, paths: dict[Ident, str]) -> dict[Ident, Res
     return out
 
 
-def files_table(col: Collected, inos: dict[Ident, Resolution], pool: PoolIndex | None,
+def files_table(col: Collected, inos: dict[Ident, Resolution], pool: PoolMap | None,
                 extent: int) -> pd.DataFrame:
     """reads_files: one row per (fd identity, extent) with its inode, path, source and
     expert (``inos``: :func:`_ident_inodes`)."""
@@ -515,7 +472,7 @@ _OVERFLOW = {  # reads.parquet column -> fd_counts field
 }
 
 
-def experts_table(files: pd.DataFrame, overflow: dict[str, int], pool: PoolIndex | None,
+def experts_table(files: pd.DataFrame, overflow: dict[str, int], pool: PoolMap | None,
                   bad_fd: dict[str, int] | None = None) -> pd.DataFrame:
     """reads.parquet: one row per expert (expert_id order), then one per unattributed source
     (``overflow``: the calls that found the per-fd map full; ``bad_fd``: calls that failed
@@ -594,9 +551,9 @@ def latency_table(col: Collected, pool_idents: set[Ident]) -> pd.DataFrame:
     return df[[c.name for c in SPEC.tables()["reads_latency"]]]
 
 
-def locate_many(pool: PoolIndex | None, ino: np.ndarray, dev: np.ndarray, known: np.ndarray, pos: np.ndarray,
+def locate_many(pool: PoolMap | None, ino: np.ndarray, dev: np.ndarray, known: np.ndarray, pos: np.ndarray,
                 has_pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Vectorized :meth:`PoolIndex.locate`: (source strings, expert_id or -1) per row.
+    """Vectorized :meth:`PoolMap.locate`: (source strings, expert_id or -1) per row.
 
     ``known``: the row's inode is known; ``has_pos``: its position is (``pos`` in bytes)."""
     source = np.full(len(ino), "unresolved_fd", object)
@@ -607,17 +564,14 @@ def locate_many(pool: PoolIndex | None, ino: np.ndarray, dev: np.ndarray, known:
     return source, eid
 
 
-def _locate(pool: PoolIndex | None, ino: np.ndarray, dev: np.ndarray, known: np.ndarray, pos: np.ndarray,
+def _locate(pool: PoolMap | None, ino: np.ndarray, dev: np.ndarray, known: np.ndarray, pos: np.ndarray,
             has_pos: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """(expert_id or -1 per row, {source: rows} for the pool's rows): numbers only."""
     n = len(ino)
     eid = np.full(n, -1, np.int64)
     if pool is None or not pool.inodes or n == 0:
         return eid, {}
-    keys = np.fromiter(pool.inodes.keys(), np.uint64, len(pool.inodes))
-    vals = np.array(list(pool.inodes.values()), np.int64).reshape(-1, 2)
-    order = np.argsort(keys)
-    keys, vals = keys[order], vals[order]
+    keys, vals = pool.table
     i = np.clip(np.searchsorted(keys, ino.astype(np.uint64)), 0, len(keys) - 1)
     hit = known & (keys[i] == ino.astype(np.uint64)) & (dev.astype(np.int64) == pool.dev)
     base, cnt = vals[i, 0], vals[i, 1]
@@ -651,7 +605,7 @@ def _resolved(ev: np.ndarray, inos: dict[Ident, Resolution]) -> tuple[np.ndarray
     return (np.where(have, r_ino, own), np.where(have, r_dev, ev["dev"].astype(np.int64)), have | (own != 0))
 
 
-def call_experts(raw: bytes, inos: dict[Ident, Resolution], pool: PoolIndex | None) -> dict[str, np.ndarray]:
+def call_experts(raw: bytes, inos: dict[Ident, Resolution], pool: PoolMap | None) -> dict[str, np.ndarray]:
     """The stream's calls as arrays (``moetrace watch``: no table per interval): ts_ns,
     expert_id (-1: none), ret, latency_ns, hit_only."""
     ev = np.frombuffer(raw, READ_CALL_DTYPE) if raw else np.zeros(0, READ_CALL_DTYPE)
@@ -664,7 +618,7 @@ def call_experts(raw: bytes, inos: dict[Ident, Resolution], pool: PoolIndex | No
             "latency_ns": ev["latency_ns"].astype(np.int64), "hit_only": hit}
 
 
-def calls_table(raw: bytes, inos: dict[Ident, Resolution], pool: PoolIndex | None) -> pd.DataFrame:
+def calls_table(raw: bytes, inos: dict[Ident, Resolution], pool: PoolMap | None) -> pd.DataFrame:
     """read_calls: the stream, one row per call, attributed like reads.parquet (by identity,
     and for the pool file by the call's own position; an identity never resolved uses the
     call's own first added page)."""
@@ -739,7 +693,7 @@ class ReadsRecorder(ProbeRecorder):
 
     def __init__(self, ctx: RecordContext):
         super().__init__(ctx)
-        self.pool = PoolIndex.from_pmap(ctx.pmap)
+        self.pool = ctx.pmap
         self.stream = None  # moetrace.kernel.bpf.EventStream of read_call records
         #: identity -> its inode as the kernel announced it (idents ring), when streaming
         self.announced: dict[Ident, Resolution] = {}
@@ -890,7 +844,7 @@ class ReadsRecorder(ProbeRecorder):
         }
 
 
-def build(col: Collected, paths: dict[Ident, str], pool: PoolIndex | None, extent: int,
+def build(col: Collected, paths: dict[Ident, str], pool: PoolMap | None, extent: int,
           log_dir: Path | None = None, extra: dict[str, Any] | None = None
           ) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
     """Every table of the reads probe and its manifest summary from what was collected
