@@ -4,7 +4,7 @@
 
 Builds a 2-layer x 32-expert x 1 MiB pool (64 MiB) and a 3-iteration plan, drops the
 pool from the page cache, runs ``moetrace record -- replay`` (every default probe this
-kernel offers), then loads the run directory with :func:`moetrace.run.directory.load_run` (no
+kernel offers), then opens the run directory with :func:`moetrace.open_run` (no
 root needed for that part) and prints: what each iteration added to the page cache
 (epochs), the read calls by class (reads), the hottest kernel frames (stacks) and each
 probe's kernel CPU time (--bpf-stats). The pool is removed at the end.
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from moetrace.run import directory as rundir
+import moetrace
 from moetrace.inputs.trace import write_jsonl
 
 L, E = 2, 32
@@ -61,7 +61,8 @@ def main() -> int:
             sys.exit(f"record failed: {r.stderr.strip()[-2000:]}")
 
         # -- the analysis side: a run directory, no kernel needed from here on
-        doc, t = rundir.load_run(run)
+        recording = moetrace.open_run(run)  # tables read on first use
+        doc, t = recording.manifest, recording.tables
         print(f"run {run}: complete={doc['complete']}, probes recorded: "
               + ", ".join(p for p, a in doc["attach_plan"].items() if a["recorded"]))
         meta = t["epochs"].set_index("epoch")

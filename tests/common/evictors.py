@@ -105,9 +105,9 @@ def _finish(proc, go: Path):
 
 
 def _tables(run: Path):
-    from moetrace.run.directory import load_run
+    from common import read_run
 
-    doc, t = load_run(run)
+    doc, t = read_run(run)
     e = t["experts"]
     return doc, e[e["kind"] == "expert"].reset_index(drop=True), t["page_events"]
 

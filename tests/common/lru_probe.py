@@ -69,6 +69,7 @@ from conftest import io_lock  # noqa: E402
 
 
 from common.record import REPLAY, _drop, _moetrace, _resident_pages  # noqa: E402
+from common import read_run
 
 
 SRC = bpf.core_source("lru").read_text()
@@ -130,7 +131,7 @@ def _record(out: Path, cmd: list[str], *opts: str, timeout: float = 180) -> subp
 
 
 def _load(run: Path):
-    doc, tables = rundir.load_run(run)
+    doc, tables = read_run(run)
     pc, lru = tables["experts"], tables["lru"]
     return (doc, pc[pc["kind"] == "expert"].reset_index(drop=True),
             lru[lru["kind"] == "expert"].reset_index(drop=True), lru[lru["kind"] == "unattributed"].iloc[0],

@@ -10,6 +10,7 @@ hot), exact per-page re-adds, exit-status propagation, SIGINT/SIGTERM.
 from __future__ import annotations
 
 
+from common import read_run
 import ctypes
 
 
@@ -112,7 +113,7 @@ def _record(out: Path, cmd: list[str], *opts: str, timeout: float = 120) -> subp
 
 
 def _experts(run: Path):
-    doc, tables = rundir.load_run(run)
+    doc, tables = read_run(run)
     df = tables["experts"]
     return doc, df[df["kind"] == "expert"].reset_index(drop=True), df[df["kind"] == "unattributed"].iloc[0]
 

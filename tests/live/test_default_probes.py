@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from common.default_probes import *  # noqa: F401,F403
+from common import read_run
 
 
 def test_default_set_attaches_or_doctor_says_why(live, tmp_path):
@@ -31,7 +32,7 @@ def test_default_set_attaches_or_doctor_says_why(live, tmp_path):
         else:
             assert ap["recorded"] is True, (name, ap["skip_reason"])
     assert doc["complete"] is True
-    _doc, tables = rundir.load_run(tmp_path / "run")
+    _doc, tables = read_run(tmp_path / "run")
     if doc["attach_plan"]["stacks"]["recorded"]:
         st = tables["stacks"]
         assert int(st["samples"].sum()) > 0

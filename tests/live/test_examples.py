@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from common.examples import *  # noqa: F401,F403
+from common import read_run
 
 
 def test_record_run_example(live, tmp_path):
@@ -20,7 +21,7 @@ def test_record_run_example(live, tmp_path):
                            capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     assert "expert pages added to the page cache per epoch" in r.stdout
-    doc, t = rundir.load_run(tmp_path / "run")
+    doc, t = read_run(tmp_path / "run")
     ee, meta = t["expert_epochs"], t["epochs"]
     e = ee[ee["kind"] == "expert"].merge(meta, on="epoch")
     is_first = (e["phase"] == "warmup") & (e["iteration"] == 0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from common.mglru import *  # noqa: F401,F403
+from common import read_run
 
 
 def test_record_mglru_on_this_host(live, tmp_path):
@@ -14,7 +15,7 @@ def test_record_mglru_on_this_host(live, tmp_path):
     r = subprocess.run([*RECORD, "--probes", "mglru", "--missing-probes", "warn", "--out", str(tmp_path / "run"),
                         "--", *cmd], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    doc, tables = rundir.load_run(tmp_path / "run")
+    doc, tables = read_run(tmp_path / "run")
     ap = doc["attach_plan"]["mglru"]
     if here is None:  # this project's machines: no MGLRU built
         assert doc["mglru"] is None

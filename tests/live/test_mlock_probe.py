@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from common.mlock_probe import *  # noqa: F401,F403
+from common import read_run
 
 
 def test_probe_locked_bytes_equal_vmlck_after_each_call(live):
@@ -84,7 +85,7 @@ def test_record_pinned_replay_locked_bytes_at_loop_entry_equal_vmlck(live, pinne
     r = subprocess.run([*RECORD, "--probes", "mlock", "--out", str(tmp_path / "run"), "--", *cmd],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    doc, tables = rundir.load_run(tmp_path / "run")
+    doc, tables = read_run(tmp_path / "run")
     assert doc["complete"] is True
     assert doc["attach_plan"]["mlock"]["recorded"] is True
     rs = json.loads((tmp_path / "run" / "replay" / "replay.json").read_text())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from common.reads_probe import *  # noqa: F401,F403
+from common import read_run
 
 
 @pytest.mark.parametrize("layout", ["files", "pool"])
@@ -18,7 +19,7 @@ def test_cold_pass_misses_then_hot_pass_hits(live, pools, layout, tmp_path):
         r = _record(tmp_path / "run", replay, "--probes", "pagecache,reads", "--stream-events")
     assert r.returncode == 0, r.stderr
     run = tmp_path / "run"
-    doc, tables = rundir.load_run(run)
+    doc, tables = read_run(run)
     rj, it = _replay_log(run)
     assert rj["complete"] is True and rj["mode"] == "pagecache"
     calls = tables["read_calls"]
@@ -85,7 +86,7 @@ def test_end_to_end_cli_chunked_reads(live, pools, tmp_path):
                             "--passes", "2", "--threads", "2", "--read-size", "256KiB"],
                            capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr
-    doc, tables = rundir.load_run(run)
+    doc, tables = read_run(run)
     assert doc["complete"] is True
     _rj, it = _replay_log(run)
     e = tables["reads"][tables["reads"]["kind"] == "expert"]
@@ -148,7 +149,7 @@ def test_fd_reuse_errors_read_and_forks(live, pools, tmp_path):
     """)
     r = _record(tmp_path / "s", [sys.executable, "-c", script], "--probes", "reads", "--pool", str(pools["pool"]))
     assert r.returncode == 0, r.stderr
-    doc, tables = rundir.load_run(tmp_path / "s")
+    doc, tables = read_run(tmp_path / "s")
     rd = tables["reads"]
     u = rd[rd["kind"] == "unattributed"].set_index("source")
     ex = rd[rd["kind"] == "expert"].set_index("expert_id")
@@ -205,7 +206,7 @@ def test_files_layout_fd_reuse_and_close_range(live, pools, tmp_path):
     """)
     r = _record(tmp_path / "s", [sys.executable, "-c", script], "--probes", "reads", "--pool", str(pools["files"]))
     assert r.returncode == 0, r.stderr
-    doc, tables = rundir.load_run(tmp_path / "s")
+    doc, tables = read_run(tmp_path / "s")
     rd = tables["reads"]
     ex = rd[rd["kind"] == "expert"].set_index("expert_id")
     assert ex.loc[1, "calls"] == 2 and ex.loc[1, "bytes"] == 8192

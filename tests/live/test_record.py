@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from common.record import *  # noqa: F401,F403
+from common import read_run
 
 
 @pytest.mark.parametrize("layout", ["files", "pool"])
@@ -65,7 +66,7 @@ def test_acceptance_cold_pass_then_all_hits(live, pools, layout, tmp_path):
     assert doc["attach_plan"]["block"]["knobs"] == {"MOE_BYTES_TP": 2}  # block_bio_queue first
     assert doc["summaries"]["block"]["attach"]["bytes"] == "block:block_bio_queue"
     assert doc["block_device"]["tp_dev"] == doc["summaries"]["block"]["dev"] != 0
-    _doc, tables = rundir.load_run(tmp_path / "cold")
+    _doc, tables = read_run(tmp_path / "cold")
     assert {"block_latency", "block_device", "reclaim", "reclaim_histogram"} <= set(tables)
     assert list(tables["reclaim"]["kind"]) == ["memcg", "direct", "kswapd", "damon", "proactive", "other"]
     assert int(tables["block_latency"]["requests"].sum()) == int(tables["block_device"]["complete_matched"].iloc[0])
@@ -133,17 +134,17 @@ def test_exit_status_is_propagated(live, tmp_path):
     assert r.returncode == 1, r.stderr
     # the releaser finishes the kernel's part of detaching after record returned (its output
     # pipes were closed at once: this run returned), and leaves nothing loaded
-    doc = rundir.load_run(tmp_path / "f")[0]
+    doc = read_run(tmp_path / "f")[0]
     assert doc["detach"]["waited"] is False and "detach_release_wait_s" not in doc["timings"]
     assert wait_pid_exit(doc["detach"]["releaser_pid"], timeout=60), "the releaser did not exit within 60 s"
     assert doc["bpf_prog_ids"] and not any(prog_id_exists(i) for i in doc["bpf_prog_ids"])
     # --wait-detach: nothing is loaded any more when record returns
     r = _record(tmp_path / "s", ["sh", "-c", "exit 7"], "--wait-detach")
     assert r.returncode == 7, r.stderr
-    doc = rundir.load_run(tmp_path / "s")[0]
+    doc = read_run(tmp_path / "s")[0]
     assert doc["detach"]["waited"] is True and doc["timings"]["detach_release_wait_s"] > 0
     assert not any(prog_id_exists(i) for i in doc["bpf_prog_ids"])
-    doc, tables = rundir.load_run(tmp_path / "s")
+    doc, tables = read_run(tmp_path / "s")
     assert doc["complete"] is True and doc["exit_status"] == 7
     assert tables["experts"]["kind"].tolist() == ["unattributed"]
     # no pool: every disk's reads are counted, none attributed
@@ -179,7 +180,7 @@ def test_killed_record_detaches_and_stays_loadable(live, pools, tmp_path, sig):
             p.kill()
             p.wait()
     assert p.returncode == 128 + sig, err
-    doc, tables = rundir.load_run(run)
+    doc, tables = read_run(run)
     # record returned once the probes were disarmed and dropped; its releaser finishes the
     # kernel's part on its own, within seconds (~44 ms per tracepoint)
     assert doc["detach"]["waited"] is False and doc["detach"]["releaser_pid"] > 1
@@ -221,7 +222,7 @@ def test_page_event_stream_matches_counters(live, pools, tmp_path):
         _drop(pool)
         r = _record(tmp_path / "s", replay, "--stream-events")
     assert r.returncode == 0, r.stderr
-    doc, tables = rundir.load_run(tmp_path / "s")
+    doc, tables = read_run(tmp_path / "s")
     ev, iv = tables["page_events"], tables["stream_intervals"]
     lost = doc["lost"]["pagecache"]["stream"]
     assert lost["lost_kernel"] == int(iv["lost_kernel_records"].sum())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from common.record_epochs import *  # noqa: F401,F403
+from common import read_run
 
 
 def test_cold_warmup_then_measured_hits_per_iteration(live, tmp_path):
@@ -24,7 +25,7 @@ def test_cold_warmup_then_measured_hits_per_iteration(live, tmp_path):
         r = subprocess.run([*RECORD, "--out", str(tmp_path / "run"), "--probes", "pagecache", "--", *replay],
                            capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    doc, tables = rundir.load_run(tmp_path / "run")
+    doc, tables = read_run(tmp_path / "run")
     assert doc["epochs"]["mode"] == "iteration" and doc["epochs"]["errors"] == []
     meta, ee, ex = tables["epochs"], tables["expert_epochs"], tables["experts"]
     assert list(meta["phase"]) == ["setup"] + ["warmup"] * 3 + ["measured"] * 6 + ["after"]

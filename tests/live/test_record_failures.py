@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 from common.record import *  # noqa: F401,F403
+from common import read_run
 from moetrace.kernel.bpf import prog_id_exists, wait_pid_exit
 from moetrace.record.probes.lru import LruRecorder
 from moetrace.record.recorder import RecordOptions, record
@@ -21,7 +22,7 @@ def test_a_probe_failing_at_drain_is_recorded_and_the_others_tables_survive(live
     replay = [*REPLAY, str(pools["plan"]), "--pool", str(pools["files"]), "--warmup", "0", "--passes", "1"]
     res = record(RecordOptions(command=replay, out=str(tmp_path / "r"), probes=("pagecache", "lru", "reclaim")))
     assert res.exit_status == 0
-    doc, tables = rundir.load_run(tmp_path / "r")
+    doc, tables = read_run(tmp_path / "r")
     assert doc["failed_probes"] == {"lru": {"stage": "collect",
                                             "error": "RuntimeError: injected: the ring could not be read"}}
     assert doc["attach_plan"]["lru"]["failed"]["stage"] == "collect"

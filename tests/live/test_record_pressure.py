@@ -47,6 +47,7 @@ import pytest
 from moetrace.run import directory as rundir
 
 from common.record import RECORD, REPLAY, _drop, _io_lock, _moetrace, _resident_pages
+from common import read_run
 
 L, E, MIB = 3, 32, 1 << 20
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -116,7 +117,7 @@ def test_eviction_under_a_memory_limit(live, pressure_pool, tmp_path):
             assert scope.remove(kill=True), f"scope {scope.path} not removed"
     assert r.returncode == 0, r.stderr
     assert oom == 0, f"OOM in the scope: raise HEADROOM_BYTES ({memcg})"
-    doc, tables = rundir.load_run(run)
+    doc, tables = read_run(run)
     assert doc["complete"] is True and doc["cgroup"] == str(scope.path)
     df = tables["experts"]
     e = df[df["kind"] == "expert"].reset_index(drop=True)
@@ -203,7 +204,7 @@ def test_cell_record_wraps_the_replay(live, pressure_pool, tmp_path):
     assert cell["retained"] and cell["scope_removed"]
     assert cell["record"]["replay_pid"] != cell["replay_pid"]  # the replay ran under the recorder
     assert not (Path(find_memory_controller().mount) / "moetrace-rectest").exists()
-    doc, tables = rundir.load_run(out / "run")
+    doc, tables = read_run(out / "run")
     assert doc["complete"] is True and doc["exit_status"] == 0
     assert doc["replay_dir"] == str((out / "replay").resolve())  # the cell's own replay log is used
     assert doc["requested"]["available"] is True

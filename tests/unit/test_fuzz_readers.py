@@ -356,7 +356,7 @@ def test_fuzz_pool_manifest(data, seed_pools, tmp_path_factory):
 
 # =============================================================================================
 # run directories, cells and sweeps (manifest, JSON side files, tables) through open_run,
-# load_run, open_sweep, the report and check
+# open_run, open_sweep, the report and check
 
 
 def _fast_png(fig) -> bytes:
@@ -442,11 +442,10 @@ SECTION_SETS = st.sets(st.sampled_from(["amp", "hitpath", "age", "reclaim", "fla
 @fuzz(0.5)
 @given(data=st.data())
 def test_fuzz_run_directory(data, seeds, tmp_path_factory):
-    """A run or cell with one JSON file, table or folded stack edited: open_run, load_run, the
-    report of the chosen sections and check against the pristine copy."""
+    """A run or cell with one JSON file, table or folded stack edited: open_run (and every table
+    read), the report of the chosen sections and check against the pristine copy."""
     from moetrace.reports.check import run_check
     from moetrace.reports.report import build_report
-    from moetrace.run.directory import load_run
     from moetrace.run.handle import open_run
 
     seed = data.draw(st.sampled_from(["few", "run", "pinned"]), label="seed")
@@ -456,9 +455,6 @@ def test_fuzz_run_directory(data, seeds, tmp_path_factory):
     run = assert_typed_failure(lambda: open_run(d), *names, what="open_run")
     if not is_error(run):
         assert_typed_failure(lambda: _touch_run(run), *names, what="run tables")
-    if (d / "manifest.json").exists() or (d / "run" / "manifest.json").exists():
-        assert_typed_failure(lambda: load_run(d if (d / "manifest.json").exists() else d / "run"), *names,
-                             what="load_run")
     sections = data.draw(SECTION_SETS, label="sections")
     out = tmp_path_factory.mktemp("out") / "report"
     assert_typed_failure(lambda: build_report(d, out, sections=sorted(sections)), *names, what="build_report")
@@ -844,11 +840,10 @@ def test_stacks_folded_not_utf8(seeds, tmp_path):
 
 
 @pytest.mark.parametrize("table", ["epochs", "experts", "results"])
-def test_damaged_parquet_through_load_run_and_open_sweep(seeds, tmp_path, table):
-    """A truncated table read by load_run or open_sweep: was pyarrow's OSError / ArrowInvalid
+def test_damaged_parquet_through_open_run_and_open_sweep(seeds, tmp_path, table):
+    """A truncated table read through open_run's tables or by open_sweep: was pyarrow's OSError / ArrowInvalid
     (pandas-metadata damage: KeyError 'numpy_type', UnicodeDecodeError, JSONDecodeError)."""
-    from moetrace.run.directory import load_run
-    from moetrace.run.handle import open_sweep
+    from moetrace.run.handle import open_run, open_sweep
 
     if table == "results":
         d = _copy(seeds["sweep"], tmp_path / "sweep")
@@ -859,7 +854,7 @@ def test_damaged_parquet_through_load_run_and_open_sweep(seeds, tmp_path, table)
         d = _copy(seeds["few"], tmp_path / "run")
         f = d / f"{table}.parquet"
         f.write_bytes(f.read_bytes()[:100])
-        fn = lambda: load_run(d)  # noqa: E731
+        fn = lambda: dict(open_run(d).tables)  # noqa: E731
     with pytest.raises(InputError, match=f"cannot read table '{table}'") as e:
         fn()
     assert str(f) in e.value.format_message()

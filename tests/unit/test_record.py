@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from common.record import *  # noqa: F401,F403
+from common import read_run
 
 
 def test_run_dir_is_private_and_refuses_reuse(tmp_path):
@@ -14,7 +15,7 @@ def test_run_dir_is_private_and_refuses_reuse(tmp_path):
         assert rundir.is_private(d / rundir.MANIFEST)
         with pytest.raises(Exception, match="not empty"):
             rundir.create_run_dir(d)
-        doc, tables = rundir.load_run(d)
+        doc, tables = read_run(d)
         assert doc["schema"] == "moetrace.run/1" and doc["complete"] is False and tables == {}
     finally:
         os.umask(old)

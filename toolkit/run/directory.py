@@ -32,7 +32,8 @@ Layout (schema ``moetrace.run/1``)::
 
 The manifest is written first with ``"complete": false`` and rewritten at the
 end, so an interrupted or killed recording stays loadable and says so.
-Analyses read a run with :func:`load_run`, without root. Readers accept every
+Analyses read a run with :func:`moetrace.open_run` (the one public reader,
+:mod:`moetrace.run.handle`), without root. Readers accept every
 schema version up to :data:`RUN_SCHEMA_VERSION`.
 """
 
@@ -170,20 +171,6 @@ def read_manifest(run_dir: str | os.PathLike) -> dict[str, Any]:
                          path=str(path), hint="upgrade moetrace")
     check_manifest(doc, str(path))
     return doc
-
-
-def load_run(run_dir: str | os.PathLike) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
-    """(manifest, {table name: DataFrame}) of a run directory, including the
-    replay's iteration log as ``iterations`` when present. Works on incomplete runs."""
-    d = Path(run_dir)
-    doc = read_manifest(d)
-    tables: dict[str, pd.DataFrame] = {}
-    for p in sorted(d.glob("*.parquet")):
-        tables[p.stem] = read_table(p, manifest=doc)
-    it = d / REPLAY_SUBDIR / "iterations.parquet"
-    if it.exists():
-        tables["iterations"] = read_table(it, "iterations", manifest=doc)
-    return doc, tables
 
 
 def is_private(path: str | os.PathLike) -> bool:
