@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The kernel lab's packages (docs: shared/docs/environment.md, "The kernel lab"): QEMU, a static
+# The kernel lab's packages (README.md, "Kernel lab"): QEMU, a static
 # busybox for the initramfs, and two Debian kernels with MGLRU, kprobes, BTF and exact headers:
 # 6.1 (MGLRU built, off by default) and 6.12 from bookworm-backports (MGLRU on by default).
 # Idempotent; run as root by scripts/bootstrap.sh (and `moetrace lab setup`).

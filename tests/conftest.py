@@ -1,4 +1,4 @@
-"""Test tiers (docs/style.md), one folder each: tests/unit (no kernel: pure tables, fixtures,
+"""Test tiers (README.md, "Tests"), one folder each: tests/unit (no kernel: pure tables, fixtures,
 fake /proc and /sys trees), tests/probe_build (every probe's object is built, agrees with its declaration, loads and detaches),
 tests/live (the running kernel, against independent oracles). tests/common/<name>.py holds
 what the tier files of one subject share (helpers, constants, fixtures); tests/pagewatch.py

@@ -1,8 +1,8 @@
 """An independent watcher of a pool's page-cache pages for live tests.
 
 The page cache is never quiet here: this machine's DAMON kdamond evicts clean page-cache
-folios seconds after they were read, counted nowhere in /proc/vmstat (../shared/docs/
-environment.md). A test that asserts "the second pass adds nothing" must know whether
+folios seconds after they were read, counted nowhere in /proc/vmstat (README.md,
+"Tests"). A test that asserts "the second pass adds nothing" must know whether
 anybody evicted pool pages in between. :class:`PageWatcher` is a second, ungated instance of
 the pagecache probe on the pool's inodes, started before the test drops the pool and stopped
 after its final mincore, streaming every add and delete (with its evictor class) through a

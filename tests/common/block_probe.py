@@ -157,7 +157,7 @@ def _known_workload(tmp_path, layout: str, direct: bool, bytes_tp: str, exact: b
     assert res.lost_events == 0
     # every streamed record reached user space: attributed + unattributed == the in-kernel total
     assert res.attributed_bytes + res.unattributed_bytes == res.streamed_bytes == res.kernel_read_bytes
-    # issue - requeue is the second oracle (environment.md)
+    # issue - requeue is the second oracle (the bytes the disk was asked for, less the requeued ones)
     assert abs(st["issue_bytes"] - st["requeue_bytes"] - disk_bytes) <= 0.02 * disk_bytes
     # latency histogram: one entry per matched completion
     assert int(res.latency["requests"].sum()) == st["complete_matched"] > 0

@@ -56,7 +56,7 @@ FIX = Path(__file__).resolve().parents[1] / "data" / "lru_gen"
 RECORD = [sys.executable, "-c", "from moetrace.cli.record import record; record.main(prog_name='moetrace record')"]
 
 
-# the real lab samples (docs/environment.md), generation by generation: (memcg, path, seq, age_ms, anon, file)
+# the real lab samples (README.md, "Kernel lab"), generation by generation: (memcg, path, seq, age_ms, anon, file)
 REAL_61 = [(1, "/", 0, 65272, 0, 0), (1, "/", 3, 65272, 5072, 36786),
            (2, "/moe", 10, 1924, 0, 0), (2, "/moe", 11, 1924, 0, 29492), (2, "/moe", 12, 1564, 0, 37934),
            (2, "/moe", 13, 1224, 0, 29223)]

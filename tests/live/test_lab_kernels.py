@@ -1,6 +1,6 @@
 """`moetrace lab kernels` on the installed lab kernels (live tier: the set-up installs Debian's
 6.1.0-47 and 6.12.95 kernels; without them this skips, or fails under MOETRACE_LIVE=1). The
-oracle: what shared/docs/environment.md measured by booting each (MGLRU default, kprobes, the
+oracle: what was measured by booting each (README.md, "Kernel lab") (MGLRU default, kprobes, the
 signatures that changed between 6.1 and 6.12) and the running kernel's own /proc and /sys."""
 
 from __future__ import annotations

@@ -242,7 +242,7 @@ def test_61_classic_lru_and_mglru_from_the_same_replay(pool_160, tmp_path, mglru
         rc = m["summaries"]["reclaim"]
         steal = snaps["post"]["vmstat"]["pgsteal_file"] - snaps["pre"]["vmstat"]["pgsteal_file"]
         assert mg["kprobe_counts"]["workingset_eviction"] == steal
-        # 6.1 with MGLRU on reclaims without mm_vmscan_lru_shrink_inactive (environment.md): the
+        # 6.1 with MGLRU on reclaims without mm_vmscan_lru_shrink_inactive (measured in the lab): the
         # reclaim probe says so and keeps the windows' own nr_reclaimed
         assert rc["shrink_inactive_fired"] is False and rc["reclaimed_pages"] == 0
         assert rc["end_reclaimed_pages"] >= steal and rc["shrink_inactive_note"]

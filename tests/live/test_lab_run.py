@@ -69,7 +69,7 @@ def test_61_mglru_switched_as_asked(tmp_path, mglru, want):
 
 def test_a_hung_guest_is_killed_at_the_timeout(tmp_path):
     """Under --accel auto (with a cache of its own): KVM fails a stock kernel before COMMAND on
-    machines of this kind (environment.md: a hang at the BIOS on one, an abort at once on
+    machines of this kind (measured: a hang at the BIOS on one, an abort at once on
     another), so the guest is killed at the KVM deadline, or QEMU's exit is seen, and it is
     booted under TCG, saying why; there COMMAND hangs and is killed at the timeout."""
     _need()

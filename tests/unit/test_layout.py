@@ -1,5 +1,5 @@
 """The package's shape: every module imports on its own, no import cycles, arrows down the
-flow (../shared/docs/layout.md): analyses import only inputs and run; record never imports
+flow (docs/architecture.md, "The arrows allowed"): analyses import only inputs and run; record never imports
 replay; nothing below the CLI imports it."""
 
 from __future__ import annotations

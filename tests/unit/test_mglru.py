@@ -51,7 +51,7 @@ def test_fixture_headers_say_where_the_format_comes_from():
     for p in FIX.glob("*.txt"):
         head = p.read_text().splitlines()[0]
         assert head.startswith("# ") and ("lru_gen" in head), p
-        assert "environment.md" in p.read_text().split("memcg", 1)[0], p
+        assert 'README.md, "Kernel lab"' in p.read_text().split("memcg", 1)[0], p
 
 
 def test_memcg_ids_wide_paths_with_spaces_and_no_memcg():

@@ -1,7 +1,7 @@
 """Ask the running kernel what it can do: tracefs, tracepoints, kallsyms, kprobes, BTF,
 MGLRU, privileges, cgroup memory, PSI.
 
-Never by version number (docs/style.md): every answer comes from a file the kernel
+Never by version number (a release string says nothing of backports or config): every answer comes from a file the kernel
 exposes (a tracepoint format file, a kallsyms line, a sysfs knob). Every reader takes
 ``root=`` ("/" by default), the directory under which ``proc/``, ``sys/`` and ``lib/``
 are looked up, so tests pass a fake tree; mount points read from ``<root>/proc/mounts``
@@ -159,7 +159,7 @@ def mount_notes() -> list[str]:
 
 
 #: where libbpf 1.1 reads a tracepoint's id when the directory exists (else /sys/kernel/tracing),
-#: as the stock tools do (environment.md: they die with misleading messages without it)
+#: as the stock tools do (measured here: they die with misleading messages without it)
 DEBUG_TRACEFS = "/sys/kernel/debug/tracing"
 
 

@@ -1,7 +1,7 @@
 """Readers of the kernel's own counters, for cell snapshots (pre / loop entry / post).
 
 Every reader takes ``root=`` ("/" by default): the path under which ``proc/``,
-``sys/`` and ``dev/`` are looked up, so tests pass a fake tree (docs/style.md).
+``sys/`` and ``dev/`` are looked up, so tests pass a fake tree (the no-kernel tier, tests/unit).
 Values are returned as the kernel states them, converted only where the unit is
 explicit (meminfo ``kB`` -> bytes: keys end in ``_bytes``); nothing is clamped.
 

@@ -1,6 +1,5 @@
 """`moetrace lab run`: boot another kernel under QEMU with this host's root read-only, run one
-command in it, power off, and bring back what it wrote (docs: shared/docs/environment.md, "The
-kernel lab").
+command in it, power off, and bring back what it wrote (README.md, "Kernel lab").
 
 The guest: a busybox initramfs built here (the kernel's 9p / virtio modules from
 /lib/modules/R, resolved through modules.dep; built-in ones skipped), the host root over 9p
@@ -463,7 +462,7 @@ def _remember_kvm_failed(release: str, reason: str) -> None:
 
 def kvm_failure(status: str, started: bool, rc: int | None, err: bytes, console: str = "") -> str | None:
     """Why a KVM boot failed before COMMAND started, or None when it did not fail so. Any way
-    counts (environment.md, "Measured turn 3": KVM differs from machine to machine): the guest
+    counts (measured in the kernel lab: KVM differs from machine to machine): the guest
     hung (killed at the KVM deadline), or QEMU stopped before the guest reached COMMAND (an
     abort such as "failed to set MSR 0x10a", exit -6 with an empty console, or any exit)."""
     if status == "boot-timeout":

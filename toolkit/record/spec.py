@@ -3,7 +3,7 @@
 One probe = one CO-RE C file (``probes/<name>.bpf.c``, compiled once by
 scripts/build-probes.sh; configured only by read-only globals set before load) + one
 module ``moetrace/record/probes/<name>.py`` holding its :class:`ProbeSpec` (``SPEC``) and
-its recorder (docs/style.md). A spec lists its logical attach points
+its recorder (docs/architecture.md). A spec lists its logical attach points
 (:class:`AttachGroup`), each an ordered list of :class:`AttachCandidate` (first available
 wins), each citing the kernel change that made it necessary. :func:`resolve` asks a
 :class:`moetrace.kernel.features.Features` (never a version number) and returns an

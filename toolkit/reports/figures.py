@@ -1,5 +1,5 @@
 """The report's pictures: ``plot_<name>(df, ax)`` functions kept apart from the analyses
-(style.md), and a helper that renders a figure to PNG bytes for embedding.
+(docs/analyses.md), and a helper that renders a figure to PNG bytes for embedding.
 
 matplotlib runs headless (Agg); every figure is closed after rendering.
 """

@@ -1,4 +1,4 @@
-"""The run directory: the contract between recording and analysis (design.md).
+"""The run directory: the contract between recording and analysis (docs/run-directory.md).
 
 Layout (schema ``moetrace.run/1``)::
 

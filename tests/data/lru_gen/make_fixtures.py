@@ -6,7 +6,7 @@ The formats are copied from lru_gen_seq_show() / lru_gen_seq_show_full() in mm/v
 6.1 (linux-6.1.y) and 6.12 (6.12 with "mm: multi-gen LRU: remove MM_LEAF_OLD and
 MM_NONLEAF_TOTAL stats", merged as an mm hotfix for 6.12-rc, which also changed the blank
 markers to 'x'). The numbers of the short files are the real samples recorded in the
-kernel lab (docs/environment.md: Debian 6.1.0-47 with MGLRU on, and 6.12.95 with an mmap
+kernel lab (README.md, "Kernel lab": Debian 6.1.0-47 with MGLRU on, and 6.12.95 with an mmap
 reader); the full files re-use those generations and add plausible tier / walk counters
 (no real lru_gen_full sample was recorded). C's "%10lu%c" is Python's "%10d%s".
 """
@@ -59,7 +59,7 @@ SHORT_612 = [(2, "/moe", 0, [(5, 10600, 0, 0), (6, 676, 2, 42038), (7, 676, 1021
 
 
 def short(blocks, src: str) -> str:
-    out = header([f"lru_gen (short format) of {src}, recorded in the kernel lab (docs/environment.md).",
+    out = header([f"lru_gen (short format) of {src}, recorded in the kernel lab (README.md, \"Kernel lab\").",
                   "Rendered with lru_gen_seq_show()'s formats: \"memcg %5hu %s\", \" node %5d\",",
                   "\" %10lu %10u\" + 2 x \" %10lu%c\" (mark ' ' outside lru_gen_full).",
                   "Columns of a generation line: seq, age_ms, nr_anon_pages, nr_file_pages."])
@@ -79,7 +79,7 @@ def full(version: str) -> str:
     avg = "RT " if v61 else "RTx"
     out = header([f"lru_gen_full of Linux {version}, rendered with lru_gen_seq_show{{,_full}}()'s formats "
                   "(mm/vmscan.c).",
-                  "Generations from the real lab sample (docs/environment.md); tier and walk counters plausible",
+                  "Generations from the real lab sample (README.md, \"Kernel lab\"); tier and walk counters plausible",
                   "values (no real lru_gen_full was recorded). Full format: the last MAX_NR_GENS (4)",
                   "generations, 'x' after a count when seq < min_seq[type]; after each generation",
                   f"MAX_NR_TIERS (4) tier lines (markers {avg.strip()!r} at max_seq, 'rep' at min_seq[type],",

@@ -11,7 +11,7 @@ from moetrace.record.spec import AttachPlan, ProbeSpec, resolve
 if TYPE_CHECKING:
     from moetrace.kernel.features import Features
 
-#: every declared probe, in the design table's order (docs/design.md)
+#: every declared probe, in the order a recording lists them (the manifest's ``probes``)
 PROBES: dict[str, ProbeSpec] = {m.SPEC.name: m.SPEC for m in
                                 (pagecache, lru, reclaim, mlock, block, reads, stacks, mglru)}
 #: what `record` attaches without --probes
