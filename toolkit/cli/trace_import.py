@@ -69,8 +69,7 @@ def import_(in_files, out, fmt, keep_warmup, warmup_min_repeats, k, layers, expe
       moetrace trace import layer_*.jsonl -o trace.jsonl
       moetrace trace import --format vllm routed.npy --prompt-tokens 57 -o trace.jsonl --json
     """
-    from moetrace.inputs.importers import import_trace
-    from moetrace.inputs.trace import type_records, write_records
+    from moetrace.inputs.importers import import_to_jsonl
 
     if geometry_name:
         from moetrace.inputs.geometry import preset
@@ -79,21 +78,12 @@ def import_(in_files, out, fmt, keep_warmup, warmup_min_repeats, k, layers, expe
         k = k or g.k
         layers = layers or g.n_layers
         experts = experts or g.n_experts
+    tt = import_to_jsonl(list(in_files), out, fmt, key=key, prompt_tokens=prompt_tokens,
+                         include_prefill=include_prefill, keep_warmup=keep_warmup,
+                         warmup_min_repeats=warmup_min_repeats, k=k, n_layers=layers, n_experts=experts,
+                         max_batch=max_batch)
+    st, n = tt.stats, tt.records_written
     in_file = in_files[0] if len(in_files) == 1 else f"{in_files[0]} (+{len(in_files) - 1} files)"
-    streamed = None
-    if fmt in ("auto", "jsonl", "vllm", "sglang") and not (include_prefill or key or prompt_tokens):
-        streamed = _stream_import(list(in_files), out, keep_warmup, warmup_min_repeats, k, layers, experts,
-                                  max_batch)
-    if streamed is not None:
-        tt, st, n = streamed
-    else:
-        res = import_trace(list(in_files), fmt, key=key, prompt_tokens=prompt_tokens,
-                           include_prefill=include_prefill, keep_warmup=keep_warmup,
-                           warmup_min_repeats=warmup_min_repeats, k=k, n_layers=layers, max_batch=max_batch)
-        tt = type_records(res.records, k=k, n_layers=res.n_layers(layers), n_experts=experts,
-                          path=str(in_files[0]))
-        n = write_records(res.records, out)
-        st = res.stats
     wu = st["warmup"]
     summary = {
         "input": str(in_files[0]) if len(in_files) == 1 else [str(x) for x in in_files],
@@ -156,62 +146,3 @@ def import_(in_files, out, fmt, keep_warmup, warmup_min_repeats, k, layers, expe
                    + (f"; {summary['segments']} batch segments" if summary.get("segments") else "") + ")")
     click.echo(f"  accepted tokens  {tt.accounting['accepted_tokens']}")
 
-
-def _stream_import(paths, out, keep_warmup, min_repeats, k, layers, experts, max_batch):
-    """A large canonical engine JSONL, or large engine routing logs, imported in bounded
-    memory (validated chunk by chunk, warm-up dropped, written atomically), or None
-    for the in-memory path (small input, other formats, or an error: the in-memory
-    path then reports it with the input's own line)."""
-    import os
-    from types import SimpleNamespace
-
-    from moetrace.errors import InputError
-    from moetrace.inputs import stream as S
-    from moetrace.inputs.routelog import read_route_log, sniff
-
-    kinds = {sniff(p) for p in paths}
-    total = sum(os.path.getsize(p) for p in paths if os.path.isfile(p))
-    if total <= S.stream_limit():
-        return None
-    if kinds == {"engine"} and len(paths) == 1 and max_batch is None:
-        try:
-            ts, info, n = S.import_engine_jsonl(paths[0], out, keep_warmup=keep_warmup, min_repeats=min_repeats,
-                                                k=k, n_layers=layers, n_experts=experts)
-        except S._Fallback:
-            return None
-        acc = ts.accounting()
-        st = {"format": "jsonl", "source": "engine JSONL (streamed)", "rows_read": n + info["records_dropped"],
-              "rows_unit": "records", "prefill_excluded": acc.get("prefill_records_excluded", 0),
-              "prefill_unit": "records", "placeholder_layers_dropped": [], "warmup": info, "notes": []}
-    elif kinds == {"routelog"}:
-        st = {"format": "jsonl", "rows_read": 0, "prefill_excluded": 0, "placeholder_layers_dropped": [],
-              "source": "engine routing log" + (f" ({len(paths)} files)" if len(paths) > 1 else "") + ", streamed",
-              "rows_unit": "route lines"}
-        tmp = f"{out}.tmp-{os.getpid()}.records"
-        try:
-            from moetrace.inputs.trace import write_records
-
-            n = write_records((rec for rec, _ in read_route_log(paths, min_repeats=min_repeats,
-                                                                keep_warmup=keep_warmup, max_batch=max_batch,
-                                                                stats=st)), tmp)
-            # the log's own errors above name its line; the records' (k, --experts, ...) name a line of
-            # the temporary file, so for those the in-memory path reads the log again and names its line
-            try:
-                ts = S.TypedStream(tmp, k, layers, experts)
-                for _ in ts.tables():
-                    pass
-            except (S._Fallback, InputError):
-                return None
-            ts.path = str(paths[0])
-            os.replace(tmp, out)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        acc = ts.accounting()
-        acc.pop("prefill_records_excluded", None)
-        st.setdefault("notes", [])
-    else:
-        return None
-    tt = SimpleNamespace(n_steps=acc["steps"], n_requests=max(1, len(ts.requests)), n_layers=ts.n_layers,
-                         n_experts=ts.n_experts, k=ts.k, accounting=acc)
-    return tt, st, n

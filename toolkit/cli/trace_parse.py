@@ -30,7 +30,7 @@ def parse(trace_file, out, k, layers, experts, geometry_name, as_json):
     Example:
       moetrace trace parse trace.jsonl -o typed.parquet --json
     """
-    from moetrace.inputs.trace import parse_jsonl
+    from moetrace.inputs.stream import parse_trace
 
     if geometry_name:
         from moetrace.inputs.geometry import preset
@@ -39,15 +39,8 @@ def parse(trace_file, out, k, layers, experts, geometry_name, as_json):
         k = k or g.k
         layers = layers or g.n_layers
         experts = experts or g.n_experts
-    acc = _streamed(trace_file, out, k, layers, experts)
-    if acc is None:
-        tt = parse_jsonl(trace_file, k=k, n_layers=layers, n_experts=experts)
-        if out:
-            tt.save(out)
-        acc = dict(tt.accounting, n_layers=tt.n_layers, n_experts=tt.n_experts, source=str(trace_file))
-        n_layers, n_experts, kk = tt.n_layers, tt.n_experts, tt.k
-    else:
-        n_layers, n_experts, kk = acc["n_layers"], acc["n_experts"], acc["k"]
+    acc = parse_trace(trace_file, out, k=k, n_layers=layers, n_experts=experts)
+    n_layers, n_experts, kk = acc["n_layers"], acc["n_experts"], acc["k"]
     if out:
         acc["typed_table"] = str(out)
     if as_json:
@@ -63,23 +56,3 @@ def parse(trace_file, out, k, layers, experts, geometry_name, as_json):
     if out:
         click.echo(f"  typed table -> {out}")
 
-
-def _streamed(trace_file, out, k, layers, experts) -> dict | None:
-    """Type a large engine JSONL in bounded memory (moetrace.inputs.stream), writing the
-    typed Parquet chunk by chunk; None for the in-memory path (a small file, or
-    one the fast reader cannot take)."""
-    from moetrace.inputs import stream as S
-
-    if not S.is_streamable(trace_file):
-        return None
-    try:
-        ts = S.TypedStream(trace_file, k, layers, experts)
-        if out:
-            acc = S.save_typed(ts, out)
-        else:
-            for _ in ts.tables():
-                pass
-            acc = ts.accounting()
-    except S._Fallback:
-        return None
-    return dict(acc, n_layers=ts.n_layers, n_experts=ts.n_experts, source=str(trace_file))

@@ -149,20 +149,17 @@ def _streamed(path, n_layers, n_experts, loc, check_dense_pool):
     """Statistics of a large engine JSONL in bounded memory (moetrace.inputs.stream),
     or None for the in-memory path (a small file, a typed Parquet, or a file the
     fast reader cannot take)."""
-    from moetrace.inputs import stream as S
+    from moetrace.inputs.stream import with_stream
 
-    if not S.is_streamable(path):
-        return None
-    try:
-        ts = S.TypedStream(path, None, n_layers, n_experts)
+    def fold(ts) -> dict:
         check_dense_pool(ts.n_layers, ts.n_experts, str(path), "compute statistics", {"warnings": ts.warnings})
         acc = loc.LocalityStream(ts.n_layers, ts.n_experts)
         for t in ts.tables():
             acc.add(t)
-    except S._Fallback:
-        return None
-    out = acc.results(ts.names)
-    return {"n_layers": ts.n_layers, "n_experts": ts.n_experts, "k": ts.k, "accounting": ts.accounting(), **out}
+        return {"n_layers": ts.n_layers, "n_experts": ts.n_experts, "k": ts.k, "accounting": ts.accounting(),
+                **acc.results(ts.names)}
+
+    return with_stream(path, fold, None, n_layers, n_experts)
 
 
 def _pct(x) -> str:

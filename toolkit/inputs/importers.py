@@ -1177,90 +1177,20 @@ def import_trace(path: "str | os.PathLike | Sequence[str | os.PathLike]", fmt: s
 
     Returns an :class:`ImportResult`; type its records with
     ``type_records(result.records, k=..., n_layers=result.n_layers(n_layers), n_experts=...)``
-    (``n_layers`` given to reshape a flat array counts its placeholder layers too).
+    (``n_layers`` given to reshape a flat array counts its placeholder layers too), or call
+    :func:`import_to_jsonl`, which also types and writes them (streamed when large).
     Raises InputError (file plus line, row or array index) for bad input and
     UsageError for an unknown format or contradicting options.
     """
     paths = [str(path)] if isinstance(path, (str, os.PathLike)) else [str(p) for p in path]
-    if not paths:
-        raise UsageError("no trace to import")
-    for name, v, lo in (("k", k, 1), ("layers", n_layers, 1), ("prompt-tokens", prompt_tokens, 0),
-                        ("max-batch", max_batch, 1)):
-        if v is not None and v < lo:
-            raise UsageError(f"--{name} must be at least {lo}, got {v}")
-    for p in paths:
-        if not os.path.exists(p):
-            raise InputError("no such file", path=p)
-        if os.path.isdir(p):
-            raise InputError("is a directory, not a trace", path=p)
-    spath = paths[0]
-    detected = None
-    if fmt == "auto" or fmt in ("vllm", "sglang", "jsonl"):
-        detected = detect_format(spath)
+    _check_import_args(paths, k, n_layers, prompt_tokens, max_batch)
     stats: dict = {"format": fmt, "rows_read": 0, "prefill_excluded": 0, "placeholder_layers_dropped": []}
-    if fmt in ("vllm", "sglang") and detected == "jsonl":
-        stats.setdefault("notes", []).append(f"{spath} is a JSON Lines engine log, read as --format jsonl")
-        fmt = "jsonl"
-    if fmt == "auto":
-        fmt = detected
-    if fmt not in FORMATS:
-        raise UsageError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)} or auto")
-    stats["format"] = fmt
-    if len(paths) > 1 and fmt != "jsonl":
-        raise UsageError(f"several input files are read only as JSON Lines engine logs (one per layer); "
-                         f"{spath} is {fmt}")
-    if max_batch is not None and fmt != "jsonl":
-        raise UsageError("--max-batch applies to JSON Lines engine logs only")
+    fmt = _resolve_format(paths, fmt, stats, max_batch)
     if fmt == "jsonl":
-        from moetrace.inputs.routelog import read_route_log, sniff
-
-        kinds = {p: sniff(p) for p in paths}
-        if all(v == "engine" for v in kinds.values()) and len(paths) == 1:
-            from moetrace.inputs.trace import read_jsonl
-
-            st: dict = {}
-            records = list(read_jsonl(spath, st))
-            stats.update(rows_read=len(records), rows_unit="records", source="engine JSONL",
-                         prefill_excluded=st.get("prefill_records", 0), prefill_unit="records")
-            records, rows, info = (records, [1] * len(records), {"steps_dropped": 0, "rows_dropped": 0,
-                                                                  "records_dropped": 0, "blocks": []})
-            if not keep_warmup:
-                records, rows, info = drop_warmup(records, rows, warmup_min_repeats, path=spath)
-            stats["warmup"] = info
-            stats.setdefault("notes", [])
-            return ImportResult(records, rows, stats)
-        not_logs = [p for p, v in kinds.items() if v != "routelog"]
-        if not_logs and not (len(paths) == 1 and kinds[spath] is None):
-            raise InputError("not an engine routing log (its first line is no meta or route line)",
-                             path=not_logs[0], hint="give every per-layer file of one run")
-        if include_prefill:
-            raise UsageError("--include-prefill does not apply to engine logs: a forward pass runs one token "
-                             "per request, and prompt rows are not tokens of a step")
-        stats["source"] = "engine routing log" + (f" ({len(paths)} files)" if len(paths) > 1 else "")
-        stats["rows_unit"] = "route lines"
-        records, rows = [], []
-        for rec, nr in read_route_log(paths, min_repeats=warmup_min_repeats, keep_warmup=keep_warmup,
-                                      max_batch=max_batch, stats=stats):
-            records.append(rec)
-            rows.append(nr)
-        stats.setdefault("notes", [])
-        return ImportResult(records, rows, stats)
-    if fmt == "vllm":
-        it = read_vllm(spath, key=key, prompt_tokens=prompt_tokens, include_prefill=include_prefill,
-                       n_layers=n_layers, k=k, stats=stats)
-        stats["rows_unit"] = "tokens"
-    elif fmt == "sglang":
-        it = read_sglang(spath, include_prefill=include_prefill, n_layers=n_layers, k=k,
-                         prompt_tokens=prompt_tokens, stats=stats)
-        stats["rows_unit"] = "tokens"
-    elif fmt == "llamacpp" and is_llamacpp_log(spath):
-        stats["source"] = "eval-callback log"
-        stats["rows_unit"] = "ffn_moe_topk token rows"
-        it = read_llamacpp_log(spath, include_prefill=include_prefill, stats=stats)
-    else:
-        it = read_table(spath, parquet=(fmt == "parquet") if fmt != "llamacpp" else False,
-                        n_layers=n_layers, k=k, stats=stats)
-        stats["rows_unit"] = "rows"
+        return _import_jsonl(paths, stats, include_prefill, keep_warmup, warmup_min_repeats, max_batch)
+    spath = paths[0]
+    it = _format_reader(spath, fmt, stats, key=key, prompt_tokens=prompt_tokens, include_prefill=include_prefill,
+                        n_layers=n_layers, k=k)
     records: list[Record] = []
     rows: list[int] = []
     for rec, nr in it:
@@ -1274,3 +1204,218 @@ def import_trace(path: "str | os.PathLike | Sequence[str | os.PathLike]", fmt: s
     stats["warmup"] = info
     stats.setdefault("notes", [])
     return ImportResult(records, rows, stats)
+
+
+def _check_import_args(paths: list[str], k: int | None, n_layers: int | None, prompt_tokens: int | None,
+                       max_batch: int | None) -> None:
+    if not paths:
+        raise UsageError("no trace to import")
+    for name, v, lo in (("k", k, 1), ("layers", n_layers, 1), ("prompt-tokens", prompt_tokens, 0),
+                        ("max-batch", max_batch, 1)):
+        if v is not None and v < lo:
+            raise UsageError(f"--{name} must be at least {lo}, got {v}")
+    for p in paths:
+        if not os.path.exists(p):
+            raise InputError("no such file", path=p)
+        if os.path.isdir(p):
+            raise InputError("is a directory, not a trace", path=p)
+
+
+def _resolve_format(paths: list[str], fmt: str, stats: dict, max_batch: int | None) -> str:
+    """The format to read (``fmt``, or detected for auto; a JSON Lines log given as vllm or
+    sglang is read as jsonl, with a note); UsageError when the options do not fit it."""
+    spath = paths[0]
+    detected = None
+    if fmt == "auto" or fmt in ("vllm", "sglang", "jsonl"):
+        detected = detect_format(spath)
+    if fmt in ("vllm", "sglang") and detected == "jsonl":
+        stats.setdefault("notes", []).append(f"{spath} is a JSON Lines engine log, read as --format jsonl")
+        fmt = "jsonl"
+    if fmt == "auto":
+        fmt = detected
+    if fmt not in FORMATS:
+        raise UsageError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)} or auto")
+    stats["format"] = fmt
+    if len(paths) > 1 and fmt != "jsonl":
+        raise UsageError(f"several input files are read only as JSON Lines engine logs (one per layer); "
+                         f"{spath} is {fmt}")
+    if max_batch is not None and fmt != "jsonl":
+        raise UsageError("--max-batch applies to JSON Lines engine logs only")
+    return fmt
+
+
+def _import_jsonl(paths: list[str], stats: dict, include_prefill: bool, keep_warmup: bool, min_repeats: int,
+                  max_batch: int | None) -> ImportResult:
+    """A canonical engine JSONL (one file) or engine routing logs (one or one per layer)."""
+    from moetrace.inputs.routelog import read_route_log, sniff
+
+    spath = paths[0]
+    kinds = {p: sniff(p) for p in paths}
+    if all(v == "engine" for v in kinds.values()) and len(paths) == 1:
+        from moetrace.inputs.trace import read_jsonl
+
+        st: dict = {}
+        records = list(read_jsonl(spath, st))
+        stats.update(rows_read=len(records), rows_unit="records", source="engine JSONL",
+                     prefill_excluded=st.get("prefill_records", 0), prefill_unit="records")
+        rows = [1] * len(records)
+        info = {"steps_dropped": 0, "rows_dropped": 0, "records_dropped": 0, "blocks": []}
+        if not keep_warmup:
+            records, rows, info = drop_warmup(records, rows, min_repeats, path=spath)
+        stats["warmup"] = info
+        stats.setdefault("notes", [])
+        return ImportResult(records, rows, stats)
+    not_logs = [p for p, v in kinds.items() if v != "routelog"]
+    if not_logs and not (len(paths) == 1 and kinds[spath] is None):
+        raise InputError("not an engine routing log (its first line is no meta or route line)",
+                         path=not_logs[0], hint="give every per-layer file of one run")
+    if include_prefill:
+        raise UsageError("--include-prefill does not apply to engine logs: a forward pass runs one token "
+                         "per request, and prompt rows are not tokens of a step")
+    stats["source"] = "engine routing log" + (f" ({len(paths)} files)" if len(paths) > 1 else "")
+    stats["rows_unit"] = "route lines"
+    records, rows = [], []
+    for rec, nr in read_route_log(paths, min_repeats=min_repeats, keep_warmup=keep_warmup,
+                                  max_batch=max_batch, stats=stats):
+        records.append(rec)
+        rows.append(nr)
+    stats.setdefault("notes", [])
+    return ImportResult(records, rows, stats)
+
+
+def _format_reader(spath: str, fmt: str, stats: dict, *, key: str | None, prompt_tokens: int | None,
+                   include_prefill: bool, n_layers: int | None, k: int | None) -> Iterator[tuple[Record, int]]:
+    """The reader of a one-file format other than jsonl: (record, source rows) in engine order."""
+    if fmt == "vllm":
+        stats["rows_unit"] = "tokens"
+        return read_vllm(spath, key=key, prompt_tokens=prompt_tokens, include_prefill=include_prefill,
+                         n_layers=n_layers, k=k, stats=stats)
+    if fmt == "sglang":
+        stats["rows_unit"] = "tokens"
+        return read_sglang(spath, include_prefill=include_prefill, n_layers=n_layers, k=k,
+                           prompt_tokens=prompt_tokens, stats=stats)
+    if fmt == "llamacpp" and is_llamacpp_log(spath):
+        stats["source"] = "eval-callback log"
+        stats["rows_unit"] = "ffn_moe_topk token rows"
+        return read_llamacpp_log(spath, include_prefill=include_prefill, stats=stats)
+    stats["rows_unit"] = "rows"
+    return read_table(spath, parquet=(fmt == "parquet") if fmt != "llamacpp" else False,
+                      n_layers=n_layers, k=k, stats=stats)
+
+
+# --------------------------------------------------------------------------- import: read, type, write
+
+
+@dataclass
+class Imported:
+    """What :func:`import_to_jsonl` wrote: the typed trace's figures and the import's account
+    (``stats``: ImportResult.stats' keys)."""
+
+    n_steps: int
+    n_requests: int
+    n_layers: int
+    n_experts: int
+    k: int
+    accounting: dict
+    stats: dict
+    records_written: int
+
+
+def import_to_jsonl(paths: "str | os.PathLike | Sequence[str | os.PathLike]", out: str | os.PathLike,
+                    fmt: str = "auto", *, key: str | None = None, prompt_tokens: int | None = None,
+                    include_prefill: bool = False, keep_warmup: bool = False,
+                    warmup_min_repeats: int = DEFAULT_WARMUP_MIN_REPEATS, k: int | None = None,
+                    n_layers: int | None = None, n_experts: int | None = None,
+                    max_batch: int | None = None) -> Imported:
+    """`trace import`: read a trace (:func:`import_trace`'s formats and options), type it with the
+    canonical rules (validation and accounting) and write it to ``out`` as engine JSONL,
+    atomically. A large canonical engine JSONL or engine routing log goes through the bounded-
+    memory path (moetrace.inputs.stream); anything else, or anything that path cannot take,
+    is read whole, so an error names the input's own line."""
+    paths = [str(paths)] if isinstance(paths, (str, os.PathLike)) else [str(p) for p in paths]
+    if fmt in ("auto", "jsonl", "vllm", "sglang") and not (include_prefill or key or prompt_tokens):
+        done = _import_streamed(paths, out, keep_warmup, warmup_min_repeats, k, n_layers, n_experts, max_batch)
+        if done is not None:
+            return done
+    from moetrace.inputs.trace import type_records, write_records
+
+    res = import_trace(paths, fmt, key=key, prompt_tokens=prompt_tokens, include_prefill=include_prefill,
+                       keep_warmup=keep_warmup, warmup_min_repeats=warmup_min_repeats, k=k, n_layers=n_layers,
+                       max_batch=max_batch)
+    tt = type_records(res.records, k=k, n_layers=res.n_layers(n_layers), n_experts=n_experts, path=paths[0])
+    n = write_records(res.records, out)
+    return Imported(tt.n_steps, tt.n_requests, tt.n_layers, tt.n_experts, tt.k, tt.accounting, res.stats, n)
+
+
+def _import_streamed(paths: list[str], out, keep_warmup: bool, min_repeats: int, k: int | None,
+                     n_layers: int | None, n_experts: int | None, max_batch: int | None) -> Imported | None:
+    """A large canonical engine JSONL, or large engine routing logs, imported in bounded
+    memory (validated chunk by chunk, warm-up dropped, written atomically), or None
+    for the in-memory path (small input, other formats, or an error: the in-memory
+    path then reports it with the input's own line)."""
+    from moetrace.inputs import stream as S
+    from moetrace.inputs.routelog import sniff
+
+    kinds = {sniff(p) for p in paths}
+    total = sum(os.path.getsize(p) for p in paths if os.path.isfile(p))
+    if total <= S.stream_limit():
+        return None
+    if kinds == {"engine"} and len(paths) == 1 and max_batch is None:
+        def engine(ts: S.TypedStream) -> tuple:
+            info, n = S.write_engine_jsonl(ts, out, keep_warmup=keep_warmup, min_repeats=min_repeats)
+            acc = ts.accounting()
+            st = {"format": "jsonl", "source": "engine JSONL (streamed)", "rows_read": n + info["records_dropped"],
+                  "rows_unit": "records", "prefill_excluded": acc.get("prefill_records_excluded", 0),
+                  "prefill_unit": "records", "placeholder_layers_dropped": [], "warmup": info, "notes": []}
+            return ts, acc, st, n
+
+        if min_repeats < 2:
+            raise UsageError(f"--warmup-min-repeats must be at least 2, got {min_repeats}")
+        done = S.with_stream(paths[0], engine, k, n_layers, n_experts, force=True)
+    elif kinds == {"routelog"}:
+        done = _stream_route_log(paths, out, keep_warmup, min_repeats, k, n_layers, n_experts, max_batch)
+    else:
+        return None
+    if done is None:
+        return None
+    ts, acc, st, n = done
+    return Imported(acc["steps"], max(1, len(ts.requests)), ts.n_layers, ts.n_experts, ts.k, acc, st, n)
+
+
+def _stream_route_log(paths: list[str], out, keep_warmup: bool, min_repeats: int, k: int | None,
+                      n_layers: int | None, n_experts: int | None, max_batch: int | None) -> tuple | None:
+    """Engine routing logs read into a temporary engine JSONL, typed chunk by chunk, moved onto out."""
+    from moetrace.inputs import stream as S
+    from moetrace.inputs.routelog import read_route_log
+    from moetrace.inputs.trace import write_records
+
+    st = {"format": "jsonl", "rows_read": 0, "prefill_excluded": 0, "placeholder_layers_dropped": [],
+          "source": "engine routing log" + (f" ({len(paths)} files)" if len(paths) > 1 else "") + ", streamed",
+          "rows_unit": "route lines"}
+    tmp = f"{out}.tmp-{os.getpid()}.records"
+
+    def typed(ts: S.TypedStream) -> S.TypedStream:
+        for _ in ts.tables():
+            pass
+        return ts
+
+    try:
+        n = write_records((rec for rec, _ in read_route_log(paths, min_repeats=min_repeats, keep_warmup=keep_warmup,
+                                                            max_batch=max_batch, stats=st)), tmp)
+        # the log's own errors above name its line; the records' (k, --experts, ...) name a line of
+        # the temporary file, so for those the in-memory path reads the log again and names its line
+        try:
+            ts = S.with_stream(tmp, typed, k, n_layers, n_experts, force=True)
+        except InputError:
+            return None
+        if ts is None:
+            return None
+        ts.path = paths[0]
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    acc = ts.accounting()
+    acc.pop("prefill_records_excluded", None)
+    st.setdefault("notes", [])
+    return ts, acc, st, n

@@ -553,49 +553,58 @@ def _is_streamable(src) -> bool:
 def _compile_stream(path: str, out, L, E, K, base, expert_bytes: int, order: str, request: str | None,
                     block_bytes: int | None = None) -> PlanHeader | None:
     """Compile one engine JSONL in bounded memory (moetrace.inputs.stream); None when
-    the fast reader cannot take the file (the caller then uses the reference path,
+    the fast reader cannot take the file (the caller then uses the in-memory path,
     which reports the exact error)."""
-    from moetrace.inputs import stream as S
-    from moetrace.inputs.trace import accesses_from_table
+    from moetrace.inputs.stream import with_stream
 
-    try:
-        ts = S.TypedStream(path, K, L, E, block_bytes)
+    def write(ts) -> PlanHeader | None:
         L, E, K = ts.n_layers, ts.n_experts, ts.k
         if K > E:
-            return None  # an inconsistent k: the reference parser says which record disagrees
+            return None  # an inconsistent k: the in-memory path says which record disagrees
         custom = base is None or (L, E, K) != (base.n_layers, base.n_experts, base.k)
         geo = Geometry(L, E, K, int(expert_bytes), "custom" if custom else base.name)
         with PlanWriter(out, geo, order) as w:
-            for t in ts.tables():
-                if request is not None:
-                    code = ts.requests.get(str(request))
-                    t = t[t["request"].to_numpy() == code] if code is not None else t.iloc[:0]
-                if len(t) == 0:
-                    continue
-                acc = accesses_from_table(t, L, E, order=order)
-                steps = np.unique(t["step"].to_numpy(np.int64))
-                acc.iteration = acc.iteration + np.int32(w.n_it)
-                acc.n_iterations += w.n_it
-                w.add(acc, steps)
-            n_req = len(ts.requests)
-            accounting = ts.accounting()
-            accepted = accounting["accepted_tokens"]
-            if request is not None:
-                code = ts.requests.get(str(request))
-                if code is None:
-                    names = list(ts.requests)
-                    few = ", ".join(names[:8]) + (" ..." if len(names) > 8 else "")
-                    raise UsageError(f"no request {str(request)!r} in {path} ({len(names)} requests: {few})")
-                accepted = int(ts.typer.next_token[code])
-                accounting = dict(accounting, requests=1, request=str(request), steps=w.n_it,
-                                  accepted_tokens=accepted)
-            meta = {"sources": [{"path": path, "iterations": w.n_it, "accounting": accounting}],
-                    "merged_iterations": w.n_it, "order": order, "requests": [n_req if request is None else 1]}
-            if request is not None:
-                meta["request"] = str(request)
-            return w.close(accepted_tokens=accepted, n_inputs=1, meta=meta)
-    except S._Fallback:
-        return None
+            _add_stream_tables(w, ts, order, request)
+            return w.close(**_stream_close(w, ts, path, order, request))
+
+    return with_stream(path, write, K, L, E, block_bytes, force=True)
+
+
+def _add_stream_tables(w: "PlanWriter", ts, order: str, request: str | None) -> None:
+    """Every typed chunk of ts (of one request, when given) added to the plan as accesses."""
+    from moetrace.inputs.trace import accesses_from_table
+
+    for t in ts.tables():
+        if request is not None:
+            code = ts.requests.get(str(request))
+            t = t[t["request"].to_numpy() == code] if code is not None else t.iloc[:0]
+        if len(t) == 0:
+            continue
+        acc = accesses_from_table(t, ts.n_layers, ts.n_experts, order=order)
+        steps = np.unique(t["step"].to_numpy(np.int64))
+        acc.iteration = acc.iteration + np.int32(w.n_it)
+        acc.n_iterations += w.n_it
+        w.add(acc, steps)
+
+
+def _stream_close(w: "PlanWriter", ts, path: str, order: str, request: str | None) -> dict:
+    """The arguments of PlanWriter.close for a streamed trace: accepted tokens and the metadata."""
+    n_req = len(ts.requests)
+    accounting = ts.accounting()
+    accepted = accounting["accepted_tokens"]
+    if request is not None:
+        code = ts.requests.get(str(request))
+        if code is None:
+            names = list(ts.requests)
+            few = ", ".join(names[:8]) + (" ..." if len(names) > 8 else "")
+            raise UsageError(f"no request {str(request)!r} in {path} ({len(names)} requests: {few})")
+        accepted = int(ts.typer.next_token[code])
+        accounting = dict(accounting, requests=1, request=str(request), steps=w.n_it, accepted_tokens=accepted)
+    meta = {"sources": [{"path": path, "iterations": w.n_it, "accounting": accounting}],
+            "merged_iterations": w.n_it, "order": order, "requests": [n_req if request is None else 1]}
+    if request is not None:
+        meta["request"] = str(request)
+    return {"accepted_tokens": accepted, "n_inputs": 1, "meta": meta}
 
 
 def _window_accepted(tt: "TypedTrace", n_it: int) -> int:

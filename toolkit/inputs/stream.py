@@ -1,74 +1,57 @@
-"""Engine JSONL traces in bounded memory: a fast chunked reader and a vectorised typer.
+"""Engine JSONL traces in bounded memory: the streaming driver of the one typer.
 
 :func:`moetrace.inputs.trace.type_records` types a whole trace held as Python
-objects (about 150 bytes per read): the reference, and what small traces use.
+objects (about 150 bytes per read): what small traces and the importers use.
 Production traces (a million tokens of a 92-layer, k=16 model is 1.5 G reads)
-go through here instead:
+go through here instead; both drive the same rules,
+:class:`moetrace.inputs.typer.ChunkTyper`:
 
 * :func:`read_chunks` parses the JSONL with pyarrow's streaming JSON reader
   (C++, blocks of ``block_bytes``) into columnar :class:`RecordChunk` s that
   end at step boundaries;
-* :class:`ChunkTyper` types each chunk with numpy exactly as ``type_records``
-  does (same kinds, passes, tokens, requests, errors), carrying the state that
-  crosses chunks (the last step, every request's next token);
+* :class:`TypedStream` types them chunk by chunk, the typer carrying the state
+  that crosses chunks (the last step, every request's next token);
 * :func:`scan_geometry` is the pre-pass that infers k, the layers present and
   the largest expert when the caller does not give them.
 
+The entry points choose the path: :func:`with_stream` (and :func:`parse_trace`,
+``plan.compile_plan``, ``importers.import_to_jsonl`` on top of it) streams a
+trace larger than :func:`stream_limit` and returns None for the in-memory path.
 Memory is one chunk (``block_bytes`` of JSON, a few hundred MB of arrays at
 most) plus the per-request state, whatever the trace's length. Anything the
 fast reader cannot take (a request field of mixed types, a huge integer, bad
-JSON) is handed to the reference parser, which reports the file and line --
+JSON) goes to the in-memory driver, which reports the file and line --
 streaming stays for well-formed traces, errors stay exact.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Callable, Iterator, TypeVar
 
 import numpy as np
 
 from moetrace.errors import InputError, UsageError
+from moetrace.inputs.typer import (  # noqa: F401 - ChunkTyper and RecordChunk: re-exported
+    MAX_EXPERT,
+    MAX_LAYER,
+    ChunkTyper,
+    RecordChunk,
+    line_of,
+    max_expert_record,
+    no_records,
+    resolve_geometry,
+)
 
+T = TypeVar("T")
 DEFAULT_BLOCK_BYTES = 1 << 20
 # engine JSONL traces larger than this take the streaming path (MOETRACE_STREAM_BYTES overrides)
 STREAM_BYTES = 8 << 20
 
 
-@dataclass
-class RecordChunk:
-    """Records of whole steps, columnar: per record step, layer, request code,
-    width and index (0-based, counting every JSON object of the file, prefill
-    included, for error lines); experts flat in record order."""
-
-    step: np.ndarray
-    layer: np.ndarray
-    request: np.ndarray
-    width: np.ndarray
-    experts: np.ndarray
-    index: np.ndarray
-
-    def __len__(self) -> int:
-        return int(self.step.size)
-
-
 class _Fallback(Exception):
     """The fast reader cannot take this file: use the reference parser."""
-
-
-def _line_of(path: str, index: int) -> tuple[int, int]:
-    """(line, offset) of the index-th JSON object (non-blank line) of a file, streaming."""
-    seen = -1
-    offset = 0
-    with open(path, "rb") as fh:
-        for lineno, raw in enumerate(fh, 1):
-            if raw.strip():
-                seen += 1
-                if seen == index:
-                    return lineno, offset
-            offset += len(raw)
-    return 0, 0
 
 
 def exact_error(path: str) -> None:
@@ -273,8 +256,6 @@ class Geometry0:
 
 def scan_geometry(path: str | os.PathLike, block_bytes: int = DEFAULT_BLOCK_BYTES) -> Geometry0:
     """One fast pass: k, the layers present and the largest expert id."""
-    from moetrace.inputs.trace import MAX_LAYER
-
     k = None
     seen = np.zeros(0, bool)
     mx = -1
@@ -292,230 +273,13 @@ def scan_geometry(path: str | os.PathLike, block_bytes: int = DEFAULT_BLOCK_BYTE
         if hi >= seen.size:
             seen = np.concatenate([seen, np.zeros(hi + 1 - seen.size, bool)])
         seen[np.unique(c.layer)] = True
-        if c.experts.size:
-            j = int(np.argmax(c.experts))
-            if int(c.experts[j]) > mx:
-                mx = int(c.experts[j])
-                rec = int(np.searchsorted(np.cumsum(c.width), j, side="right"))
-                mx_at = int(c.index[rec])
+        cmx, cat = max_expert_record(c)
+        if cmx > mx:
+            mx, mx_at = cmx, cat
         n += len(c)
     if k is None:
         raise _Fallback()
     return Geometry0(k, np.flatnonzero(seen), mx, n, len(reqs), mx_at)
-
-
-@dataclass
-class ChunkTyper:
-    """Types record chunks as type_records does, chunk by chunk (module docstring).
-
-    k, n_layers and n_experts are the bounds to check (n_layers/n_experts None:
-    unchecked above, as the caller renumbers layers via ``layer_map``).
-    layer_map: original layer id -> dense layer (the layers present), or None.
-    """
-
-    k: int
-    path: str
-    n_layers: int | None = None
-    n_experts: int | None = None
-    layer_map: np.ndarray | None = None
-    prev_step: int | None = None
-    next_token: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    steps: int = 0
-    records: int = 0
-    steps_by_kind: np.ndarray = field(default_factory=lambda: np.zeros(3, np.int64))
-    records_by_kind: np.ndarray = field(default_factory=lambda: np.zeros(3, np.int64))
-    selections: int = 0
-    fallback_steps: int = 0
-    max_expert: int = -1
-
-    def _err(self, index: int, msg: str, hint: str | None = None) -> InputError:
-        line, off = _line_of(self.path, int(index))
-        return InputError(msg, path=self.path, line=line or None, offset=off if line else None, hint=hint)
-
-    def type(self, c: RecordChunk):
-        """The typed table of one chunk (a pandas DataFrame with the columns of
-        TypedTrace.table). Raises InputError with the line of the first bad record."""
-        import pandas as pd
-
-        from moetrace.inputs.trace import KIND_DTYPE, MAX_EXPERT, MAX_LAYER, MAX_STEP
-
-        k = self.k
-        n = len(c)
-        step, layer, req, width = c.step, c.layer, c.request, c.width
-        errs: list[tuple[int, int, int, str, str | None]] = []  # (step order, phase, record, msg, hint)
-
-        def first(mask: np.ndarray, phase: int, msg, hint=None):
-            if mask.any():
-                i = int(np.argmax(mask))
-                errs.append((i, phase, i, msg(i) if callable(msg) else msg, hint))
-
-        # step order
-        back = np.zeros(n, bool)
-        if n > 1:
-            back[1:] = step[1:] < step[:-1]
-        if self.prev_step is not None and n and step[0] < self.prev_step:
-            back[0] = True
-        bad_step = (step < -MAX_STEP) | (step > MAX_STEP)
-        first(bad_step, 0, lambda i: f"step {int(step[i])} is out of range (|step| <= 2^62)")
-        prevs = np.concatenate([[self.prev_step if self.prev_step is not None else step[0]], step[:-1]])
-        first(back, 0, lambda i: f"step goes backwards ({int(step[i])} after {int(prevs[i])})",
-              "records must be in engine order; concatenated traces need `plan compile` with several inputs")
-        # step index within the chunk (records of a step are contiguous once order holds)
-        newstep = np.ones(n, bool)
-        if n > 1:
-            newstep[1:] = step[1:] != step[:-1]
-        sidx = np.cumsum(newstep) - 1
-        # layers
-        hi_l = self.n_layers if self.n_layers is not None else MAX_LAYER + 1
-        first((layer < 0) | (layer >= hi_l), 0,
-              lambda i: f"unknown layer {int(layer[i])}" + (f" (the geometry has {self.n_layers} layers)"
-                                                            if self.n_layers is not None
-                                                            else f" (layers are 0 to {MAX_LAYER})"))
-        # widths
-        first((width != k) & (width != 2 * k), 0,
-              lambda i: f"record width {int(width[i])} is neither k={k} nor 2k={2 * k}",
-              "pass --k if the inferred k is wrong")
-        # experts: per record min/max, duplicates within a position
-        rec_of = np.repeat(np.arange(n), width)
-        ex = c.experts
-        if ex.size:
-            neg = np.zeros(n, bool)
-            np.logical_or.at(neg, rec_of, ex < 0)
-            first(neg, 0, lambda i: f"unknown expert {int(ex[rec_of == i].min())}")
-            big = np.zeros(n, bool)
-            np.logical_or.at(big, rec_of, ex > MAX_EXPERT)
-            first(big, 0, lambda i: f"expert id {int(ex[rec_of == i].max())} is out of range (expert ids are 0 "
-                                    f"to {MAX_EXPERT})")
-            if self.n_experts is not None:
-                over = np.zeros(n, bool)
-                np.logical_or.at(over, rec_of, ex >= self.n_experts)
-                first(over, 0, lambda i: f"unknown expert {int(ex[rec_of == i].max())} (the geometry has "
-                                         f"{self.n_experts} experts per layer)")
-            starts = np.repeat(np.cumsum(width) - width, width)
-            pos = ((np.arange(ex.size) - starts) >= k).astype(np.int64)
-            half = rec_of * 2 + pos
-            o = np.lexsort((ex, half))
-            dup = np.zeros(ex.size, bool)
-            dup[1:] = (half[o][1:] == half[o][:-1]) & (ex[o][1:] == ex[o][:-1])
-            dup_rec = np.zeros(n, bool)
-            dup_rec[rec_of[o][dup]] = True
-            first(dup_rec, 0, "an expert appears twice in one position")
-        else:
-            pos = np.zeros(0, np.int64)
-        # units (step, request) and occurrences of (unit, layer)
-        ukey = sidx.astype(np.int64) * (int(req.max()) + 1 if n else 1) + req
-        uniq, unit = np.unique(ukey, return_inverse=True)
-        lk = unit.astype(np.int64) * (MAX_LAYER + 2) + layer
-        o = np.argsort(lk, kind="stable")
-        grp = np.ones(n, bool)
-        if n > 1:
-            grp[1:] = lk[o][1:] != lk[o][:-1]
-        gstart = np.maximum.accumulate(np.where(grp, np.arange(n), 0))
-        occ = np.empty(n, np.int64)
-        occ[o] = np.arange(n) - gstart
-        gsize_sorted = np.diff(np.append(np.flatnonzero(grp), n))
-        gsize = np.empty(n, np.int64)
-        gsize[o] = np.repeat(gsize_sorted, gsize_sorted)
-        first(occ >= 2, 0, lambda i: f"layer {int(layer[i])} routed three times in step {int(step[i])}"
-              + (f" for request {self._name(int(req[i]))!r}" if self._named else ""))
-        n_units = uniq.size
-        fb = np.zeros(n_units, bool)
-        np.logical_or.at(fb, unit, occ > 0)
-        wmin = np.full(n_units, np.iinfo(np.int64).max)
-        wmax = np.full(n_units, -1, np.int64)
-        np.minimum.at(wmin, unit, width)
-        np.maximum.at(wmax, unit, width)
-        # fallback pass records must have width k
-        first((occ == 1) & (width != k), 1,
-              lambda i: f"fallback pass record has width {int(width[i])}, expected k={k}")
-        # a unit without a repeated layer must not mix widths
-        mix_u = ~fb & (wmin != wmax)
-        if mix_u.any():
-            w0 = np.full(n_units, -1, np.int64)
-            firstrec = np.full(n_units, n, np.int64)
-            np.minimum.at(firstrec, unit, np.arange(n))
-            w0 = width[np.minimum(firstrec, n - 1)]
-            bad = mix_u[unit] & (width != w0[unit])
-            first(bad, 1, lambda i: f"step {int(step[i])} mixes record widths {int(w0[unit[i]])} and "
-                                    f"{int(width[i])}" + (f" for request {self._name(int(req[i]))!r}"
-                                                          if self._named else "")
-                  + " without a repeated layer")
-        if errs:
-            # the reference scans step by step: record-level checks of a step before its unit checks
-            key = [(int(sidx[i]), ph, i) for i, ph, _, _, _ in errs]
-            j = int(np.argmin([a * 4 * (n + 1) + b * (n + 1) + c_ for a, b, c_ in key]))
-            _, _, i, msg, hint = errs[j]
-            raise self._err(int(c.index[i]), msg, hint)
-        kind_u = np.where(fb, 2, np.where(wmin == k, 0, 1)).astype(np.int8)
-        accepted = ~((occ == 0) & (gsize == 2))
-        # tokens: per request, units in step order
-        ureq = (uniq % (int(req.max()) + 1 if n else 1)).astype(np.int64)
-        inc = np.where(kind_u == 1, 2, 1).astype(np.int64)
-        need = int(ureq.max()) + 1 if ureq.size else 0
-        if need > self.next_token.size:
-            self.next_token = np.concatenate([self.next_token, np.zeros(need - self.next_token.size, np.int64)])
-        ou = np.lexsort((np.arange(n_units), ureq))
-        cs = np.cumsum(inc[ou])
-        rs = ureq[ou]
-        gfirst = np.ones(n_units, bool)
-        if n_units > 1:
-            gfirst[1:] = rs[1:] != rs[:-1]
-        gbase = np.maximum.accumulate(np.where(gfirst, np.arange(n_units), 0))
-        before = cs - inc[ou] - np.where(gbase > 0, cs[gbase - 1], 0)
-        tok_u = np.empty(n_units, np.int64)
-        tok_u[ou] = self.next_token[rs] + before
-        np.add.at(self.next_token, ureq, inc)
-        rec_kind = kind_u[unit]
-        # state and accounting
-        self.prev_step = int(step[-1]) if n else self.prev_step
-        self.steps += int(newstep.sum())
-        self.records += n
-        self.steps_by_kind += np.bincount(kind_u, minlength=3)
-        self.records_by_kind += np.bincount(rec_kind, minlength=3)
-        self.selections += int(ex.size)
-        fb_steps = np.zeros(int(sidx[-1]) + 1 if n else 0, bool)
-        fb_steps[sidx[occ == 1]] = True
-        self.fallback_steps += int(fb_steps.sum())
-        if ex.size:
-            self.max_expert = max(self.max_expert, int(ex.max()))
-        lay = layer if self.layer_map is None else self.layer_map[layer]
-        rep = lambda a: np.repeat(a, width)  # noqa: E731
-        return pd.DataFrame({
-            "step": rep(step),
-            "request": rep(req.astype(np.int32)),
-            "token": (rep(tok_u[unit]) + pos).astype(np.int32),
-            "pass": rep(np.minimum(occ, 1).astype(np.int8)),
-            "layer": rep(lay.astype(np.int16)),
-            "position": pos.astype(np.int8),
-            "expert": ex.astype(np.int32),
-            "kind": pd.Categorical.from_codes(rep(rec_kind), dtype=KIND_DTYPE),
-            "accepted": rep(accepted),
-        })
-
-    # request names, for messages only
-    names: list = field(default_factory=list)
-    _named: bool = False
-
-    def _name(self, code: int) -> str:
-        return str(self.names[code]) if code < len(self.names) else str(code)
-
-    def accounting(self, requests: int) -> dict:
-        from moetrace.inputs.trace import KINDS
-
-        acc = {
-            "steps": self.steps,
-            "requests": requests,
-            "records": self.records,
-            "records_by_kind": {KINDS[i]: int(self.records_by_kind[i]) for i in range(3)},
-            "steps_by_kind": {KINDS[i]: int(self.steps_by_kind[i]) for i in range(3)},
-            "accepted_tokens": int(self.steps_by_kind[0] + 2 * self.steps_by_kind[1] + self.steps_by_kind[2]),
-            "selections": self.selections,
-            "k": int(self.k),
-            "passes": int(self.steps + self.fallback_steps),
-        }
-        if requests > 1:
-            acc["unit"] = "steps_by_kind counts (step, request) units"
-        return acc
 
 
 def check_k(k: int | None) -> None:
@@ -529,55 +293,51 @@ class TypedStream:
     :meth:`accounting` -- what parse_jsonl gives, in bounded memory.
 
     Raises _Fallback (from the constructor or while iterating) when the fast
-    reader cannot take the file; the caller then uses the reference parser.
+    reader cannot take the file; the public entry points (:func:`parse_trace`,
+    :func:`compile_stream`, ``importers.import_to_jsonl``) then use the in-memory
+    driver of the same typer, which names the line.
     """
 
     def __init__(self, path: str | os.PathLike, k: int | None = None, n_layers: int | None = None,
                  n_experts: int | None = None, block_bytes: int | None = None):
-        from moetrace.inputs.trace import MAX_EXPERT, WIDE_POOL_WARN, _ranges
-
         self.path = str(path)
         self.block = block_bytes or DEFAULT_BLOCK_BYTES
         check_k(k)
-        self.layer_map = None
-        self.notes: list[str] = []
-        self.warnings: list[str] = []
-        self.layer_ids = None
-        n_layers_check, n_experts_check = n_layers, n_experts
         if k is None or n_layers is None or n_experts is None:
             g0 = scan_geometry(self.path, self.block)
+            if g0.k <= 0 or g0.max_expert > MAX_EXPERT:
+                raise _Fallback()  # the in-memory driver names the record
             k = g0.k if k is None else k
-            if n_layers is None:
-                present = g0.layers
-                if present.size != int(present.max()) + 1:
-                    self.layer_ids = [int(x) for x in present]
-                    self.layer_map = np.full(int(present.max()) + 1, -1, np.int64)
-                    self.layer_map[present] = np.arange(present.size)
-                    self.notes.append(f"the trace routes {present.size} layers ({_ranges(self.layer_ids)}); they "
-                                      f"are layers 0-{present.size - 1} here (give --layers to keep the ids)")
-                n_layers = int(present.size)
-            if n_experts is None:
-                if g0.max_expert > MAX_EXPERT:
-                    raise _Fallback()
-                n_experts = g0.max_expert + 1
-                if n_experts > WIDE_POOL_WARN:
-                    line, _ = _line_of(self.path, g0.max_expert_at)
-                    self.warnings.append(
-                        f"expert id {g0.max_expert} (line {line}) makes a pool of {n_experts:,} experts per layer; "
-                        "if that is not the model's size, give --experts N or --geometry PRESET")
-        self.k, self.n_layers, self.n_experts = int(k), int(n_layers), int(n_experts)
+            where = lambda: f"line {line_of(self.path, g0.max_expert_at)[0]}"  # noqa: E731
+            geo = resolve_geometry(n_layers, n_experts, g0.layers, g0.max_expert, where)
+        else:
+            geo = resolve_geometry(n_layers, n_experts, np.zeros(0, np.int64), -1, str)
+        self.layer_map, self.layer_ids, self.notes, self.warnings = geo.layer_map, geo.layer_ids, geo.notes, \
+            geo.warnings
+        self.k, self.n_layers, self.n_experts = int(k), geo.n_layers, geo.n_experts
         self.requests: dict = {}
-        self._stats: dict = {}
-        self.typer = ChunkTyper(self.k, self.path, n_layers_check, n_experts_check, self.layer_map)
+        self.reader_stats: dict = {}
+        self.typer = ChunkTyper(self.k, self.path, n_layers, n_experts, self.layer_map)
+
+    @property
+    def named(self) -> bool:
+        """The records name their requests (known once a chunk has been read)."""
+        return bool(self.reader_stats.get("named", False))
+
+    def chunks(self) -> Iterator[RecordChunk]:
+        """The file's record chunks (request codes of :attr:`requests`), not yet typed."""
+        return read_chunks(self.path, self.block, self.requests, self.reader_stats)
+
+    def type_chunk(self, chunk: RecordChunk):
+        """The typed table of the next chunk (chunks in file order)."""
+        self.typer.set_requests(list(self.requests), self.named)
+        return self.typer.type(chunk)
 
     def tables(self) -> Iterator:
-        for chunk in read_chunks(self.path, self.block, self.requests, self._stats):
-            self.typer.names = list(self.requests)
-            self.typer._named = bool(self._stats.get("named", False))
-            yield self.typer.type(chunk)
+        for chunk in self.chunks():
+            yield self.type_chunk(chunk)
         if self.typer.records == 0:
-            raise InputError("the trace holds no decode records", path=self.path,
-                             hint="is every record marked \"phase\": \"prefill\", or is the file empty?")
+            raise no_records(self.path)
 
     @property
     def names(self) -> list:
@@ -585,7 +345,7 @@ class TypedStream:
 
     def accounting(self) -> dict:
         acc = self.typer.accounting(len(self.requests))
-        acc["prefill_records_excluded"] = int(self._stats.get("prefill_records", 0))
+        acc["prefill_records_excluded"] = int(self.reader_stats.get("prefill_records", 0))
         if self.layer_ids is not None:
             acc["layer_ids"] = self.layer_ids
         if self.notes:
@@ -660,106 +420,159 @@ def _step_signatures(c: RecordChunk) -> tuple[np.ndarray, list]:
     return starts, sigs
 
 
+class _WarmupFilter:
+    """Drops the leading warm-up blocks of a chunked trace as importers.drop_warmup does:
+    runs of at least ``min_repeats`` identical steps (same route signature) at the start.
+    :meth:`feed` and :meth:`finish` return the parts to write, in order; ``info`` is the
+    account (the blocks found become ``candidates`` with ``keep_warmup``)."""
+
+    def __init__(self, min_repeats: int, keep_warmup: bool):
+        self.min_repeats, self.keep = min_repeats, keep_warmup
+        self.info = {"steps_dropped": 0, "rows_dropped": 0, "records_dropped": 0, "blocks": [],
+                     "min_repeats": min_repeats}
+        if keep_warmup:
+            self.info.update(kept=True, candidates=[])
+        self.looking = True
+        self.run_sig = None
+        self.run_first = None
+        self.run_steps: list[RecordChunk] = []  # held back while a leading run may still be warm-up
+
+    def feed(self, c: RecordChunk) -> list[RecordChunk]:
+        if not self.looking:
+            return [c]
+        out: list[RecordChunk] = []
+        starts, sigs = _step_signatures(c)
+        ends = np.append(starts[1:], len(c))
+        for j, sig in enumerate(sigs):
+            if self.run_sig is None or sig != self.run_sig:
+                if self.run_sig is not None:
+                    if len(self.run_steps) < self.min_repeats:
+                        self.looking = False
+                        held, self.run_steps = self.run_steps, []
+                        self._candidates()
+                        return out + held + [_slice(c, int(starts[j]), len(c))]
+                    out += self._drop_run()
+                self.run_sig, self.run_first = sig, int(c.step[starts[j]])
+            self.run_steps.append(_slice(c, int(starts[j]), int(ends[j])))
+        return out
+
+    def _drop_run(self) -> list[RecordChunk]:
+        """The run just ended is warm-up: counted, and returned only to keep it."""
+        run, self.run_steps = self.run_steps, []
+        self.info["blocks"].append([self.run_first, len(run)])
+        self.info["steps_dropped"] += len(run)
+        self.info["records_dropped"] += sum(len(s) for s in run)
+        self.info["rows_dropped"] += sum(len(s) for s in run)
+        return run if self.keep else []
+
+    def _candidates(self) -> None:
+        if self.keep:
+            self.info["candidates"] = [list(b) for b in self.info["blocks"]]
+            self.info.update(steps_dropped=0, records_dropped=0, rows_dropped=0, blocks=[])
+
+    def finish(self, path: str) -> list[RecordChunk]:
+        """What is still held at the end of the file (an error if it is all one warm-up run)."""
+        if not self.looking:
+            return []
+        total = self.info["steps_dropped"] + len(self.run_steps)
+        self._candidates()
+        if len(self.run_steps) >= self.min_repeats and not self.keep:
+            raise InputError(f"all {total} steps are one identical route repeated (warm-up junk?)",
+                             path=path, hint="pass --keep-warmup to import them anyway")
+        return self.run_steps
+
+
+def _write_chunk(fh, c: RecordChunk, names: list | None) -> int:
+    """Write a chunk's records as engine JSONL (with "request" when names is given)."""
+    import json
+
+    offs = np.concatenate([[0], np.cumsum(c.width)])
+    lines = []
+    for r in range(len(c)):
+        ex = ", ".join(map(str, c.experts[offs[r]:offs[r + 1]].tolist()))
+        if names is not None:
+            lines.append('{"step": %d, "layer": %d, "experts": [%s], "request": %s}\n'
+                         % (c.step[r], c.layer[r], ex, json.dumps(names[c.request[r]])))
+        else:
+            lines.append('{"step": %d, "layer": %d, "experts": [%s]}\n' % (c.step[r], c.layer[r], ex))
+    fh.write("".join(lines))
+    return len(c)
+
+
 def import_engine_jsonl(path: str | os.PathLike, out: str | os.PathLike, *, keep_warmup: bool = False,
                         min_repeats: int = 16, k: int | None = None, n_layers: int | None = None,
                         n_experts: int | None = None) -> tuple[TypedStream, dict, int]:
-    """`trace import` of a canonical engine JSONL in bounded memory: drop the leading
-    warm-up blocks (as importers.drop_warmup), type every chunk (validation and
-    accounting), write the records to ``out`` atomically. Returns (stream, warm-up
-    info, records written). Raises _Fallback like TypedStream."""
+    """`trace import` of a canonical engine JSONL in bounded memory (:func:`write_engine_jsonl`).
+    Returns (stream, warm-up info, records written). Raises _Fallback like TypedStream."""
     if min_repeats < 2:
         raise UsageError(f"--warmup-min-repeats must be at least 2, got {min_repeats}")
-    import json
-
     ts = TypedStream(path, k, n_layers, n_experts)
-    info = {"steps_dropped": 0, "rows_dropped": 0, "records_dropped": 0, "blocks": [], "min_repeats": min_repeats}
-    if keep_warmup:
-        info.update(kept=True, candidates=[])
+    info, n_out = write_engine_jsonl(ts, out, keep_warmup=keep_warmup, min_repeats=min_repeats)
+    return ts, info, n_out
+
+
+def write_engine_jsonl(ts: TypedStream, out: str | os.PathLike, *, keep_warmup: bool = False,
+                       min_repeats: int = 16) -> tuple[dict, int]:
+    """Drop the leading warm-up blocks of ts's trace (as importers.drop_warmup), type every
+    chunk (validation and accounting), write the records to ``out`` atomically. Returns
+    (warm-up info, records written). Raises _Fallback like TypedStream."""
+    wf = _WarmupFilter(min_repeats, keep_warmup)
     tmp = f"{out}.tmp-{os.getpid()}"
     n_out = 0
-    # warm-up detection state: the current run of identical leading steps
-    looking = True
-    run_sig = None
-    run_steps: list[RecordChunk] = []  # held back while a leading run may still be warm-up
-    run_first = None
-
-    def flush(fh, c: RecordChunk) -> int:
-        offs = np.concatenate([[0], np.cumsum(c.width)])
-        names = list(ts.requests)
-        named = bool(ts._stats.get("named", False))
-        lines = []
-        for r in range(len(c)):
-            ex = ", ".join(map(str, c.experts[offs[r]:offs[r + 1]].tolist()))
-            if named:
-                lines.append('{"step": %d, "layer": %d, "experts": [%s], "request": %s}\n'
-                             % (c.step[r], c.layer[r], ex, json.dumps(names[c.request[r]])))
-            else:
-                lines.append('{"step": %d, "layer": %d, "experts": [%s]}\n' % (c.step[r], c.layer[r], ex))
-        fh.write("".join(lines))
-        return len(c)
-
     try:
         with open(tmp, "w") as fh:
-            for c in read_chunks(ts.path, ts.block, ts.requests, ts._stats):
-                if looking:
-                    starts, sigs = _step_signatures(c)
-                    ends = np.append(starts[1:], len(c))
-                    emit_from = None
-                    for j, sig in enumerate(sigs):
-                        if run_sig is None or sig != run_sig:
-                            if run_sig is not None:
-                                if len(run_steps) >= min_repeats:
-                                    info["blocks"].append([run_first, len(run_steps)])
-                                    info["steps_dropped"] += len(run_steps)
-                                    info["records_dropped"] += sum(len(s) for s in run_steps)
-                                    info["rows_dropped"] += sum(len(s) for s in run_steps)
-                                    if keep_warmup:
-                                        for part in run_steps:
-                                            ts.typer.names = list(ts.requests)
-                                            ts.typer._named = bool(ts._stats.get("named", False))
-                                            ts.typer.type(part)
-                                            n_out += flush(fh, part)
-                                    run_steps = []
-                                else:
-                                    looking = False
-                                    emit_from = j
-                                    break
-                            run_sig, run_first = sig, int(c.step[starts[j]])
-                        run_steps.append(_slice(c, int(starts[j]), int(ends[j])))
-                    if looking:
-                        continue
-                    held = run_steps
-                    run_steps = []
-                    rest = [_slice(c, int(starts[emit_from]), len(c))]
-                    if keep_warmup:
-                        info["candidates"] = [list(b) for b in info["blocks"]]
-                        info.update(steps_dropped=0, records_dropped=0, rows_dropped=0, blocks=[])
-                    for part in held + rest:
-                        ts.typer.names = list(ts.requests)
-                        ts.typer._named = bool(ts._stats.get("named", False))
-                        ts.typer.type(part)
-                        n_out += flush(fh, part)
-                    continue
-                ts.typer.names = list(ts.requests)
-                ts.typer._named = bool(ts._stats.get("named", False))
-                ts.typer.type(c)
-                n_out += flush(fh, c)
-            if looking:
-                total = info["steps_dropped"] + len(run_steps)
-                if keep_warmup:
-                    info["candidates"] = [list(b) for b in info["blocks"]]
-                    info.update(steps_dropped=0, records_dropped=0, rows_dropped=0, blocks=[])
-                if len(run_steps) >= min_repeats and not keep_warmup:
-                    raise InputError(f"all {total} steps are one identical route repeated (warm-up junk?)",
-                                     path=ts.path, hint="pass --keep-warmup to import them anyway")
-                for part in run_steps:
-                    ts.typer.type(part)
-                    n_out += flush(fh, part)
+            def write(parts: list[RecordChunk]) -> int:
+                for part in parts:
+                    ts.type_chunk(part)
+                return sum(_write_chunk(fh, part, list(ts.requests) if ts.named else None) for part in parts)
+
+            for c in ts.chunks():
+                n_out += write(wf.feed(c))
+            n_out += write(wf.finish(ts.path))
         if ts.typer.records == 0:
-            raise InputError("the trace holds no decode records", path=ts.path,
-                             hint="is every record marked \"phase\": \"prefill\", or is the file empty?")
+            raise no_records(ts.path)
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return ts, info, n_out
+    return wf.info, n_out
+
+
+def with_stream(path: str | os.PathLike, use: Callable[[TypedStream], T], k: int | None = None,
+                n_layers: int | None = None, n_experts: int | None = None, block_bytes: int | None = None, *,
+                force: bool = False) -> T | None:
+    """``use(ts)`` over the trace typed chunk by chunk (a :class:`TypedStream`), or None when
+    the trace is for the in-memory driver: not larger than :func:`stream_limit` (unless
+    ``force``), a typed Parquet, or a file the fast reader cannot take (the in-memory driver
+    of the same typer then reads it and names the line of any error)."""
+    if not force and not is_streamable(path):
+        return None
+    try:
+        return use(TypedStream(path, k, n_layers, n_experts, block_bytes))
+    except _Fallback:
+        return None
+
+
+def parse_trace(path: str | os.PathLike, out: str | os.PathLike | None = None, k: int | None = None,
+                n_layers: int | None = None, n_experts: int | None = None) -> dict:
+    """Type an engine JSONL trace and write its typed Parquet to ``out`` (when given): in
+    bounded memory when the trace is large, in memory otherwise (the same rules, the same
+    result). Returns the accounting with n_layers, n_experts and source."""
+    from moetrace.inputs.trace import parse_jsonl
+
+    def streamed(ts: TypedStream) -> dict:
+        if out:
+            acc = save_typed(ts, out)
+        else:
+            for _ in ts.tables():
+                pass
+            acc = ts.accounting()
+        return dict(acc, n_layers=ts.n_layers, n_experts=ts.n_experts, source=str(path))
+
+    acc = with_stream(path, streamed, k, n_layers, n_experts)
+    if acc is None:
+        tt = parse_jsonl(path, k=k, n_layers=n_layers, n_experts=n_experts)
+        if out:
+            tt.save(out)
+        acc = dict(tt.accounting, n_layers=tt.n_layers, n_experts=tt.n_experts, source=str(path))
+    return acc

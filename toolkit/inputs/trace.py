@@ -43,21 +43,26 @@ import numpy as np
 import pandas as pd
 
 from moetrace.errors import InputError, UsageError
+from moetrace.inputs.typer import (  # noqa: F401 - the typing rules' constants, re-exported
+    DEFAULT_REQUEST,
+    KIND_DTYPE,
+    KINDS,
+    MAX_EXPERT,
+    MAX_LAYER,
+    MAX_STEP,
+    WIDE_POOL_WARN,
+    ChunkTyper,
+    RecordChunk,
+    max_expert_record,
+    no_records,
+    resolve_geometry,
+)
 
-KINDS = ("normal", "spec_accept", "spec_fallback")
-KIND_DTYPE = pd.CategoricalDtype(list(KINDS))
 TRACE_SCHEMA = "moetrace.typed_trace/2"
 _OLD_SCHEMAS = ("moetrace.typed_trace/1",)  # no request/token columns: one request
-# Largest ids a trace may name: the typed table keeps experts as int32, layers as int16.
-MAX_EXPERT = 2**31 - 2
-MAX_LAYER = 2**15 - 2
-MAX_STEP = 2**62
-# An inferred pool wider than this many experts per layer is almost surely a stray id.
-WIDE_POOL_WARN = 4096
 # (layer, expert) pairs the dense analyses (trace stats, sim) keep a counter for, at most: 2^24,
 # a thousand times the largest model's pool; each counter array is then at most 128 MiB.
 MAX_DENSE_POOL = 2**24
-DEFAULT_REQUEST = "0"
 # The order of the experts a (step, pass, layer) slot reads: as routed (rank
 # order, the default whenever a trace keeps it) or ascending expert index.
 ORDERS = ("rank", "sorted")
@@ -333,191 +338,82 @@ def type_records(
     unknown or out-of-range layers or experts, a step going backwards, a layer
     routed three times for one request in one step, inconsistent widths within
     one unit, or records that name a request mixed with records that do not.
+
+    The records are typed as one chunk by :class:`moetrace.inputs.typer.ChunkTyper`,
+    the rules the streaming path (moetrace.inputs.stream) applies chunk by chunk.
     """
-    recs = list(records)
+    recs = records if isinstance(records, list) else list(records)
     if not recs:
-        raise InputError("the trace holds no decode records", path=path,
-                         hint="is every record marked \"phase\": \"prefill\", or is the file empty?")
-    n = len(recs)
-    widths = np.fromiter((len(r.experts) for r in recs), dtype=np.int64, count=n)
+        raise no_records(path)
+    chunk, names = _records_chunk(recs)
+    k = _check_sizes(chunk, recs, k, n_layers, n_experts, path)
+    typer = ChunkTyper(k, path, n_layers, n_experts, source=recs)
+    typer.set_requests(names, recs[0].request is not None)
+    table = typer.type(chunk)
+    mx, at = max_expert_record(chunk)
+    geo = resolve_geometry(n_layers, n_experts, np.unique(chunk.layer), mx, lambda: _where(recs, at, mx))
+    if geo.layer_map is not None:
+        table["layer"] = geo.layer_map[table["layer"].to_numpy(np.int64)].astype(np.int16)
+    accounting = typer.accounting(len(names))
+    for key, v in (("layer_ids", geo.layer_ids), ("notes", geo.notes), ("warnings", geo.warnings),
+                   ("excluded", dict(excluded) if excluded else None)):
+        if v:
+            accounting[key] = v
+    return TypedTrace(table, int(k), geo.n_layers, geo.n_experts, accounting, path or "",
+                      names if recs[0].request is not None else [DEFAULT_REQUEST])
+
+
+def _check_sizes(chunk: RecordChunk, recs: list[Record], k: int | None, n_layers: int | None,
+                 n_experts: int | None, path: str | None) -> int:
+    """k as given, else the smallest record width; UsageError for a size that is not positive."""
     if k is None:
-        k = int(widths.min())
+        k = int(chunk.width.min())
         if k <= 0:
-            raise _fail("a record has no experts", recs[int(widths.argmin())], path)
+            raise _fail("a record has no experts", recs[int(chunk.width.argmin())], path)
     elif k <= 0:
         raise UsageError(f"k must be positive, got {k}")
     for name, v in (("layers", n_layers), ("experts", n_experts)):
         if v is not None and v <= 0:
             raise UsageError(f"--{name} must be positive, got {v}")
-    named = recs[0].request is not None
-    req_code: dict[str, int] = {}
-    rec_req = np.zeros(n, np.int32)
-    rec_pass = np.zeros(n, np.int8)
-    rec_kind = np.zeros(n, np.int8)
-    rec_token = np.zeros(n, np.int64)
-    rec_accepted = np.ones(n, bool)
-    next_token: list[int] = []
-    max_layer = -1
-    max_expert = -1
-    max_expert_at = 0
-    prev_step = None
-    i = 0
-    n_steps = 0
-    steps_by_kind = [0, 0, 0]
-    while i < n:
-        step = recs[i].step
-        if not -MAX_STEP <= step <= MAX_STEP:
-            raise _fail(f"step {step} is out of range (|step| <= 2^62)", recs[i], path)
-        if prev_step is not None and step < prev_step:
-            raise _fail(f"step goes backwards ({step} after {prev_step})", recs[i], path,
-                        hint="records must be in engine order; concatenated traces need `plan compile` with several inputs")
-        j = i
-        seen: dict[tuple[int, int], int] = {}
-        units: dict[int, list[int]] = {}
-        while j < n and recs[j].step == step:
-            r = recs[j]
-            if (r.request is not None) != named:
-                raise _fail("this record " + ("names no request" if named else f"names request {r.request!r}")
-                            + " but the first record " + ("does" if named else "does not"), r, path,
-                            hint="give every record a \"request\", or none (one request)")
-            rq = req_code.setdefault(r.request if named else DEFAULT_REQUEST, len(req_code))
-            if rq == len(next_token):
-                next_token.append(0)
-            rec_req[j] = rq
-            if r.layer < 0 or r.layer > MAX_LAYER or (n_layers is not None and r.layer >= n_layers):
-                raise _fail(f"unknown layer {r.layer}" + (f" (the geometry has {n_layers} layers)" if n_layers
-                                                         else f" (layers are 0 to {MAX_LAYER})"), r, path)
-            w = widths[j]
-            if w != k and w != 2 * k:
-                raise _fail(f"record width {w} is neither k={k} nor 2k={2 * k}", r, path,
-                            hint="pass --k if the inferred k is wrong")
-            lo, hi = min(r.experts), max(r.experts)
-            if lo < 0:
-                raise _fail(f"unknown expert {lo}", r, path, expert_index=r.experts.index(lo))
-            if hi > MAX_EXPERT:
-                raise _fail(f"expert id {hi} is out of range (expert ids are 0 to {MAX_EXPERT})", r, path,
-                            expert_index=r.experts.index(hi))
-            if n_experts is not None and hi >= n_experts:
-                raise _fail(f"unknown expert {hi} (the geometry has {n_experts} experts per layer)", r, path,
-                            expert_index=r.experts.index(hi))
-            for half in ((r.experts,) if w == k else (r.experts[:k], r.experts[k:])):
-                if len(set(half)) != len(half):
-                    raise _fail("an expert appears twice in one position", r, path)
-            occ = seen.get((rq, r.layer), 0)
-            if occ >= 2:
-                raise _fail(f"layer {r.layer} routed three times in step {step}"
-                            + (f" for request {r.request!r}" if named else ""), r, path)
-            seen[(rq, r.layer)] = occ + 1
-            units.setdefault(rq, []).append(j)
-            rec_pass[j] = occ
-            max_layer = max(max_layer, r.layer)
-            if hi > max_expert:
-                max_expert, max_expert_at = hi, j
-            j += 1
-        for rq, idx in units.items():
-            ix = np.asarray(idx)
-            if rec_pass[ix].max() > 0:
-                kind = 2
-                for jj in idx:
-                    if rec_pass[jj] == 1 and widths[jj] != k:
-                        raise _fail(f"fallback pass record has width {widths[jj]}, expected k={k}", recs[jj], path)
-                # the first pass of a layer that was routed again is the rejected speculation
-                twice = {lay for (q, lay), c in seen.items() if q == rq and c == 2}
-                for jj in idx:
-                    if rec_pass[jj] == 0 and recs[jj].layer in twice:
-                        rec_accepted[jj] = False
-            else:
-                w0 = widths[idx[0]]
-                bad = np.nonzero(widths[ix] != w0)[0]
-                if bad.size:
-                    who = f" for request {recs[idx[0]].request!r}" if named else ""
-                    raise _fail(f"step {step} mixes record widths {w0} and {widths[idx[int(bad[0])]]}{who} "
-                                "without a repeated layer", recs[idx[int(bad[0])]], path)
-                kind = 0 if w0 == k else 1
-            rec_kind[ix] = kind
-            rec_token[ix] = next_token[rq]
-            next_token[rq] += 2 if kind == 1 else 1
-            steps_by_kind[kind] += 1
-        n_steps += 1
-        prev_step = step
-        i = j
-
-    accounting_notes: list[str] = []
-    warnings: list[str] = []
-    rec_layer = np.fromiter((r.layer for r in recs), np.int64, n)
-    layer_ids = None
-    if n_layers is None:
-        present = np.unique(rec_layer)
-        if present.size != max_layer + 1:
-            layer_ids = [int(x) for x in present]
-            rec_layer = np.searchsorted(present, rec_layer)
-            accounting_notes.append(
-                f"the trace routes {present.size} layers ({_ranges(layer_ids)}); they are layers 0-"
-                f"{present.size - 1} here (give --layers to keep the ids)")
-        n_layers = int(present.size)
-    if n_experts is None:
-        n_experts = max_expert + 1
-        if n_experts > WIDE_POOL_WARN:
-            r = recs[max_expert_at]
-            where = f"line {r.lines[r.experts.index(max_expert)]}" if r.lines else (
-                f"line {r.line}" if r.line else f"record {max_expert_at}")
-            warnings.append(f"expert id {max_expert} ({where}) makes a pool of {n_experts:,} experts per layer; "
-                            "if that is not the model's size, give --experts N or --geometry PRESET")
-
-    experts = np.fromiter((x for r in recs for x in r.experts), dtype=np.int32, count=int(widths.sum()))
-    rep = lambda a: np.repeat(a, widths)  # noqa: E731
-    steps = rep(np.fromiter((r.step for r in recs), np.int64, n))
-    # position within the record: 0 for the first k experts, 1 for the second k
-    starts = np.repeat(np.cumsum(widths) - widths, widths)
-    position = ((np.arange(experts.size) - starts) >= k).astype(np.int8)
-    table = pd.DataFrame({
-        "step": steps,
-        "request": rep(rec_req),
-        "token": (rep(rec_token) + position).astype(np.int32),
-        "pass": rep(rec_pass),
-        "layer": rep(rec_layer.astype(np.int16)),
-        "position": position,
-        "expert": experts,
-        "kind": pd.Categorical.from_codes(rep(rec_kind), dtype=KIND_DTYPE),
-        "accepted": rep(rec_accepted),
-    })
-    records_by_kind = np.bincount(rec_kind, minlength=3)
-    accounting = {
-        "steps": n_steps,
-        "requests": len(req_code),
-        "records": n,
-        "records_by_kind": {KINDS[c]: int(records_by_kind[c]) for c in range(3)},
-        "steps_by_kind": {KINDS[c]: int(steps_by_kind[c]) for c in range(3)},
-        "accepted_tokens": int(steps_by_kind[0] + 2 * steps_by_kind[1] + steps_by_kind[2]),
-        "selections": int(experts.size),
-        "k": int(k),
-    }
-    # a forward pass with a fallback for any request is two passes
-    accounting["passes"] = int(n_steps + len({int(recs[x].step) for x in np.flatnonzero(rec_pass)}))
-    if len(req_code) > 1:
-        accounting["unit"] = "steps_by_kind counts (step, request) units"
-    if layer_ids is not None:
-        accounting["layer_ids"] = layer_ids
-    if accounting_notes:
-        accounting["notes"] = accounting_notes
-    if warnings:
-        accounting["warnings"] = warnings
-    if excluded:
-        accounting["excluded"] = dict(excluded)
-    names = list(req_code) if named else [DEFAULT_REQUEST]
-    return TypedTrace(table, int(k), int(n_layers), int(n_experts), accounting, path or "", names)
+    return int(k)
 
 
-def _ranges(ids: list[int]) -> str:
-    """[0, 1, 2, 5, 8, 9] -> '0-2, 5, 8-9'."""
-    out, i = [], 0
-    while i < len(ids):
-        j = i
-        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
-            j += 1
-        out.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
-        i = j + 1
-    return ", ".join(out)
+_I64 = (-(2**63), 2**63 - 1)
+
+
+def _int64(values: Iterable[int], count: int) -> np.ndarray:
+    """An int64 array of Python ints; values beyond int64 are clipped to its bounds (each such
+    value is out of every range the typer accepts, and its error quotes the record as read)."""
+    values = values if isinstance(values, list) else list(values)
+    try:
+        return np.fromiter(values, np.int64, count)
+    except OverflowError:
+        return np.fromiter((min(max(int(v), _I64[0]), _I64[1]) for v in values), np.int64, count)
+
+
+def _records_chunk(recs: list[Record]) -> tuple[RecordChunk, list[str]]:
+    """The records as one columnar chunk, and the request names in order of appearance."""
+    n = len(recs)
+    width = np.fromiter((len(r.experts) for r in recs), np.int64, n)
+    has = np.fromiter((r.request is not None for r in recs), bool, n)
+    names: list[str] = []
+    codes = np.zeros(n, np.int32)
+    if has[0]:
+        code, uniq = pd.factorize(np.array([r.request for r in recs], dtype=object), use_na_sentinel=True)
+        names = [str(x) for x in uniq]
+        codes = np.maximum(code, 0).astype(np.int32)
+    chunk = RecordChunk(_int64([r.step for r in recs], n), _int64([r.layer for r in recs], n), codes, width,
+                        _int64([x for r in recs for x in r.experts], int(width.sum())), np.arange(n, dtype=np.int64),
+                        has if not has.all() and has.any() else None)
+    return chunk, names or [DEFAULT_REQUEST]
+
+
+def _where(recs: list[Record], at: int, expert: int) -> str:
+    """Where a record's expert id was read: its line (of its row, for one-expert-per-row tables)."""
+    r = recs[at]
+    if r.lines:
+        return f"line {r.lines[r.experts.index(expert)]}"
+    return f"line {r.line}" if r.line else f"record {at}"
 
 
 def parse_jsonl(path: str | os.PathLike, k: int | None = None, n_layers: int | None = None,
