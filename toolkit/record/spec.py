@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 Kind = Literal["tracepoint", "raw_tracepoint", "kprobe", "kretprobe", "fentry", "fexit", "perf_event", "debugfs"]
 KINDS = ("tracepoint", "raw_tracepoint", "kprobe", "kretprobe", "fentry", "fexit", "perf_event", "debugfs")
 from moetrace.probes import PROBES_DIR  # noqa: E402
+# a table's columns are the run directory's contract, declared in run/ (record imports run)
+from moetrace.run.tables import EXPERT_COLS, I64, Column  # noqa: E402,F401  (re-exported to the probes)
 
 
 @dataclass(frozen=True)
@@ -86,16 +88,6 @@ class AttachGroup:
 
 
 @dataclass(frozen=True)
-class Column:
-    """One column of a probe's output table; units also in the name (``_ns``, ``_pages``)."""
-
-    name: str
-    dtype: str
-    unit: str = ""
-    doc: str = ""
-
-
-@dataclass(frozen=True)
 class Struct:
     """A C struct the probe shares with Python (map values, ring records): field names and
     fixed-width types (u8..u64, s8..s64) in declaration order; a test checks the C file."""
@@ -127,7 +119,8 @@ class ProbeSpec:
 
     default: part of ``record``'s default set. enrichment: a missing
     enrichment probe warns; a missing non-enrichment probe is an error under
-    ``--missing-probes error``. table: the run-directory table ``schema`` describes.
+    ``--missing-probes error``. table: the run-directory table ``schema`` describes (its
+    columns declared once, in :mod:`moetrace.run.tables`, the run directory's contract).
     stats: names of the C file's ``STAT_*`` slots in slot order. structs: C structs
     shared with Python (:class:`Struct`). more_tables: further run-directory tables
     the probe writes, as (name, columns) pairs."""
@@ -402,10 +395,8 @@ def group(name: str, *cands: AttachCandidate, required: bool = True, note: str =
     return AttachGroup(name, tuple(cands), required, note, knob)
 
 
-I64 = "int64"
 #: a folio event's `order` field decides HAVE_ORDER (pages = 1 << order, else one page per event)
 FOLIO_ORDER = (("order", "HAVE_ORDER"),)
-EXPERT_COLS = (Column("layer", "int32"), Column("expert", "int32"), Column("expert_id", "int32"))
 COMMON_KNOBS = (
     Knob("MOE_MAX_INODES", 65536, "entries of the inode -> expert map"),
     Knob("MOE_MAX_EXPERTS", 65536, "per-expert counter slots"),

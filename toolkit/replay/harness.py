@@ -70,28 +70,14 @@ MODES = ("pagecache", "mmap", "direct", "pinned", "hybrid")
 PREFETCH = ("none", "fadvise", "pread")
 REPLAY_SCHEMA = "moetrace.replay/1"
 from moetrace.run.replaylog import ITERATIONS_FILE, SUMMARY_FILE  # noqa: E402  (the run directory contract)
+from moetrace.run.tables import TABLES  # noqa: E402
 RUN_DIR_ENV = "MOETRACE_RUN_DIR"
 PDEATHSIG_ENV = "MOETRACE_PDEATHSIG"
 PAGE = mmap.PAGESIZE
 ALIGN = 4096  # O_DIRECT alignment: a multiple of every logical block size in use (512, 4096)
 
-#: iterations.parquet columns (name, arrow type); units in the names.
-ITERATION_COLUMNS = (
-    ("phase", "string"),  # 'warmup' | 'measured'
-    ("repeat", "int32"),  # 0-based replayed pass within the phase
-    ("iteration", "int64"),  # plan iteration
-    ("step", "int64"),  # engine step of the iteration (plan index)
-    ("plan_passes", "int32"),  # plan passes in the iteration (2 = a failed speculation)
-    ("start_ns", "int64"),  # CLOCK_MONOTONIC
-    ("end_ns", "int64"),
-    ("duration_ns", "int64"),
-    ("bytes", "int64"),  # logical expert bytes delivered into the buffers
-    ("reads", "int64"),  # expert accesses
-    ("arena_hits", "int64"),  # accesses served from the mlocked arena
-    ("hints_submitted", "int64"),  # hint sets put into the advisor's slot
-    ("hints_overwritten", "int64"),  # ... replaced in the slot before the worker took them
-    ("hints_completed", "int64"),  # ... finished by the worker during the iteration
-)
+#: iterations.parquet columns (name, arrow type), from the table's declaration (moetrace.run.tables)
+ITERATION_COLUMNS = tuple((c.name, c.dtype) for c in TABLES["iterations"])
 
 _MADV_RANDOM = 1
 _memmove = ctypes.memmove  # a ctypes foreign call: the GIL is released during the copy

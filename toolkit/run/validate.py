@@ -19,6 +19,7 @@ import math
 from typing import Any, Iterable, Mapping
 
 from moetrace.errors import InputError
+from moetrace.run.tables import TABLES, checks
 
 _MAX_COUNT = 2**53
 _MAX_GEO = 2**24  # layers or experts per layer: far beyond any model (Kimi-K3 has 92 x 896)
@@ -190,39 +191,13 @@ def check_sweep_tables(results, capacity, sweep_dir) -> None:
 
 
 # -- tables ----------------------------------------------------------------------------------------
-# The columns each table's readers index, with the kinds they may have: n a number (integer or
-# float, nullable), i an integer, s a string, b a boolean. Parquet pages carry no checksums: a
-# damaged file may still decode, with a column renamed or retyped, or values out of range, so
-# the readers check what the analyses rely on (ids inside the geometry, unique keys). A kind
-# ending in ? is optional: checked when the column is there (the analyses test for it first).
+# The columns each table's readers index, with the kinds they may have, are the ``check`` of the
+# table's one declaration (moetrace.run.tables). Parquet pages carry no checksums: a damaged file
+# may still decode, with a column renamed or retyped, or values out of range, so the readers
+# check what the analyses rely on (ids inside the geometry, unique keys).
 
-_EVICTED = {f"evicted_by_{k}_pages": "n" for k in ("damon", "direct", "drop_caches", "fadvise", "kswapd", "memcg",
-                                                    "other", "proactive", "truncate")}
-_EXPERT_KEYS = {"kind": "s", "layer": "i", "expert": "i", "expert_id": "i"}
-TABLE_SPEC: dict[str, dict[str, str]] = {
-    "experts": {**_EXPERT_KEYS, "added_pages": "n?", "evicted_pages": "n?", "re_added_pages": "n?",
-                "requested_pages": "n?", "hit_pages": "n?", "device_read_bytes": "n?"},
-    "expert_epochs": {**_EXPERT_KEYS, "epoch": "i", "added_pages": "n", "evicted_pages": "n",
-                      "re_added_pages": "n"},
-    "epochs": {"epoch": "i", "phase": "s", "repeat": "n", "iteration": "n", "start_ns": "n", "end_ns": "n"},
-    "iterations": {"phase": "s", "repeat": "i", "iteration": "i", "start_ns": "n", "end_ns": "n",
-                   "duration_ns": "n", "bytes": "n"},
-    "lru": {**_EXPERT_KEYS, "inserted_pages": "n?", "activated_pages": "n?", "evicted_pages": "n?",
-            "dwell_ns_mean": "n?"},
-    "lru_dwell_histogram": {"kind": "s", "lo_ns": "n", "hi_ns": "n", "pages": "n"},
-    "reads": {**_EXPERT_KEYS, "calls": "n", "bytes": "n", "hit_only_calls": "n", "hit_only_bytes": "n",
-              "hit_only_latency_ns_sum": "n", "miss_calls": "n", "miss_bytes": "n", "miss_latency_ns_sum": "n"},
-    "reads_latency": {"scope": "s", "class": "s", "lo_ns": "n", "hi_ns": "n", "calls": "n"},
-    "reclaim": {"kind": "s", "invocations": "n", "scanned_pages": "n", "reclaimed_pages": "n",
-                "duration_ns_sum": "n"},
-    "reclaim_timeline": {"time_ns": "n", "who": "s", "nr_scanned_pages": "n", "nr_reclaimed_pages": "n",
-                         "invocations": "n", "duration_ns": "n"},
-    "reclaim_histogram": {"kind": "s", "lo_ns": "n", "hi_ns": "n", "invocations": "n"},
-    "block_device": {"diskstats_read_bytes": "n"},
-    "mlock_timeline": {"time_ns": "n", "total_locked_bytes": "n"},
-    "stacks": {"samples": "n", "who": "s"},
-    "page_events": {"ts_ns": "n", "kind": "s", "pages": "n", "expert_id": "n"},
-}
+#: {table: {column: check}}: the columns the readers rely on, from the tables' declaration
+TABLE_SPEC: dict[str, dict[str, str]] = {name: checks(name) for name in TABLES if checks(name)}
 #: columns that identify a row: no two rows may share them
 TABLE_KEYS: dict[str, tuple[str, ...]] = {
     "experts": ("expert_id", "kind"), "expert_epochs": ("epoch", "expert_id", "kind"), "epochs": ("epoch",),
@@ -242,7 +217,7 @@ def _geometry_of(manifest: Mapping[str, Any] | None) -> tuple[int, int] | None:
 
 
 def check_table(name: str, df, path: str, manifest: Mapping[str, Any] | None = None) -> None:
-    """A run table as its readers need it: the columns of TABLE_SPEC with their kinds, strings
+    """A run table as its readers need it: the columns its declaration checks, with their kinds, strings
     that are valid UTF-8, unique keys, and per-expert rows inside the manifest's geometry."""
     import numpy as np
     import pyarrow as pa

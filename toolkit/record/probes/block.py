@@ -36,6 +36,7 @@ from moetrace.lazyimport import pandas as pd
 
 from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
                                   AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, group, kp_cand, tp_cand)
+from moetrace.run.tables import EXPERTS_BLOCK, named_tables
 from moetrace.errors import ProbeError
 from moetrace.kernel.extents import SECTOR, ExpertExtents
 
@@ -74,25 +75,8 @@ BLOCK = ProbeSpec(
         Knob("MOE_MAX_INFLIGHT", 65536, "(dev, sector) -> issue time entries for latency"),
     ),
     table="experts",
-    schema=(
-        Column("device_read_bytes", "Int64", "bytes",
-               "read bytes of bios overlapping the expert's extents (unattributed row: bytes of no expert)"),
-        Column("bios", "Int64", "", "read bios touching the expert (one spanning two experts counts for both)"),
-    ),
-    more_tables=(
-        ("block_latency", (Column("dev", I64, "", "tracepoint dev (major << 20) | minor"),
-                           Column("disk", "string"), Column("slot", "int32"), Column("lo_ns", "uint64", "ns"),
-                           Column("hi_ns", "uint64", "ns"),
-                           Column("requests", I64, "", "read requests issue -> complete in [lo_ns, hi_ns), "
-                                                        "requeued ones timed from their last issue"))),
-        ("block_device", (Column("dev", I64), Column("disk", "string"),
-                          Column("read_bytes", I64, "bytes", "at the bytes tracepoint"),
-                          Column("bios", I64), Column("issues", I64), Column("issue_bytes", I64, "bytes"),
-                          Column("requeues", I64), Column("requeue_bytes", I64, "bytes"),
-                          Column("completes", I64), Column("complete_matched", I64),
-                          Column("latency_ns_sum", I64, "ns"),
-                          Column("diskstats_read_bytes", "Int64", "bytes", "/proc/diskstats sectors read delta x 512"))),
-    ),
+    schema=EXPERTS_BLOCK,
+    more_tables=named_tables("block_latency", "block_device"),
     stats=("read_bytes", "read_bios", "ring_lost", "issues", "issue_bytes", "requeues", "requeue_bytes",
            "completes", "complete_matched", "inflight_full", "latency_ns"),
     structs=(Struct("bio_event", (("sector", "u64"), ("nr_sector", "u32"), ("flags", "u32"))),),

@@ -50,6 +50,7 @@ from moetrace.lazyimport import pandas as pd
 
 from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
                                   AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, group, kp_cand, tp_cand)
+from moetrace.run.tables import TABLES, named_tables
 from moetrace.errors import ProbeError
 from moetrace.kernel.syscalls import SYS_MIGRATE_PAGES, libc
 from moetrace.record.probe import ProbeRecorder, schema_doc
@@ -58,10 +59,6 @@ from moetrace.record.probe import ProbeRecorder, schema_doc
 # tests/probe_build/test_core_objects.py)
 
 _LRU_FOLIO = ("pfn", "i_ino", "index", "s_dev")
-
-
-def _lru_pages(name: str, doc: str) -> Column:
-    return Column(name, "Int64", "pages", doc)
 
 
 #: probes/lru.bpf.c. Reads only tracepoint arguments; joins LRU
@@ -98,40 +95,8 @@ LRU = ProbeSpec(
         Knob("ANON_FLAG", 2, "the anonymous bit of mm_lru_insertion's flags (PAGEMAP_ANONYMOUS, from the format)"),
     ),
     table="lru",
-    schema=(
-        Column("kind", "string", "", "'expert' or 'unattributed' (pool-filesystem pages of no expert)"),
-        Column("layer", "Int32", "", "layer of the expert (NA for unattributed)"),
-        Column("expert", "Int32", "", "expert index within the layer"),
-        Column("expert_id", "Int64", "", "layer * n_experts + expert"),
-        _lru_pages("added_pages", "pages added to the page cache during the recording (the join's entries)"),
-        _lru_pages("inserted_pages", "first LRU insertions of those pages (mm_lru_insertion, any list)"),
-        _lru_pages("inserted_inactive_pages", "... onto the inactive file list"),
-        _lru_pages("inserted_active_pages", "... onto the active file list (activated before reaching the list: a "
-                                            "workingset refault, or a second access while batched)"),
-        _lru_pages("inserted_unevictable_pages", "... onto the unevictable list (mlocked)"),
-        _lru_pages("inserted_other_pages", "... onto another list (anon lists: swap-backed file pages)"),
-        _lru_pages("reinserted_pages", "insertions again without a new add: putbacks (folio_putback_lru) of "
-                                       "isolated pages that were not freed (reclaim_pages, failed migration)"),
-        _lru_pages("activated_pages", "inactive -> active moves (mm_lru_activate; NA when not compiled)"),
-        Column("activation_dwell_ns_sum", "Int64", "ns",
-               "LRU insertion -> activation, summed over activated pages whose insertion was seen"),
-        Column("activation_dwell_count", "Int64", "", "pages activation_dwell_ns_sum is over"),
-        Column("activation_dwell_ns_mean", "Float64", "ns", "activation_dwell_ns_sum / activation_dwell_count"),
-        _lru_pages("evicted_pages", "pages deleted from the page cache (by inode and index: every deletion)"),
-        _lru_pages("evicted_joined_pages", "... of them added during the recording (their pfn was joined)"),
-        _lru_pages("evicted_activated_pages", "... of those activated (or inserted active) while cached"),
-        Column("dwell_ns_sum", "Int64", "ns", "LRU insertion -> eviction, summed over evicted pages whose "
-                                              "insertion was seen (page-weighted)"),
-        Column("dwell_count", "Int64", "", "pages dwell_ns_sum is over (evicted with a known insertion time)"),
-        Column("dwell_ns_mean", "Float64", "ns", "dwell_ns_sum / dwell_count"),
-    ),
-    more_tables=(
-        ("lru_dwell_histogram", (
-            Column("kind", "string", "", "insertion_to_eviction, insertion_to_activation, add_to_insertion "
-                                         "(page-cache add -> LRU insertion: time in the per-CPU batch)"),
-            Column("slot", "int32"), Column("lo_ns", "uint64", "ns"), Column("hi_ns", "uint64", "ns"),
-            _lru_pages("pages", "expert pages (pool-wide) whose interval is in [lo_ns, hi_ns)"))),
-    ),
+    schema=TABLES["lru"],
+    more_tables=named_tables("lru_dwell_histogram"),
     stats=("add_events", "pool_dev_add_events", "insert_events", "insert_joined", "insert_repeated",
            "insert_anon_stale", "activate_events", "activate_joined", "activate_uninserted", "delete_events",
            "pool_dev_delete_events", "delete_joined", "delete_unjoined", "delete_stale", "add_stale",

@@ -31,6 +31,7 @@ from moetrace.lazyimport import pandas as pd
 from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
                                   AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, fn_cands, group, kp_cand,
                                   tp_cand)
+from moetrace.run.tables import TABLES, named_tables
 from moetrace.kernel import lru_gen
 from moetrace.errors import InputError, ProbeError
 from moetrace.record.probe import ProbeRecorder, schema_doc
@@ -40,10 +41,6 @@ from moetrace.record.probe import ProbeRecorder, schema_doc
 def _mglru_kp(name: str, knob: str, *cands: AttachCandidate) -> AttachGroup:
     return group(name, *cands, required=False, knob=knob)
 
-
-_GEN_COLS = (Column("time_ns", "int64", "ns", "CLOCK_MONOTONIC when the sample was read"),
-             Column("sample", "int32", "", "sample index (0: at open, the last: at close)"),
-             Column("memcg_id", "int64"), Column("node", "int32"))
 
 #: probes/mglru.bpf.c (kprobes, lab only) + the lru_gen sampler (moetrace.record.probes.mglru, moetrace.kernel.lru_gen).
 MGLRU = ProbeSpec(
@@ -99,45 +96,8 @@ MGLRU = ProbeSpec(
                                       "the kernel's config and BTF; -1: unknown (folio_inc_gen not loaded)"),
     ),
     table="lru_gen",
-    schema=_GEN_COLS[:3] + (
-        Column("memcg_path", "string", "", "the memcg's cgroup path ('' without memcg)"),
-        Column("node", "int32"),
-        Column("seq", "int64", "", "generation number (min_seq .. max_seq); a new one is born by aging"),
-        Column("gen", "int32", "", "seq % MAX_NR_GENS (the folio flags' generation slot)"),
-        Column("age_ms", "int64", "ms", "ms since the generation's birth (jiffies resolution)"),
-        Column("birth_ns", "int64", "ns", "time_ns - age_ms: CLOCK_MONOTONIC of the generation's birth"),
-        Column("nr_anon_pages", "int64", "pages"), Column("nr_file_pages", "int64", "pages"),
-        Column("anon_evicted", "bool", "", "lru_gen_full's 'x': seq < min_seq[anon] (False in lru_gen)"),
-        Column("file_evicted", "bool", "", "lru_gen_full's 'x': seq < min_seq[file]"),
-    ),
-    more_tables=(
-        ("lru_gen_tiers", _GEN_COLS + (
-            Column("seq", "int64"), Column("tier", "int32"), Column("type", "string", "", "anon or file"),
-            Column("avg_refaulted_pages", "Int64", "pages", "max_seq only ('R')"),
-            Column("avg_total_pages", "Int64", "pages", "max_seq only ('T')"),
-            Column("refaulted_pages", "Int64", "pages", "history generations ('r')"),
-            Column("evicted_pages", "Int64", "pages", "('e')"),
-            Column("protected_pages", "Int64", "pages", "('p')"))),
-        ("lru_gen_walk", _GEN_COLS + (
-            Column("seq", "int64"), Column("leaf_total", "Int64"), Column("leaf_old", "Int64", "", "6.1 only"),
-            Column("leaf_young", "Int64"), Column("nonleaf_total", "Int64", "", "6.1 only"),
-            Column("nonleaf_found", "Int64"), Column("nonleaf_added", "Int64"))),
-        ("mglru_aging", (Column("time_ns", "int64", "ns", "CLOCK_MONOTONIC of the aging attempt"),
-                         Column("tgid", "int32", "", "who aged: kswapd, a reclaimer, a writer of lru_gen"),
-                         Column("kind", "string", "", "try_to_inc_max_seq, inc_max_seq, inc_max_seq.constprop.0"),
-                         Column("seq", "Int64", "", "the max_seq it was asked to grow (NA: not read)"))),
-        ("mglru_inc_gen", (Column("from_gen", "Int32", "", "generation slot a promoted folio left (NA: off MGLRU)"),
-                           Column("folios", "int64"))),
-        ("mglru_evictions", (Column("time_ns", "int64", "ns", "CLOCK_MONOTONIC of the eviction"),
-                             *EXPERT_COLS,
-                             Column("ino", "int64"), Column("page_index", "int64", "", "the folio's first page in its file"),
-                             Column("memcg_id", "int64", "", "the folio's memcg (lru_gen's id); 0: none"),
-                             Column("seq", "Int64", "", "its memcg's min_seq[file] at eviction: the generation "
-                                                        "eviction took from, as the kernel's shadow entry records "
-                                                        "it (the folio's own is this or one less when its "
-                                                        "generation emptied while isolating); NA without memcg"),
-                             Column("tgid", "int32", "", "who evicted"))),
-    ),
+    schema=TABLES["lru_gen"],
+    more_tables=named_tables("lru_gen_tiers", "lru_gen_walk", "mglru_aging", "mglru_inc_gen", "mglru_evictions"),
     stats=("evict_folios", "isolate_folios", "should_run_aging", "inc_max_seq", "folio_inc_gen", "look_around",
            "workingset_eviction", "workingset_refault", "ring_lost", "evict_lost", "evict_pool"),
     structs=(Struct("aging_event", (("ts_ns", "u64"), ("seq", "u64"), ("tgid", "u32"), ("kind", "u32"))),

@@ -52,6 +52,7 @@ from moetrace.lazyimport import pandas as pd
 from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
                                   AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, fn_cands, group, kp_cand,
                                   tp_cand)
+from moetrace.run.tables import TABLES, named_tables
 from moetrace.errors import ProbeError
 from moetrace.record.probe import ProbeRecorder, schema_doc
 
@@ -77,7 +78,6 @@ _MLOCK_NOTES = {
             "locked)",
     "mremap": "moving / growing a locked mapping moves / grows its locked pages (tgids that locked only)",
 }
-_MLOCK_INT = "int64"
 
 #: probes/mlock.bpf.c. Reads only syscall arguments; one ring record per call of the followed tgids
 #: (calls are rare), locked ranges rebuilt exactly in user space (moetrace.record.probes.mlock).
@@ -133,32 +133,8 @@ MLOCK = ProbeSpec(
         Knob("MOE_RINGBUF_PAGES", 16, "ring buffer size in pages (power of two)"),
     ),
     table="mlock",
-    schema=(
-        Column("time_ns", _MLOCK_INT, "ns", "CLOCK_MONOTONIC at the call's exit (the replay's clock)"),
-        Column("tgid", "int32"), Column("tid", "int32"),
-        Column("call", "string", "", "mlock, mlock2, munlock, mlockall, munlockall, munmap, mmap, mremap; "
-                                     "exit / exec: the process ended / exec'd (not calls: its locks went)"),
-        Column("start", "uint64", "", "the call's start / addr argument (a user-space address)"),
-        Column("len_bytes", _MLOCK_INT, "bytes", "the len argument (mremap: old_len)"),
-        Column("new_len_bytes", "Int64", "bytes", "mremap's new_len (NA for the other calls)"),
-        Column("flags", "int64", "", "mlock2 / mlockall / mmap / mremap flags (0 for the others)"),
-        Column("ret", "int64", "", "the return value (negative errno; mmap / mremap: the mapping's address)"),
-        Column("latency_ns", _MLOCK_INT, "ns", "enter -> exit"),
-        Column("delta_bytes", "Int64", "bytes",
-               "change of the process's locked bytes by this call (NA while unknowable, after mlockall)"),
-        Column("locked_bytes", "Int64", "bytes",
-               "the process's locked bytes after the call (== VmLck; NA while unknowable)"),
-    ),
-    more_tables=(
-        ("mlock_timeline", (
-            Column("time_ns", _MLOCK_INT, "ns", "CLOCK_MONOTONIC of a change"),
-            Column("tgid", "int32"),
-            Column("call", "string"),
-            Column("locked_bytes", "Int64", "bytes", "this process's locked bytes from time_ns on (NA: unknowable)"),
-            Column("total_locked_bytes", "Int64", "bytes",
-                   "all followed processes' locked bytes from time_ns on (NA when one is unknowable)"),
-        )),
-    ),
+    schema=TABLES["mlock"],
+    more_tables=named_tables("mlock_timeline"),
     stats=("calls", "ring_lost", "pending_full", "unmatched_exits", "tgid_map_full", "kp_mlock_folio",
            "kp_mlock_new", "kp_munlock", "kp_large"),
     structs=(Struct("mlock_event", (("ts_ns", "u64"), ("tgid", "u32"), ("tid", "u32"), ("call", "u32"),

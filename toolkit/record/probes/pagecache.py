@@ -18,6 +18,7 @@ from moetrace.lazyimport import pandas as pd
 
 from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
                                   AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, group, kp_cand, tp_cand)
+from moetrace.run.tables import EXPERTS_PAGECACHE, named_tables
 from moetrace.errors import ProbeError
 from moetrace.record.probe import ProbeRecorder, schema_doc
 from moetrace.run.evictors import EVICTOR_DOCS, EVICTORS  # noqa: F401  (re-exported: the run tables' vocabulary)
@@ -27,11 +28,6 @@ from moetrace.run.evictors import EVICTOR_DOCS, EVICTORS  # noqa: F401  (re-expo
 _FOLIO_FIELDS = ("i_ino", "index", "s_dev")
 _READ_EXITS = ("pread64", "preadv", "preadv2", "read")
 _CTX_INVALIDATE = ("fadvise64", "truncate", "ftruncate", "fallocate", "unlink", "unlinkat", "madvise")
-
-
-def _evictor_cols() -> tuple[Column, ...]:
-    return tuple(Column(f"evicted_by_{e}_pages", "Int64", "pages", f"pages deleted by {d}")
-                 for e, d in EVICTOR_DOCS.items())
 
 
 def _ctx_groups() -> tuple[AttachGroup, ...]:
@@ -97,38 +93,10 @@ PAGECACHE = ProbeSpec(
         Knob("MOE_MAX_TASKS", 16384, "task -> evictor context entries (LRU hash)"),
     ),
     table="experts",
-    schema=(
-        Column("kind", "string", "", "'expert' or 'unattributed' (pool-filesystem pages of no expert)"),
-        Column("layer", "Int32", "", "layer of the expert (NA for unattributed)"),
-        Column("expert", "Int32", "", "expert index within the layer"),
-        Column("expert_id", "Int64", "", "layer * n_experts + expert"),
-        Column("added_pages", "Int64", "pages", "pages added to the page cache (misses, readahead included)"),
-        Column("evicted_pages", "Int64", "pages", "pages deleted from the page cache"),
-        Column("re_added_pages", "Int64", "pages", "pages added again after their eviction (exact, per page)"),
-        Column("requested_bytes", "Int64", "bytes",
-               "bytes the replay read (its plan accounting; NA without a replay log)"),
-        Column("requested_pages", "Int64", "pages", "pages the replay's reads cover (NA without a replay log)"),
-        Column("hit_pages", "Int64", "pages", "requested_pages - added_pages (negative: readahead charged here)"),
-    ) + _evictor_cols(),
+    schema=EXPERTS_PAGECACHE,
     map_sizes=lambda k: _map_sizes(k),
     derived=lambda k: _derived(k),
-    more_tables=(
-        ("expert_epochs", (
-            Column("epoch", "int32", "", "epochs.parquet row: one per replay iteration (or per phase)"),
-            Column("kind", "string", "", "'expert' or 'unattributed'"),
-            Column("layer", "Int32"), Column("expert", "Int32"), Column("expert_id", "Int64"),
-            Column("added_pages", "Int64", "pages"), Column("evicted_pages", "Int64", "pages"),
-            Column("re_added_pages", "Int64", "pages"))),
-        ("epochs", (
-            Column("epoch", "int32"),
-            Column("phase", "string", "", "setup (before the first iteration), warmup, measured, after"),
-            Column("repeat", "Int32", "", "pass of the phase (NA for setup/after, and per-phase epochs)"),
-            Column("iteration", "Int32", "", "plan iteration (NA for setup/after and per-phase epochs)"),
-            Column("start_ns", "Int64", "ns", "CLOCK_MONOTONIC when the epoch began"),
-            Column("end_ns", "Int64", "ns", "when the next began (or the recording ended)"),
-            Column("folded", "boolean", "", "later epochs beyond the array were counted here too"))
-            + tuple(Column(c.name, c.dtype, c.unit, c.doc + " (pool experts, this epoch)") for c in _evictor_cols())),
-    ),
+    more_tables=named_tables("expert_epochs", "epochs"),
     stats=("add_events", "delete_events", "pool_dev_add_events", "pool_dev_delete_events", "unprocessed_pages",
            "read_bytes", "read_calls", "tgid_map_full", "ring_drops", "bitmap_misses", "dev_mismatch_events",
            "add_runs"),

@@ -73,6 +73,7 @@ from moetrace.lazyimport import pandas as pd
 
 from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
                                   AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, group, kp_cand, tp_cand)
+from moetrace.run.tables import TABLES, named_tables
 from moetrace.errors import MoetraceError, ProbeError
 from moetrace.kernel.syscalls import kernel_dev
 from moetrace.record.poolmap import PoolMap
@@ -87,11 +88,6 @@ _READ_SYSCALLS = ("pread64", "preadv", "preadv2", "read")
 _READ_ENTER = {"pread64": (("fd", "pos", "count"), None), "preadv": (("fd", "vec", "vlen", "pos_l"), "MOE_HAVE_PREADV"),
                "preadv2": (("fd", "vec", "vlen", "pos_l"), "MOE_HAVE_PREADV2"),
                "read": (("fd", "count"), "MOE_HAVE_READ")}
-_FD_ID_DOC = "fd identity (tgid, fd, gen, epoch): gen counts close() of the fd, epoch close_range()/exec"
-
-
-def _calls(name: str, doc: str = "") -> Column:
-    return Column(name, "Int64", "", doc)
 
 
 #: probes/reads.bpf.c. Reads only tracepoint + syscall arguments
@@ -159,62 +155,8 @@ READS = ProbeSpec(
                                          "/proc/<tgid>/fd/<fd> while it is open)"),
     ),
     table="reads",
-    schema=(
-        Column("kind", "string", "", "'expert' or 'unattributed'"),
-        Column("source", "string", "", "'expert', or why unattributed: other_files (fd of a non-pool file), "
-                                       "unresolved_fd (neither the fd table nor an added page told the inode), "
-                                       "no_position (read() of a pool file), pool_tail (past the pool's extents), "
-                                       "bad_fd (failed with EBADF: no open file), fd_map_full"),
-        Column("layer", "Int32"), Column("expert", "Int32"), Column("expert_id", "Int64"),
-        _calls("calls", "read calls (exited)"),
-        Column("bytes", "Int64", "bytes", "sum of ret > 0"),
-        Column("requested_bytes", "Int64", "bytes", "sum of the calls' count (iovec lengths for preadv)"),
-        _calls("hit_only_calls", "calls with no page added while in flight"),
-        Column("hit_only_bytes", "Int64", "bytes"),
-        Column("hit_only_latency_ns_sum", "Int64", "ns"),
-        _calls("miss_calls", "calls with >= 1 page added while in flight"),
-        Column("miss_bytes", "Int64", "bytes"),
-        Column("miss_latency_ns_sum", "Int64", "ns"),
-        _calls("error_calls", "ret < 0"),
-        Column("error_latency_ns_sum", "Int64", "ns"),
-        Column("latency_ns_sum", "Int64", "ns", "enter -> exit of every call"),
-        Column("added_pages", "Int64", "pages", "pages of the call's file added during its calls"),
-        Column("beyond_pages", "Int64", "pages", "... of them outside the call's [pos, pos + count) (readahead)"),
-        Column("other_added_pages", "Int64", "pages", "pages of other inodes added during the calls"),
-        _calls("fd_identities", _FD_ID_DOC),
-        Column("hit_only_ns_per_kib", "float64", "ns/KiB", "hit-path cost: hit-only latency per KiB read"),
-    ),
-    more_tables=(
-        ("reads_latency", (Column("scope", "string", "", "all (every followed call), pool (calls on pool-file "
-                                                         "fds), not_pool (all - pool)"),
-                           Column("class", "string", "", "hit_only, miss, error"),
-                           Column("slot", "int32"), Column("lo_ns", "uint64", "ns"), Column("hi_ns", "uint64", "ns"),
-                           Column("calls", I64, "", "calls whose latency is in [lo_ns, hi_ns)"))),
-        ("reads_files", (Column("tgid", "int32"), Column("fd", "int32"), Column("gen", "int32"),
-                         Column("epoch", "int32"),
-                         Column("extent", "Int64", "", "pos // MOE_EXTENT (0 without split; NA: read())"),
-                         Column("ino", "UInt64", "", "NA: unresolved"), Column("dev", "Int64", "", "kernel s_dev"),
-                         Column("path", "string", "", "readlink of /proc/<tgid>/fd/<fd> when the kernel announced "
-                                                      "the identity (NA: closed or reused before the look)"),
-                         Column("resolved_by", "string", "", "fd (the task's fd table, read in the kernel at the "
-                                                             "identity's first call), add (first added page), or NA"),
-                         Column("source", "string"), Column("expert_id", "Int64"),
-                         Column("calls", I64), Column("bytes", I64, "bytes"), Column("hit_only_calls", I64),
-                         Column("miss_calls", I64), Column("error_calls", I64),
-                         Column("added_pages", I64, "pages"), Column("latency_ns_sum", I64, "ns"))),
-        ("read_calls", (Column("ts_ns", I64, "ns", "call entry, CLOCK_MONOTONIC"), Column("tid", "int32"),
-                        Column("tgid", "int32"), Column("fd", "int32"), Column("gen", "int32"),
-                        Column("epoch", "int32"), Column("syscall", "string"),
-                        Column("offset_bytes", "Int64", "bytes", "file position (NA: read(), preadv2 pos -1)"),
-                        Column("count_bytes", I64, "bytes"), Column("ret", I64, "", "bytes read or -errno"),
-                        Column("latency_ns", I64, "ns"), Column("added_pages", I64, "pages"),
-                        Column("beyond_pages", I64, "pages"), Column("other_added_pages", I64, "pages"),
-                        Column("ino", "UInt64", "", "inode of the first page added (NA: none added)"),
-                        Column("class", "string"), Column("expert_id", "Int64"), Column("source", "string"))),
-        ("read_calls_intervals", (Column("start_ns", I64, "ns"), Column("end_ns", I64, "ns"),
-                                  Column("records", I64), Column("lost_kernel_records", I64),
-                                  Column("lost_user_records", I64))),
-    ),
+    schema=TABLES["reads"],
+    more_tables=named_tables("reads_latency", "reads_files", "read_calls", "read_calls_intervals"),
     stats=("calls_pread64", "calls_preadv", "calls_preadv2", "calls_read", "nested_enters", "inflight_full",
            "exit_without_enter", "add_events_in_calls", "pages_added_outside_calls", "fd_map_full",
            "ring_drops", "tgid_full", "iov_truncated", "iov_read_errors", "closes",

@@ -48,6 +48,7 @@ from moetrace.lazyimport import pandas as pd
 
 from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
                                   AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, group, kp_cand, tp_cand)
+from moetrace.run.tables import TABLES, named_tables
 from moetrace.kernel import procfs
 from moetrace.kernel.procfs import delta as vmstat_delta
 
@@ -57,12 +58,6 @@ from moetrace.record.probe import EngineProbe, schema_doc
 #: slots, schema)
 # -- the declaration: attach candidates, knobs, tables (the C agrees: tests/probe_build/test_core_objects.py,
 # tests/probe_build/test_core_objects.py)
-
-
-
-def _pages(name: str, doc: str = "") -> Column:
-    return Column(name, I64, "pages", doc)
-
 
 _SHRINK_INACTIVE_FIELDS = ("nr_scanned", "nr_reclaimed", "nr_dirty", "nr_writeback", "nr_congested", "nr_immediate",
                            "nr_activate0", "nr_activate1", "nr_ref_keep", "nr_unmap_fail", "reclaim_flags")
@@ -112,38 +107,8 @@ RECLAIM = ProbeSpec(
         Knob("MOE_T0_NS", 0, "bpf_ktime_get_ns() (CLOCK_MONOTONIC) of bucket 0"),
     ),
     table="reclaim",
-    schema=(
-        Column("kind", "string", "", "reclaimer: memcg (limit reclaim), direct, kswapd, damon (a kdamond thread), "
-                                     "proactive (memory.reclaim: memcg reclaim inside a write(2) of <= 64 bytes), "
-                                     "other (no open window)"),
-        Column("invocations", I64, "", "*_reclaim_begin / kswapd_wake events"),
-        Column("completed", I64, "", "invocations closed by their end / sleep"),
-        _pages("scanned_pages", "shrink_inactive nr_scanned (== pgscan_anon + pgscan_file)"),
-        _pages("reclaimed_pages", "shrink_inactive nr_reclaimed (== pgsteal_anon + pgsteal_file)"),
-        Column("scan_to_steal", "float64", "", "scanned / reclaimed (NaN without steal)"),
-        Column("duration_ns_sum", I64, "ns", "begin -> end of completed invocations"),
-        Column("duration_ns_mean", "float64", "ns"),
-        _pages("end_reclaimed_pages", "sum of nr_reclaimed at *_reclaim_end"),
-        _pages("scanned_file_pages"), _pages("reclaimed_file_pages"),
-        Column("inactive_calls", I64, "", "lru_shrink_inactive events"),
-        _pages("dirty_pages"), _pages("writeback_pages"), _pages("congested_pages"), _pages("immediate_pages"),
-        _pages("activate_anon_pages", "nr_activate0"), _pages("activate_file_pages", "nr_activate1"),
-        _pages("ref_keep_pages"), _pages("unmap_fail_pages"),
-        Column("active_calls", I64, "", "lru_shrink_active events"),
-        _pages("active_taken_pages", "nr_taken (== pgrefill)"), _pages("active_deactivated_pages"),
-        _pages("active_kept_pages", "nr_active"), _pages("active_referenced_pages"),
-        Column("isolate_calls", I64, "", "lru_isolate events"),
-        _pages("isolate_requested_pages"), _pages("isolate_scanned_pages"), _pages("isolate_skipped_pages"),
-        _pages("isolate_taken_pages"),
-    ),
-    more_tables=(
-        ("reclaim_histogram", (Column("kind", "string"), Column("slot", "int32"),
-                               Column("lo_ns", "uint64", "ns"), Column("hi_ns", "uint64", "ns"),
-                               Column("invocations", I64, "", "completed invocations of [lo_ns, hi_ns)"))),
-        ("reclaim_timeline", (Column("time_ns", I64, "ns", "bucket start since the recording's t0"),
-                              Column("who", "string"), _pages("nr_scanned_pages"), _pages("nr_reclaimed_pages"),
-                              Column("invocations", I64), Column("duration_ns", I64, "ns"))),
-    ),
+    schema=TABLES["reclaim"],
+    more_tables=named_tables("reclaim_histogram", "reclaim_timeline"),
     stats=("nested_begins", "unmatched_ends", "kind_mismatch", "task_map_full", "timeline_overflow"),
     map_sizes=lambda k: _map_sizes(k),
 )

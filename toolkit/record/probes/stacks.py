@@ -57,6 +57,7 @@ from moetrace.lazyimport import pandas as pd
 
 from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
                                   AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, group, kp_cand, tp_cand)
+from moetrace.run.tables import TABLES
 from moetrace.atomic import atomic_write
 from moetrace.run import directory as rd
 from moetrace.errors import MoetraceError, ProbeError, UsageError
@@ -90,18 +91,7 @@ STACKS = ProbeSpec(
         Knob("MOE_FOLLOW_FORKS", 1, "1: a followed tgid's new processes are followed too (newtask group)"),
     ),
     table="stacks",
-    schema=(
-        Column("stack", "string", "", "folded frames: comm;user frames (root first);kernel frames_[k]"),
-        Column("samples", "int64", "", "cpu-clock samples of this stack (one per 1e9 / sample_hz ns on CPU)"),
-        Column("comm", "string", "", "the sampled thread's comm"),
-        Column("tgid", "int64", "", "process id (kswapd: the thread's pid)"),
-        Column("who", "string", "", "command (the followed processes) or kswapd"),
-        Column("user_frames", "int32", "", "user frames in the stack (0: none, lost or a kernel thread)"),
-        Column("kernel_frames", "int32", "", "kernel frames in the stack (0: sampled in user mode, or lost)"),
-        Column("user_stack", "string", "", "ok | none (no user frames: a kernel thread) | lost (stack-map "
-                                           "collision) | error"),
-        Column("kernel_stack", "string", "", "ok | none (sampled in user mode) | lost | error"),
-    ),
+    schema=TABLES["stacks"],
     stats=("ticks", "idle_ticks", "samples", "kswapd_samples", "user_stack_eexist", "user_stack_efault",
            "user_stack_other_err", "kernel_stack_eexist", "kernel_stack_efault", "kernel_stack_other_err",
            "keys_full", "tasks_full"),
