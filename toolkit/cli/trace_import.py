@@ -82,9 +82,22 @@ def import_(in_files, out, fmt, keep_warmup, warmup_min_repeats, k, layers, expe
                          include_prefill=include_prefill, keep_warmup=keep_warmup,
                          warmup_min_repeats=warmup_min_repeats, k=k, n_layers=layers, n_experts=experts,
                          max_batch=max_batch)
-    st, n = tt.stats, tt.records_written
     in_file = in_files[0] if len(in_files) == 1 else f"{in_files[0]} (+{len(in_files) - 1} files)"
-    wu = st["warmup"]
+    summary = _summary(tt, in_files, out)
+    _echo_warmup(tt.stats["warmup"], in_file, summary["rows_unit"])
+    for note in summary["notes"]:
+        click.echo(f"moetrace: note: {note}", err=True)
+    for w in summary["warnings"]:
+        click.echo(f"moetrace: warning: {w}", err=True)
+    if as_json:
+        emit_json(summary)
+        return
+    _echo_summary(summary, tt, in_file, out)
+
+
+def _summary(tt, in_files, out) -> dict:
+    """The JSON summary of an import (moetrace.inputs.importers.Imported)."""
+    st, wu = tt.stats, tt.stats["warmup"]
     summary = {
         "input": str(in_files[0]) if len(in_files) == 1 else [str(x) for x in in_files],
         "output": str(out),
@@ -96,7 +109,7 @@ def import_(in_files, out, fmt, keep_warmup, warmup_min_repeats, k, layers, expe
         "warmup_steps_dropped": wu["steps_dropped"],
         "warmup_rows_dropped": wu["rows_dropped"],
         "warmup": wu,
-        "records_written": n,
+        "records_written": tt.records_written,
         "steps": tt.n_steps,
         "requests": tt.n_requests,
         "layers": tt.n_layers,
@@ -110,6 +123,11 @@ def import_(in_files, out, fmt, keep_warmup, warmup_min_repeats, k, layers, expe
                   "max_batch", "forward_passes", "decode_passes"):
         if extra in st:
             summary[extra] = st[extra]
+    return summary
+
+
+def _echo_warmup(wu: dict, in_file: str, rows_unit: str) -> None:
+    """Say on stderr what warm-up was dropped (or kept)."""
     if wu["steps_dropped"] and wu.get("unit") == "forward passes":
         click.echo(f"moetrace: {in_file}: dropped warm-up: {wu['steps_dropped']} leading forward passes "
                    f"({wu['rows_dropped']} token rows); --keep-warmup keeps them", err=True)
@@ -118,19 +136,16 @@ def import_(in_files, out, fmt, keep_warmup, warmup_min_repeats, k, layers, expe
                        f"{b['line']}): {b['reason']}", err=True)
     elif wu["steps_dropped"]:
         click.echo(f"moetrace: {in_file}: dropped warm-up: {wu['steps_dropped']} leading steps of identical "
-                   f"routes ({wu['rows_dropped']} {summary['rows_unit']}, {len(wu['blocks'])} block(s)); "
+                   f"routes ({wu['rows_dropped']} {rows_unit}, {len(wu['blocks'])} block(s)); "
                    f"--keep-warmup keeps them", err=True)
     elif wu.get("candidates"):
         click.echo(f"moetrace: {in_file}: kept a leading block of identical routes "
                    f"({sum(c['passes'] if isinstance(c, dict) else c[1] for c in wu['candidates'])} "
                    f"{wu.get('unit', 'steps')}) because of --keep-warmup", err=True)
-    for note in summary["notes"]:
-        click.echo(f"moetrace: note: {note}", err=True)
-    for w in summary["warnings"]:
-        click.echo(f"moetrace: warning: {w}", err=True)
-    if as_json:
-        emit_json(summary)
-        return
+
+
+def _echo_summary(summary: dict, tt, in_file: str, out) -> None:
+    st, wu, n = tt.stats, tt.stats["warmup"], tt.records_written
     click.echo(f"{in_file} ({summary['format']}) -> {out}")
     click.echo(f"  read             {summary['rows_read']} {summary['rows_unit']}")
     if summary["prefill_excluded"]:
@@ -145,4 +160,3 @@ def import_(in_files, out, fmt, keep_warmup, warmup_min_repeats, k, layers, expe
         click.echo(f"  requests         {tt.n_requests} (from {summary.get('requests_from', 'the records')}"
                    + (f"; {summary['segments']} batch segments" if summary.get("segments") else "") + ")")
     click.echo(f"  accepted tokens  {tt.accounting['accepted_tokens']}")
-

@@ -35,37 +35,20 @@ def stats(traces, counts_path, top_n, preset_name, experts, per_layer, as_json):
       moetrace trace stats kimi_0.jsonl kimi_1.jsonl kimi_2.jsonl --json
       moetrace trace stats --counts olmoe_mixtral_expert_counts.json
     """
-    import numpy as np
-    import pandas as pd
-
     from moetrace.analyses import locality as loc
     from moetrace.errors import UsageError
-    from moetrace.cli.common import emit_json
 
     if top_n < 1:
         raise UsageError("--top-n must be >= 1")
     if counts_path:
         if traces:
             raise UsageError("give either TRACES or --counts, not both")
-        from moetrace.inputs.synth import load_counts
-
-        slopes, jac = loc.compute_counts_locality(load_counts(counts_path), top_n=top_n)
-        if as_json:
-            emit_json({"source": counts_path, "slopes": _records(slopes), "jaccard": _records(jac)})
-            return
-        overall = slopes[slopes["layer"].isna()]
-        click.echo("Zipf slope (layer-averaged fit) and mean top-8 share per model/domain:")
-        click.echo(overall[["model", "domain", "zipf_slope", "top8_share"]].to_string(index=False))
-        for model, g in jac.groupby("model", sort=False):
-            click.echo(f"\n{model}: top-{int(g['top_n'].iloc[0])} Jaccard between domains "
-                       f"{g['jaccard'].min():.3f}-{g['jaccard'].max():.3f}")
-            click.echo(g[["a", "b", "jaccard"]].to_string(index=False))
+        _counts_stats(counts_path, top_n, as_json, loc)
         return
     if not traces:
         raise UsageError("give one or more TRACES, or --counts FILE")
 
     from moetrace.inputs.geometry import preset
-    from moetrace.inputs.trace import check_dense_pool, load_trace
 
     geo = preset(preset_name) if preset_name else None
     results, counts = [], {}
@@ -73,19 +56,7 @@ def stats(traces, counts_path, top_n, preset_name, experts, per_layer, as_json):
         n_layers = geo.n_layers if geo else None
         n_experts = experts or (geo.n_experts if geo else None)
         name = _unique(os.path.basename(path), counts)
-        res = _streamed(path, n_layers, n_experts, loc, check_dense_pool)
-        if res is None:
-            tt = load_trace(path, n_layers=n_layers, n_experts=n_experts)
-            L, E = tt.n_layers, experts or tt.n_experts
-            check_dense_pool(L, E, str(path), "compute statistics", tt.accounting)
-            tok = tt.tokens()
-            stream = tt.stream_tokens()
-            c = loc.selection_counts(tok, L, E)
-            res = {"n_layers": L, "n_experts": E, "k": tt.k, "accounting": tt.accounting,
-                   "summary": loc.compute_trace_summary(tok, L, E, stream=stream),
-                   "per_layer": loc.compute_layer_locality(c), "reuse": loc.compute_reuse(tok, E, n_layers=L),
-                   "coverage": loc.compute_coverage_growth(stream, L, E),
-                   "per_request": loc.compute_request_reuse(tok, E, names=tt.requests), "counts": c}
+        res = _trace_stats(path, n_layers, n_experts, experts, loc)
         for w in res["accounting"].get("warnings", []):
             click.echo(f"moetrace: warning: {path}: {w}", err=True)
         counts[name] = res.pop("counts")
@@ -101,48 +72,98 @@ def stats(traces, counts_path, top_n, preset_name, experts, per_layer, as_json):
                              hint="give --preset or --experts so every trace uses the same pool")
         jac = loc.compute_jaccard(counts, top_n=top_n)
     if as_json:
-        out = {"traces": [{**{k: v for k, v in r.items() if not isinstance(v, pd.DataFrame)},
-                           "per_layer": _records(r["per_layer"]),
-                           "reuse": _records(r["reuse"][r["reuse"]["layer"].isna()]),
-                           "reuse_per_layer": _records(r["reuse"][r["reuse"]["layer"].notna()]),
-                           "coverage": _records(r["coverage"]),
-                           "per_request": _records(r["per_request"])} for r in results]}
-        if jac is not None:
-            out["jaccard"] = _records(jac)
-            out["jaccard_range"] = [float(jac["jaccard"].min()), float(jac["jaccard"].max())]
-        emit_json(out)
+        _emit_results(results, jac)
         return
     for r in results:
-        s = r["summary"]
-        nreq = s["requests"]
-        click.echo(f"{r['trace']}: {r['n_layers']} layers x {r['n_experts']} experts, k={r['k']}, "
-                   f"{s['tokens']} accepted tokens" + (f" of {nreq} requests" if nreq > 1 else " (one request)")
-                   + f", {s['selections']} selections")
-        click.echo(f"  Zipf slope      {s['zipf_slope']:.3f} (layer-averaged curve; mean of per-layer fits "
-                   f"{s['zipf_slope_layer_mean']:.3f})")
-        click.echo("  reuse           " + "  ".join(
-            f"W{w} {_pct(s.get(f'W{w}'))}" for w in loc.REUSE_WINDOWS)
-            + ("  (windows within each request, pooled over requests)" if nreq > 1 else ""))
-        if nreq > 1:
-            click.echo("  reuse, stream   " + "  ".join(
-                f"W{w} {_pct(s.get(f'W{w}_stream'))}" for w in loc.REUSE_WINDOWS)
-                + "  (all requests read as one token stream, as a tool without requests reads them)")
-            pr = r["per_request"]
-            click.echo(f"  requests        {nreq}: {int(pr['tokens'].min())}-{int(pr['tokens'].max())} tokens; "
-                       + "  ".join(f"W{w} median {_pct(pr[f'W{w}'].median())}" for w in loc.REUSE_WINDOWS))
-        click.echo(f"  top-8 share     mean {_pct(s['top8_share_mean'])}, min {_pct(s['top8_share_min'])}, "
-                   f"max {_pct(s['top8_share_max'])}, first layer {_pct(s['top8_share_first'])}, "
-                   f"last {_pct(s['top8_share_last'])}")
-        cov = r["coverage"]
-        click.echo("  coverage        " + ", ".join(
-            f"{int(t)} tok {_pct(c)}" for t, c in zip(cov["tokens"], cov["coverage"])) +
-            f"; per layer {s['layer_distinct_min']}-{s['layer_distinct_max']} of {r['n_experts']}")
-        if per_layer:
-            click.echo(r["per_layer"].to_string(index=False))
+        _echo_result(r, per_layer, loc)
     if jac is not None:
         n = int(jac["top_n"].iloc[0])
         click.echo(f"\ntop-{n} Jaccard (layer mean) {jac['jaccard'].min():.3f}-{jac['jaccard'].max():.3f}:")
         click.echo(jac.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+
+
+def _counts_stats(counts_path, top_n: int, as_json: bool, loc) -> None:
+    """--counts: slope fits and top-N Jaccard between the domains of each model."""
+    from moetrace.cli.common import emit_json
+    from moetrace.inputs.synth import load_counts
+
+    slopes, jac = loc.compute_counts_locality(load_counts(counts_path), top_n=top_n)
+    if as_json:
+        emit_json({"source": counts_path, "slopes": _records(slopes), "jaccard": _records(jac)})
+        return
+    overall = slopes[slopes["layer"].isna()]
+    click.echo("Zipf slope (layer-averaged fit) and mean top-8 share per model/domain:")
+    click.echo(overall[["model", "domain", "zipf_slope", "top8_share"]].to_string(index=False))
+    for model, g in jac.groupby("model", sort=False):
+        click.echo(f"\n{model}: top-{int(g['top_n'].iloc[0])} Jaccard between domains "
+                   f"{g['jaccard'].min():.3f}-{g['jaccard'].max():.3f}")
+        click.echo(g[["a", "b", "jaccard"]].to_string(index=False))
+
+
+def _trace_stats(path, n_layers, n_experts, experts, loc) -> dict:
+    """The statistics of one trace: streamed when it is a large engine JSONL, else in memory."""
+    from moetrace.inputs.trace import check_dense_pool, load_trace
+
+    res = _streamed(path, n_layers, n_experts, loc, check_dense_pool)
+    if res is not None:
+        return res
+    tt = load_trace(path, n_layers=n_layers, n_experts=n_experts)
+    L, E = tt.n_layers, experts or tt.n_experts
+    check_dense_pool(L, E, str(path), "compute statistics", tt.accounting)
+    tok = tt.tokens()
+    stream = tt.stream_tokens()
+    c = loc.selection_counts(tok, L, E)
+    return {"n_layers": L, "n_experts": E, "k": tt.k, "accounting": tt.accounting,
+            "summary": loc.compute_trace_summary(tok, L, E, stream=stream),
+            "per_layer": loc.compute_layer_locality(c), "reuse": loc.compute_reuse(tok, E, n_layers=L),
+            "coverage": loc.compute_coverage_growth(stream, L, E),
+            "per_request": loc.compute_request_reuse(tok, E, names=tt.requests), "counts": c}
+
+
+def _emit_results(results: list, jac) -> None:
+    import pandas as pd
+
+    from moetrace.cli.common import emit_json
+
+    out = {"traces": [{**{k: v for k, v in r.items() if not isinstance(v, pd.DataFrame)},
+                       "per_layer": _records(r["per_layer"]),
+                       "reuse": _records(r["reuse"][r["reuse"]["layer"].isna()]),
+                       "reuse_per_layer": _records(r["reuse"][r["reuse"]["layer"].notna()]),
+                       "coverage": _records(r["coverage"]),
+                       "per_request": _records(r["per_request"])} for r in results]}
+    if jac is not None:
+        out["jaccard"] = _records(jac)
+        out["jaccard_range"] = [float(jac["jaccard"].min()), float(jac["jaccard"].max())]
+    emit_json(out)
+
+
+def _echo_result(r: dict, per_layer: bool, loc) -> None:
+    s = r["summary"]
+    nreq = s["requests"]
+    click.echo(f"{r['trace']}: {r['n_layers']} layers x {r['n_experts']} experts, k={r['k']}, "
+               f"{s['tokens']} accepted tokens" + (f" of {nreq} requests" if nreq > 1 else " (one request)")
+               + f", {s['selections']} selections")
+    click.echo(f"  Zipf slope      {s['zipf_slope']:.3f} (layer-averaged curve; mean of per-layer fits "
+               f"{s['zipf_slope_layer_mean']:.3f})")
+    click.echo("  reuse           " + "  ".join(
+        f"W{w} {_pct(s.get(f'W{w}'))}" for w in loc.REUSE_WINDOWS)
+        + ("  (windows within each request, pooled over requests)" if nreq > 1 else ""))
+    if nreq > 1:
+        click.echo("  reuse, stream   " + "  ".join(
+            f"W{w} {_pct(s.get(f'W{w}_stream'))}" for w in loc.REUSE_WINDOWS)
+            + "  (all requests read as one token stream, as a tool without requests reads them)")
+        pr = r["per_request"]
+        click.echo(f"  requests        {nreq}: {int(pr['tokens'].min())}-{int(pr['tokens'].max())} tokens; "
+                   + "  ".join(f"W{w} median {_pct(pr[f'W{w}'].median())}" for w in loc.REUSE_WINDOWS))
+    click.echo(f"  top-8 share     mean {_pct(s['top8_share_mean'])}, min {_pct(s['top8_share_min'])}, "
+               f"max {_pct(s['top8_share_max'])}, first layer {_pct(s['top8_share_first'])}, "
+               f"last {_pct(s['top8_share_last'])}")
+    cov = r["coverage"]
+    click.echo("  coverage        " + ", ".join(
+        f"{int(t)} tok {_pct(c)}" for t, c in zip(cov["tokens"], cov["coverage"])) +
+        f"; per layer {s['layer_distinct_min']}-{s['layer_distinct_max']} of {r['n_experts']}")
+    if per_layer:
+        click.echo(r["per_layer"].to_string(index=False))
 
 
 def _streamed(path, n_layers, n_experts, loc, check_dense_pool):

@@ -122,90 +122,9 @@ def _objects_only(path: str, block: int = 16 << 20) -> bool:
 
 def _read_chunks(path: str | os.PathLike, block_bytes: int, requests: dict | None,
                  stats: dict | None) -> Iterator[RecordChunk]:
-    import pandas as pd
-    import pyarrow as pa
-    import pyarrow.json as pj
-
-    spath = str(path)
-    requests = requests if requests is not None else {}
-    schema = pa.schema([("step", pa.int64()), ("layer", pa.int64()), ("experts", pa.list_(pa.int64())),
-                        ("phase", pa.string())])
-    try:
-        reader = pj.open_json(spath, read_options=pj.ReadOptions(block_size=block_bytes, use_threads=True),
-                              parse_options=pj.ParseOptions(explicit_schema=schema,
-                                                            unexpected_field_behavior="infer"))
-    except OSError as e:
-        raise InputError(f"cannot open trace: {e.strerror or e}", path=spath) from None
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-        raise _Fallback() from None
+    batches = _BatchReader(str(path), block_bytes, requests if requests is not None else {}, stats)
     carry: RecordChunk | None = None
-    base = 0
-    named: bool | None = None
-    prefill = 0
-    while True:
-        try:
-            batch = reader.read_next_batch()
-        except StopIteration:
-            break
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, OSError):
-            raise _Fallback() from None
-        n = batch.num_rows
-        cols = batch.schema.names
-        step = batch.column("step")
-        layer = batch.column("layer")
-        ex = batch.column("experts")
-        if step.null_count or layer.null_count or ex.null_count or (pa.types.is_list(ex.type) and
-                                                                    ex.values.null_count):
-            raise _Fallback()
-        idx = np.arange(base, base + n, dtype=np.int64)
-        base += n
-        keep = np.ones(n, bool)
-        if "phase" in cols:
-            ph = batch.column("phase").to_numpy(zero_copy_only=False)
-            pre = ph == "prefill"
-            prefill += int(pre.sum())
-            keep &= ~pre
-        if "request" in cols:
-            rq = batch.column("request")
-            if not (pa.types.is_string(rq.type) or pa.types.is_integer(rq.type) or pa.types.is_null(rq.type)):
-                raise _Fallback()
-            vals = rq.cast(pa.string()).to_numpy(zero_copy_only=False) if not pa.types.is_null(rq.type) else \
-                np.full(n, None, object)
-        else:
-            vals = np.full(n, None, object)
-        present = ~pd.isna(vals[keep]) if keep.any() else np.zeros(0, bool)
-        if present.size:
-            if named is None:
-                named = bool(present[0])
-                if stats is not None:
-                    stats["named"] = named
-            if (present != named).any():
-                raise _Fallback()  # the reference parser names the line
-        offs = ex.offsets.to_numpy()
-        width = np.diff(offs).astype(np.int64)
-        flat = ex.values.to_numpy()
-        # keep only non-prefill records
-        if not keep.all():
-            kr = np.repeat(keep, width)
-            flat = flat[kr]
-            width = width[keep]
-        st = step.to_numpy()[keep]
-        ly = layer.to_numpy()[keep]
-        ix = idx[keep]
-        if named:
-            local, uniq = pd.factorize(vals[keep])
-            glob = np.empty(len(uniq), np.int32)
-            for j, name in enumerate(uniq):
-                c = requests.get(name)
-                if c is None:
-                    c = requests[name] = len(requests)
-                glob[j] = c
-            codes = glob[local] if local.size else np.zeros(0, np.int32)
-        else:
-            if "0" not in requests:
-                requests["0"] = 0
-            codes = np.zeros(st.size, np.int32)
-        chunk = RecordChunk(st.astype(np.int64), ly.astype(np.int64), codes, width, flat.astype(np.int64), ix)
+    for chunk in batches:
         if carry is not None:
             chunk = _concat(carry, chunk)
             carry = None
@@ -215,20 +134,121 @@ def _read_chunks(path: str | os.PathLike, block_bytes: int, requests: dict | Non
         last = chunk.step[-1]
         cut = int(np.searchsorted(chunk.step, last, side="left")) if bool(np.all(np.diff(chunk.step) >= 0)) \
             else len(chunk)
-        if cut == len(chunk) or cut == 0:
-            # unsorted steps (the typer reports them) or one step filling the block: emit whole
-            if cut == 0:
-                carry = chunk
-                continue
+        if cut == 0:  # one step filling the block: wait for its end
+            carry = chunk
+        elif cut == len(chunk):  # unsorted steps (the typer reports them): emit whole
             yield chunk
-            continue
-        carry = _slice(chunk, cut, len(chunk))
-        yield _slice(chunk, 0, cut)
+        else:
+            carry = _slice(chunk, cut, len(chunk))
+            yield _slice(chunk, 0, cut)
     if carry is not None and len(carry):
         yield carry
     if stats is not None:
-        stats["prefill_records"] = prefill
-        stats["named"] = bool(named)
+        stats["prefill_records"] = batches.prefill
+        stats["named"] = bool(batches.named)
+
+
+class _BatchReader:
+    """pyarrow's streaming JSON reader over a trace: one RecordChunk per block (prefill records
+    dropped and counted, request names coded through ``requests``); _Fallback for anything
+    it cannot read as canonical records."""
+
+    def __init__(self, spath: str, block_bytes: int, requests: dict, stats: dict | None):
+        import pyarrow as pa
+        import pyarrow.json as pj
+
+        self.requests, self.stats = requests, stats
+        self.named: bool | None = None
+        self.prefill = 0
+        self.base = 0
+        schema = pa.schema([("step", pa.int64()), ("layer", pa.int64()), ("experts", pa.list_(pa.int64())),
+                            ("phase", pa.string())])
+        try:
+            self.reader = pj.open_json(spath, read_options=pj.ReadOptions(block_size=block_bytes, use_threads=True),
+                                       parse_options=pj.ParseOptions(explicit_schema=schema,
+                                                                     unexpected_field_behavior="infer"))
+        except OSError as e:
+            raise InputError(f"cannot open trace: {e.strerror or e}", path=spath) from None
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            raise _Fallback() from None
+
+    def __iter__(self) -> Iterator[RecordChunk]:
+        import pyarrow as pa
+
+        while True:
+            try:
+                batch = self.reader.read_next_batch()
+            except StopIteration:
+                return
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, OSError):
+                raise _Fallback() from None
+            yield self._chunk(batch)
+
+    def _chunk(self, batch) -> RecordChunk:
+        import pyarrow as pa
+
+        n = batch.num_rows
+        step, layer, ex = batch.column("step"), batch.column("layer"), batch.column("experts")
+        if step.null_count or layer.null_count or ex.null_count or (pa.types.is_list(ex.type) and
+                                                                    ex.values.null_count):
+            raise _Fallback()
+        idx = np.arange(self.base, self.base + n, dtype=np.int64)
+        self.base += n
+        keep = np.ones(n, bool)
+        if "phase" in batch.schema.names:
+            pre = batch.column("phase").to_numpy(zero_copy_only=False) == "prefill"
+            self.prefill += int(pre.sum())
+            keep &= ~pre
+        vals = self._request_names(batch, keep)
+        width = np.diff(ex.offsets.to_numpy()).astype(np.int64)
+        flat = ex.values.to_numpy()
+        if not keep.all():  # keep only non-prefill records
+            flat = flat[np.repeat(keep, width)]
+            width = width[keep]
+        st = step.to_numpy()[keep]
+        codes = self._codes(vals[keep], st.size)
+        return RecordChunk(st.astype(np.int64), layer.to_numpy()[keep].astype(np.int64), codes, width,
+                           flat.astype(np.int64), idx[keep])
+
+    def _request_names(self, batch, keep: np.ndarray) -> np.ndarray:
+        """Per record its request name (None: names none); _Fallback for a mix of both (the
+        in-memory driver names the line) or a request of another type."""
+        import pandas as pd
+        import pyarrow as pa
+
+        n = batch.num_rows
+        vals = np.full(n, None, object)
+        if "request" in batch.schema.names:
+            rq = batch.column("request")
+            if not (pa.types.is_string(rq.type) or pa.types.is_integer(rq.type) or pa.types.is_null(rq.type)):
+                raise _Fallback()
+            if not pa.types.is_null(rq.type):
+                vals = rq.cast(pa.string()).to_numpy(zero_copy_only=False)
+        present = ~pd.isna(vals[keep]) if keep.any() else np.zeros(0, bool)
+        if present.size:
+            if self.named is None:
+                self.named = bool(present[0])
+                if self.stats is not None:
+                    self.stats["named"] = self.named
+            if (present != self.named).any():
+                raise _Fallback()
+        return vals
+
+    def _codes(self, names: np.ndarray, n: int) -> np.ndarray:
+        """The request codes of the kept records (new names get the next codes)."""
+        import pandas as pd
+
+        if not self.named:
+            self.requests.setdefault("0", 0)
+            return np.zeros(n, np.int32)
+        local, uniq = pd.factorize(names)
+        glob = np.empty(len(uniq), np.int32)
+        for j, name in enumerate(uniq):
+            c = self.requests.get(name)
+            if c is None:
+                c = self.requests[name] = len(self.requests)
+            glob[j] = c
+        return glob[local] if local.size else np.zeros(0, np.int32)
 
 
 def _concat(a: RecordChunk, b: RecordChunk) -> RecordChunk:
