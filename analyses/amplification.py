@@ -39,7 +39,7 @@ def _experts(tables: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     return ex[ex["kind"] == "expert"].sort_values("expert_id").reset_index(drop=True)
 
 
-def _geometry(meta: Mapping[str, Any]) -> tuple[int, int, int]:
+def run_geometry(meta: Mapping[str, Any]) -> tuple[int, int, int]:
     """(n_layers, n_experts, pages_per_expert) from the manifest's pool / plan."""
     pool = meta.get("pool") or {}
     g = pool.get("geometry") or {}
@@ -58,7 +58,7 @@ def capacity_bytes(meta: Mapping[str, Any]) -> int | None:
     return int(c) if c is not None else None
 
 
-def _phases(meta: Mapping[str, Any]) -> tuple[int, int]:
+def run_phases(meta: Mapping[str, Any]) -> tuple[int, int]:
     """(warm-up passes, measured passes) of the replay (1, 1 when unknown)."""
     rep = meta.get("replay") or {}
     cell = (meta.get("cell") or {}).get("inputs") or {}
@@ -95,7 +95,7 @@ def _sim_for(tables, meta, sim: Mapping[str, np.ndarray] | None, plan: str | Pat
     if plan is None or cap is None:
         return None
     pool = meta.get("pool") or {}
-    warm, passes = _phases(meta)
+    warm, passes = run_phases(meta)
     return simulated_misses(plan, cap, int(pool.get("extent_bytes") or pool["geometry"]["expert_bytes"]),
                             warm, passes)
 
@@ -126,7 +126,7 @@ def compute_amplification_experts(tables: Mapping[str, pd.DataFrame], meta: Mapp
     Measured phase (per-iteration epochs; NA without them): ``measured_added_pages``,
     ``measured_re_added_pages``, ``measured_sim_miss_pages``, ``measured_amplification``
     (added / simulated miss pages)."""
-    n_layers, n_experts, ppe = _geometry(meta)
+    n_layers, n_experts, ppe = run_geometry(meta)
     e = _experts(tables)
     out = pd.DataFrame({"layer": e["layer"].astype("int32"), "expert": e["expert"].astype("int32"),
                         "expert_id": e["expert_id"].astype("int64")})
@@ -200,7 +200,7 @@ def compute_amplification_iterations(tables: Mapping[str, pd.DataFrame], meta: M
     Empty without per-iteration epochs."""
     if "epochs" not in tables or "expert_epochs" not in tables:
         return pd.DataFrame()
-    _n_layers, _n_experts, ppe = _geometry(meta)
+    _n_layers, _n_experts, ppe = run_geometry(meta)
     ep = tables["epochs"]
     ep = ep[ep["phase"].isin(["warmup", "measured"])].copy()
     ee = tables["expert_epochs"]
@@ -214,7 +214,7 @@ def compute_amplification_iterations(tables: Mapping[str, pd.DataFrame], meta: M
     if "page_events" in tables:
         from moetrace.analyses.page_events import count_epoch_rereads
 
-        n_layers, n_experts, _ = _geometry(meta)
+        n_layers, n_experts, _ = run_geometry(meta)
         # streamed from the Parquet file when the tables know it (bounded memory), else the frame
         src = tables.path("page_events") if hasattr(tables, "path") else tables["page_events"]
         rr = count_epoch_rereads(src, n_layers * n_experts, ppe, tables["epochs"])
@@ -236,7 +236,7 @@ def compute_amplification_iterations(tables: Mapping[str, pd.DataFrame], meta: M
         out["duration_ns"] = out["requested_pages"] = pd.array([pd.NA] * len(out), dtype=I64)
     s = _sim_for(tables, meta, sim, plan)
     if s is not None:
-        warm, _passes = _phases(meta)
+        warm, _passes = run_phases(meta)
         n = int(s["n_iterations"])
         per = np.bincount(s["iteration"], weights=s["miss"], minlength=n * (warm + _passes)).astype(np.int64)
         # the epoch's (phase, repeat, iteration) -> repetition index in the simulated stream

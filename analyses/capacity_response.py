@@ -19,8 +19,12 @@ import pandas as pd
 CAPACITY_COLUMNS = [
     "capacity_bytes", "cells", "retained", "iteration_time_median_ns", "iteration_time_spread",
     "device_bytes_per_iteration", "device_bytes_per_iteration_spread", "miss_bytes_per_iteration",
-    "amplification", "reasons",
+    "amplification", "reasons", "effective_capacity_bytes", "lru_hit_rate",
 ]
+
+#: device traffic below this share of the most any capacity read is negligible (the pool fits,
+#: a stray page of another process): the a/C reference is not anchored there
+NEGLIGIBLE_SHARE = 0.01
 
 
 def _spread(x: pd.Series) -> float:
@@ -32,13 +36,24 @@ def _spread(x: pd.Series) -> float:
     return float(x.max() - x.min()) / med if med > 0 else np.nan
 
 
+def _median(df: pd.DataFrame, col: str) -> float:
+    return float(df[col].median()) if col in df and df[col].notna().any() else np.nan
+
+
+def _first(df: pd.DataFrame, col: str) -> float:
+    v = df[col].dropna() if col in df else pd.Series(dtype=float)
+    return float(v.iloc[0]) if len(v) else np.nan
+
+
 def compute_capacity_table(cells: pd.DataFrame) -> pd.DataFrame:
     """One row per capacity C (descending): cells, retained count, and over the retained
     cells the median and spread ((max - min) / median) of the per-cell median
     iteration time, the median device bytes per iteration (and its spread), the
     simulated miss bytes per iteration, amplification = median device bytes per
     iteration / miss bytes per iteration (NA when the miss demand is 0 or NA), and
-    the distinct reasons of cells not retained ("; "-joined)."""
+    the distinct reasons of cells not retained ("; "-joined), the median effective capacity (what
+    the pool's pages could occupy at loop entry: under a cgroup wall C + headroom less the scope's
+    anonymous memory) and the simulated LRU hit rate at C (both NA when the cells lack them)."""
     rows: list[dict[str, Any]] = []
     for cap, g in cells.groupby("capacity_bytes", sort=False):
         keep = g[g["retained"].astype(bool)]
@@ -59,71 +74,115 @@ def compute_capacity_table(cells: pd.DataFrame) -> pd.DataFrame:
             "miss_bytes_per_iteration": miss,
             "amplification": dev / miss if (miss > 0 and not np.isnan(dev)) else np.nan,
             "reasons": "; ".join(reasons),
+            "effective_capacity_bytes": _median(keep, "effective_capacity_bytes"),
+            "lru_hit_rate": _first(g, "lru_hit_rate"),
         })
     out = pd.DataFrame(rows, columns=CAPACITY_COLUMNS)
     return out.sort_values("capacity_bytes", ascending=False, ignore_index=True)
 
 
-def reference_curve(table: pd.DataFrame) -> tuple[float, float] | None:
-    """(C0, a) of the a/C reference through the measured device bytes per iteration at
-    the largest C where it is positive (a = C0 x device(C0)); None if none is."""
-    t = table[(table["device_bytes_per_iteration"] > 0)].sort_values("capacity_bytes", ascending=False)
-    if t.empty:
+def reference_curve(table: pd.DataFrame, negligible: float = NEGLIGIBLE_SHARE) -> tuple[float, float] | None:
+    """(C0, a) of the a/C reference through the measured device bytes per iteration at the
+    largest C whose device traffic is not negligible (at least ``negligible`` x the most any C
+    read; a = C0 x device(C0)); None if no C read anything."""
+    dev = table["device_bytes_per_iteration"].astype(float)
+    if not (dev > 0).any():
         return None
+    t = table[dev >= negligible * dev.max()].sort_values("capacity_bytes", ascending=False)
     c0 = float(t["capacity_bytes"].iloc[0])
     return c0, c0 * float(t["device_bytes_per_iteration"].iloc[0])
 
 
+def compute_table2(capacity: pd.DataFrame) -> pd.DataFrame:
+    """The paper's Table 2 from :func:`compute_capacity_table` (a sweep's capacity.parquet): per
+    capacity C (descending), cells and retained, effective capacity, the simulated LRU hit rate,
+    iteration time (median ms and spread), device and miss MiB per iteration, amplification."""
+    if capacity is None or capacity.empty:
+        return pd.DataFrame()
+    cap = capacity
+    na = pd.Series(np.nan, index=cap.index)
+    t = pd.DataFrame({
+        "capacity_bytes": cap["capacity_bytes"].astype("int64"),
+        "cells": cap["cells"].astype("int64"), "retained": cap["retained"].astype("int64"),
+        "effective_capacity_bytes": cap.get("effective_capacity_bytes", na).astype("Float64"),
+        "lru_hit_rate": cap.get("lru_hit_rate", na).astype("Float64"),
+        "iteration_ms": cap["iteration_time_median_ns"].astype("Float64") / 1e6,
+        "iteration_spread": cap["iteration_time_spread"].astype("Float64"),
+        "device_mib_per_iteration": cap["device_bytes_per_iteration"].astype("Float64") / 2**20,
+        "miss_mib_per_iteration": cap["miss_bytes_per_iteration"].astype("Float64") / 2**20,
+        "amplification": cap["amplification"].astype("Float64")})
+    return t.sort_values("capacity_bytes", ascending=False).reset_index(drop=True)
+
+
+def _capacity_axis(ax, caps: list[float]) -> None:
+    """A log-C axis ticked at the sweep's capacities, labelled as a person writes them."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    from moetrace.inputs.geometry import format_bytes
+
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(FixedLocator(caps))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_bytes(v)))
+    ax.set_xlabel("capacity C")
+    if len(caps) > 1:
+        lo, hi = min(caps), max(caps)
+        ax.set_xlim(lo / 1.25, hi * 1.25)
+
+
+def _spread_bars(ax, g: pd.DataFrame, y: str, scale: float, color: str) -> None:
+    """The spread of the retained repeats at each C: a bar from the lowest to the highest."""
+    agg = g.groupby("capacity_bytes")[y].agg(["min", "max", "median"])
+    agg = agg[agg["max"] > 0]
+    if len(agg):
+        ax.errorbar(agg.index.astype(float), agg["median"] / scale,
+                    yerr=[(agg["median"] - agg["min"]) / scale, (agg["max"] - agg["median"]) / scale],
+                    fmt="none", ecolor=color, elinewidth=1.2, capsize=4, zorder=3, label="range of the repeats")
+
+
 def plot_capacity(cells: pd.DataFrame, axes) -> Any:
-    """Fig. 2 analogue on two matplotlib axes: (left) iteration time vs C, every
-    retained repeat as a point and the median as a line, cells not retained as
-    crosses; (right) device bytes per iteration vs C, log-log, with the simulated
-    miss demand and an a/C reference anchored at the largest C with device bytes
-    (zeros cannot sit on a log axis: they are counted in the legend)."""
+    """Fig. 2 as in the paper, two panels on the same log-C axis ticked at the sweep's capacities:
+    (left) iteration time vs C, the median over retained repeats as a line, their range as bars,
+    cells not retained as crosses; (right) device MiB per iteration vs C, log-log, the median
+    and range of the repeats, the simulated LRU miss demand, and an a/C reference anchored at the
+    largest C whose device traffic is not negligible (:func:`reference_curve`; the legend says
+    which). Zeros cannot sit on a log axis: they are counted in the legend."""
+    from moetrace.inputs.geometry import format_bytes
+
     ax_t, ax_d = axes
     table = compute_capacity_table(cells)
-    gib = 1024 ** 3
+    mib = 1024 ** 2
     ret = cells[cells["retained"].astype(bool)]
     bad = cells[~cells["retained"].astype(bool)]
-    ax_t.scatter(ret["capacity_bytes"] / gib, ret["iteration_time_median_ns"] / 1e6, s=18, alpha=0.7,
-                 label="retained repeats")
+    caps = sorted(float(c) for c in table["capacity_bytes"] if c > 0)
+    ax_t.plot(table["capacity_bytes"], table["iteration_time_median_ns"] / 1e6, "o-", color="tab:blue",
+              label="median of the repeats")
+    _spread_bars(ax_t, ret, "iteration_time_median_ns", 1e6, "tab:blue")
     if not bad.empty:
-        ax_t.scatter(bad["capacity_bytes"] / gib, bad["iteration_time_median_ns"] / 1e6, marker="x",
+        ax_t.scatter(bad["capacity_bytes"], bad["iteration_time_median_ns"] / 1e6, marker="x",
                      color="tab:red", label="not retained")
-    ax_t.plot(table["capacity_bytes"] / gib, table["iteration_time_median_ns"] / 1e6, "-", color="tab:blue",
-              label="median")
-    ax_t.set_xlabel("capacity C (GiB)")
+    _capacity_axis(ax_t, caps)
     ax_t.set_ylabel("iteration time (ms)")
     ax_t.set_title("iteration time vs C")
     ax_t.legend(fontsize=8)
 
-    pos = ret[ret["device_bytes_per_iteration"] > 0]
     zeros = int((ret["device_bytes_per_iteration"] == 0).sum())
-    # paper Fig. 2 right: measured device reads as circles on a solid line (repeats faint),
-    # simulated miss demand as squares on a dashed line, a/C dotted
-    ax_d.scatter(pos["capacity_bytes"] / gib, pos["device_bytes_per_iteration"] / 1024 ** 2, s=14, alpha=0.35,
-                 color="tab:blue", zorder=3)
     tm = table[table["device_bytes_per_iteration"] > 0]
-    ax_d.plot(tm["capacity_bytes"] / gib, tm["device_bytes_per_iteration"] / 1024 ** 2, "o-", color="tab:blue",
-              zorder=4, label="device (diskstats), median" + (f"; {zeros} cell(s) at 0 B not shown" if zeros else ""))
+    ax_d.plot(tm["capacity_bytes"], tm["device_bytes_per_iteration"] / mib, "o-", color="tab:blue", zorder=4,
+              label="device reads (diskstats), median" + (f"; {zeros} cell(s) at 0 B not shown" if zeros else ""))
+    _spread_bars(ax_d, ret, "device_bytes_per_iteration", mib, "tab:blue")
     t = table[table["miss_bytes_per_iteration"] > 0]
-    ax_d.plot(t["capacity_bytes"] / gib, t["miss_bytes_per_iteration"] / 1024 ** 2, "s--", color="tab:green",
+    ax_d.plot(t["capacity_bytes"], t["miss_bytes_per_iteration"] / mib, "s--", color="tab:green",
               mfc="none", ms=8, zorder=5, label="simulated LRU miss demand")
     ref = reference_curve(table)
     if ref is not None:
         c0, a = ref
-        cs = np.array(sorted(table["capacity_bytes"].astype(float)))
-        cs = cs[cs > 0]
-        ax_d.plot(cs / gib, a / cs / 1024 ** 2, ":", color="gray", label=f"a/C (anchored at {c0 / gib:.2f} GiB)")
-    ax_d.set_xscale("log")
+        cs = np.array(caps)
+        ax_d.plot(cs, a / cs / mib, ":", color="gray",
+                  label=f"a/C through C = {format_bytes(c0)} (largest C reading >= "
+                        f"{NEGLIGIBLE_SHARE:.0%} of the most)")
     ax_d.set_yscale("log")
-    caps = sorted(table["capacity_bytes"].astype(float) / gib)
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
-
-    ax_d.xaxis.set_major_locator(FixedLocator(caps))
-    ax_d.xaxis.set_minor_locator(NullLocator())
-    ax_d.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax_d.set_xlabel("capacity C (GiB)")
+    _capacity_axis(ax_d, caps)
     ax_d.set_ylabel("device MiB per iteration")
     ax_d.set_title("device bytes vs C")
     ax_d.legend(fontsize=8)

@@ -128,10 +128,19 @@ def compute_alarm(amplification: float | None, s2s: float | None,
             "rule": f"amplification > {1 + tolerance:g} and scan-to-steal > {SCAN_TO_STEAL_ALARM:g}"}
 
 
+def _main_reclaimer(reclaim: pd.DataFrame | None) -> str | None:
+    """The reclaimer kind that reclaimed the most pages (None when none reclaimed any)."""
+    if reclaim is None or reclaim.empty or not int(reclaim["reclaimed_pages"].sum()):
+        return None
+    return str(reclaim.groupby("kind")["reclaimed_pages"].sum().idxmax())
+
+
 def compute_sweep_reclaim(cells: list) -> pd.DataFrame:
     """Per recorded cell of a sweep (:class:`moetrace.run.handle.Run` with ``cell``):
     ``cell``, ``capacity_bytes``, ``amplification``, ``scan_to_steal``, ``reclaimed_pages``,
-    ``re_added_pages`` (measured pass), ``refault_file_pages`` (the kernel's), ``alarm``."""
+    ``re_added_pages`` (measured pass), ``refault_file_pages`` (the kernel's), ``alarm``, the
+    simulated ``lru_hit_rate`` at C, ``outside_evicted_pages`` (pool pages evicted by another
+    process: fadvise, madvise, truncation) and ``reclaimer`` (the kind that reclaimed most)."""
     from moetrace.analyses.amplification import measured_epochs
 
     rows = []
@@ -145,13 +154,17 @@ def compute_sweep_reclaim(cells: list) -> pd.DataFrame:
                      "amplification": cell.get("amplification"), "scan_to_steal": s2s,
                      "reclaimed_pages": int(rc["reclaimed_pages"].sum()) if rc is not None else None,
                      "re_added_pages": int(me["re_added_pages"].sum()) if me is not None else None,
-                     "refault_file_pages": cell.get("refault_file_pages"), "alarm": al["alarm"]})
+                     "refault_file_pages": cell.get("refault_file_pages"), "alarm": al["alarm"],
+                     "lru_hit_rate": (cell.get("simulated") or {}).get("hit_rate"),
+                     "outside_evicted_pages": (cell.get("outside_evictions") or {}).get("pages"),
+                     "reclaimer": _main_reclaimer(rc)})
     df = pd.DataFrame(rows)
     if len(df):
         df = df.sort_values("capacity_bytes", ascending=False).reset_index(drop=True)
-        for c in ("capacity_bytes", "reclaimed_pages", "re_added_pages", "refault_file_pages"):
+        for c in ("capacity_bytes", "reclaimed_pages", "re_added_pages", "refault_file_pages",
+                  "outside_evicted_pages"):
             df[c] = pd.array(df[c], dtype="Int64")
-        for c in ("amplification", "scan_to_steal"):
+        for c in ("amplification", "scan_to_steal", "lru_hit_rate"):
             df[c] = pd.array(df[c], dtype="Float64")
         df["alarm"] = pd.array(df["alarm"], dtype="boolean")
     return df

@@ -59,9 +59,10 @@ def test_sweep_report_shows_amplification_rereads_and_observed_vs_simulated(swee
     # speculative fallbacks read a layer twice in an iteration: the wall makes some of it re-reads
     assert s["in_iteration_re_added_pages"] > 0 and s["in_iteration_exact"] is False
     page = (out / "report.html").read_text()
-    for text in ("Capacity sweep (the paper&#x27;s Table 2)", "Re-read amplification",
+    for text in ("Capacity sweep (the paper&#x27;s Table 2 and Fig. 2)", "Re-read amplification",
                  "The experts carrying most re-reads", "re-reads within one iteration (at least)",
                  "Per layer: observed vs simulated hit rate", "Totals against the kernel&#x27;s own counters",
+                 "<section id='findings'><h2>Findings</h2>",
                  "Paper's alarm condition (amplification &gt; 1.02 and scan-to-steal &gt; 2)"):
         assert text in page, text
     md = (out / "REPORT.md").read_text()
@@ -74,6 +75,49 @@ def test_sweep_report_shows_amplification_rereads_and_observed_vs_simulated(swee
     assert (ex["device_read_bytes"] == ex["added_pages"] * 4096).all()
     ovs = pd.read_parquet(out / "tables" / "observed_vs_sim.parquet")
     assert len(ovs) == 8 and ovs["sim_hit_rate"].between(0, 1).all()
+
+
+def test_findings_come_first_and_quote_their_tables(sweep_report):
+    doc, out = sweep_report
+    page = (out / "report.html").read_text()
+    body = page[page.index("<body>"):]
+    # the findings panel is the first section, the recording (notices) folded right below it
+    assert body.index("<section id='findings'>") < body.index("<section id='recording'>") < body.index("<h2 id='sweep'>")
+    f = doc["findings"]
+    assert f[0].startswith("Capacity response: 3 capacities from C = 32 MiB to 128 MiB")
+    assert f[1].startswith("No capacity amplifies: device reads / LRU miss demand stay between 0.75 (C = 32 MiB) "
+                           "and 0.828 (C = 48 MiB)")
+    assert any(x.startswith("Alarm (amplification > 1.02 and scan-to-steal > 2): not raised") for x in f)
+    assert (out / "REPORT.md").read_text().split("\n")[2] == "## Findings"
+
+
+def test_table2_and_fig2_speak_human_units(sweep_report):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from moetrace.analyses.capacity_response import plot_capacity
+    from moetrace.reports.report import shown_table2, sweep_table2
+    from moetrace.run.handle import open_sweep
+
+    t2, cells = sweep_table2(open_sweep(DATA / "sweep"))
+    shown = shown_table2(t2)
+    assert shown["C"].tolist() == ["128 MiB", "48 MiB", "32 MiB"]
+    assert shown["effective C"].tolist() == ["143 MiB", "62.6 MiB", "46.6 MiB"]
+    assert shown["LRU hit rate"].tolist() == ["100 %", "42.2 %", "11.6 %"]
+    assert shown["iteration"].tolist() == ["2.86 ms", "23.8 ms", "33 ms"]
+    assert shown["device / iteration"].tolist()[1:] == ["25.2 MiB", "34.9 MiB"]
+    fig, axes = plt.subplots(1, 2)
+    plot_capacity(cells, axes)
+    fig.canvas.draw()
+    for ax in axes:  # both panels: the same log-C axis, ticked at the capacities, in MiB
+        assert ax.get_xscale() == "log"
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["32 MiB", "48 MiB", "128 MiB"]
+    legend = [t.get_text() for t in axes[1].get_legend().get_texts()]
+    # the 128 MiB cell read nothing: the a/C reference goes through the largest C that read
+    assert any(x.startswith("a/C through C = 48 MiB") for x in legend), legend
+    plt.close(fig)
 
 
 def test_sweep_report_totals_reconcile_with_the_runs_own_proc_deltas(sweep_report):

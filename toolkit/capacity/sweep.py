@@ -19,7 +19,7 @@ CELL_COLUMNS = ["capacity", "capacity_bytes", "repeat", "order", "cell_dir", "me
                 "device_bytes", "device_bytes_per_iteration", "miss_bytes_per_iteration", "amplification",
                 "budget_experts", "peak_memory_bytes", "oom_kill", "vmlck_at_loop_entry_bytes",
                 "anon_at_loop_entry_bytes", "measured_hints_submitted", "measured_hints_completed",
-                "outside_evicted_pages", "flags"]
+                "outside_evicted_pages", "flags", "effective_capacity_bytes", "lru_hit_rate"]
 
 
 def parse_capacities(text: str) -> list[tuple[str, int]]:
@@ -59,7 +59,17 @@ def cell_row(res: dict, label: str, repeat: int, order: int, cell_dir: str) -> d
         "measured_hints_completed": res.get("measured_hints_completed"),
         "outside_evicted_pages": (res.get("outside_evictions") or {}).get("pages"),
         "flags": "; ".join(res.get("flags", [])),
+        "effective_capacity_bytes": effective_capacity(res), "lru_hit_rate": sim.get("hit_rate"),
     }
+
+
+def effective_capacity(res: dict) -> int | None:
+    """What the pool's pages could occupy at loop entry, beside nominal C: under a cgroup wall the
+    limit less the scope's anonymous memory; otherwise the machine's MemAvailable (free and
+    reclaimable memory, the pool's cached pages included)."""
+    if res.get("mechanism") == "cgroup":
+        return res.get("file_capacity_at_loop_entry_bytes")
+    return res.get("mem_available_at_loop_entry_bytes")
 
 
 @dataclass

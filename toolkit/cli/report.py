@@ -118,7 +118,7 @@ def flame(run_path, other, out_path, speedscope_path, as_json):
     if speedscope_path:
         Path(speedscope_path).write_text(json.dumps(FL.speedscope_json(a, ra.name)))
     if as_json:
-        from moetrace.reports.report import table_json
+        from moetrace.reports.document import table_json
 
         emit_json({"svg": out_path, "frames": json.loads(table_json(table)) if table is not None else None})
         return

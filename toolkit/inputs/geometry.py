@@ -75,9 +75,14 @@ def parse_bytes(text: str | int) -> int:
 
 
 def format_bytes(n: float) -> str:
-    """Human-readable binary size."""
+    """Human-readable binary size, three significant digits at most, no trailing zeros:
+    '256 MiB', '97.4 MiB', '1.5 GiB', '4.6 KiB', '512 B'."""
+    n = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        if abs(n) < 1000 or unit == "TiB":
+            break
         n /= 1024
-    return f"{n:.2f} TiB"
+    if unit == "B" or abs(n) >= 100:
+        return f"{n:.0f} {unit}"
+    text = f"{n:.{2 if abs(n) < 10 else 1}f}".rstrip("0").rstrip(".")
+    return f"{text} {unit}"

@@ -467,7 +467,7 @@ def matrix_rows(out: str | os.PathLike) -> list[dict[str, Any]]:
     (sweep's columns), with the capacity it really had at loop entry beside nominal C, and what
     its kernel did in the measured window (matrix_report.cell_window: reclaim, generations,
     eviction ages)."""
-    from moetrace.capacity.sweep import cell_row
+    from moetrace.capacity.sweep import cell_row, effective_capacity
     from moetrace.lab.matrix_report import cell_window
 
     out = Path(out)
@@ -533,15 +533,6 @@ def locked_fraction(res: dict[str, Any]) -> float | None:
     if not b.get("vmlck_bytes") or not b.get("mem_total_bytes"):
         return None
     return (b["vmlck_bytes"] + ((b.get("top_up") or {}).get("vmlck_bytes") or 0)) / b["mem_total_bytes"]
-
-
-def effective_capacity(res: dict[str, Any]) -> int | None:
-    """What the pool's pages could occupy at loop entry, beside nominal C: under a cgroup wall the
-    limit less the scope's anonymous memory; otherwise the guest's MemAvailable (free and
-    reclaimable memory, the pool's cached pages included)."""
-    if res.get("mechanism") == "cgroup":
-        return res.get("file_capacity_at_loop_entry_bytes")
-    return res.get("mem_available_at_loop_entry_bytes")
 
 
 def write_table(out: str | os.PathLike, rows: list[dict[str, Any]] | None = None, pairs=None) -> Path:

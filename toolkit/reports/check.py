@@ -124,7 +124,7 @@ ONE_A_SIDE = ("one cell a side: the noise between identical cells (boot to boot,
 
 
 def check_doc(res: CheckResult, base, cand) -> dict[str, Any]:
-    from moetrace.reports.report import table_json
+    from moetrace.reports.document import table_json
 
     return {"schema": "moetrace.check/1", "base": str(base), "candidate": str(cand), "status": res.status,
             "verdict": res.verdict(), "reason": res.reason, "regressed": res.regressed, "notes": res.notes,
@@ -134,7 +134,7 @@ def check_doc(res: CheckResult, base, cand) -> dict[str, Any]:
 def write_check_report(res: CheckResult, base, cand, out: str | os.PathLike) -> dict[str, Any]:
     """check.html / CHECK.md / tables through the report writer (built aside, then moved into
     ``out``: a failure leaves what was there untouched)."""
-    from moetrace.reports.report import Report, _write, staged
+    from moetrace.reports.document import Report, staged, write_report
 
     out = Path(out)
     with staged(out, clear=()) as stage:
@@ -149,4 +149,4 @@ def write_check_report(res: CheckResult, base, cand, out: str | os.PathLike) -> 
                       "Per metric: medians, spread, candidate / base, Welch p, bootstrap 95 % interval of the ratio",
                       None)
         rep.summary.update(check_doc(res, base, cand))
-        return _write(rep, ("verdict",), final=out)
+        return write_report(rep, ("verdict",), final=out)

@@ -18,212 +18,31 @@ from a ``compute_*`` function of moetrace.analyses; this module only arranges th
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import datetime as _dt
 import html
 import json
-import math
 import os
-import shutil
-import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from moetrace import __version__
 from moetrace.errors import UsageError
-from moetrace.jsonutil import json_default
+from moetrace.reports.document import (TOP_N, Report, fmt_bytes, fmt_num, fmt_pct, is_na, prepare_out, staged,
+                                       table_json, write_report)
+from moetrace.reports.findings import run_findings
 
 SECTIONS = ("amp", "hitpath", "age", "reclaim", "flame", "timeline")
-TOP_N = 15
-
-
-# -- formatting ------------------------------------------------------------------------------------
-
-def fmt_bytes(n) -> str:
-    if n is None or (isinstance(n, float) and math.isnan(n)) or n is pd.NA:
-        return "NA"
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def fmt_num(v, digits: int = 3) -> str:
-    if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
-        return "NA"
-    if isinstance(v, (bool, np.bool_)):
-        return "yes" if v else "no"
-    if isinstance(v, (int, np.integer)):
-        return f"{int(v):,}"
-    if isinstance(v, (float, np.floating)):
-        if float(v).is_integer() and abs(v) >= 1000:
-            return f"{int(v):,}"
-        return f"{v:.{digits}g}" if abs(v) < 1000 else f"{v:,.0f}"
-    return str(v)
-
-
-def _cell(v) -> str:
-    try:
-        if pd.isna(v):
-            return "NA"
-    except (TypeError, ValueError):
-        pass
-    return fmt_num(v)
-
-
-def md_table(df: pd.DataFrame, max_rows: int | None = None) -> str:
-    d = df if max_rows is None else df.head(max_rows)
-    cols = [str(c) for c in d.columns]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    for row in d.itertuples(index=False):
-        lines.append("| " + " | ".join(_cell(v).replace("|", "\\|") for v in row) + " |")
-    if max_rows is not None and len(df) > max_rows:
-        lines.append(f"\n({len(df) - max_rows} more rows in the table file)")
-    return "\n".join(lines)
-
-
-def html_table(df: pd.DataFrame, max_rows: int | None = None) -> str:
-    d = df if max_rows is None else df.head(max_rows)
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in d.columns)
-    body = []
-    for row in d.itertuples(index=False):
-        body.append("<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>")
-    more = (f"<p class='more'>{len(df) - max_rows} more rows in the table file.</p>"
-            if max_rows is not None and len(df) > max_rows else "")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>{more}"
-
-
-# -- the document being built ------------------------------------------------------------------------
-
-@dataclass
-class Report:
-    """What a report accumulates: HTML and Markdown parts, tables, figures, headline figures."""
-
-    out: Path
-    title: str
-    html: list[str] = field(default_factory=list)
-    md: list[str] = field(default_factory=list)
-    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
-    figures: dict[str, bytes] = field(default_factory=dict)
-    summary: dict[str, Any] = field(default_factory=dict)
-    files: dict[str, str] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-    def h(self, level: int, text: str, anchor: str | None = None) -> None:
-        a = f" id='{anchor}'" if anchor else ""
-        self.html.append(f"<h{level}{a}>{html.escape(text)}</h{level}>")
-        self.md.append("#" * level + " " + text + "\n")
-
-    def p(self, text: str) -> None:
-        self.html.append(f"<p>{html.escape(text)}</p>")
-        self.md.append(text + "\n")
-
-    def table(self, name: str, df: pd.DataFrame, caption: str, max_rows: int | None = TOP_N,
-              show: pd.DataFrame | None = None) -> None:
-        """Keep ``df`` as tables/NAME.*; show ``show`` (default df) up to max_rows rows."""
-        self.tables[name] = df
-        s = df if show is None else show
-        self.html.append(f"<div class='tbl'><p class='cap'>{html.escape(caption)} "
-                         f"<span class='file'>tables/{name}.parquet</span></p>{html_table(s, max_rows)}</div>")
-        self.md.append(f"*{caption}* (`tables/{name}.parquet`)\n\n{md_table(s, max_rows)}\n")
-
-    def figure(self, name: str, png: bytes, caption: str) -> None:
-        self.figures[name] = png
-        b64 = base64.b64encode(png).decode()
-        self.html.append(f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,{b64}'/>"
-                         f"<figcaption>{html.escape(caption)}</figcaption></figure>")
-        self.md.append(f"![{caption}](figures/{name}.png)\n")
-
-    def raw_svg(self, svg: str, caption: str, file: str) -> None:
-        body = svg[svg.find("<svg"):] if "<svg" in svg else svg
-        self.html.append(f"<figure class='svg'>{body}<figcaption>{html.escape(caption)} "
-                         f"(<a href='{file}'>{file}</a>)</figcaption></figure>")
-        self.md.append(f"[{caption}]({file})\n")
-
-    def kv(self, rows: list[tuple[str, Any]]) -> None:
-        df = pd.DataFrame(rows, columns=["figure", "value"])
-        self.html.append(html_table(df.assign(value=df["value"].map(lambda v: v if isinstance(v, str) else _cell(v)))))
-        self.md.append(md_table(df.assign(value=df["value"].map(lambda v: v if isinstance(v, str) else _cell(v))))
-                       + "\n")
-
-
-CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1200px;color:#222;padding:0 1em}
-h1{font-size:1.6em} h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em} h3{margin-top:1.5em}
-table{border-collapse:collapse;font-size:.85em;margin:.5em 0} th,td{border:1px solid #ddd;padding:.2em .5em;text-align:right}
-th{background:#f4f4f4} td:first-child,th:first-child{text-align:left}
-figure{margin:1em 0} figure img{max-width:100%;border:1px solid #eee} figcaption{font-size:.85em;color:#555}
-.cap{font-weight:600;margin-bottom:.2em} .file{font-weight:normal;color:#888;font-size:.85em;margin-left:.5em}
-.more{font-size:.8em;color:#777} nav a{margin-right:1em} .note{background:#fff8e1;padding:.5em;border-left:3px solid #f0b400}
-.alarm{background:#fdecea;border-left:3px solid #d93025;padding:.5em} .ok{background:#e6f4ea;border-left:3px solid #188038;padding:.5em}
-figure.svg svg{max-width:100%;height:auto}
-.tbl{overflow-x:auto;max-width:100%}
-"""
-
-
-def _write(rep: Report, sections: Iterable[str], final: Path | None = None) -> dict[str, Any]:
-    """Write the report into ``rep.out`` (a staging directory); the paths in the returned
-    document are those in ``final`` (where :func:`staged` moves it), default ``rep.out``."""
-    out = rep.out
-    final = final or out
-    (out / "tables").mkdir(parents=True, exist_ok=True)
-    (out / "figures").mkdir(parents=True, exist_ok=True)
-    for name, df in rep.tables.items():
-        df.to_parquet(out / "tables" / f"{name}.parquet", index=False)
-        (out / "tables" / f"{name}.json").write_text(table_json(df))
-    for name, png in rep.figures.items():
-        (out / "figures" / f"{name}.png").write_bytes(png)
-    nav = "".join(f"<a href='#{s}'>{s}</a>" for s in sections)
-    notes = "".join(f"<p class='note'>{html.escape(n)}</p>" for n in rep.notes)
-    page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(rep.title)}</title>"
-            f"<style>{CSS}</style></head><body><h1>{html.escape(rep.title)}</h1><nav>{nav}</nav>{notes}"
-            + "\n".join(rep.html)
-            + f"<hr><p class='more'>moetrace {__version__}, "
-              f"{_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}</p></body></html>\n")
-    (out / "report.html").write_text(page)
-    md = f"# {rep.title}\n\n" + "".join(f"> {n}\n\n" for n in rep.notes) + "\n".join(rep.md)
-    (out / "REPORT.md").write_text(md)
-    doc = {"schema": "moetrace.report/1", "title": rep.title, "summary": rep.summary,
-           "tables": sorted(rep.tables), "figures": sorted(rep.figures), "files": rep.files, "notes": rep.notes,
-           "html": str(final / "report.html"), "markdown": str(final / "REPORT.md")}
-    (out / "report.json").write_text(json.dumps(doc, indent=1, default=json_default) + "\n")
-    return doc
-
-
-def table_json(df: pd.DataFrame) -> str:
-    """Records JSON with NA as null and floats rounded to 9 significant digits (stable
-    across platforms for golden files)."""
-    def conv(v):
-        if v is None or v is pd.NA:
-            return None
-        if isinstance(v, (np.integer,)):
-            return int(v)
-        if isinstance(v, (float, np.floating)):
-            return None if math.isnan(v) else float(f"{float(v):.9g}")
-        if isinstance(v, (np.bool_,)):
-            return bool(v)
-        return v
-
-    recs = [{str(k): conv(v) for k, v in zip(df.columns, row)} for row in df.astype(object).itertuples(index=False)]
-    if not recs:
-        return "[]\n"
-    return "[\n" + ",\n".join(json.dumps(r, default=json_default) for r in recs) + "\n]\n"  # a row a line
 
 
 # -- sections of a run ---------------------------------------------------------------------------
 
 def _geometry(run) -> tuple[int, int]:
-    from moetrace.analyses.amplification import _geometry
+    from moetrace.analyses.amplification import run_geometry
 
-    n_layers, n_experts, _ = _geometry(run.meta)
+    n_layers, n_experts, _ = run_geometry(run.meta)
     return n_layers, n_experts
 
 
@@ -241,19 +60,28 @@ def _sim(run, plan: Path | None, notes: list[str]):
                      "amplification is NA)")
         return None
     pool = run.manifest.get("pool") or {}
-    warm, passes = A._phases(run.meta)
+    warm, passes = A.run_phases(run.meta)
     return A.simulated_misses(plan, cap, int(pool.get("extent_bytes") or pool["geometry"]["expert_bytes"]),
                               warm, passes)
 
 
 def section_amp(rep: Report, run, sim, it: pd.DataFrame) -> None:
+    """Re-read amplification: the figures of the measured pass against the kernel's counters, the
+    per-iteration and per-expert picture, observed vs simulated, the paper's alarm."""
     from moetrace.analyses import amplification as A
-    from moetrace.analyses import reclaim as R
-    from moetrace.reports import figures as F
 
-    n_layers, n_experts = _geometry(run)
     rep.h(2, "Re-read amplification", "amp")
     ex = A.compute_amplification_experts(run.tables, run.meta, sim=sim)
+    _amp_summary(rep, run, ex, it)
+    rec = A.compute_reconciliation(run.tables, run.meta)
+    rep.table("reconciliation", rec, "Totals against the kernel's own counters: moetrace's and the /proc deltas "
+              "of the same window", None, fold=True)
+    rep.summary["reconciliation"] = json.loads(table_json(rec))
+    _amp_figures(rep, run, ex, it, sim is not None)
+    _amp_alarm(rep, run)
+
+
+def _amp_summary(rep: Report, run, ex: pd.DataFrame, it: pd.DataFrame) -> None:
     cell = run.cell or {}
     meas_added = ex["measured_added_pages"].sum(min_count=1)
     meas_sim = ex["measured_sim_miss_pages"].sum(min_count=1)
@@ -268,37 +96,47 @@ def section_amp(rep: Report, run, sim, it: pd.DataFrame) -> None:
                          "re-reads within one iteration are a lower bound")
     rows = [("capacity C", fmt_bytes(cell.get("capacity_bytes")) if cell else "NA (not a cell)"),
             ("device bytes, measured pass (diskstats)", fmt_bytes(cell.get("device_bytes"))),
-            ("pages added in the measured pass (pagecache probe)", _cell(meas_added)),
-            ("simulated LRU miss pages, measured pass", _cell(meas_sim)),
-            ("amplification (cell: device / miss demand)", _cell(cell.get("amplification"))),
-            ("pages re-added in the measured pass (re-reads)", _cell(ex["measured_re_added_pages"].sum(min_count=1))),
+            ("pages added in the measured pass (pagecache probe)", fmt_num(meas_added)),
+            ("simulated LRU miss pages, measured pass", fmt_num(meas_sim)),
+            ("amplification (cell: device / miss demand)", fmt_num(cell.get("amplification"))),
+            ("pages re-added in the measured pass (re-reads)", fmt_num(ex["measured_re_added_pages"].sum(min_count=1))),
             ("re-reads within one iteration" + (" (exact)" if exact else " (at least: the stream lost events)"
                                                 if lb_col == "in_iteration_re_added_pages" else " (at least)"),
-             _cell(in_it)),
-            ("kernel's workingset_refault_file, measured window", _cell(cell.get("refault_file_pages")))]
-    rep.kv(rows)
+             fmt_num(in_it)),
+            ("kernel's workingset_refault_file, measured window", fmt_num(cell.get("refault_file_pages")))]
+    rep.kv(rows, name="amp_summary")
     rep.summary.update({"capacity_bytes": cell.get("capacity_bytes"), "device_bytes": cell.get("device_bytes"),
                         "amplification": cell.get("amplification"),
                         "measured_added_pages": _int(meas_added), "measured_sim_miss_pages": _int(meas_sim),
                         "measured_re_added_pages": _int(ex["measured_re_added_pages"].sum(min_count=1)),
                         "in_iteration_re_added_pages": in_it, "in_iteration_exact": exact,
                         "re_added_pages": _int(ex["re_added_pages"].sum(min_count=1))})
-    rec = A.compute_reconciliation(run.tables, run.meta)
-    rep.h(3, "Totals against the kernel's own counters")
-    rep.table("reconciliation", rec, "moetrace's totals and the /proc deltas of the same window", None)
-    rep.summary["reconciliation"] = json.loads(table_json(rec))
+
+
+def _amp_figures(rep: Report, run, ex: pd.DataFrame, it: pd.DataFrame, has_sim: bool) -> None:
+    """Per iteration and observed vs simulated side by side, the layers x experts heatmaps, the
+    experts and layers carrying the re-reads."""
+    from moetrace.analyses import amplification as A
+    from moetrace.reports import figures as F
+
+    n_layers, n_experts = _geometry(run)
     if len(it):
         fig, ax = F.new_figure()
         F.plot_iterations(it, ax)
         rep.figure("iterations", F.png_bytes(fig), "Pages added and re-added per replay iteration, against the "
                                                    "simulated LRU misses at this capacity")
-        rep.table("amp_iterations", it, "Per replay iteration", max_rows=None if len(it) <= 40 else 40)
+    fig, ax = F.new_figure(5, 4.2)
+    F.plot_observed_vs_sim(ex, ax)
+    rep.figure("observed_vs_sim", F.png_bytes(fig), "Per expert: observed page hit rate vs simulated LRU "
+                                                    "hit rate at the same capacity (recording: warm-up + measured)")
+    if len(it):
+        rep.table("amp_iterations", it, "Per replay iteration", max_rows=None if len(it) <= 40 else 40, fold=True)
     fig, axes = F.new_figure(11, 4, ncols=2)
     F.plot_heatmap(ex, "re_added_pages", n_layers, n_experts, axes[0], title="pages re-added (re-reads)",
                    unit="pages", cmap="magma")
     F.plot_heatmap(ex, "amplification", n_layers, n_experts, axes[1],
                    title="amplification (device bytes / simulated miss bytes)", cmap="coolwarm")
-    rep.figure("heatmap_amp", F.png_bytes(fig), "Layers x experts: re-reads and amplification")
+    rep.figure("heatmap_amp", F.png_bytes(fig), "Layers x experts: re-reads and amplification", wide=True)
     cols = ["layer", "expert", "re_added_pages", "re_added_pages_share", "added_pages", "requested_pages",
             "device_read_bytes", "sim_miss_pages", "amplification", "observed_hit_rate", "sim_hit_rate"]
     top = A.top_experts(ex, "re_added_pages", TOP_N)
@@ -306,12 +144,11 @@ def section_amp(rep: Report, run, sim, it: pd.DataFrame) -> None:
               show=top[[c for c in cols if c in top]])
     lay = A.compute_layers(ex)
     rep.table("amp_layers", lay, "Layers by share of the re-reads",
-              show=lay.sort_values("re_added_pages", ascending=False))
-    rep.h(3, "Observed vs simulated")
-    fig, ax = F.new_figure(5, 4.2)
-    F.plot_observed_vs_sim(ex, ax)
-    rep.figure("observed_vs_sim", F.png_bytes(fig), "Per expert: observed page hit rate vs simulated LRU "
-                                                    "hit rate at the same capacity (recording: warm-up + measured)")
+              show=lay.sort_values("re_added_pages", ascending=False), fold=True)
+    _observed_vs_sim(rep, run, ex, lay, has_sim)
+
+
+def _observed_vs_sim(rep: Report, run, ex: pd.DataFrame, lay: pd.DataFrame, has_sim: bool) -> None:
     ovs = lay[["layer"]].copy()
     g = ex.groupby("layer")
     ovs["requested_pages"] = g["requested_pages"].sum().to_numpy()
@@ -323,11 +160,17 @@ def section_amp(rep: Report, run, sim, it: pd.DataFrame) -> None:
     ovs["sim_hit_rate"] = (1 - miss.astype("Float64") / (acc.astype("Float64") * ppe)).to_numpy()
     ovs["difference"] = ovs["observed_hit_rate"] - ovs["sim_hit_rate"]
     rep.table("observed_vs_sim", ovs, "Per layer: observed vs simulated hit rate", max_rows=None
-              if len(ovs) <= 30 else 30)
+              if len(ovs) <= 30 else 30, fold=True)
     tot_req = ex["requested_pages"].sum(min_count=1)
     rep.summary["observed_hit_rate"] = _ratio(ex["hit_pages"].sum(min_count=1), tot_req)
-    rep.summary["sim_hit_rate"] = (None if sim is None else
+    rep.summary["sim_hit_rate"] = (None if not has_sim else
                                    1 - _ratio(ex["sim_miss_pages"].sum(min_count=1), acc.sum() * ppe))
+
+
+def _amp_alarm(rep: Report, run) -> None:
+    from moetrace.analyses import reclaim as R
+
+    cell = run.cell or {}
     s2s = R.scan_to_steal(run.tables.get("reclaim")) if "reclaim" in run.tables else None
     alarm = R.compute_alarm(cell.get("amplification"), s2s)
     rep.summary["alarm"] = alarm
@@ -336,10 +179,10 @@ def section_amp(rep: Report, run, sim, it: pd.DataFrame) -> None:
                "unknown (amplification or scan-to-steal missing)" if alarm["alarm"] is None else
                "no alarm")
     rep.html.append(f"<p class='{cls}'>Paper's alarm condition ({html.escape(alarm['rule'])}): "
-                    f"{html.escape(verdict)}; amplification {_cell(alarm['amplification'])}, "
-                    f"scan-to-steal {_cell(alarm['scan_to_steal'])}.</p>")
-    rep.md.append(f"**Alarm** ({alarm['rule']}): {verdict}; amplification {_cell(alarm['amplification'])}, "
-                  f"scan-to-steal {_cell(alarm['scan_to_steal'])}.\n")
+                    f"{html.escape(verdict)}; amplification {fmt_num(alarm['amplification'])}, "
+                    f"scan-to-steal {fmt_num(alarm['scan_to_steal'])}.</p>")
+    rep.md.append(f"**Alarm** ({alarm['rule']}): {verdict}; amplification {fmt_num(alarm['amplification'])}, "
+                  f"scan-to-steal {fmt_num(alarm['scan_to_steal'])}.\n")
 
 
 def section_hitpath(rep: Report, run) -> None:
@@ -355,7 +198,7 @@ def section_hitpath(rep: Report, run) -> None:
     rep.summary["hitpath"] = s
     rep.kv([("read calls (pool)", s["calls"]), ("hit-only calls", s["hit_only_calls"]),
             ("miss calls", s["miss_calls"]), ("hit-only ns per KiB", s["hit_only_ns_per_kib"]),
-            ("miss ns per KiB", s["miss_ns_per_kib"])])
+            ("miss ns per KiB", s["miss_ns_per_kib"])], name="hitpath_summary")
     rep.p("A hit-only call added no page while in flight; a call that waited for a page another thread was "
           "reading also adds none and counts here (its latency is in the tail).")
     if "reads_latency" in run.tables:
@@ -372,16 +215,16 @@ def section_hitpath(rep: Report, run) -> None:
                    unit="ns/KiB", cmap="viridis")
     rep.figure("heatmap_hitpath", F.png_bytes(fig), "Layers x experts: hit-path cost")
     rep.table("hitpath_experts", ex, "Costliest hit paths (ns per KiB of hit-only calls)",
-              show=ex.sort_values("hit_only_ns_per_kib", ascending=False, na_position="last"))
+              show=ex.sort_values("hit_only_ns_per_kib", ascending=False, na_position="last"), fold=True)
     rep.table("hitpath_layers", H.compute_hitpath_layers(run.tables["reads"]), "Per layer", max_rows=None
-              if n_layers <= 30 else 30)
+              if n_layers <= 30 else 30, fold=True)
     if "stacks" in run.tables:
         b = H.compute_stack_breakdown(run.tables["stacks"])
         if len(b):
             fig, ax = F.new_figure(6.5, 3.2)
             F.plot_breakdown(b, ax, title="Where the replay's CPU time goes (sampled kernel stacks)")
             rep.figure("hitpath_stacks", F.png_bytes(fig), "Sampled time by kernel path, replay threads")
-            rep.table("hitpath_stacks", b, "Sampled time by the deepest recognised kernel frame", None)
+            rep.table("hitpath_stacks", b, "Sampled time by the deepest recognised kernel frame", None, fold=True)
 
 
 def _mglru_state(mg) -> str:
@@ -400,6 +243,7 @@ def section_age(rep: Report, run) -> None:
 
     rep.h(2, "Generation age", "age")
     mg = run.manifest.get("mglru") or {}
+    rep.summary["mglru_state"] = _mglru_state(mg)
     rep.p(f"MGLRU on this kernel: {_mglru_state(mg)}.")
     n_layers, n_experts = _geometry(run)
     if "lru" in run.tables:
@@ -419,7 +263,7 @@ def section_age(rep: Report, run) -> None:
                        cmap="cividis")
         rep.figure("heatmap_age", F.png_bytes(fig), "Layers x experts: mean insertion-to-eviction dwell")
         rep.table("age_experts", d, "Youngest at eviction (mean dwell)",
-                  show=d.sort_values("dwell_ns_mean", na_position="last"))
+                  show=d.sort_values("dwell_ns_mean", na_position="last"), fold=True)
     else:
         rep.p("The lru probe was not recorded.")
     if "lru_gen" in run.tables and len(run.tables["lru_gen"]):
@@ -430,10 +274,10 @@ def section_age(rep: Report, run) -> None:
         F.plot_generations(gens, ax)
         rep.figure("age_generations", F.png_bytes(fig), "Age of the oldest generation over time")
         cad = G.compute_aging_cadence(lg, run.tables.get("mglru_aging"))
-        rep.table("age_cadence", cad, "Aging cadence per memcg and node", None)
-        rep.table("age_generations", gens, "Generations per sample", 20)
+        rep.table("age_cadence", cad, "Aging cadence per memcg and node", None, fold=True)
+        rep.table("age_generations", gens, "Generations per sample", 20, fold=True)
         ev = G.compute_age_at_eviction(lg)
-        rep.table("age_at_eviction", ev, "Generations evicted between samples, with their age", 20)
+        rep.table("age_at_eviction", ev, "Generations evicted between samples, with their age", 20, fold=True)
         rep.summary["mglru"] = {"samples": int(lg["sample"].nunique()), "cadence": json.loads(table_json(cad))}
         evs = run.tables.get("mglru_evictions")
         if evs is not None and len(evs):
@@ -449,7 +293,7 @@ def section_age(rep: Report, run) -> None:
             rep.figure("heatmap_eviction_age", F.png_bytes(fig), "Layers x experts: median age of the generation "
                        "a page was evicted from")
             rep.table("age_eviction_experts", per, "Youngest evicted generations (median age)",
-                      show=per.sort_values("age_ms_median", na_position="last"))
+                      show=per.sort_values("age_ms_median", na_position="last"), fold=True)
             known = ages["age_ms"].dropna()
             rep.summary["mglru"]["evictions"] = {
                 "folios": int(len(ages)), "birth_known": int(len(known)),
@@ -461,7 +305,7 @@ def section_age(rep: Report, run) -> None:
               "ages come from the kernel lab's runs.")
     lf = G.locked_fraction(run.tables.get("mlock_timeline"), run.meta)
     if len(lf):
-        rep.table("age_locked_fraction", lf, "Locked bytes over time (fraction of C)", 20)
+        rep.table("age_locked_fraction", lf, "Locked bytes over time (fraction of C)", 20, fold=True)
 
 
 def section_eviction_reuse(rep: Report, run, evs: pd.DataFrame, lru_gen: pd.DataFrame) -> None:
@@ -496,7 +340,7 @@ def section_eviction_reuse(rep: Report, run, evs: pd.DataFrame, lru_gen: pd.Data
           f"were read again later. {pct(s['excess_share_of_rereads'])} of those re-reads were of pages a global "
           f"LRU of {budget} experts (C) would still have held: traffic beyond miss demand. "
           f"{pct(s['rereads_evicted_within_one_iteration_share'])} were evicted within one iteration of their "
-          f"last access (median {_cell(s['reread_iterations_since_access_median'])} iterations after it); "
+          f"last access (median {fmt_num(s['reread_iterations_since_access_median'])} iterations after it); "
           f"{pct(s.get('evicted_from_oldest_share'))} of the evictions came from the oldest generation holding "
           f"file pages.")
     per = reuse.assign(reread=reuse["pages"].where(reuse["next_access"].notna(), 0),
@@ -513,7 +357,7 @@ def section_eviction_reuse(rep: Report, run, evs: pd.DataFrame, lru_gen: pd.Data
                    unit="pages", cmap="magma")
     rep.figure("heatmap_excess_rereads", F.png_bytes(fig), "Layers x experts: re-reads beyond miss demand")
     rep.table("age_eviction_reuse_experts", per, "Experts with the most re-reads beyond miss demand",
-              show=per.sort_values("excess_pages", ascending=False))
+              show=per.sort_values("excess_pages", ascending=False), fold=True)
 
 
 def section_reclaim(rep: Report, run, it: pd.DataFrame | None) -> None:
@@ -529,24 +373,26 @@ def section_reclaim(rep: Report, run, it: pd.DataFrame | None) -> None:
         rep.p("The reclaim probe was not recorded.")
     tl = R.compute_reclaim_timeline(run.tables["reclaim_timeline"] if "reclaim_timeline" in run.tables else None,
                                     run.meta)
-    if len(tl):
-        fig, ax = F.new_figure()
-        F.plot_reclaim_timeline(tl, ax)
-        rep.figure("reclaim_timeline", F.png_bytes(fig), "Pages reclaimed per 100 ms by reclaimer, and "
-                                                          "scan-to-steal over time")
-        rep.table("reclaim_timeline", tl, "Reclaim per 100 ms bucket", 20)
     psi = R.compute_psi(run.snapshots)
     if len(psi):
         rep.table("reclaim_psi", psi, "Pressure stall (PSI) over the recording", None)
         m = psi[(psi["resource"] == "memory") & (psi["level"] == "some")]
         share = m["stall_share"].iloc[0] if len(m) else None
         rep.summary["psi_memory_some_share"] = None if share is None or pd.isna(share) else float(share)
-    if it is not None and len(it):
-        w = R.compute_refault_windows(it)
+    w = R.compute_refault_windows(it) if it is not None and len(it) else None
+    if len(tl):  # the figures side by side, the tables behind them folded below
+        fig, ax = F.new_figure()
+        F.plot_reclaim_timeline(tl, ax)
+        rep.figure("reclaim_timeline", F.png_bytes(fig), "Pages reclaimed per 100 ms by reclaimer, and "
+                                                          "scan-to-steal over time")
+    if w is not None:
         fig, ax = F.new_figure()
         F.plot_refaults(w, ax)
         rep.figure("reclaim_refaults", F.png_bytes(fig), "Refault share per iteration")
-        rep.table("reclaim_refault_windows", w, "Refault windows (one per iteration) and thrash state", 40)
+    if len(tl):
+        rep.table("reclaim_timeline", tl, "Reclaim per 100 ms bucket", 20, fold=True)
+    if w is not None:
+        rep.table("reclaim_refault_windows", w, "Refault windows (one per iteration) and thrash state", 40, fold=True)
         rep.summary["thrash_states"] = {str(k): int(v) for k, v in w["state"].value_counts().items()}
 
 
@@ -579,7 +425,7 @@ def section_timeline(rep: Report, run) -> None:
 
 
 def _int(v):
-    return None if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)) else int(v)
+    return None if is_na(v) else int(v)
 
 
 def _ratio(a, b):
@@ -592,71 +438,29 @@ def _ratio(a, b):
 
 
 def _header(rep: Report, run) -> None:
+    """The recording: what was recorded and how (a folded section below the findings), and its
+    notices (mounts, degraded probes, lost events)."""
     m = run.manifest
     k = m.get("kernel") or {}
     cell = run.cell or {}
     probes = [p for p, a in (m.get("attach_plan") or {}).items() if isinstance(a, dict) and a.get("recorded")]
+    pool = m.get("pool") or {}
     rows = [("run", str(run.path)), ("complete", "yes" if m.get("complete") else "NO (interrupted)"),
             ("kernel", str(k.get("release", k) if isinstance(k, dict) else k)),
             ("probes recorded", ", ".join(probes) or "none"),
-            ("pool", f"{(m.get('pool') or {}).get('layout', '?')}, "
-                     f"{(m.get('pool') or {}).get('files', '?')} files"),
+            ("pool", f"{pool.get('layout', '?')}, {pool.get('files', '?')} files"
+                     + (f", {fmt_bytes(pool.get('data_bytes'))}" if pool.get("data_bytes") else "")),
             ("plan", f"{(m.get('plan') or {}).get('iterations', '?')} iterations")]
     if cell:
         rows += [("capacity", f"{fmt_bytes(cell.get('capacity_bytes'))} ({cell.get('mechanism')}, "
                               f"{cell.get('mode')})"),
                  ("retained", "yes" if cell.get("retained") else f"no: {cell.get('reasons')}")]
-    rep.kv(rows)
+    h: list[str] = [f"<p class='cap'>{html.escape(run.name)}</p>"]
+    md: list[str] = [f"*{run.name}*\n\n"]
+    rep.kv(rows, target=h, md_target=md)
+    rep.recording.append(("".join(h), "".join(md)))
     for n in (m.get("notes") or []) + (cell.get("notes") or []):
         rep.notes.append(str(n))
-
-
-def _prepare_out(out: Path, force: bool) -> None:
-    """Refuse a non-empty ``out`` that holds no earlier report (unless ``force``); nothing is
-    changed there until the new report is complete (:func:`staged`)."""
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"{out} exists and is not a directory", hint="choose another --out")
-    if out.exists() and any(out.iterdir()):
-        if not (out / "report.json").exists() and not force:
-            raise UsageError(f"{out} exists, is not empty and holds no earlier report",
-                             hint="choose another --out, or pass --force")
-
-
-def _merge_into(src: Path, dst: Path) -> None:
-    """Move every file under ``src`` to the same place under ``dst`` (replacing namesakes)."""
-    dst.mkdir(exist_ok=True)
-    for entry in sorted(src.iterdir()):
-        d = dst / entry.name
-        if entry.is_dir() and not entry.is_symlink():
-            _merge_into(entry, d)
-        else:
-            os.replace(entry, d)
-
-
-@contextlib.contextmanager
-def staged(out: Path, clear: tuple[str, ...] = ("tables", "figures")) -> Iterator[Path]:
-    """A staging directory inside ``out`` (``.report.tmp-*``) to build a report in. When the
-    block completes, the ``clear`` subdirectories of an earlier report are removed and every
-    file built replaces its namesake in ``out``; when it raises, the staging directory goes
-    (and ``out`` too if this created it, empty): a failed report leaves the earlier one
-    untouched."""
-    created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=".report.tmp-", dir=out))
-    try:
-        yield stage
-        for sub in clear:
-            shutil.rmtree(out / sub, ignore_errors=True)
-        _merge_into(stage, out)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        if created:
-            try:
-                out.rmdir()
-            except OSError:
-                pass
-        raise
-    shutil.rmtree(stage, ignore_errors=True)
 
 
 def build_run_report(run, out: str | os.PathLike, *, sections: Iterable[str] = SECTIONS,
@@ -665,7 +469,7 @@ def build_run_report(run, out: str | os.PathLike, *, sections: Iterable[str] = S
     """The report of one run or cell (:func:`moetrace.run.handle.open_run`)."""
     sections = _check_sections(sections)
     out = Path(out)
-    _prepare_out(out, force)
+    prepare_out(out, force)
     with staged(out) as stage:
         rep = Report(stage, title or f"moetrace report: {run.name}")
         say = progress or (lambda s: None)
@@ -673,16 +477,17 @@ def build_run_report(run, out: str | os.PathLike, *, sections: Iterable[str] = S
         wants_sim = ("amp" in sections or "reclaim" in sections) and has_pool(run)
         sim = _sim(run, Path(plan) if plan else None, rep.notes) if wants_sim else None
         run_sections(rep, run, sections, sim, say)
+        run_findings(rep, rep.summary)
         rep.summary["kind"] = "cell" if run.cell is not None else "run"
-        return _write(rep, sections, final=out)
+        return write_report(rep, sections, final=out)
 
 
 def has_pool(run) -> bool:
     """Whether the run knows its pool's geometry (record --pool, or a replay's manifest)."""
-    from moetrace.analyses.amplification import _geometry
+    from moetrace.analyses.amplification import run_geometry
 
     try:
-        _geometry(run.meta)
+        run_geometry(run.meta)
     except (KeyError, TypeError, ValueError):
         return False
     return "experts" in run.tables
@@ -724,90 +529,178 @@ def _check_sections(sections: Iterable[str]) -> tuple[str, ...]:
 
 # -- a sweep -------------------------------------------------------------------------------------
 
-def compute_table2(sweep) -> pd.DataFrame:
-    """The paper's Table 2 from a sweep: per capacity C, cells retained, iteration time
-    (median and spread), device and miss bytes per iteration, amplification."""
-    cap = sweep.capacity
-    if cap is None or cap.empty:
-        return pd.DataFrame()
-    t = pd.DataFrame({
-        "capacity_bytes": cap["capacity_bytes"].astype("int64"),
-        "cells": cap["cells"].astype("int64"), "retained": cap["retained"].astype("int64"),
-        "iteration_ms": cap["iteration_time_median_ns"].astype("Float64") / 1e6,
-        "iteration_spread": cap["iteration_time_spread"].astype("Float64"),
-        "device_mib_per_iteration": cap["device_bytes_per_iteration"].astype("Float64") / 2**20,
-        "miss_mib_per_iteration": cap["miss_bytes_per_iteration"].astype("Float64") / 2**20,
-        "amplification": cap["amplification"].astype("Float64")})
-    return t.sort_values("capacity_bytes", ascending=False).reset_index(drop=True)
+TABLE2_SHOWN = {"C": "capacity_bytes", "effective C": "effective_capacity_bytes", "LRU hit rate": "lru_hit_rate",
+                "iteration": "iteration_ms", "spread": "iteration_spread",
+                "device / iteration": "device_mib_per_iteration", "miss / iteration": "miss_mib_per_iteration",
+                "amplification": "amplification", "cells": "cells", "retained": "retained"}
+
+
+def shown_table2(t2: pd.DataFrame) -> pd.DataFrame:
+    """Table 2 as the report shows it: capacities and traffic in KiB / MiB / GiB, times in ms,
+    rates and spreads in %."""
+    from moetrace.reports.document import fmt_ms
+
+    mib = 2 ** 20
+    fmt = {"C": fmt_bytes, "effective C": fmt_bytes, "LRU hit rate": fmt_pct, "spread": fmt_pct,
+           "iteration": lambda v: fmt_ms(None if is_na(v) else float(v) * 1e6),
+           "device / iteration": lambda v: fmt_bytes(None if is_na(v) else float(v) * mib),
+           "miss / iteration": lambda v: fmt_bytes(None if is_na(v) else float(v) * mib)}
+    return pd.DataFrame({label: [fmt.get(label, fmt_num)(v) for v in t2[col].astype(object)]
+                         for label, col in TABLE2_SHOWN.items()})
+
+
+def _with_cell_facts(results: pd.DataFrame, cells: list) -> pd.DataFrame:
+    """The results with the effective capacity and the simulated LRU hit rate of each recorded
+    cell filled in where the results lack them (sweeps written before they were columns)."""
+    from moetrace.capacity.sweep import effective_capacity
+
+    res = results.copy()
+    by_name = {c.name: c.cell or {} for c in cells}
+    names = [Path(str(d)).name for d in res["cell_dir"]] if "cell_dir" in res else [None] * len(res)
+    for col, get in (("effective_capacity_bytes", effective_capacity),
+                     ("lru_hit_rate", lambda c: (c.get("simulated") or {}).get("hit_rate"))):
+        have = res[col] if col in res else pd.Series([None] * len(res), index=res.index)
+        res[col] = [h if not is_na(h) else get(by_name.get(n, {})) for h, n in zip(have, names)]
+        res[col] = pd.to_numeric(res[col], errors="coerce").astype("float64")
+    return res
+
+
+def sweep_table2(sweep) -> pd.DataFrame:
+    """The sweep's Table 2 (analyses.capacity_response.compute_table2), from its cells."""
+    from moetrace.analyses.capacity_response import compute_capacity_table, compute_table2
+
+    res = _with_cell_facts(sweep.results, sweep.cells)
+    num = res.copy()
+    for c in num.columns:
+        if str(num[c].dtype) in ("Float64", "Int64"):
+            num[c] = num[c].astype("float64")
+    return compute_table2(compute_capacity_table(num)), num
+
+
+def fig2_png(cells: pd.DataFrame) -> bytes:
+    from moetrace.analyses.capacity_response import plot_capacity
+    from moetrace.reports import figures as F
+
+    fig, axes = F.new_figure(11, 3.6, ncols=2)
+    plot_capacity(cells, axes)
+    return F.png_bytes(fig)
 
 
 def build_sweep_report(sweep, out: str | os.PathLike, *, sections: Iterable[str] = SECTIONS,
                        cell: str | None = None, plan: str | os.PathLike | None = None, force: bool = False,
-                       progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Table 2, Fig. 2 and the per-cell reclaim verdicts of a sweep, then the full run
-    report of one recorded cell (``cell``; default: the smallest capacity recorded)."""
+                       progress: Callable[[str], None] | None = None, cell_reports: bool = True) -> dict[str, Any]:
+    """The findings, Table 2, Fig. 2 and the strip of cells of a sweep, then the full run report of
+    one recorded cell (``cell``; default: :func:`default_detail_cell`); with ``cell_reports``
+    every other recorded cell's report under cells/NAME/ (linked from the strip)."""
     sections = _check_sections(sections)
     out = Path(out)
-    _prepare_out(out, force)
-    with staged(out) as stage:
-        return _sweep_report(sweep, out, stage, sections, cell, plan, progress)
+    prepare_out(out, force)
+    with staged(out, clear=("tables", "figures", "cells")) as stage:
+        return _sweep_report(sweep, out, stage, sections, cell, plan, progress, cell_reports)
 
 
-def _sweep_report(sweep, out: Path, stage: Path, sections, cell, plan, progress) -> dict[str, Any]:
+def _sweep_overview(rep: Report, sweep, say) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Table 2, Fig. 2 and the full results: what the sweep measured over C."""
     from moetrace.analyses import reclaim as R
+
+    rep.h(2, "Capacity sweep (the paper's Table 2 and Fig. 2)", "sweep")
+    t2, cells = sweep_table2(sweep)
+    rep.table("table2", t2, "Table 2: per capacity C, the effective capacity, the simulated LRU hit rate, iteration "
+              "time (median, spread over repeats), device reads and LRU miss demand per iteration, amplification",
+              None, shown=shown_table2(t2))
+    rep.summary["table2"] = json.loads(table_json(t2))
+    if len(cells):
+        rep.figure("fig2", fig2_png(cells), "Fig. 2: iteration time (left) and device reads per iteration (right) "
+                   "against C, on the same log-C axis; bars: the range of the repeats", wide=True)
+    say("cells")
+    sr = R.compute_sweep_reclaim(sweep.cells)
+    rep.summary["cells"] = json.loads(table_json(sr)) if len(sr) else []
+    rep.table("results", sweep.results, "Every cell (results.parquet)", None, fold=True)
+    return t2, sr
+def featured_cell(cells: list, sr: pd.DataFrame) -> tuple[Any, str]:
+    """The most informative recorded cell and why: the largest amplification when a retained
+    cell amplifies (> findings.AMPLIFIES), else the one with the most pages read again per page
+    added beyond the LRU's (re-adds over its miss demand), else the one in the middle of the
+    curve (LRU hit rate nearest 50 %, the smaller C among equals)."""
+    from moetrace.reports.findings import AMPLIFIES
+
+    retained = [c for c in cells if (c.cell or {}).get("retained")] or cells
+    amp = {c.name: (c.cell or {}).get("amplification") for c in retained}
+    known = {k: v for k, v in amp.items() if v is not None}
+    if known and max(known.values()) > AMPLIFIES:
+        name = max(known, key=known.get)
+        return next(c for c in retained if c.name == name), "the largest amplification"
+
+    def hit(c):
+        h = ((c.cell or {}).get("simulated") or {}).get("hit_rate")
+        return (abs(h - 0.5) if h is not None else 2.0, int((c.cell or {}).get("capacity_bytes") or 0))
+
+    return min(retained, key=hit), "no cell amplifies: the one in the middle of the curve (LRU hit rate nearest 50 %)"
+
+
+def _cells_strip(rep: Report, sr: pd.DataFrame, links: dict[str, str]) -> None:
+    """One row per recorded cell, each a click away from its own report."""
+    if not len(sr):
+        return
+    shown = pd.DataFrame({
+        "cell": list(sr["cell"]), "C": [fmt_bytes(v) for v in sr["capacity_bytes"]],
+        "LRU hit rate": [fmt_pct(v) for v in sr["lru_hit_rate"]],
+        "amplification": [fmt_num(v) for v in sr["amplification"]],
+        "re-added pages": [fmt_num(v) for v in sr["re_added_pages"]],
+        "scan-to-steal": [fmt_num(v) for v in sr["scan_to_steal"]],
+        "reclaimer": [v if isinstance(v, str) else "none" for v in sr["reclaimer"]],
+        "outside evicted pages": [fmt_num(v) for v in sr["outside_evicted_pages"].astype("Int64").fillna(0)],
+        "alarm": ["NA" if is_na(v) else ("RAISED" if v else "no") for v in sr["alarm"]]})
+    rep.table("sweep_cells", sr, "The cells: each one's report is a click away", None, shown=shown,
+              links={"cell": [links.get(n) for n in sr["cell"]]})
+
+
+def _sweep_report(sweep, out: Path, stage: Path, sections, cell, plan, progress, cell_reports) -> dict[str, Any]:
+    from moetrace.reports import findings as FD
 
     say = progress or (lambda s: None)
     rep = Report(stage, f"moetrace sweep report: {sweep.path.name}")
-    rep.h(2, "Capacity sweep (the paper's Table 2)", "sweep")
-    t2 = compute_table2(sweep)
-    rep.table("table2", t2, "Per capacity C: iteration time, device and miss bytes per iteration, amplification",
-              None)
-    rep.summary["table2"] = json.loads(table_json(t2))
-    fig2 = sweep.path / "fig2.png"
-    if fig2.is_file():
-        rep.figure("fig2", fig2.read_bytes(), "Fig. 2: iteration time and device bytes against C")
-    say("cells")
-    sr = R.compute_sweep_reclaim(sweep.cells)
-    if len(sr):
-        rep.table("sweep_cells", sr, "Recorded cells: amplification, scan-to-steal and the alarm", None)
-        rep.summary["cells"] = json.loads(table_json(sr))
-    res = sweep.results
-    rep.table("results", res, "Every cell (results.parquet)", None)
+    t2, sr = _sweep_overview(rep, sweep, say)
+    FD.capacity_response(rep, t2)
+    FD.amplification(rep, t2)
     if not sweep.cells:
         rep.p("No cell of this sweep was recorded (run the sweep with --record for per-expert detail).")
         rep.summary["kind"] = "sweep"
-        return _write(rep, ("sweep",), final=out)
-    chosen = None
+        FD.alarm(rep, rep.summary)
+        return write_report(rep, ("sweep",), final=out)
     if cell is not None:
         chosen = next((c for c in sweep.cells if c.name == cell), None)
         if chosen is None:
             raise UsageError(f"no recorded cell named {cell!r} in {sweep.path}",
                              hint="choose one of " + ", ".join(c.name for c in sweep.cells))
+        why = "given by --cell"
     else:
-        chosen = default_detail_cell(sweep.cells)
-    rep.h(2, f"Cell {chosen.name}: per-expert detail")
-    amp = (chosen.cell or {}).get("amplification")
-    rep.p(f"Cell {chosen.name} (C = {fmt_bytes((chosen.cell or {}).get('capacity_bytes'))}, amplification "
-          f"{_cell(amp)}): {'given by --cell' if cell else 'the retained cell with the highest amplification'}; "
-          f"`moetrace report {sweep.path}/cells/<name>` reports any other.")
+        chosen, why = featured_cell(sweep.cells, sr)
+    links = {chosen.name: "#detail"}
+    if cell_reports:
+        for c in sweep.cells:
+            if c.name != chosen.name:
+                say(f"cell {c.name}")
+                build_run_report(c, stage / "cells" / c.name, sections=[x for x in sections if x != "timeline"],
+                                 plan=plan, title=f"moetrace report: {sweep.path.name} / {c.name}")
+                links[c.name] = f"cells/{c.name}/report.html"
+    _cells_strip(rep, sr, links)
+    rep.h(2, f"Cell {chosen.name}: per-expert detail", "detail")
+    rep.p(f"Cell {chosen.name} (C = {fmt_bytes((chosen.cell or {}).get('capacity_bytes'))}): {why}.")
     rep.summary["detail_cell"] = chosen.name
+    rep.summary["detail_why"] = why
+    FD.featured(rep, chosen.name, why)
     _header(rep, chosen)
     sim = _sim(chosen, Path(plan) if plan else None, rep.notes)
     run_sections(rep, chosen, sections, sim, say)
+    FD.rereads(rep, rep.summary)
+    FD.reclaim(rep, rep.summary)
+    FD.outside_evictors(rep)
+    FD.hit_path(rep)
+    FD.generation_age(rep, rep.summary)
+    FD.alarm(rep, rep.summary)
     rep.summary["kind"] = "sweep"
-    return _write(rep, ("sweep",) + sections, final=out)
-
-
-def default_detail_cell(cells: list):
-    """The retained recorded cell with the highest amplification (the smallest capacity
-    among equals, and when none has one)."""
-    retained = [c for c in cells if (c.cell or {}).get("retained")] or cells
-
-    def key(c):
-        a = (c.cell or {}).get("amplification")
-        return (-(a if a is not None else -1.0), int((c.cell or {}).get("capacity_bytes") or 0))
-
-    return min(retained, key=key)
+    return write_report(rep, ("sweep", "detail") + sections, final=out)
 
 
 def build_report(path: str | os.PathLike, out: str | os.PathLike | None = None, **kw) -> dict[str, Any]:
@@ -845,7 +738,7 @@ def build_matrix_report(m: MatrixInputs, out: str | os.PathLike, *, sections: It
 
     sections = _check_sections(sections)
     out = Path(out)
-    _prepare_out(out, force)
+    prepare_out(out, force)
     with staged(out) as stage:
         rep = Report(stage, f"moetrace matrix report: {m.path.name}")
         rep.h(2, "The §5 matrix: MGLRU x capacity mechanism", "matrix")
@@ -869,7 +762,7 @@ def build_matrix_report(m: MatrixInputs, out: str | os.PathLike, *, sections: It
         rep.summary["cells"] = len(m.cells)
         if m.detail is None:
             rep.summary["kind"] = "matrix"
-            return _write(rep, ("matrix",), final=out)
+            return write_report(rep, ("matrix",), final=out)
         run = open_run(m.detail)
         rep.h(2, f"Cell {m.detail.parent.parent.name}/{m.detail.parent.name}: per-expert detail")
         rep.p("The retained cell with the highest amplification; `moetrace report <matrix>/cells/<condition>/"
@@ -879,4 +772,4 @@ def build_matrix_report(m: MatrixInputs, out: str | os.PathLike, *, sections: It
         sim = _sim(run, None, rep.notes) if has_pool(run) else None
         run_sections(rep, run, sections, sim, progress or (lambda s: None))
         rep.summary["kind"] = "matrix"
-        return _write(rep, ("matrix",) + tuple(sections), final=out)
+        return write_report(rep, ("matrix",) + tuple(sections), final=out)
