@@ -727,7 +727,7 @@ def compile_plan(
     JSONL. The plan's accepted tokens = the sum of each input's accepted tokens
     within the merged window. Raises InputError / UsageError with the file and line.
     """
-    from moetrace.inputs.trace import TypedTrace, accesses_from_table, load_trace, merge_accesses
+    from moetrace.inputs.trace import TypedTrace
 
     if not inputs:
         raise UsageError("no trace to compile", hint="name one or more trace files")
@@ -735,6 +735,29 @@ def compile_plan(
         raise UsageError(f"unknown hint mode {hints!r}", hint="use --hints oracle or --hints-from PREDICTOR.jsonl")
     if hints == "oracle" and hints_from is not None:
         raise UsageError("--hints oracle and --hints-from are exclusive")
+    base, L, E, K, expert_bytes = _compile_geometry(geometry, n_layers, n_experts, k, expert_bytes)
+    if (len(inputs) == 1 and not isinstance(inputs[0], TypedTrace) and h_none(hints, hints_from)
+            and _is_streamable(inputs[0])):
+        h = _compile_stream(os.fspath(inputs[0]), out, L, E, K, base, int(expert_bytes), order, request)
+        if h is not None:
+            return h
+    traces, names = _load_inputs(inputs, L, E, K, request)
+    ks = {tt.k for tt in traces}
+    if K is None:
+        if len(ks) > 1:
+            raise UsageError(f"the inputs infer different k: {sorted(ks)}", hint="pass --k")
+        K = ks.pop()
+    L = L if L is not None else max(tt.n_layers for tt in traces)
+    E = E if E is not None else max(tt.n_experts for tt in traces)
+    custom = base is None or (L, E, K) != (base.n_layers, base.n_experts, base.k)
+    geo = Geometry(L, E, K, int(expert_bytes), "custom" if custom else base.name)
+    return _write_merged(out, traces, names, geo, order, request, hints, hints_from)
+
+
+def _compile_geometry(geometry: "str | Geometry | None", n_layers: int | None, n_experts: int | None,
+                      k: int | None, expert_bytes: int | None) -> tuple:
+    """(preset or None, layers, experts, k, expert bytes): explicit values win, then the preset;
+    None where the trace decides. UsageError for a value out of range."""
     base: Geometry | None
     if isinstance(geometry, Geometry):
         base = geometry
@@ -754,12 +777,12 @@ def compile_plan(
         expert_bytes = base.expert_bytes if base else 0
     if expert_bytes < 0:
         raise UsageError("--expert-bytes must be >= 0")
+    return base, L, E, K, expert_bytes
 
-    if (len(inputs) == 1 and not isinstance(inputs[0], TypedTrace) and h_none(hints, hints_from)
-            and _is_streamable(inputs[0])):
-        h = _compile_stream(os.fspath(inputs[0]), out, L, E, K, base, int(expert_bytes), order, request)
-        if h is not None:
-            return h
+
+def _load_inputs(inputs, L: int | None, E: int | None, K: int | None, request: str | None) -> tuple[list, list]:
+    """(typed traces, their names): each input loaded (or taken as given), of one request when named."""
+    from moetrace.inputs.trace import TypedTrace, load_trace
 
     traces: list[TypedTrace] = []
     names: list[str] = []
@@ -774,16 +797,15 @@ def compile_plan(
         _check_typed(tt, name, L, E, K)
         traces.append(tt)
         names.append(name)
-    ks = {tt.k for tt in traces}
-    if K is None:
-        if len(ks) > 1:
-            raise UsageError(f"the inputs infer different k: {sorted(ks)}", hint="pass --k")
-        K = ks.pop()
-    L = L if L is not None else max(tt.n_layers for tt in traces)
-    E = E if E is not None else max(tt.n_experts for tt in traces)
-    custom = base is None or (L, E, K) != (base.n_layers, base.n_experts, base.k)
-    geo = Geometry(L, E, K, int(expert_bytes), "custom" if custom else base.name)
+    return traces, names
 
+
+def _write_merged(out, traces: list, names: list, geo: Geometry, order: str, request: str | None,
+                  hints: str | None, hints_from) -> PlanHeader:
+    """The traces' access streams merged iteration by iteration, written as the plan."""
+    from moetrace.inputs.trace import accesses_from_table, merge_accesses
+
+    L, E = geo.n_layers, geo.n_experts
     streams = [accesses_from_table(tt.table, L, E, order=order) for tt in traces]
     acc = merge_accesses(streams)
     n_it = acc.n_iterations
