@@ -374,109 +374,135 @@ def read_table(path: str | os.PathLike, parquet: bool | None = None, n_layers: i
     spath = str(path)
     if parquet is None:
         parquet = detect_format(spath) == "parquet"
-    if parquet:
-        import pyarrow.parquet as pq
-
-        try:
-            tbl = pq.read_table(spath)
-            df = tbl.to_pandas()
-        except Exception as e:  # pyarrow raises several types for damaged files
-            raise InputError(f"cannot read Parquet: {e}", path=spath) from None
-        df.columns = [str(c).strip().lower() for c in df.columns]
-        dup = sorted({c for c in df.columns if list(df.columns).count(c) > 1})
-        if dup:
-            raise InputError(f"the table names the column {dup[0]!r} twice (names are case-insensitive)",
-                             path=spath)
-        lines = None
-        header_line = None
-    else:
-        df, lines, header_line = _read_csv_frame(spath)
-    cols = {c: c for c in df.columns}
-    c_step = _pick(cols, STEP_NAMES)
-    c_layer = _pick(cols, LAYER_NAMES)
-    c_expert = _pick(cols, EXPERT_NAMES)
-    c_list = _pick(cols, EXPERTS_LIST_NAMES) if c_expert is None else None
-    c_rank = _pick(cols, RANK_NAMES)
-    c_pass = _pick(cols, PASS_NAMES)
-    missing = []
-    if c_step is None:
-        missing.append("a step column (" + "|".join(STEP_NAMES) + ")")
-    if c_expert is None and c_list is None:
-        missing.append("an expert column (" + "|".join(EXPERT_NAMES + EXPERTS_LIST_NAMES) + ")")
-    if missing:
-        raise InputError("missing " + " and ".join(missing) + f"; the header has {list(df.columns)}",
-                         path=spath, line=header_line,
-                         hint="column names are case-insensitive; token_id is a vocabulary id, not a step")
+    df, lines, header_line = _parquet_frame(spath) if parquet else _read_csv_frame(spath)
+    cols = _table_columns(df, spath, header_line)
     n = len(df)
     if stats is not None:
         stats["rows_read"] = n
     if n == 0:
         return
-    step = _int_column(df[c_step].to_numpy(), c_step, spath, lines, header_line)
-    ps = _int_column(df[c_pass].to_numpy(), c_pass, spath, lines, header_line) if c_pass else np.zeros(n, np.int64)
+    col = lambda c: _int_column(df[c].to_numpy(), c, spath, lines, header_line)  # noqa: E731
+    step = col(cols["step"])
+    c_pass = cols["pass"]
+    ps = col(c_pass) if c_pass else np.zeros(n, np.int64)
     if c_pass and (ps > 1).any():
         i = int(np.argmax(ps > 1))
         raise InputError(f"column {c_pass!r}: pass must be 0 or 1, got {ps[i]}", path=spath, **_loc(i, lines))
-
-    if c_list is not None:
-        vals = df[c_list].to_numpy()
-        experts_rows: list[list[int]] = []
-        for i, v in enumerate(vals):
-            ln = int(lines[i]) if lines is not None else None
-            if isinstance(v, str):
-                experts_rows.append(_parse_list_cell(v, c_list, spath, ln, i))
-            else:
-                items = np.asarray(v, dtype=object).reshape(-1).tolist() if v is not None else []
-                experts_rows.append(_parse_list_cell(" ".join(str(x) for x in items), c_list, spath, ln, i))
-        if c_layer is None:
-            raise InputError(f"a list column {c_list!r} needs a layer column (" + "|".join(LAYER_NAMES) + ")",
-                             path=spath, line=header_line)
-        layer = _int_column(df[c_layer].to_numpy(), c_layer, spath, lines, header_line)
-        order = np.lexsort((np.arange(n), layer, ps, step))
-        for i in order:
+    if cols["list"] is not None:
+        experts_rows = _list_rows(df, cols["list"], spath, lines)
+        if cols["layer"] is None:
+            raise InputError(f"a list column {cols['list']!r} needs a layer column (" + "|".join(LAYER_NAMES)
+                             + ")", path=spath, line=header_line)
+        layer = col(cols["layer"])
+        for i in np.lexsort((np.arange(n), layer, ps, step)):
             yield Record(int(step[i]), int(layer[i]), experts_rows[i],
                          int(lines[i]) if lines is not None else None, None), 1
         return
-
-    expert = _int_column(df[c_expert].to_numpy(), c_expert, spath, lines, header_line)
-    c_weight = _pick(cols, WEIGHT_NAMES)
-    if c_rank:
-        rank = _int_column(df[c_rank].to_numpy(), c_rank, spath, lines, header_line)
-    elif c_weight:
-        # rank order = descending router weight (ties in file order)
-        import pandas as pd
-
-        w = pd.to_numeric(pd.Series(df[c_weight].to_numpy(), dtype=object).astype(str).str.strip(),
-                          errors="coerce").to_numpy(np.float64)
-        rank = np.where(np.isfinite(w), -w, 0.0)
-    else:
-        rank = np.arange(n)
-    if c_layer is None:
+    expert = col(cols["expert"])
+    rank = _table_rank(df, cols, col, n)
+    if cols["layer"] is None:
         if not n_layers or not k:
             raise InputError("no layer column (" + "|".join(LAYER_NAMES) + ")", path=spath, line=header_line,
                              hint="add one, or pass --layers N and --k K to split each step's rows in file order")
-        # rows of a step in file order: layer 0's k experts, then layer 1's, ...
-        order = np.lexsort((np.arange(n), step))
-        s_sorted = step[order]
-        bounds = np.flatnonzero(np.diff(s_sorted)) + 1
-        starts = np.concatenate([[0], bounds])
-        ends = np.concatenate([bounds, [n]])
-        per = n_layers * k
-        for a, b in zip(starts, ends):
-            cnt = b - a
-            if cnt % per:
-                i = int(order[a])
-                raise InputError(f"step {s_sorted[a]} has {cnt} rows, not divisible into {n_layers} layers of "
-                                 f"k={k} ({per} or {2 * per} rows)", path=spath, **_loc(i, lines))
-            w = cnt // n_layers
-            idx = order[a:b]
-            for lay in range(n_layers):
-                sel = idx[lay * w:(lay + 1) * w]
-                yield Record(int(s_sorted[a]), lay, [int(x) for x in expert[sel]],
-                             int(lines[sel[0]]) if lines is not None else None, None,
-                             lines=[int(x) for x in lines[sel]] if lines is not None else None), int(w)
+        yield from _split_rows(step, expert, n_layers, k, spath, lines)
         return
-    layer = _int_column(df[c_layer].to_numpy(), c_layer, spath, lines, header_line)
+    yield from _grouped_rows(step, ps, col(cols["layer"]), rank, expert, lines)
+
+
+def _parquet_frame(spath: str) -> tuple:
+    """(DataFrame with lower-case column names, None, None) of a Parquet table."""
+    import pyarrow.parquet as pq
+
+    try:
+        tbl = pq.read_table(spath)
+        df = tbl.to_pandas()
+    except Exception as e:  # pyarrow raises several types for damaged files
+        raise InputError(f"cannot read Parquet: {e}", path=spath) from None
+    df.columns = [str(c).strip().lower() for c in df.columns]
+    dup = sorted({c for c in df.columns if list(df.columns).count(c) > 1})
+    if dup:
+        raise InputError(f"the table names the column {dup[0]!r} twice (names are case-insensitive)", path=spath)
+    return df, None, None
+
+
+def _table_columns(df, spath: str, header_line: int | None) -> dict:
+    """The table's step, layer, expert (or experts list), rank and pass columns (None: absent);
+    InputError when the step or expert column is missing."""
+    names = {c: c for c in df.columns}
+    cols = {"step": _pick(names, STEP_NAMES), "layer": _pick(names, LAYER_NAMES),
+            "expert": _pick(names, EXPERT_NAMES), "rank": _pick(names, RANK_NAMES),
+            "pass": _pick(names, PASS_NAMES), "weight": _pick(names, WEIGHT_NAMES)}
+    cols["list"] = _pick(names, EXPERTS_LIST_NAMES) if cols["expert"] is None else None
+    missing = []
+    if cols["step"] is None:
+        missing.append("a step column (" + "|".join(STEP_NAMES) + ")")
+    if cols["expert"] is None and cols["list"] is None:
+        missing.append("an expert column (" + "|".join(EXPERT_NAMES + EXPERTS_LIST_NAMES) + ")")
+    if missing:
+        raise InputError("missing " + " and ".join(missing) + f"; the header has {list(df.columns)}",
+                         path=spath, line=header_line,
+                         hint="column names are case-insensitive; token_id is a vocabulary id, not a step")
+    return cols
+
+
+def _list_rows(df, c_list: str, spath: str, lines) -> list[list[int]]:
+    """The experts of each row of a list column (a Parquet list or a CSV cell "5 17 3")."""
+    experts_rows: list[list[int]] = []
+    for i, v in enumerate(df[c_list].to_numpy()):
+        ln = int(lines[i]) if lines is not None else None
+        if isinstance(v, str):
+            experts_rows.append(_parse_list_cell(v, c_list, spath, ln, i))
+        else:
+            items = np.asarray(v, dtype=object).reshape(-1).tolist() if v is not None else []
+            experts_rows.append(_parse_list_cell(" ".join(str(x) for x in items), c_list, spath, ln, i))
+    return experts_rows
+
+
+def _table_rank(df, cols: dict, col, n: int) -> np.ndarray:
+    """Each row's rank within its record: the rank column, else descending router weight (ties
+    in file order), else file order."""
+    if cols["rank"]:
+        return col(cols["rank"])
+    if cols["weight"]:
+        import pandas as pd
+
+        w = pd.to_numeric(pd.Series(df[cols["weight"]].to_numpy(), dtype=object).astype(str).str.strip(),
+                          errors="coerce").to_numpy(np.float64)
+        return np.where(np.isfinite(w), -w, 0.0)
+    return np.arange(n)
+
+
+def _split_rows(step: np.ndarray, expert: np.ndarray, n_layers: int, k: int, spath: str,
+                lines) -> Iterator[tuple[Record, int]]:
+    """A table without a layer column: each step's rows in file order are layer 0's k (or 2k)
+    experts, then layer 1's, ..."""
+    n = step.size
+    order = np.lexsort((np.arange(n), step))
+    s_sorted = step[order]
+    bounds = np.flatnonzero(np.diff(s_sorted)) + 1
+    starts = np.concatenate([[0], bounds])
+    ends = np.concatenate([bounds, [n]])
+    per = n_layers * k
+    for a, b in zip(starts, ends):
+        cnt = b - a
+        if cnt % per:
+            i = int(order[a])
+            raise InputError(f"step {s_sorted[a]} has {cnt} rows, not divisible into {n_layers} layers of "
+                             f"k={k} ({per} or {2 * per} rows)", path=spath, **_loc(i, lines))
+        w = cnt // n_layers
+        idx = order[a:b]
+        for lay in range(n_layers):
+            sel = idx[lay * w:(lay + 1) * w]
+            yield Record(int(s_sorted[a]), lay, [int(x) for x in expert[sel]],
+                         int(lines[sel[0]]) if lines is not None else None, None,
+                         lines=[int(x) for x in lines[sel]] if lines is not None else None), int(w)
+
+
+def _grouped_rows(step: np.ndarray, ps: np.ndarray, layer: np.ndarray, rank: np.ndarray, expert: np.ndarray,
+                  lines) -> Iterator[tuple[Record, int]]:
+    """One record per (step, pass, layer) group of rows (a stable sort: layer-major dumps work),
+    its experts in rank order."""
+    n = step.size
     order = np.lexsort((np.arange(n), rank, layer, ps, step))
     key = np.stack([step[order], ps[order], layer[order]])
     change = np.flatnonzero((np.diff(key, axis=1) != 0).any(axis=0)) + 1
