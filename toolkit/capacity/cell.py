@@ -459,192 +459,251 @@ def run_cell(spec: CellSpec, out_dir: str | os.PathLike, curve=None,
     :func:`miss_curve` to reuse across cells of one plan. ``on_phase(name)``, when given,
     is told each phase as it starts (clean, drop caches, scope or balloon, warmup,
     measured, cleanup, results: for a progress display); None: nothing is reported."""
-    from moetrace.inputs.plan import read_header
-    from moetrace.inputs.pool import open_pool
+    return _Cell(spec, out_dir, on_phase).run(curve)
 
-    spec.validate()
-    check_privileges()
-    pool = open_pool(spec.pool)
-    hdr = read_header(spec.plan)
-    if (hdr.n_layers, hdr.n_experts) != (pool.geometry.n_layers, pool.geometry.n_experts):
-        raise InputError(f"the plan's geometry ({hdr.n_layers} layers x {hdr.n_experts} experts) is not the "
-                         f"pool's ({pool.geometry.n_layers} x {pool.geometry.n_experts})", path=str(spec.plan),
-                         hint="compile the plan with the pool's --geometry and --experts")
-    dev = device_of(pool.data_paths()[0])
-    controller = find_memory_controller()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "snapshots").mkdir(exist_ok=True)
-    run_dir = out / "replay"
 
-    def phase(name: str) -> None:
+class _Cell:
+    """One capacity cell: the steps of :func:`run_cell`, each a method, sharing the state (the
+    spec, the scopes, the balloons, the replay child, the snapshots and the ``result`` that
+    cell.json holds)."""
+
+    def __init__(self, spec: CellSpec, out_dir: str | os.PathLike, on_phase: Callable[[str], None] | None):
+        """The inputs, checked before anything is created, and the result's first keys."""
+        from moetrace.inputs.plan import read_header
+        from moetrace.inputs.pool import open_pool
+
+        spec.validate()
+        check_privileges()
+        self.spec, self.on_phase = spec, on_phase
+        self.pool = pool = open_pool(spec.pool)
+        hdr = read_header(spec.plan)
+        if (hdr.n_layers, hdr.n_experts) != (pool.geometry.n_layers, pool.geometry.n_experts):
+            raise InputError(f"the plan's geometry ({hdr.n_layers} layers x {hdr.n_experts} experts) is not the "
+                             f"pool's ({pool.geometry.n_layers} x {pool.geometry.n_experts})", path=str(spec.plan),
+                             hint="compile the plan with the pool's --geometry and --experts")
+        self.dev = dev = device_of(pool.data_paths()[0])
+        self.controller = controller = find_memory_controller()
+        self.out = out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "snapshots").mkdir(exist_ok=True)
+        self.run_dir = out / "replay"
+        self.scope = scope = Scope(spec.name, controller)
+        self.bscope = Scope(f"{spec.name}.balloon", controller)
+        self.result: dict[str, Any] = {
+            "schema": CELL_SCHEMA, "complete": False,
+            "inputs": {k: v for k, v in asdict(spec).items() if k not in ("replay_argv",)},
+            "capacity_bytes": int(spec.capacity_bytes), "mechanism": spec.mechanism, "mode": spec.mode,
+            "headroom_bytes": int(spec.headroom_bytes), "arena_request_bytes": spec.arena_bytes,
+            # what a check across kernels names (the kernel lab: 6.1 vs 6.12, MGLRU on vs off)
+            "kernel": {"release": os.uname().release, "mglru": _mglru_now()},
+            "scope": {"path": str(scope.path), "cgroup_version": controller.version, "limit_bytes": None},
+            "device": asdict(dev), "plan": {"n_iterations": hdr.n_iterations, "n_passes": hdr.n_passes,
+                                            "n_reads": hdr.n_reads},
+            "pool": {"root": str(pool.root), "layout": pool.layout, "extent_bytes": pool.extent_bytes,
+                     "expert_bytes": pool.geometry.expert_bytes, "data_bytes": pool.data_bytes},
+            "retained": False, "reasons": [], "notes": [],
+        }
+        self.reasons: list[str] = self.result["reasons"]
+        self.snaps: dict[str, dict] = {}
+        self.child: _Child | None = None
+        self.proc: subprocess.Popen | None = None
+        self.balloon: Balloon | None = None
+        self.top_up: Balloon | None = None
+        self.slack = 0
+        self.klog: KernelLog | None = None
+        self.interrupted: CellInterrupted | None = None
+        self.watch: Path | None = None  # the recording's (or watch's) run directory
+        self.pids: dict[str, int] = {}
+        self.deadline = 0.0
+
+    def run(self, curve) -> dict[str, Any]:
+        """The steps in order; a failure becomes a reason, the clean-up always runs."""
+        try:
+            try:
+                self.clean()
+                self.make_scope()
+                self.start_replay()
+                if self.reach_loop_entry():
+                    self.measured_window()
+                self.wait_replay()
+            except CellInterrupted as e:
+                self.interrupted = e
+                self.reasons.append(str(e))
+            except TimeoutError:
+                self.reasons.append(f"timed out after {self.spec.timeout_s:.0f} s")
+            except subprocess.TimeoutExpired:
+                self.reasons.append(f"replay did not exit within {self.spec.timeout_s:.0f} s")
+            except (MoetraceError, OSError, subprocess.SubprocessError) as e:
+                msg = e.format_message() if isinstance(e, MoetraceError) else f"{type(e).__name__}: {e}"
+                self.reasons.append(f"error: {msg}")
+            self.read_scopes()
+        finally:
+            self.clean_up()
+        self.results(curve)
+        if self.interrupted is not None:
+            raise self.interrupted
+        return self.result
+
+    def phase(self, name: str) -> None:
         """Report a phase to on_phase; a failing display never fails the cell (CellInterrupted,
         a BaseException, still passes)."""
-        if on_phase is not None:
+        if self.on_phase is not None:
             try:
-                on_phase(name)
+                self.on_phase(name)
             except Exception:  # noqa: BLE001
                 pass
 
-    scope = Scope(spec.name, controller)
-    bscope = Scope(f"{spec.name}.balloon", controller)
-    arena = spec.arena_bytes
-    result: dict[str, Any] = {
-        "schema": CELL_SCHEMA, "complete": False,
-        "inputs": {k: v for k, v in asdict(spec).items() if k not in ("replay_argv",)},
-        "capacity_bytes": int(spec.capacity_bytes), "mechanism": spec.mechanism, "mode": spec.mode,
-        "headroom_bytes": int(spec.headroom_bytes), "arena_request_bytes": arena,
-        # what a check across kernels names (the kernel lab: 6.1 vs 6.12, MGLRU on vs off)
-        "kernel": {"release": os.uname().release, "mglru": _mglru_now()},
-        "scope": {"path": str(scope.path), "cgroup_version": controller.version, "limit_bytes": None},
-        "device": asdict(dev), "plan": {"n_iterations": hdr.n_iterations, "n_passes": hdr.n_passes,
-                                        "n_reads": hdr.n_reads},
-        "pool": {"root": str(pool.root), "layout": pool.layout, "extent_bytes": pool.extent_bytes,
-                 "expert_bytes": pool.geometry.expert_bytes, "data_bytes": pool.data_bytes},
-        "retained": False, "reasons": [], "notes": [],
-    }
-    reasons: list[str] = result["reasons"]
-    snaps: dict[str, dict] = {}
-    child: _Child | None = None
-    balloon: Balloon | None = None
-    top_up: Balloon | None = None
-    slack = 0
-    klog: KernelLog | None = None
-    interrupted: CellInterrupted | None = None
-
-    def snap(label: str, pids: dict[str, int]) -> dict:
-        s = take_snapshot(label, device=dev.name, pids=pids,
+    def snap(self, label: str, pids: dict[str, int]) -> dict:
+        """A /proc snapshot with both scopes' counters, kept and written to snapshots/<label>.json."""
+        scope, bscope = self.scope, self.bscope
+        s = take_snapshot(label, device=self.dev.name, pids=pids,
                           extra={"scope": scope.counters() if scope.exists() else None,
                                  "balloon_scope": bscope.counters() if bscope.exists() else None})
-        snaps[label] = s
-        _write_json(out / "snapshots" / f"{label}.json", s)
+        self.snaps[label] = s
+        _write_json(self.out / "snapshots" / f"{label}.json", s)
         return s
 
-    try:
-        try:
-            phase("clean")
-            result["stale_scopes_removed"] = remove_stale_scopes(spec.name, controller) + \
-                remove_stale_scopes(bscope.name, controller)
-            klog = KernelLog()
-            if spec.drop_caches:
-                phase("drop caches")
-                drop_caches()
-            snap("pre", {})
-            # 2. the scope
-            if spec.mechanism == "cgroup":
-                phase("scope")
-                limit = int(spec.capacity_bytes + spec.headroom_bytes)
-                scope.create(limit)
-                result["scope"]["limit_bytes"] = limit
-            elif spec.mechanism == "balloon":
-                slack = RECORDER_ALLOWANCE if (spec.record or spec.watch) else 0
-                size, facts = balloon_size(spec.capacity_bytes, spec.headroom_bytes + slack)
-                result["balloon"] = dict(facts, scope=str(bscope.path), recorder_allowance_bytes=slack)
-                phase("balloon")
-                bscope.create(None)
-                balloon = Balloon(size, bscope, python=spec.python).start()
-                result["balloon"].update(pid=balloon.pid, vmlck_bytes=balloon.vmlck_bytes,
-                                         verified=balloon.verified())
-                scope.create(None)
-            else:  # machine: an accounting scope without a limit
-                phase("scope")
-                scope.create(None)
-            # 3. the replay, inside the scope before it execs
-            phase("warmup")
-            parent_sock, child_sock = socket.socketpair()
-            env = dict(os.environ, MOETRACE_PDEATHSIG="1")
-            argv = _replay_argv(spec, run_dir, child_sock.fileno())
-            result["replay_argv"] = argv
-            preexec = scope.preexec()
-            watch = None
-            if spec.record:
-                watch = out / "run"
-                argv = _record_argv(spec, watch, scope.path) + argv
-                result["record"] = {"run_dir": str(watch), "argv": argv[:argv.index("--") + 1]}
+    # -- 1. a clean machine --------------------------------------------------------------------
+    def clean(self) -> None:
+        """Stale scopes of this cell's name removed, the kernel log marked, caches dropped."""
+        spec, controller = self.spec, self.controller
+        self.phase("clean")
+        self.result["stale_scopes_removed"] = remove_stale_scopes(spec.name, controller) + \
+            remove_stale_scopes(self.bscope.name, controller)
+        self.klog = KernelLog()
+        if spec.drop_caches:
+            self.phase("drop caches")
+            drop_caches()
+        self.snap("pre", {})
+
+    # -- 2. the scope ----------------------------------------------------------------------------
+    def make_scope(self) -> None:
+        """The capacity: a memory cgroup's limit, a balloon beside an unlimited scope, or the
+        machine itself (an accounting scope without a limit)."""
+        spec, scope, bscope, result = self.spec, self.scope, self.bscope, self.result
+        if spec.mechanism == "cgroup":
+            self.phase("scope")
+            limit = int(spec.capacity_bytes + spec.headroom_bytes)
+            scope.create(limit)
+            result["scope"]["limit_bytes"] = limit
+        elif spec.mechanism == "balloon":
+            self.slack = slack = RECORDER_ALLOWANCE if (spec.record or spec.watch) else 0
+            size, facts = balloon_size(spec.capacity_bytes, spec.headroom_bytes + slack)
+            result["balloon"] = dict(facts, scope=str(bscope.path), recorder_allowance_bytes=slack)
+            self.phase("balloon")
+            bscope.create(None)
+            self.balloon = balloon = Balloon(size, bscope, python=spec.python).start()
+            result["balloon"].update(pid=balloon.pid, vmlck_bytes=balloon.vmlck_bytes, verified=balloon.verified())
+            scope.create(None)
+        else:
+            self.phase("scope")
+            scope.create(None)
+
+    # -- 3. the replay, inside the scope before it execs -----------------------------------------
+    def start_replay(self) -> None:
+        """The replay (under the recorder or the watch when asked: those stay outside the scope),
+        its output files and the sync socket it waits on."""
+        spec, result, out = self.spec, self.result, self.out
+        self.phase("warmup")
+        parent_sock, child_sock = socket.socketpair()
+        env = dict(os.environ, MOETRACE_PDEATHSIG="1")
+        argv = _replay_argv(spec, self.run_dir, child_sock.fileno())
+        result["replay_argv"] = argv
+        preexec = self.scope.preexec()
+        if spec.record:
+            self.watch = out / "run"
+            argv = _record_argv(spec, self.watch, self.scope.path) + argv
+            result["record"] = {"run_dir": str(self.watch), "argv": argv[:argv.index("--") + 1]}
+            preexec = lambda: set_pdeathsig(signal.SIGKILL)  # noqa: E731  (outside the scope)
+        elif spec.watch:
+            why = watch_unavailable()
+            if why is None:
+                self.watch = out / "watch"
+                argv = _record_argv(spec, self.watch, self.scope.path, probes="pagecache") + argv
+                result["watch"] = {"run_dir": str(self.watch), "argv": argv[:argv.index("--") + 1]}
                 preexec = lambda: set_pdeathsig(signal.SIGKILL)  # noqa: E731  (outside the scope)
-            elif spec.watch:
-                why = watch_unavailable()
-                if why is None:
-                    watch = out / "watch"
-                    argv = _record_argv(spec, watch, scope.path, probes="pagecache") + argv
-                    result["watch"] = {"run_dir": str(watch), "argv": argv[:argv.index("--") + 1]}
-                    preexec = lambda: set_pdeathsig(signal.SIGKILL)  # noqa: E731  (outside the scope)
-                else:
-                    result["notes"].append(f"outside evictions not watched: {why}")
-            with open(out / "replay.stdout", "wb") as so, open(out / "replay.stderr", "wb") as se:
-                proc = subprocess.Popen(argv, stdout=so, stderr=se, stdin=subprocess.DEVNULL,
-                                        pass_fds=(child_sock.fileno(),), preexec_fn=preexec, env=env)
-            child_sock.close()
-            child = _Child(proc, parent_sock)
-            result["replay_pid"] = proc.pid
-            pids = {"replay": proc.pid}
-            if balloon:
-                pids["balloon"] = balloon.pid
-            deadline = time.monotonic() + spec.timeout_s
-            # 4. loop entry
-            line = child.next_line(deadline)
-            while line is not None and not line.startswith("loop_entry"):
-                line = child.next_line(deadline)
-            if line is None:
-                reasons.append("replay ended before loop entry")
             else:
-                kv = _parse_kv(line)
-                result["loop_entry"] = kv
-                if watch is not None:  # proc is the recorder; the replay is the one task in the scope
-                    inside = scope.pids()
-                    if inside:
-                        pids["replay"] = inside[0]
-                        pids["recorder"] = proc.pid
-                        result["record" if spec.record else "watch"]["replay_pid"] = inside[0]
-                if balloon is not None and slack:
-                    top_up = _top_up_balloon(spec, scope, bscope, result)
-                s = snap("loop_entry", pids)
-                # what the page cache could still grow into, whatever the mechanism (the effective
-                # capacity beside nominal C: a guest's RAM or a balloon is never exactly C)
-                result["mem_available_at_loop_entry_bytes"] = (s.get("meminfo") or {}).get("MemAvailable_bytes")
-                st = (s.get("scope") or {}).get("stat", {})
-                anon = st.get("rss", st.get("anon"))
-                result["anon_at_loop_entry_bytes"] = anon
-                if spec.mechanism == "cgroup" and anon is not None:
-                    lim = result["scope"]["limit_bytes"]
-                    locked = s["vmlck_bytes"].get("replay") or 0
-                    result["file_capacity_at_loop_entry_bytes"] = lim - anon
-                    if anon - locked > spec.headroom_bytes:
-                        result["notes"].append(
-                            f"the replay's unlocked anonymous memory ({anon - locked} B) exceeds the headroom "
-                            f"({spec.headroom_bytes} B): the file tier had less than C; raise --headroom")
-                phase("measured")
-                child.sock.sendall(b"go\n")
-                line = child.next_line(deadline)
-                while line is not None and line != "done":
-                    line = child.next_line(deadline)
-                snap("post", pids)
-                if balloon is not None:  # the measured window is over: the recorder's tear-down and
-                    for b in (top_up, balloon):  # the results need the memory (measured: a guest
-                        if b is not None:  # left with none livelocked in reclaim)
-                            b.stop()
-                    result["balloon"]["released_at"] = "post"
-                if line is None:
-                    reasons.append("replay ended before done")
-            rc = proc.wait(max(1.0, deadline - time.monotonic()))
-            result["replay_exit"] = rc
-            if "post" not in snaps:
-                snap("post", {})
-            if rc != 0:
-                reasons.append(f"replay exited with status {rc}" + (
-                    f" (signal {signal.Signals(-rc).name})" if rc < 0 and -rc in signal.Signals._value2member_map_
-                    else ""))
-        except CellInterrupted as e:
-            interrupted = e
-            reasons.append(str(e))
-        except TimeoutError:
-            reasons.append(f"timed out after {spec.timeout_s:.0f} s")
-        except subprocess.TimeoutExpired:
-            reasons.append(f"replay did not exit within {spec.timeout_s:.0f} s")
-        except (MoetraceError, OSError, subprocess.SubprocessError) as e:
-            msg = e.format_message() if isinstance(e, MoetraceError) else f"{type(e).__name__}: {e}"
-            reasons.append(f"error: {msg}")
-        # 5/6. what the scope saw, then retention (scope still present here)
+                result["notes"].append(f"outside evictions not watched: {why}")
+        with open(out / "replay.stdout", "wb") as so, open(out / "replay.stderr", "wb") as se:
+            self.proc = proc = subprocess.Popen(argv, stdout=so, stderr=se, stdin=subprocess.DEVNULL,
+                                                pass_fds=(child_sock.fileno(),), preexec_fn=preexec, env=env)
+        child_sock.close()
+        self.child = _Child(proc, parent_sock)
+        result["replay_pid"] = proc.pid
+        self.pids = {"replay": proc.pid}
+        if self.balloon:
+            self.pids["balloon"] = self.balloon.pid
+        self.deadline = time.monotonic() + spec.timeout_s
+
+    # -- 4. loop entry ---------------------------------------------------------------------------
+    def reach_loop_entry(self) -> bool:
+        """Wait for the replay's loop_entry line; then the balloon's top-up and the loop-entry
+        snapshot with what the page cache could still grow into. False: the replay ended first."""
+        spec, result, scope = self.spec, self.result, self.scope
+        line = self.child.next_line(self.deadline)
+        while line is not None and not line.startswith("loop_entry"):
+            line = self.child.next_line(self.deadline)
+        if line is None:
+            self.reasons.append("replay ended before loop entry")
+            return False
+        result["loop_entry"] = _parse_kv(line)
+        if self.watch is not None:  # proc is the recorder; the replay is the one task in the scope
+            inside = scope.pids()
+            if inside:
+                self.pids["replay"] = inside[0]
+                self.pids["recorder"] = self.proc.pid
+                result["record" if spec.record else "watch"]["replay_pid"] = inside[0]
+        if self.balloon is not None and self.slack:
+            self.top_up = _top_up_balloon(spec, scope, self.bscope, result)
+        s = self.snap("loop_entry", self.pids)
+        # what the page cache could still grow into, whatever the mechanism (the effective
+        # capacity beside nominal C: a guest's RAM or a balloon is never exactly C)
+        result["mem_available_at_loop_entry_bytes"] = (s.get("meminfo") or {}).get("MemAvailable_bytes")
+        st = (s.get("scope") or {}).get("stat", {})
+        anon = st.get("rss", st.get("anon"))
+        result["anon_at_loop_entry_bytes"] = anon
+        if spec.mechanism == "cgroup" and anon is not None:
+            lim = result["scope"]["limit_bytes"]
+            locked = s["vmlck_bytes"].get("replay") or 0
+            result["file_capacity_at_loop_entry_bytes"] = lim - anon
+            if anon - locked > spec.headroom_bytes:
+                result["notes"].append(
+                    f"the replay's unlocked anonymous memory ({anon - locked} B) exceeds the headroom "
+                    f"({spec.headroom_bytes} B): the file tier had less than C; raise --headroom")
+        return True
+
+    # -- 5. the measured window ------------------------------------------------------------------
+    def measured_window(self) -> None:
+        """`go` to the replay, wait for its `done`, the post snapshot; the balloons released."""
+        self.phase("measured")
+        self.child.sock.sendall(b"go\n")
+        line = self.child.next_line(self.deadline)
+        while line is not None and line != "done":
+            line = self.child.next_line(self.deadline)
+        self.snap("post", self.pids)
+        if self.balloon is not None:  # the measured window is over: the recorder's tear-down and
+            for b in (self.top_up, self.balloon):  # the results need the memory (measured: a guest
+                if b is not None:  # left with none livelocked in reclaim)
+                    b.stop()
+            self.result["balloon"]["released_at"] = "post"
+        if line is None:
+            self.reasons.append("replay ended before done")
+
+    def wait_replay(self) -> None:
+        """The replay's (or its recorder's) exit status; a failing one is a reason."""
+        rc = self.proc.wait(max(1.0, self.deadline - time.monotonic()))
+        self.result["replay_exit"] = rc
+        if "post" not in self.snaps:
+            self.snap("post", {})
+        if rc != 0:
+            self.reasons.append(f"replay exited with status {rc}" + (
+                f" (signal {signal.Signals(-rc).name})" if rc < 0 and -rc in signal.Signals._value2member_map_
+                else ""))
+
+    # -- 6. what the scopes saw, then clean-up (scopes still present while read) -------------------
+    def read_scopes(self) -> None:
+        """Peak memory and OOM events of the scope and the balloon's scope."""
+        scope, bscope, result, reasons = self.scope, self.bscope, self.result, self.reasons
         try:
             result["scope_alive_at_end"] = scope.exists()
             if scope.exists():
@@ -652,7 +711,7 @@ def run_cell(spec: CellSpec, out_dir: str | os.PathLike, curve=None,
                 result["oom_events"] = scope.oom_events()
                 if scope.oom_killed():
                     reasons.append(f"OOM event in the scope ({result['oom_events']})")
-            elif spec.mechanism == "cgroup" or "replay_pid" in result:
+            elif self.spec.mechanism == "cgroup" or "replay_pid" in result:
                 reasons.append("the scope vanished")
             if bscope.exists():
                 result.setdefault("balloon", {})["oom_events"] = bscope.oom_events()
@@ -660,43 +719,48 @@ def run_cell(spec: CellSpec, out_dir: str | os.PathLike, curve=None,
                     reasons.append("OOM event in the balloon's scope")
         except OSError as e:
             reasons.append(f"error reading the scope: {e}")
-    finally:
+
+    def clean_up(self) -> None:
+        """The child, the balloons and both scopes gone, signals deferred meanwhile (one that came
+        is raised after, as CellInterrupted)."""
         with _signals_deferred() as late:
-            phase("cleanup")
-            if child is not None:
-                child.stop()
-            for b in (top_up, balloon):
+            self.phase("cleanup")
+            if self.child is not None:
+                self.child.stop()
+            for b in (self.top_up, self.balloon):
                 if b is not None:
                     b.stop()
             removed = []
-            for s in (scope, bscope):
+            for s in (self.scope, self.bscope):
                 try:
                     removed.append(s.remove(kill=True) if s.exists() else True)
                 except ScopeError as e:
                     removed.append(False)
-                    reasons.append(str(e))
-            result["scope_removed"] = all(removed)
-        if late and interrupted is None:
-            interrupted = CellInterrupted(late[0])
-            reasons.append(str(interrupted))
-    phase("results")
-    if klog is not None:
-        result["kernel_log"] = klog.since()
-        result["kernel_log_source"] = klog.source
-        if any("oom" in t.lower() or "out of memory" in t.lower() for t in result["kernel_log"]) \
-                and not any(r.startswith("OOM") for r in reasons):
-            reasons.append("OOM in the kernel log during the cell")
+                    self.reasons.append(str(e))
+            self.result["scope_removed"] = all(removed)
+        if late and self.interrupted is None:
+            self.interrupted = CellInterrupted(late[0])
+            self.reasons.append(str(self.interrupted))
 
-    if spec.record:
-        _recorded(result, out / "run")
-    elif "watch" in result:
-        _recorded(result, out / "watch", key="watch")
-    _outside_evictions(result, spec)
-    _finish(result, spec, snaps, run_dir, pool, curve, balloon)
-    _write_json(out / "cell.json", result)
-    if interrupted is not None:
-        raise interrupted
-    return result
+    # -- 7. results ------------------------------------------------------------------------------
+    def results(self, curve) -> None:
+        """The kernel log, the recording's counts, outside evictions, the derived figures and
+        retention; cell.json written."""
+        spec, result, reasons, out = self.spec, self.result, self.reasons, self.out
+        self.phase("results")
+        if self.klog is not None:
+            result["kernel_log"] = self.klog.since()
+            result["kernel_log_source"] = self.klog.source
+            if any("oom" in t.lower() or "out of memory" in t.lower() for t in result["kernel_log"]) \
+                    and not any(r.startswith("OOM") for r in reasons):
+                reasons.append("OOM in the kernel log during the cell")
+        if spec.record:
+            _recorded(result, out / "run")
+        elif "watch" in result:
+            _recorded(result, out / "watch", key="watch")
+        _outside_evictions(result, spec)
+        _finish(result, spec, self.snaps, self.run_dir, self.pool, curve, self.balloon)
+        _write_json(out / "cell.json", result)
 
 
 def _recorded(result: dict, run: Path, key: str = "record") -> None:

@@ -590,27 +590,16 @@ def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2
     (GUEST_MEMCG, exported as MOETRACE_LAB_CGROUP). ``cpus``: vCPUs, else DEFAULT_CPUS of the
     accelerator the guest boots under. ``modules``: the guest's modules for a kernel image of one's
     own (:func:`modules_base`)."""
-    if mglru not in ("on", "off", "keep"):
-        raise UsageError(f"--mglru {mglru!r}", hint="on, off or keep")
-    if accel not in ("auto", "kvm", "tcg"):
-        raise UsageError(f"--accel {accel!r}", hint="auto, kvm or tcg")
-    kvm_why = kvm_unusable()
-    if accel == "kvm" and kvm_why:
-        raise UsageError(f"--accel kvm: {kvm_why}", hint="--accel tcg (emulated, ~20x slower) works everywhere")
-    if shutil.which(qemu) is None:
-        raise UsageError(f"{qemu} not found", hint="`moetrace lab setup` installs qemu-system-x86")
+    kvm_why = _check_guest_options(mglru, accel, qemu, memcg)
     release, image = resolve_kernel(kernel, modules)
     mod_base = modules_base(release, modules)
     core_btf = _core_btf_for(Path(image))
     byte_compile_package()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    for f in (".guest-status.json", "stdout", "stderr"):
-        (out / f).unlink(missing_ok=True)
-    envs = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in (env or {}).items())
+    _clear_guest_outputs(out)
     pool_path = str(Path(pool).resolve()) if pool is not None else ""
-    if memcg is not None and not memcg.strip():
-        raise UsageError("--memcg: empty", hint="a memory.max value, e.g. 80M")
+    envs = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in (env or {}).items())
     (out / ".guest.sh").write_text(GUEST.replace("@MGLRU@", mglru).replace("@CMD@", shlex.join(command))
                                    .replace("@ENV@", envs).replace("@POOL@", shlex.quote(pool_path))
                                    .replace("@MEMCG@", shlex.quote(memcg or "")).replace("@CGDIR@", GUEST_MEMCG)
@@ -625,57 +614,95 @@ def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2
             img = pool_image(Path(pool), Path(tmp) / "pool.ext4")
             drives = ["-drive", f"file={img},if=virtio,format=raw,readonly=on"]
         console = Path(tmp) / "console.log"
-        before = _kvm_failed_before(release) if accel == "auto" and not kvm_why else None
-        if before:
-            kvm_why = (f"KVM failed this kernel here before ({before}; remembered in {accel_cache()}: "
-                       f"--accel kvm tries it again)")
-        accels = ["kvm", "tcg"] if accel == "auto" and not kvm_why else ["tcg"] if accel != "kvm" else ["kvm"]
-        kvm_fallback = None if accel != "auto" or not kvm_why else f"KVM not tried: {kvm_why}"
-        used = accels.pop(0)
         common = ["-m", memory, "-nographic", "-no-reboot",
-                "-kernel", str(image), "-initrd", str(initrd),
-                "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
-                "-virtfs", f"local,path={out.resolve()},mount_tag=labshare,security_model=none,multidevs=remap",
-                "-serial", f"file:{console}", "-monitor", "none", "-display", "none", *drives]
-        boot_failures: list[dict[str, Any]] = []
-        while True:
-            console.unlink(missing_ok=True)
-            # the guest reads moetrace.accel from /proc/cmdline (an unknown module parameter: ignored)
-            ncpu = cpus if cpus is not None else DEFAULT_CPUS[used]
-            append = " ".join(filter(None, (KERNEL_CMDLINE, ACCEL_CMDLINE[used], f"moetrace.accel={used}")))
-            argv = [qemu, *ACCEL_ARGS[used](), "-smp", str(ncpu), *common, "-append", append]
-            started = (out / ".guest-status.json").exists
-            status, err, rc = _qemu(argv, timeout_s, started, KVM_BOOT_DEADLINE_S if used == "kvm" else None)
-            text = console.read_text(errors="replace") if console.exists() else ""
-            why = kvm_failure(status, started(), rc, err, text) if used == "kvm" else None
-            if why:
-                if not accels:
-                    (out / "console.log").write_text(text)
-                    raise MoetraceError(f"--accel kvm: {why}", hint="--accel tcg (or auto: falls back by itself)")
-                kvm_fallback = why
-                _remember_kvm_failed(release, why)
-                print(f"moetrace lab: {why}; falling back to TCG (remembered in {accel_cache()})", file=sys.stderr)
-                used = accels.pop(0)
-                for f in (".guest-status.json", "stdout", "stderr"):
-                    (out / f).unlink(missing_ok=True)
-                continue
-            # a guest that died before COMMAND started (a panic while booting under TCG: seen once
-            # in ~100 boots of 6.12, "Fatal exception in interrupt" at ~1.6 s): COMMAND never ran,
-            # so boot again, at most BOOT_RETRIES times, and say so in lab.json
-            started = (out / ".guest-status.json").exists()
-            if status == "ok" and not started and "Kernel panic" in text and len(boot_failures) < BOOT_RETRIES:
-                n = len(boot_failures) + 1
-                (out / f"console-failed-boot-{n}.log").write_text(text)
-                boot_failures.append({"attempt": n, "cause": _why_stopped(text),
-                                      "console": f"console-failed-boot-{n}.log"})
-                print(f"moetrace lab: the guest panicked before COMMAND started ({boot_failures[-1]['cause']}); "
-                      f"booting again", file=sys.stderr)
-                continue
-            break
-        wall = time.monotonic() - t0
-        tail = text[-4000:]
-        (out / "console.log").write_text(text)
+                  "-kernel", str(image), "-initrd", str(initrd),
+                  "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
+                  "-virtfs", f"local,path={out.resolve()},mount_tag=labshare,security_model=none,multidevs=remap",
+                  "-serial", f"file:{console}", "-monitor", "none", "-display", "none", *drives]
+        boot = _boot(out, qemu, common, console, release, accel, kvm_why, cpus, timeout_s)
+        boot["wall"] = time.monotonic() - t0
+        (out / "console.log").write_text(boot["text"])
     (out / ".guest.sh").unlink(missing_ok=True)
+    doc = {"schema": "moetrace.lab/1", "kernel": release, "image": str(image), "command": command,
+           "memory": memory, "cpus": boot["ncpu"], "kernel_cmdline": boot["append"], "mglru_requested": mglru,
+           "accel": boot["used"], "accel_requested": accel, "kvm_fallback": boot["kvm_fallback"], "status": None,
+           "core_btf": str(core_btf) if core_btf else None, "pool": pool_path or None,
+           "memcg": ({"path": GUEST_MEMCG, "memory.max": memcg} if memcg else None)}
+    return _guest_result(out, release, doc, boot, timeout_s)
+
+
+def _check_guest_options(mglru: str, accel: str, qemu: str, memcg: str | None) -> str | None:
+    """UsageError for an option run_in_guest cannot honour; else why KVM cannot be used (None: it can)."""
+    if mglru not in ("on", "off", "keep"):
+        raise UsageError(f"--mglru {mglru!r}", hint="on, off or keep")
+    if accel not in ("auto", "kvm", "tcg"):
+        raise UsageError(f"--accel {accel!r}", hint="auto, kvm or tcg")
+    kvm_why = kvm_unusable()
+    if accel == "kvm" and kvm_why:
+        raise UsageError(f"--accel kvm: {kvm_why}", hint="--accel tcg (emulated, ~20x slower) works everywhere")
+    if shutil.which(qemu) is None:
+        raise UsageError(f"{qemu} not found", hint="`moetrace lab setup` installs qemu-system-x86")
+    if memcg is not None and not memcg.strip():
+        raise UsageError("--memcg: empty", hint="a memory.max value, e.g. 80M")
+    return kvm_why
+
+
+def _clear_guest_outputs(out: Path) -> None:
+    for f in (".guest-status.json", "stdout", "stderr"):
+        (out / f).unlink(missing_ok=True)
+
+
+def _boot(out: Path, qemu: str, common: list[str], console: Path, release: str, accel: str,
+          kvm_why: str | None, cpus: int | None, timeout_s: float) -> dict[str, Any]:
+    """Run the guest until COMMAND ran: under KVM first when it may (a KVM failure remembered,
+    then TCG), booted again after a panic before COMMAND started (at most BOOT_RETRIES times).
+    Returns status, err, rc, text (the console), used, ncpu, append, kvm_fallback, boot_failures."""
+    before = _kvm_failed_before(release) if accel == "auto" and not kvm_why else None
+    if before:
+        kvm_why = (f"KVM failed this kernel here before ({before}; remembered in {accel_cache()}: "
+                   f"--accel kvm tries it again)")
+    accels = ["kvm", "tcg"] if accel == "auto" and not kvm_why else ["tcg"] if accel != "kvm" else ["kvm"]
+    kvm_fallback = None if accel != "auto" or not kvm_why else f"KVM not tried: {kvm_why}"
+    used = accels.pop(0)
+    boot_failures: list[dict[str, Any]] = []
+    while True:
+        console.unlink(missing_ok=True)
+        # the guest reads moetrace.accel from /proc/cmdline (an unknown module parameter: ignored)
+        ncpu = cpus if cpus is not None else DEFAULT_CPUS[used]
+        append = " ".join(filter(None, (KERNEL_CMDLINE, ACCEL_CMDLINE[used], f"moetrace.accel={used}")))
+        argv = [qemu, *ACCEL_ARGS[used](), "-smp", str(ncpu), *common, "-append", append]
+        started = (out / ".guest-status.json").exists
+        status, err, rc = _qemu(argv, timeout_s, started, KVM_BOOT_DEADLINE_S if used == "kvm" else None)
+        text = console.read_text(errors="replace") if console.exists() else ""
+        why = kvm_failure(status, started(), rc, err, text) if used == "kvm" else None
+        if why:
+            if not accels:
+                (out / "console.log").write_text(text)
+                raise MoetraceError(f"--accel kvm: {why}", hint="--accel tcg (or auto: falls back by itself)")
+            kvm_fallback = why
+            _remember_kvm_failed(release, why)
+            print(f"moetrace lab: {why}; falling back to TCG (remembered in {accel_cache()})", file=sys.stderr)
+            used = accels.pop(0)
+            _clear_guest_outputs(out)
+            continue
+        # a guest that died before COMMAND started (a panic while booting under TCG: seen once
+        # in ~100 boots of 6.12, "Fatal exception in interrupt" at ~1.6 s): COMMAND never ran,
+        # so boot again, at most BOOT_RETRIES times, and say so in lab.json
+        if status == "ok" and not started() and "Kernel panic" in text and len(boot_failures) < BOOT_RETRIES:
+            n = len(boot_failures) + 1
+            (out / f"console-failed-boot-{n}.log").write_text(text)
+            boot_failures.append({"attempt": n, "cause": _why_stopped(text),
+                                  "console": f"console-failed-boot-{n}.log"})
+            print(f"moetrace lab: the guest panicked before COMMAND started ({boot_failures[-1]['cause']}); "
+                  f"booting again", file=sys.stderr)
+            continue
+        return {"status": status, "err": err, "rc": rc, "text": text, "used": used, "ncpu": ncpu,
+                "append": append, "kvm_fallback": kvm_fallback, "boot_failures": boot_failures}
+
+
+def _guest_result(out: Path, release: str, doc: dict[str, Any], boot: dict[str, Any], timeout_s: float) -> LabResult:
+    """lab.json (``doc``, the boot's outcome and the guest's status file) and the LabResult; a
+    MoetraceError when COMMAND did not finish (no status, set-up failed, timed out)."""
     st_path = out / ".guest-status.json"
     guest: dict[str, Any] = {}
     if st_path.exists():
@@ -684,16 +711,14 @@ def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2
         except json.JSONDecodeError:
             guest = {"raw": st_path.read_text()}
         st_path.unlink()
+    status, text = boot["status"], boot["text"]
     if status == "ok" and "exit_status" not in guest:
         status = "no-status"
-    doc = {"schema": "moetrace.lab/1", "kernel": release, "image": str(image), "command": command,
-           "memory": memory, "cpus": ncpu, "kernel_cmdline": append, "mglru_requested": mglru, "accel": used, "accel_requested": accel,
-           "kvm_fallback": kvm_fallback, "status": status, "core_btf": str(core_btf) if core_btf else None,
-           "pool": pool_path or None, "memcg": ({"path": GUEST_MEMCG, "memory.max": memcg} if memcg else None),
-           "host_wall_s": round(wall, 3), "qemu_returncode": rc, "boot_failures": boot_failures,
-           "qemu_stderr": err.decode(errors="replace")[-2000:], **guest}
+    doc = {**doc, "status": status, "host_wall_s": round(boot["wall"], 3), "qemu_returncode": boot["rc"],
+           "boot_failures": boot["boot_failures"], "qemu_stderr": boot["err"].decode(errors="replace")[-2000:],
+           **guest}
     if status != "ok":
-        doc["console_tail"] = tail
+        doc["console_tail"] = text[-4000:]
     (out / "lab.json").write_text(json.dumps(doc, indent=1) + "\n")
     if status == "no-status":
         raise MoetraceError(f"the guest ({release}) stopped before COMMAND finished: {_why_stopped(text)}",
