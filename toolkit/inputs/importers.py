@@ -1023,22 +1023,54 @@ def read_sglang(path: str | os.PathLike, include_prefill: bool = False, n_layers
     spath = str(path)
     head = _read_head(spath, 8)
     if head.lstrip()[:1] in (b"{", b"["):
-        mi = _find_sglang_json(_load_json(spath))
-        if mi is None:
-            raise InputError("no meta_info.routed_experts in the JSON", path=spath,
-                             hint="start SGLang with --enable-return-routed-experts and request "
-                                  "return_routed_experts")
-        arr = _decode_b64_array(mi["routed_experts"], spath, "meta_info.routed_experts")
-        if isinstance(arr, bytes):
-            if len(arr) % 4:
-                raise InputError(f"meta_info.routed_experts holds {len(arr)} bytes, not int32s", path=spath)
-            arr = np.frombuffer(arr, dtype="<i4")
-        pt = prompt_tokens if prompt_tokens is not None else _prompt_count(mi.get("prompt_tokens"), spath,
-                                                                            "meta_info.prompt_tokens")
-        yield from records_from_array(arr, spath, "meta_info.routed_experts", n_layers=n_layers, k=k,
-                                      prompt_tokens=pt,
-                                      include_prefill=include_prefill, placeholder=-1, stats=stats)
+        yield from _sglang_response(spath, include_prefill, n_layers, k, prompt_tokens, stats)
         return
+    recs, p2l = _sglang_dump(spath)
+    steps, prefill, skipped = _sglang_steps(recs, p2l, include_prefill, spath)
+    if stats is not None:
+        stats["passes_skipped"] = dict(skipped)
+        if skipped.get("forward_mode 5", 0) or any(k_.startswith("forward_mode") for k_ in skipped):
+            stats.setdefault("notes", []).append(
+                "passes of other forward modes (speculative verify/draft) were skipped: " + str(dict(skipped)))
+    if not steps:
+        if stats is not None:
+            stats["rows_read"] = len(recs)
+        raise InputError(f"no decode passes among {len(recs)} records ({prefill} prefill tokens excluded)",
+                         path=spath, hint="pass --include-prefill to take prompt tokens as steps")
+    arr = np.stack(steps)  # (steps, layers, 8)
+    sub_stats: dict = {}
+    yield from records_from_array(arr, spath, "topk_ids_of_layer (stacked)", n_layers=None, k=None,
+                                  prompt_tokens=0, include_prefill=True, placeholder=-1, stats=sub_stats)
+    if stats is not None:
+        stats.update({kk: v for kk, v in sub_stats.items() if kk not in ("prefill_excluded", "n_layers_for_typing")})
+        stats["rows_read"] = len(recs)
+        stats["rows_unit"] = "forward passes"
+        stats["prefill_excluded"] = prefill
+        stats["prefill_unit"] = "tokens"
+
+
+def _sglang_response(spath: str, include_prefill: bool, n_layers: int | None, k: int | None,
+                     prompt_tokens: int | None, stats: dict | None) -> Iterator[tuple[Record, int]]:
+    """A return_routed_experts response: meta_info.routed_experts, base64 of int32s or of a .npy."""
+    mi = _find_sglang_json(_load_json(spath))
+    if mi is None:
+        raise InputError("no meta_info.routed_experts in the JSON", path=spath,
+                         hint="start SGLang with --enable-return-routed-experts and request "
+                              "return_routed_experts")
+    arr = _decode_b64_array(mi["routed_experts"], spath, "meta_info.routed_experts")
+    if isinstance(arr, bytes):
+        if len(arr) % 4:
+            raise InputError(f"meta_info.routed_experts holds {len(arr)} bytes, not int32s", path=spath)
+        arr = np.frombuffer(arr, dtype="<i4")
+    pt = prompt_tokens if prompt_tokens is not None else _prompt_count(mi.get("prompt_tokens"), spath,
+                                                                        "meta_info.prompt_tokens")
+    yield from records_from_array(arr, spath, "meta_info.routed_experts", n_layers=n_layers, k=k,
+                                  prompt_tokens=pt, include_prefill=include_prefill, placeholder=-1, stats=stats)
+
+
+def _sglang_dump(spath: str) -> tuple[list, np.ndarray | None]:
+    """(records, physical-to-logical map or None) of an expert_distribution_recorder .pt dump;
+    InputError for a dump of counts only or of another shape."""
     obj = load_torch_file(spath)
     if not isinstance(obj, dict):
         raise InputError(f"unexpected SGLang dump: a {type(obj).__name__}, expected a dict", path=spath)
@@ -1060,9 +1092,16 @@ def read_sglang(path: str | os.PathLike, include_prefill: bool = False, n_layers
     if p2l is not None and p2l.ndim != 2:
         raise InputError(f"last_physical_to_logical_map has rank {p2l.ndim}; expected (layers, physical experts)",
                          path=spath)
-    steps: list[np.ndarray] = []  # each (layers, k') logical ids, -1 padded
+    return recs, p2l
+
+
+def _sglang_steps(recs: list, p2l: np.ndarray | None, include_prefill: bool,
+                  spath: str) -> tuple[list[np.ndarray], int, collections.Counter]:
+    """(each decode step's (layers, k) logical ids, -1 padded; prefill tokens excluded; passes
+    skipped by reason) of a dump's records."""
+    steps: list[np.ndarray] = []
     prefill = 0
-    skipped: dict[str, int] = collections.Counter()
+    skipped: collections.Counter = collections.Counter()
     for ri, r in enumerate(recs):
         where = f"records[{ri}].topk_ids_of_layer"
         ids = _int_array(r.get("topk_ids_of_layer"), where, spath)
@@ -1080,17 +1119,7 @@ def read_sglang(path: str | os.PathLike, include_prefill: bool = False, n_layers
             raise InputError(f"{where} has {ids.shape[0]} layers x k={ids.shape[2]}, an earlier record "
                              f"{steps[0].shape[0]} x k={steps[0].shape[1]}", path=spath)
         if p2l is not None:
-            if p2l.shape[0] != ids.shape[0]:
-                raise InputError(f"last_physical_to_logical_map has shape {list(p2l.shape)}, records have "
-                                 f"{ids.shape[0]} layers", path=spath)
-            bad = (ids >= p2l.shape[1]) | (ids < -1)
-            if bad.any():
-                lay, t, j = np.argwhere(bad)[0]
-                raise InputError(f"physical expert {ids[lay, t, j]} at {where}"
-                                 f"[{lay}, {t}, {j}] is outside the map ({p2l.shape[1]} physical experts)",
-                                 path=spath)
-            lay_idx = np.arange(ids.shape[0])[:, None, None]
-            ids = np.where(ids >= 0, p2l[lay_idx, np.maximum(ids, 0)], -1)
+            ids = _sglang_logical(ids, p2l, where, spath)
         if mode in (_SGLANG_EXTEND, _SGLANG_MIXED):
             if not include_prefill:
                 prefill += ntok
@@ -1106,26 +1135,21 @@ def read_sglang(path: str | os.PathLike, include_prefill: bool = False, n_layers
                              "trace holds one request", path=spath,
                              hint="record with one request in flight at a time")
         steps.append(ids[:, 0, :])
-    if stats is not None:
-        stats["passes_skipped"] = dict(skipped)
-        if skipped.get("forward_mode 5", 0) or any(k_.startswith("forward_mode") for k_ in skipped):
-            stats.setdefault("notes", []).append(
-                "passes of other forward modes (speculative verify/draft) were skipped: " + str(dict(skipped)))
-    if not steps:
-        if stats is not None:
-            stats["rows_read"] = len(recs)
-        raise InputError(f"no decode passes among {len(recs)} records ({prefill} prefill tokens excluded)",
-                         path=spath, hint="pass --include-prefill to take prompt tokens as steps")
-    arr = np.stack(steps)  # (steps, layers, 8)
-    sub_stats: dict = {}
-    yield from records_from_array(arr, spath, "topk_ids_of_layer (stacked)", n_layers=None, k=None,
-                                  prompt_tokens=0, include_prefill=True, placeholder=-1, stats=sub_stats)
-    if stats is not None:
-        stats.update({kk: v for kk, v in sub_stats.items() if kk not in ("prefill_excluded", "n_layers_for_typing")})
-        stats["rows_read"] = len(recs)
-        stats["rows_unit"] = "forward passes"
-        stats["prefill_excluded"] = prefill
-        stats["prefill_unit"] = "tokens"
+    return steps, prefill, skipped
+
+
+def _sglang_logical(ids: np.ndarray, p2l: np.ndarray, where: str, spath: str) -> np.ndarray:
+    """Physical expert ids (layers, tokens, k) mapped to logical ones (-1 stays -1)."""
+    if p2l.shape[0] != ids.shape[0]:
+        raise InputError(f"last_physical_to_logical_map has shape {list(p2l.shape)}, records have "
+                         f"{ids.shape[0]} layers", path=spath)
+    bad = (ids >= p2l.shape[1]) | (ids < -1)
+    if bad.any():
+        lay, t, j = np.argwhere(bad)[0]
+        raise InputError(f"physical expert {ids[lay, t, j]} at {where}"
+                         f"[{lay}, {t}, {j}] is outside the map ({p2l.shape[1]} physical experts)", path=spath)
+    lay_idx = np.arange(ids.shape[0])[:, None, None]
+    return np.where(ids >= 0, p2l[lay_idx, np.maximum(ids, 0)], -1)
 
 
 # --------------------------------------------------------------------------- warm-up
