@@ -12,11 +12,18 @@ only.
 Scopes: ``per_layer`` gives each layer an independent cache of B experts;
 ``global`` is one pool of N experts keyed by expert_id.
 
+One simulator, two drivers: :func:`simulate_source` runs every policy x scope x
+budget over a *source* read chunk by chunk (each kernel carries its O(experts)
+state between chunks): :func:`compute_sim` drives it over an in-memory stream
+(:class:`ArraySource`, one chunk), :func:`moetrace.analyses.simstream.compute_sim_stream`
+over a plan file in bounded memory. The one-budget functions (:func:`lru_hits`,
+:func:`lfu_hits`, :func:`belady_hits`, ...) call the same kernels directly.
+
 Policies (every policy but static admits every missed expert, evicting one
 resident expert when full — demand paging, no bypass):
 
 * ``lru`` — evict the least recently used. Computed for every budget at once
-  from Mattson stack distances (:mod:`moetrace.analyses.stackdist`);
+  from Mattson stack distances (:class:`moetrace.analyses.stackdist.StackPass`);
   :func:`lru_hits` is the direct simulation at one budget.
 * ``lfu`` — evict the least frequently used, ties by least recently used.
   Frequencies count every access from the start of the stream, resident or
@@ -51,21 +58,23 @@ from numba import njit
 
 from moetrace.errors import InputError, UsageError
 from moetrace.inputs.trace import Accesses
-from moetrace.analyses.stackdist import SCOPES, Window, lru_stack_curve, normalize_scope, stream, window
+from moetrace.analyses.stackdist import (SCOPES, StackPass, Window, normalize_scope, scope_shape, warm_iterations,
+                                         window)
 
 POLICIES = ("lru", "lfu", "static", "belady")
 # toolkit/inputs/plan.py writes b"MOETPLAN"; b"MOEPLAN" is the spelling in the issue.
 PLAN_MAGICS = (b"MOETPLAN", b"MOEPLAN")
 
 # ---------------------------------------------------------------------------
-# numba kernels: group = layer (per_layer) or 0 (global); item = expert or expert_id
+# numba kernels. Every kernel takes the stream as (layer, expert) per access: the
+# state of an expert is kept at x = layer * n_experts + expert (its expert_id) in
+# both scopes; its group (its own cache) is its layer (per_layer, grouped) or 0.
 
 
 @njit(cache=True, nogil=True)
-def _lru_kernel(group, item, n_groups, n_items, budget, cut):  # pragma: no cover - numba
+def _lru_kernel(layer, expert, n_experts, grouped, n_groups, N, budget, cut):  # pragma: no cover - numba
     """Direct LRU at one budget per group: doubly linked list, O(1) per access."""
-    n = item.shape[0]
-    N = n_groups * n_items
+    n = expert.shape[0]
     prev = np.full(N, -1, np.int32)
     nxt = np.full(N, -1, np.int32)
     inc = np.zeros(N, np.bool_)
@@ -74,8 +83,8 @@ def _lru_kernel(group, item, n_groups, n_items, budget, cut):  # pragma: no cove
     size = np.zeros(n_groups, np.int64)
     hits = 0
     for i in range(n):
-        g = group[i] if n_groups > 1 else 0
-        x = g * n_items + item[i]
+        g = np.int64(layer[i]) if grouped else 0
+        x = np.int64(layer[i]) * n_experts + expert[i]
         if inc[x]:
             if i >= cut:
                 hits += 1
@@ -153,31 +162,22 @@ def _sift_up(heap, hb, key, pos, k, sign):  # pragma: no cover - numba
             break
 
 
-@njit(cache=True, nogil=True)
-def _lfu_kernel(group, item, n_groups, n_items, budget, cut):  # pragma: no cover - numba
-    """Perfect LFU at one budget per group: min-heap on (frequency, last access)."""
-    N = n_groups * n_items
-    return _lfu_chunk(group, item, n_groups, n_items, budget, cut, 0, np.zeros(N, np.int64), np.zeros(N, np.int64),
-                      np.full(N, -1, np.int64), np.zeros(n_groups * budget, np.int32), np.zeros(n_groups, np.int64))
-
-
-def lfu_state(n_groups: int, n_items: int, budget: int) -> tuple:
+def _lfu_state(n_groups: int, n_total: int, budget: int) -> tuple:
     """Fresh state for :func:`_lfu_chunk` (freq, key, pos, heap, size)."""
-    N = n_groups * n_items
-    return (np.zeros(N, np.int64), np.zeros(N, np.int64), np.full(N, -1, np.int64),
+    return (np.zeros(n_total, np.int64), np.zeros(n_total, np.int64), np.full(n_total, -1, np.int64),
             np.zeros(n_groups * budget, np.int32), np.zeros(n_groups, np.int64))
 
 
 @njit(cache=True, nogil=True)
-def _lfu_chunk(group, item, n_groups, n_items, budget, cut, base, freq, key, pos, heap,
+def _lfu_chunk(layer, expert, n_experts, grouped, budget, cut, base, freq, key, pos, heap,
                size):  # pragma: no cover - numba
-    """LFU over one chunk (accesses base, base+1, ...), state carried in the arrays;
-    hits counted from chunk index cut on."""
-    n = item.shape[0]
+    """Perfect LFU over one chunk (accesses base, base+1, ...): a min-heap per group on
+    (frequency, last access), state carried in the arrays; hits from chunk index cut on."""
+    n = expert.shape[0]
     hits = 0
     for i in range(n):
-        g = group[i] if n_groups > 1 else 0
-        x = g * n_items + item[i]
+        g = np.int64(layer[i]) if grouped else 0
+        x = np.int64(layer[i]) * n_experts + expert[i]
         hb = g * budget
         freq[x] += 1
         key[x] = (freq[x] << 34) | (base + i)
@@ -202,42 +202,89 @@ def _lfu_chunk(group, item, n_groups, n_items, budget, cut, base, freq, key, pos
 
 
 @njit(cache=True, nogil=True)
-def _next_use(gid, n_total):  # pragma: no cover - numba
-    """next_use[i] = index of the next access of the same item, or n."""
-    n = gid.shape[0]
-    out = np.empty(n, np.int64)
-    seen = np.full(n_total, n, np.int64)
-    _next_use_chunk(gid, seen, 0, out)
-    return out
-
-
-@njit(cache=True, nogil=True)
-def _next_use_chunk(gid, seen, base, out):  # pragma: no cover - numba
+def _next_use_chunk(layer, expert, n_experts, seen, base, out):  # pragma: no cover - numba
     """Backwards over one chunk (accesses base .. base + len - 1): out[i] = the next
-    access of the same item (from seen, the state of the later chunks), seen updated."""
-    for i in range(gid.shape[0] - 1, -1, -1):
-        x = gid[i]
+    access of the same expert (from seen, the state of the later chunks), seen updated."""
+    for i in range(expert.shape[0] - 1, -1, -1):
+        x = np.int64(layer[i]) * n_experts + expert[i]
         out[i] = seen[x]
         seen[x] = base + i
 
 
 @njit(cache=True, nogil=True)
-def _warm_last(group, item, n_groups, n_items, base, lastw, forced):  # pragma: no cover - numba
-    """Over warm accesses: lastw[x] = the last access index of each item, forced[g] = the
-    item of each group's latest access (it must be resident at the cut)."""
-    for i in range(item.shape[0]):
-        g = group[i] if n_groups > 1 else 0
-        x = g * n_items + item[i]
+def _warm_last(layer, expert, n_experts, grouped, base, lastw, forced):  # pragma: no cover - numba
+    """Over warm accesses: lastw[x] = the last access index of each expert, forced[g] = the
+    expert of each group's latest access (it must be resident at the cut)."""
+    for i in range(expert.shape[0]):
+        x = np.int64(layer[i]) * n_experts + expert[i]
         lastw[x] = base + i
-        forced[g] = x
+        forced[np.int64(layer[i]) if grouped else 0] = x
+
+
+# Belady: a 4-ary max-heap per group on next use, keys kept in the heap beside the
+# experts (hkey, hitem; pos[x] = x's slot or -1), sifted by moving a hole. A group's
+# heap has budget + 4 slots, the last four sentinel keys -1 (next uses are >= 0), so
+# a level's four children are compared without bounds or branches. Equal keys may
+# end in another order than a binary top-down sift: only never-used-again experts
+# (key n) tie, and which of them goes first changes no hit.
+_ARITY = 4
 
 
 @njit(cache=True, nogil=True)
-def _belady_start(n_groups, n_items, budget, n, lastw, forced, first_next, key, pos, heap,
+def _max_up(hkey, hitem, pos, hb, k, key, x):  # pragma: no cover - numba
+    """(key, x) placed at slot k or above: the hole rises while its parent's key is smaller."""
+    while k > 0:
+        p = (k - 1) >> 2
+        pk = hkey[hb + p]
+        if pk >= key:
+            break
+        y = hitem[hb + p]
+        hkey[hb + k] = pk
+        hitem[hb + k] = y
+        pos[y] = k
+        k = p
+    hkey[hb + k] = key
+    hitem[hb + k] = x
+    pos[x] = k
+
+
+@njit(cache=True, nogil=True)
+def _max_replace_root(hkey, hitem, pos, hb, size, key, x):  # pragma: no cover - numba
+    """The root of a full heap replaced by (key, x), bottom-up: the hole goes down the
+    largest children to a leaf, then (key, x) rises from there."""
+    k = 0
+    c = 1
+    while c < size:
+        a0 = hkey[hb + c]
+        a1 = hkey[hb + c + 1]
+        a2 = hkey[hb + c + 2]
+        a3 = hkey[hb + c + 3]
+        i01 = c + np.int64(a1 > a0)
+        i23 = c + 2 + np.int64(a3 > a2)
+        c = i23 if max(a2, a3) > max(a0, a1) else i01
+        y = hitem[hb + c]
+        hkey[hb + k] = hkey[hb + c]
+        hitem[hb + k] = y
+        pos[y] = k
+        k = c
+        c = 4 * k + 1
+    _max_up(hkey, hitem, pos, hb, k, key, x)
+
+
+def _belady_state(n_groups: int, n_total: int, budget: int) -> tuple:
+    """Fresh state for :func:`_belady_chunk` (hkey, hitem, pos, size)."""
+    hkey = np.zeros((n_groups, budget + _ARITY), np.int64)
+    hkey[:, budget:] = -1
+    return (hkey.reshape(-1), np.zeros(n_groups * (budget + _ARITY), np.int32), np.full(n_total, -1, np.int32),
+            np.zeros(n_groups, np.int64))
+
+
+@njit(cache=True, nogil=True)
+def _belady_start(n_groups, n_items, budget, n, lastw, forced, first_next, hkey, hitem, pos,
                   size):  # pragma: no cover - numba
-    """The best post-warm state: each group's forced item, then the warm items whose
+    """The best post-warm state: each group's forced expert, then the warm experts whose
     next use (first_next[x], the first scored access) is soonest."""
-    N = n_groups * n_items
+    N = lastw.shape[0]
     m = 0
     for x in range(N):
         if lastw[x] >= 0:
@@ -255,68 +302,51 @@ def _belady_start(n_groups, n_items, budget, n, lastw, forced, first_next, key, 
     for g in range(n_groups):
         x = forced[g]
         if x >= 0 and budget > 0:
-            heap[g * budget] = x
-            key[x] = first_next[x]
-            pos[x] = 0
+            _max_up(hkey, hitem, pos, g * (budget + _ARITY), 0, first_next[x], x)
             size[g] = 1
     for t in range(m):
         x = cand[order[t]]
         g = x // n_items
         if size[g] < budget and pos[x] < 0:
             k = size[g]
-            heap[g * budget + k] = x
-            key[x] = first_next[x]
-            pos[x] = k
             size[g] = k + 1
-            _sift_up(heap, g * budget, key, pos, k, -1)
-
-
-def belady_state(n_groups: int, n_items: int, budget: int) -> tuple:
-    """Fresh state for :func:`_belady_chunk` (key, pos, heap, size)."""
-    N = n_groups * n_items
-    return (np.zeros(N, np.int64), np.full(N, -1, np.int64), np.zeros(n_groups * budget, np.int32),
-            np.zeros(n_groups, np.int64))
+            _max_up(hkey, hitem, pos, g * (budget + _ARITY), k, first_next[x], x)
 
 
 @njit(cache=True, nogil=True)
-def _belady_chunk(group, item, n_groups, n_items, budget, nxt, key, pos, heap, size):  # pragma: no cover - numba
+def _belady_chunk(layer, expert, n_experts, grouped, budget, nxt, hkey, hitem, pos,
+                  size):  # pragma: no cover - numba
     """MIN over a chunk of scored accesses (nxt: each one's next use), state carried."""
     hits = 0
-    for i in range(item.shape[0]):
-        g = group[i] if n_groups > 1 else 0
-        x = g * n_items + item[i]
-        hb = g * budget
-        key[x] = nxt[i]
+    for i in range(expert.shape[0]):
+        g = np.int64(layer[i]) if grouped else 0
+        x = np.int64(layer[i]) * n_experts + expert[i]
+        hb = g * (budget + _ARITY)
         k = pos[x]
         if k >= 0:
             hits += 1
-            _sift_up(heap, hb, key, pos, k, -1)  # key grew: move toward the max root
+            _max_up(hkey, hitem, pos, hb, k, nxt[i], x)  # its key was now (the least): it grows
         elif size[g] == budget:
-            v = heap[hb]
-            pos[v] = -1
-            heap[hb] = x
-            pos[x] = 0
-            _sift_down(heap, hb, size[g], key, pos, 0, -1)
+            pos[hitem[hb]] = -1  # evict the farthest next use
+            _max_replace_root(hkey, hitem, pos, hb, size[g], nxt[i], x)
         else:
             k = size[g]
-            heap[hb + k] = x
-            pos[x] = k
             size[g] = k + 1
-            _sift_up(heap, hb, key, pos, k, -1)
+            _max_up(hkey, hitem, pos, hb, k, nxt[i], x)
     return hits
 
 
-def _belady_kernel(group, item, n_groups, n_items, budget, cut, nxt):
-    """MIN over the scored window from the best post-warm state (see module doc)."""
-    N = n_groups * n_items
+def _belady_run(acc: Accesses, grouped: bool, n_groups: int, n_items: int, budget: int, cut: int,
+                nxt: np.ndarray) -> int:
+    """MIN over acc's scored window from the best post-warm state; nxt over the whole stream."""
+    N = acc.n_layers * acc.n_experts
     lastw = np.full(N, -1, np.int64)
     forced = np.full(n_groups, -1, np.int64)
-    _warm_last(group[:cut] if n_groups > 1 else group, item[:cut], n_groups, n_items, 0, lastw, forced)
+    _warm_last(acc.layer[:cut], acc.expert[:cut], acc.n_experts, grouped, 0, lastw, forced)
     first_next = np.where(lastw >= 0, nxt[np.maximum(lastw, 0)], 0)
-    st = belady_state(n_groups, n_items, budget)
-    _belady_start(n_groups, n_items, budget, item.shape[0], lastw, forced, first_next, *st)
-    return _belady_chunk(group[cut:] if n_groups > 1 else group, item[cut:], n_groups, n_items, budget,
-                         nxt[cut:], *st)
+    st = _belady_state(n_groups, N, budget)
+    _belady_start(n_groups, n_items, budget, len(acc), lastw, forced, first_next, *st)
+    return int(_belady_chunk(acc.layer[cut:], acc.expert[cut:], acc.n_experts, grouped, budget, nxt[cut:], *st))
 
 
 # ---------------------------------------------------------------------------
@@ -334,24 +364,29 @@ def lru_hits(acc: Accesses, budget: int, scope: str = "per_layer", warm_fraction
     the reference that the one-pass curve must equal)."""
     budget = _check_budget(budget)
     win = window(acc, warm_fraction)
-    group, item, ng, ni = stream(acc, scope)
-    return int(_lru_kernel(group, item, ng, ni, min(budget, ni), win.cut))
+    grouped, ng, ni = scope_shape(acc.n_layers, acc.n_experts, scope)
+    return int(_lru_kernel(acc.layer, acc.expert, acc.n_experts, grouped, ng, acc.n_layers * acc.n_experts,
+                           min(budget, ni), win.cut))
 
 
 def lfu_hits(acc: Accesses, budget: int, scope: str = "per_layer", warm_fraction: float = 0.6) -> int:
     """Scored-window hits of perfect LFU (ties by least recent) at one budget."""
     budget = _check_budget(budget)
     win = window(acc, warm_fraction)
-    group, item, ng, ni = stream(acc, scope)
-    return int(_lfu_kernel(group, item, ng, ni, min(budget, ni), win.cut))
+    grouped, ng, ni = scope_shape(acc.n_layers, acc.n_experts, scope)
+    bb = min(budget, ni)
+    st = _lfu_state(ng, acc.n_layers * acc.n_experts, bb)
+    return int(_lfu_chunk(acc.layer, acc.expert, acc.n_experts, grouped, bb, win.cut, 0, *st))
 
 
 def next_use(acc: Accesses) -> np.ndarray:
     """Stream index of the next access of the same expert (len(acc) when none).
 
     The same in both scopes: an expert_id belongs to one layer."""
-    _, item, _, n_total = stream(acc, "global")
-    return _next_use(item, n_total)
+    n = len(acc)
+    out = np.empty(n, np.int64)
+    _next_use_chunk(acc.layer, acc.expert, acc.n_experts, np.full(acc.n_layers * acc.n_experts, n, np.int64), 0, out)
+    return out
 
 
 def belady_hits(acc: Accesses, budget: int, scope: str = "per_layer", warm_fraction: float = 0.6,
@@ -361,15 +396,16 @@ def belady_hits(acc: Accesses, budget: int, scope: str = "per_layer", warm_fract
     ``nxt`` may pass a precomputed :func:`next_use` array to share it across budgets."""
     budget = _check_budget(budget)
     win = window(acc, warm_fraction)
-    group, item, ng, ni = stream(acc, scope)
+    grouped, ng, ni = scope_shape(acc.n_layers, acc.n_experts, scope)
     if nxt is None:
         nxt = next_use(acc)
-    return int(_belady_kernel(group, item, ng, ni, min(budget, ni), win.cut, nxt))
+    return _belady_run(acc, grouped, ng, ni, min(budget, ni), win.cut, nxt)
 
 
-def _counts(acc: Accesses) -> np.ndarray:
-    n_total = int(acc.n_layers) * int(acc.n_experts)
-    return np.bincount(stream(acc, "global")[1], minlength=n_total).astype(np.int64)
+def _counts(acc: Accesses, start: int = 0, stop: int | None = None) -> np.ndarray:
+    """Accesses per expert_id in acc[start:stop]."""
+    eid = acc.layer[start:stop].astype(np.int64) * int(acc.n_experts) + acc.expert[start:stop]
+    return np.bincount(eid, minlength=int(acc.n_layers) * int(acc.n_experts)).astype(np.int64)
 
 
 def static_ranks(counts: np.ndarray, n_layers: int, n_experts: int, scope: str) -> np.ndarray:
@@ -392,23 +428,38 @@ def static_ranks(counts: np.ndarray, n_layers: int, n_experts: int, scope: str) 
     return rank
 
 
+def _table_counts(table: str | Accesses, n_layers: int, n_experts: int, all_counts, warm_counts) -> np.ndarray:
+    """The counts that rank a static table: ``all_counts()`` (oracle), ``warm_counts()`` (warm)
+    or another stream's (a trace of the same geometry)."""
+    if isinstance(table, Accesses):
+        if (table.n_layers, table.n_experts) != (n_layers, n_experts):
+            raise UsageError(
+                f"static table from a {table.n_layers}x{table.n_experts} trace cannot rank a "
+                f"{n_layers}x{n_experts} trace", hint="use a table trace of the same model")
+        return _counts(table)
+    if table == "oracle":
+        return all_counts()
+    if table == "warm":
+        return warm_counts()
+    raise UsageError(f"unknown static table {table!r}", hint="oracle, warm, or a trace/plan file")
+
+
 def static_table_counts(acc: Accesses, table: str | Accesses = "oracle", warm_fraction: float = 0.6
                         ) -> np.ndarray:
     """Access counts per expert_id that rank a static table.
 
     ``oracle``: the whole stream; ``warm``: warm-window iterations only; an
     :class:`Accesses` of another trace: its whole stream (same geometry)."""
-    if isinstance(table, Accesses):
-        if (table.n_layers, table.n_experts) != (acc.n_layers, acc.n_experts):
-            raise UsageError(
-                f"static table from a {table.n_layers}x{table.n_experts} trace cannot rank a "
-                f"{acc.n_layers}x{acc.n_experts} trace", hint="use a table trace of the same model")
-        return _counts(table)
-    if table == "oracle":
-        return _counts(acc)
-    if table == "warm":
-        return _counts(acc.head(window(acc, warm_fraction).warm_iterations))
-    raise UsageError(f"unknown static table {table!r}", hint="oracle, warm, or a trace/plan file")
+    return _table_counts(table, acc.n_layers, acc.n_experts, lambda: _counts(acc),
+                         lambda: _counts(acc.head(window(acc, warm_fraction).warm_iterations)))
+
+
+def _static_curve(rank: np.ndarray, scored_counts: np.ndarray, n_items: int) -> np.ndarray:
+    """cum[b] = scored accesses to experts of rank < b."""
+    hist = np.bincount(rank, weights=scored_counts, minlength=n_items + 1).astype(np.int64)
+    cum = np.zeros(n_items + 1, np.int64)
+    cum[1:] = np.cumsum(hist[:n_items])
+    return cum
 
 
 def static_hits_curve(acc: Accesses, scope: str = "per_layer", warm_fraction: float = 0.6,
@@ -419,11 +470,7 @@ def static_hits_curve(acc: Accesses, scope: str = "per_layer", warm_fraction: fl
     win = window(acc, warm_fraction)
     rank = static_ranks(static_table_counts(acc, table, warm_fraction), acc.n_layers, acc.n_experts, scope)
     n_items = acc.n_experts if scope == "per_layer" else acc.n_layers * acc.n_experts
-    eid = stream(acc, "global")[1][win.cut:]
-    hist = np.bincount(rank[eid], minlength=n_items + 1)
-    cum = np.zeros(n_items + 1, np.int64)
-    cum[1:] = np.cumsum(hist[:n_items])
-    return cum
+    return _static_curve(rank, _counts(acc, win.cut), n_items)
 
 
 def static_hits(acc: Accesses, budget: int, scope: str = "per_layer", warm_fraction: float = 0.6,
@@ -495,6 +542,166 @@ def parse_policies(text: str | Sequence[str]) -> list[str]:
     return out
 
 
+class ArraySource:
+    """An in-memory access stream as the simulator's source: one chunk, the whole stream.
+
+    A source (this, or :class:`moetrace.analyses.simstream.PlanSource`) gives the
+    geometry (n_layers, n_experts, n_iterations, n_accesses), ``start(it)`` (the
+    stream index of iteration it's first read), ``ranges()`` (iteration ranges
+    [a, b) in stream order), ``chunk(a, b)`` (the global index of its first read and
+    its :class:`Accesses`) and ``scratch(n)`` (an int64 array of n elements for
+    Belady's next uses: in memory here, a memory-mapped file for a plan)."""
+
+    def __init__(self, acc: Accesses):
+        self.acc = acc
+        self.n_layers, self.n_experts = int(acc.n_layers), int(acc.n_experts)
+        self.n_iterations, self.n_accesses = int(acc.n_iterations), len(acc)
+
+    def start(self, iteration: int) -> int:
+        return int(np.searchsorted(self.acc.iteration, iteration, side="left"))
+
+    def ranges(self) -> list[tuple[int, int]]:
+        return [(0, self.n_iterations)] if self.n_accesses else []
+
+    def chunk(self, a: int, b: int) -> tuple[int, Accesses]:
+        i, j = self.start(a), self.start(b)
+        if (i, j) == (0, self.n_accesses):
+            return 0, self.acc
+        acc = self.acc
+        return i, Accesses(acc.iteration[i:j], acc.pass_[i:j], acc.layer[i:j], acc.expert[i:j], acc.n_layers,
+                           acc.n_experts, b, acc.order)
+
+    def scratch(self, n: int) -> np.ndarray:
+        return np.empty(n, np.int64)
+
+
+class _Simulation:
+    """Every policy x scope x budget over one stream: a forward pass fed chunk by chunk
+    (LRU stack distances, LFU heaps, access counts, Belady's warm state), then
+    Belady's passes over the scored window. State is O(experts x budgets)."""
+
+    def __init__(self, n_layers: int, n_experts: int, policies: list[str], plan: dict, win: Window):
+        self.L, self.E, self.N = n_layers, n_experts, n_layers * n_experts
+        self.policies, self.plan, self.win = policies, plan, win
+        self.shape = {sc: scope_shape(n_layers, n_experts, sc) for sc in plan}
+        self.stacks = {sc: StackPass(n_layers, n_experts, sc) for sc in plan} if "lru" in policies else {}
+        self.lfu = {}
+        if "lfu" in policies:
+            for sc, (bs, _) in plan.items():
+                ng, ni = self.shape[sc][1:]
+                for b in bs:
+                    self.lfu[(sc, b)] = [_lfu_state(ng, self.N, min(b, ni)), min(b, ni), 0]
+        self.counts_all = np.zeros(self.N, np.int64)
+        self.counts_warm = np.zeros(self.N, np.int64)
+        self.lastw = np.full(self.N, -1, np.int64)
+        self.forced = {sc: np.full(self.shape[sc][1], -1, np.int64) for sc in plan}
+        self.belady_hits: dict = {}
+
+    def forward(self, base: int, acc: Accesses) -> None:
+        """One chunk, in stream order (base: the global index of its first access)."""
+        lc = max(0, min(len(acc), self.win.cut - base))  # chunk index where the scored window starts
+        self.counts_all += _counts(acc)
+        if lc:
+            self.counts_warm += _counts(acc, 0, lc)
+        for sc in self.plan:
+            grouped = self.shape[sc][0]
+            if sc in self.stacks:
+                self.stacks[sc].feed(acc.layer, acc.expert, lc)
+            for b in self.plan[sc][0]:
+                st = self.lfu.get((sc, b))
+                if st is not None:
+                    st[2] += int(_lfu_chunk(acc.layer, acc.expert, self.E, grouped, st[1], lc, base, *st[0]))
+            if "belady" in self.policies and lc:
+                _warm_last(acc.layer[:lc], acc.expert[:lc], self.E, grouped, base, self.lastw, self.forced[sc])
+
+    def belady(self, src, progress=None) -> None:
+        """Next uses of the scored window, backwards into src.scratch; then MIN forwards at
+        every (scope, budget) at once from the best post-warm state."""
+        cut, n = self.win.cut, self.win.n_accesses
+        nxt = src.scratch(max(n - cut, 1))
+        seen = np.full(self.N, n, np.int64)
+        scored = [r for r in src.ranges() if src.start(r[1]) > cut]
+        for a, b in reversed(scored):
+            base, acc = src.chunk(a, b)
+            lc = max(0, cut - base)
+            _next_use_chunk(acc.layer[lc:], acc.expert[lc:], self.E, seen, base + lc,
+                            np.asarray(nxt[base + lc - cut:base + len(acc) - cut]))
+            if progress is not None:
+                progress(0)
+        # seen[x] is now each expert's first scored access: the next use of its last warm access
+        runs = []
+        for sc, (bs, _) in self.plan.items():
+            grouped, ng, ni = self.shape[sc]
+            for b in bs:
+                st = _belady_state(ng, self.N, min(b, ni))
+                _belady_start(ng, ni, min(b, ni), n, self.lastw, self.forced[sc], seen, *st)
+                runs.append((sc, b, grouped, min(b, ni), st))
+                self.belady_hits[(sc, b)] = 0
+        for a, b in scored:
+            base, acc = src.chunk(a, b)
+            lc = max(0, cut - base)
+            lay, ex = acc.layer[lc:], acc.expert[lc:]
+            nx = np.asarray(nxt[base + lc - cut:base + len(acc) - cut])
+            for sc, b_, grouped, bb, st in runs:
+                self.belady_hits[(sc, b_)] += int(_belady_chunk(lay, ex, self.E, grouped, bb, nx, *st))
+
+    def rows(self, static_table: str | Accesses, static_table_name: str) -> list[tuple]:
+        """(policy, scope, budget, budget_total, hits, static_table) per policy x scope x budget."""
+        rows = []
+        for sc, (bs, per) in self.plan.items():
+            ni = self.shape[sc][2]
+            curve = self.stacks[sc].cum_hits() if sc in self.stacks else None
+            scurve = None
+            if "static" in self.policies:
+                tc = _table_counts(static_table, self.L, self.E, lambda: self.counts_all, lambda: self.counts_warm)
+                scurve = _static_curve(static_ranks(tc, self.L, self.E, sc), self.counts_all - self.counts_warm, ni)
+            for policy in self.policies:
+                for b in bs:
+                    if policy == "lru":
+                        h = int(curve[min(b, curve.size - 1)])
+                    elif policy == "static":
+                        h = int(scurve[min(b, scurve.size - 1)])
+                    elif policy == "lfu":
+                        h = self.lfu[(sc, b)][2]
+                    else:
+                        h = self.belady_hits[(sc, b)]
+                    rows.append((policy, sc, b, b * per, h, static_table_name if policy == "static" else None))
+        return rows
+
+
+def simulate_source(src, policies: Sequence[str] = POLICIES, budgets: Sequence[int] = (8, 16, 32, 64),
+                    scopes: Sequence[str] = ("per_layer",), global_budgets: Sequence[int] | None = None,
+                    warm_fraction: float = 0.6, expert_bytes: int | None = None,
+                    static_table: str | Accesses = "oracle", static_table_name: str | None = None,
+                    progress=None) -> pd.DataFrame:
+    """The simulator: :func:`compute_sim`'s table for any source (:class:`ArraySource`,
+    or a plan's :class:`~moetrace.analyses.simstream.PlanSource`), read chunk by chunk:
+    one forward pass, then for Belady one backward and one forward pass over the
+    scored window. ``progress(n)`` is called after each chunk with its accesses."""
+    policies = parse_policies(policies)
+    scopes = [normalize_scope(s) for s in scopes]
+    budgets = parse_budgets(budgets)
+    gb = parse_budgets(global_budgets, "--global-budgets") if global_budgets is not None else None
+    warm = warm_iterations(warm_fraction, src.n_iterations)
+    win = Window(src.n_iterations, warm, src.start(warm), src.n_accesses)
+    if static_table_name is None:
+        static_table_name = static_table if isinstance(static_table, str) else "file"
+    L = src.n_layers
+    plan = {sc: (budgets, L) if sc == "per_layer" else (gb if gb is not None else sorted({b * L for b in budgets}), 1)
+            for sc in scopes}
+    sim = _Simulation(L, src.n_experts, policies, plan, win)
+    for a, b in src.ranges():
+        base, acc = src.chunk(a, b)
+        sim.forward(base, acc)
+        if progress is not None:
+            progress(len(acc))
+    if "belady" in policies:
+        sim.belady(src, progress)
+    df = pd.DataFrame(sim.rows(static_table, static_table_name),
+                      columns=["policy", "scope", "budget", "budget_total", "hits", "static_table"])
+    return _finish_table(df, win, float(warm_fraction), expert_bytes, L, src.n_experts)
+
+
 def compute_sim(acc: Accesses, policies: Sequence[str] = POLICIES, budgets: Sequence[int] = (8, 16, 32, 64),
                 scopes: Sequence[str] = ("per_layer",), global_budgets: Sequence[int] | None = None,
                 warm_fraction: float = 0.6, expert_bytes: int | None = None,
@@ -507,44 +714,17 @@ def compute_sim(acc: Accesses, policies: Sequence[str] = POLICIES, budgets: Sequ
     cache size of that scope), budget_total (experts in all), hits, accesses,
     misses, hit_rate, scored_iterations, miss_bytes_per_iteration (misses x
     expert_bytes / scored iteration; NA without expert_bytes), static_table.
-    ``df.attrs`` holds the window and inputs.
+    ``df.attrs`` holds the window and inputs. The in-memory driver of
+    :func:`simulate_source`.
     """
-    policies = parse_policies(policies)
-    scopes = [normalize_scope(s) for s in scopes]
-    budgets = parse_budgets(budgets)
-    gb = parse_budgets(global_budgets, "--global-budgets") if global_budgets is not None else None
-    win = window(acc, warm_fraction)
-    if static_table_name is None:
-        static_table_name = static_table if isinstance(static_table, str) else "file"
-    rows = []
-    nxt = next_use(acc) if "belady" in policies else None
-    for scope in scopes:
-        if scope == "per_layer":
-            bs, per = budgets, acc.n_layers
-        else:
-            bs, per = (gb if gb is not None else sorted({b * acc.n_layers for b in budgets})), 1
-        curve = lru_stack_curve(acc, scope, warm_fraction) if "lru" in policies else None
-        scurve = static_hits_curve(acc, scope, warm_fraction, static_table) if "static" in policies else None
-        for policy in policies:
-            for b in bs:
-                if policy == "lru":
-                    h = curve.hits_at(b)
-                elif policy == "static":
-                    h = int(scurve[min(b, scurve.size - 1)])
-                elif policy == "lfu":
-                    h = lfu_hits(acc, b, scope, warm_fraction)
-                else:
-                    h = belady_hits(acc, b, scope, warm_fraction, nxt=nxt)
-                rows.append((policy, scope, b, b * per, h, static_table_name if policy == "static" else None))
-    df = pd.DataFrame(rows, columns=["policy", "scope", "budget", "budget_total", "hits", "static_table"])
-    return _finish_table(df, win.scored_accesses, win.scored_iterations, win.n_iterations, win.warm_iterations,
-                         float(warm_fraction), expert_bytes, acc.n_layers, acc.n_experts, len(acc))
+    return simulate_source(ArraySource(acc), policies, budgets, scopes, global_budgets, warm_fraction,
+                           expert_bytes, static_table, static_table_name)
 
 
-def _finish_table(df: pd.DataFrame, n: int, scored_iterations: int, n_iterations: int, warm_iterations: int,
-                  warm_fraction: float, expert_bytes: int | None, n_layers: int, n_experts: int,
-                  n_accesses: int) -> pd.DataFrame:
+def _finish_table(df: pd.DataFrame, win: Window, warm_fraction: float, expert_bytes: int | None,
+                  n_layers: int, n_experts: int) -> pd.DataFrame:
     """The tidy table from (policy, scope, budget, budget_total, hits, static_table) rows."""
+    n, scored_iterations = win.scored_accesses, win.scored_iterations
     df["budget"] = df["budget"].astype(np.int64)
     df["budget_total"] = df["budget_total"].astype(np.int64)
     df["hits"] = df["hits"].astype(np.int64)
@@ -559,10 +739,10 @@ def _finish_table(df: pd.DataFrame, n: int, scored_iterations: int, n_iterations
                                           ).astype("Float64")
     df["static_table"] = df["static_table"].astype("string")
     df = df[COLUMNS]
-    df.attrs.update(n_iterations=n_iterations, warm_iterations=warm_iterations,
+    df.attrs.update(n_iterations=win.n_iterations, warm_iterations=win.warm_iterations,
                     scored_iterations=scored_iterations, warm_fraction=float(warm_fraction),
                     expert_bytes=expert_bytes, n_layers=n_layers, n_experts=n_experts,
-                    n_accesses=n_accesses)
+                    n_accesses=win.n_accesses)
     return df
 
 
@@ -686,5 +866,5 @@ def _sorted_accesses(acc: Accesses) -> Accesses:
 
 __all__ = ["POLICIES", "SCOPES", "Window", "window", "lru_hits", "lfu_hits", "belady_hits", "next_use",
            "static_hits", "static_hits_curve", "static_ranks", "static_table_counts", "simulate",
-           "compute_sim", "plot_sim", "parse_budgets", "parse_policies", "load_accesses", "is_plan",
+           "compute_sim", "simulate_source", "ArraySource", "plot_sim", "parse_budgets", "parse_policies", "load_accesses", "is_plan",
            "plan_expert_bytes", "stream_sentence", "COLUMNS"]

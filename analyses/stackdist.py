@@ -26,7 +26,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import intrinsic
 
 from moetrace.errors import UsageError
 from moetrace.inputs.trace import Accesses
@@ -64,112 +65,176 @@ class Window:
         return self.n_accesses - self.cut
 
 
-def window(acc: Accesses, warm_fraction: float = 0.6) -> Window:
-    """Split ``acc`` into a warm window (first ``floor(warm_fraction * n_iterations)``
-    iterations) and a scored window (the rest)."""
+def warm_iterations(warm_fraction: float, n_iterations: int) -> int:
+    """floor(warm_fraction * n_iterations), the warm window's iterations; a UsageError
+    unless 0 <= warm_fraction < 1."""
     wf = float(warm_fraction)
     if not (0.0 <= wf < 1.0) or math.isnan(wf):
         raise UsageError(f"warm fraction must be in [0, 1), got {warm_fraction!r}",
                          hint="e.g. --warm-fraction 0.6 warms on 60% and scores the last 40%")
+    return int(math.floor(round(wf * int(n_iterations), 9)))
+
+
+def window(acc: Accesses, warm_fraction: float = 0.6) -> Window:
+    """Split ``acc`` into a warm window (first ``floor(warm_fraction * n_iterations)``
+    iterations) and a scored window (the rest)."""
     n_it = int(acc.n_iterations)
-    warm = int(math.floor(round(wf * n_it, 9)))
+    warm = warm_iterations(warm_fraction, n_it)
     cut = int(np.searchsorted(acc.iteration, warm, side="left"))
     return Window(n_it, warm, cut, len(acc))
 
 
-def stream(acc: Accesses, scope: str) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """(group, item, n_groups, n_items) arrays for a scope, as the kernels take them.
-
-    per_layer: group = layer, item = expert; global: one group, item = expert_id.
-    """
-    scope = normalize_scope(scope)
-    if scope == "per_layer":
-        return (np.ascontiguousarray(acc.layer, dtype=np.int32),
-                np.ascontiguousarray(acc.expert, dtype=np.int32), int(acc.n_layers), int(acc.n_experts))
-    n_total = int(acc.n_layers) * int(acc.n_experts)
+def scope_shape(n_layers: int, n_experts: int, scope: str) -> tuple[bool, int, int]:
+    """(grouped, n_groups, n_items) of a scope: per_layer is one cache per layer over its
+    experts, global one over every expert_id (which must fit 32 bits)."""
+    if normalize_scope(scope) == "per_layer":
+        return True, int(n_layers), int(n_experts)
+    n_total = int(n_layers) * int(n_experts)
     if n_total >= 2**31:
         raise UsageError(f"{n_total} experts in all do not fit the simulator's 32-bit ids")
+    return False, 1, n_total
+
+
+def stream(acc: Accesses, scope: str) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """(group, item, n_groups, n_items) arrays for a scope.
+
+    per_layer: group = layer, item = expert; global: one group, item = expert_id.
+    (The kernels take layer and expert as they are; this is for callers that want the
+    items of a scope, e.g. to write them out.)
+    """
+    grouped, n_groups, n_items = scope_shape(acc.n_layers, acc.n_experts, scope)
+    if grouped:
+        return (np.ascontiguousarray(acc.layer, dtype=np.int32),
+                np.ascontiguousarray(acc.expert, dtype=np.int32), n_groups, n_items)
     item = acc.layer.astype(np.int32) * np.int32(acc.n_experts) + acc.expert.astype(np.int32)
-    return np.zeros(1, np.int32), np.ascontiguousarray(item, dtype=np.int32), 1, n_total
+    return np.zeros(1, np.int32), np.ascontiguousarray(item, dtype=np.int32), 1, n_items
+
+
+@intrinsic
+def _popcount(typingctx, x):  # pragma: no cover - numba
+    """Set bits of a uint64 (LLVM ctpop: one instruction)."""
+    if not isinstance(x, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.ctpop(args[0])
+
+    return types.int64(types.uint64), codegen
+
+
+def _stack_state(n_groups: int, n_items: int) -> tuple:
+    """Fresh state for :func:`_stack_chunk`: (bits, tree, last, counter, live, scratch)."""
+    W = (2 * n_items + 2 + 63) // 64  # words of time slots per group: > n_items + 1 slots
+    return (np.zeros(n_groups * W, np.uint64), np.zeros(n_groups * (W + 1), np.int32),
+            np.full(n_groups * n_items, -1, np.int32), np.zeros(n_groups, np.int64),
+            np.zeros(n_groups, np.int64), np.zeros(W, np.int64))
 
 
 @njit(cache=True, nogil=True)
-def _stack_kernel(group, item, n_groups, n_items, cut, hist, dist_out):  # pragma: no cover - numba
-    """One pass: hist[d] += 1 for every access at index >= cut with stack distance
-    d (0 = first access); dist_out[i] = d when dist_out has one slot per access."""
-    S = 2 * n_items + 2
-    tree = np.zeros(n_groups * (S + 1), np.int32)
-    owner = np.full(n_groups * S, -1, np.int32)
-    last = np.full(n_groups * n_items, -1, np.int32)
-    counter = np.zeros(n_groups, np.int64)
-    live = np.zeros(n_groups, np.int64)
-    return _stack_chunk(group, item, n_groups, n_items, cut, hist, dist_out, tree, owner, last, counter, live)
-
-
-def stack_state(n_groups: int, n_items: int) -> tuple:
-    """Fresh state for :func:`_stack_chunk` (tree, owner, last, counter, live): O(items), not O(accesses)."""
-    S = 2 * n_items + 2
-    return (np.zeros(n_groups * (S + 1), np.int32), np.full(n_groups * S, -1, np.int32),
-            np.full(n_groups * n_items, -1, np.int32), np.zeros(n_groups, np.int64), np.zeros(n_groups, np.int64))
+def _compact(g, n_items, W, bits, tree, last, scratch):  # pragma: no cover - numba
+    """Group g's live slots renumbered 0..m-1 in time order (a slot's rank by popcount),
+    its bitmap and word tree rebuilt; returns m, the next free slot."""
+    wb = g * W
+    tb = g * (W + 1)
+    one = np.uint64(1)
+    m = 0
+    for w in range(W):
+        scratch[w] = m
+        m += _popcount(bits[wb + w])
+    for y in range(g * n_items, (g + 1) * n_items):
+        q = last[y]
+        if q >= 0:
+            last[y] = scratch[q >> 6] + _popcount(bits[wb + (q >> 6)] & ((one << np.uint64(q & 63)) - one))
+    for w in range(W):
+        lo = w * 64
+        if m >= lo + 64:
+            bits[wb + w] = ~np.uint64(0)
+        elif m > lo:
+            bits[wb + w] = (one << np.uint64(m - lo)) - one
+        else:
+            bits[wb + w] = 0
+    for j in range(1, W + 1):
+        low = j & (-j)
+        v = max(m - (j - low) * 64, 0)
+        tree[tb + j] = min(v, low * 64)
+    return m
 
 
 @njit(cache=True, nogil=True)
-def _stack_chunk(group, item, n_groups, n_items, cut, hist, dist_out, tree, owner, last, counter,
-                 live):  # pragma: no cover - numba
-    """The stack-distance pass over one chunk of a stream, its state carried in the
-    arrays (a Fenwick tree per group over 2 * n_items + 2 time slots, the slot
-    owners, each item's latest slot, slot counters, live counts): a long stream
-    goes through in chunks with the same result as one call."""
-    n = item.shape[0]
-    S = 2 * n_items + 2  # time slots per group; > n_items so a compaction frees room
+def _stack_chunk(layer, expert, n_experts, grouped, cut, hist, dist_out, bits, tree, last, counter, live,
+                 scratch):  # pragma: no cover - numba
+    """The stack-distance pass over one chunk, its state carried in the arrays (see
+    :class:`StackPass`): hist[d] += 1 from chunk index cut on; dist_out[i] = d when
+    dist_out has one slot per access.
+
+    Per group: a bitmap of time slots (a set bit = the latest access of some item),
+    a Fenwick tree of set bits per 64-slot word, each item's latest slot. The
+    distance of an access whose item sits at slot p is the set bits in p..c-1
+    (c: the next free slot): two partial words by popcount plus the tree's prefix
+    difference over the words between, walked down both paths until they meet;
+    moving the item from p to c walks both update paths up until they meet. Both
+    cost O(log(words between)), a recent reuse almost nothing."""
+    n = expert.shape[0]
+    n_groups = last.shape[0] // n_experts if grouped else 1
+    n_items = last.shape[0] // n_groups
+    W = bits.shape[0] // n_groups
+    S = W * 64
     write = dist_out.shape[0] == n
+    one = np.uint64(1)
     for i in range(n):
-        g = group[i] if n_groups > 1 else 0
-        x = item[i]
-        tb = g * (S + 1)
-        ob = g * S
-        lx = g * n_items + x
-        p = last[lx]
+        g = np.int64(layer[i]) if grouped else 0
+        wb = g * W
+        tb = g * (W + 1)
+        lx = np.int64(layer[i]) * n_experts + expert[i]  # the expert_id in both scopes
+        p = np.int64(last[lx])
+        c = counter[g]
         d = 0
         if p >= 0:
-            # set bits at slots <= p
-            s = 0
-            j = p + 1
-            while j > 0:
-                s += tree[tb + j]
-                j -= j & (-j)
-            d = live[g] - s + 1
-            j = p + 1
-            while j <= S:
-                tree[tb + j] -= 1
-                j += j & (-j)
-            owner[ob + p] = -1
+            wp = p >> 6
+            bp = one << np.uint64(p & 63)
+            # set bits at slots p..c-1: words [wp, wc) by the prefix difference, + partial words
+            if c < S:
+                s = _popcount(bits[wb + (c >> 6)])
+                j2 = c >> 6
+            else:
+                s = live[g]
+                j2 = 0
+            s -= _popcount(bits[wb + wp] & (bp - one))
+            j1 = wp
+            while j1 != j2:
+                if j1 > j2:
+                    s -= tree[tb + j1]
+                    j1 -= j1 & (-j1)
+                else:
+                    s += tree[tb + j2]
+                    j2 -= j2 & (-j2)
+            d = s
+            bits[wb + wp] &= ~bp
             live[g] -= 1
-        if counter[g] == S:
-            # compact: renumber live slots 0..m-1 in time order, rebuild the tree
-            m = 0
-            for s2 in range(S):
-                y = owner[ob + s2]
-                if y >= 0:
-                    owner[ob + m] = y
-                    last[g * n_items + y] = m
-                    m += 1
-            for s2 in range(m, S):
-                owner[ob + s2] = -1
-            for j in range(1, S + 1):
-                lo = j - (j & (-j))
-                v = m - lo
-                if v < 0:
-                    v = 0
-                w = j & (-j)
-                tree[tb + j] = v if v < w else w
-            counter[g] = m
-        c = counter[g]
-        j = c + 1
-        while j <= S:
-            tree[tb + j] += 1
-            j += j & (-j)
-        owner[ob + c] = x
+        if c == S:
+            if p >= 0:
+                j = (p >> 6) + 1
+                while j <= W:
+                    tree[tb + j] -= 1
+                    j += j & (-j)
+            c = _compact(g, n_items, W, bits, tree, last, scratch)
+            p = -1
+        wc = c >> 6
+        # -1 at word p >> 6 (when the item was live), +1 at word wc: both paths until they meet
+        j1 = (p >> 6) + 1 if p >= 0 else W + 1
+        j2 = wc + 1
+        while j1 != j2:
+            if j1 < j2:
+                if j1 > W:
+                    break
+                tree[tb + j1] -= 1
+                j1 += j1 & (-j1)
+            else:
+                if j2 > W:
+                    break
+                tree[tb + j2] += 1
+                j2 += j2 & (-j2)
+        bits[wb + wc] |= one << np.uint64(c & 63)
         last[lx] = c
         counter[g] = c + 1
         live[g] += 1
@@ -180,6 +245,35 @@ def _stack_chunk(group, item, n_groups, n_items, cut, hist, dist_out, tree, owne
     return hist
 
 
+class StackPass:
+    """Mattson stack distances of a stream fed in chunks, per scope: ``feed`` adds a
+    chunk's distances (from chunk index ``cut`` on) to ``hist``; the state is O(items)
+    whatever the stream's length, and any chunking gives the same result as one call.
+
+    ``hist[d]`` counts accesses at stack distance d (0 = first access); per_layer
+    keeps one stack per layer, global one over expert_id = layer * n_experts + expert.
+    """
+
+    def __init__(self, n_layers: int, n_experts: int, scope: str = "per_layer"):
+        self.scope = normalize_scope(scope)
+        self.n_experts = int(n_experts)
+        self.grouped, n_groups, self.n_items = scope_shape(n_layers, n_experts, self.scope)
+        self.hist = np.zeros(self.n_items + 2, np.int64)
+        self._state = _stack_state(n_groups, self.n_items)
+
+    def feed(self, layer: np.ndarray, expert: np.ndarray, cut: int = 0, distances: np.ndarray | None = None) -> None:
+        """Stack distances of one chunk (layer and expert per access, in stream order);
+        ``distances``, an int32 array of the chunk's length, receives each one."""
+        out = np.zeros(0, np.int32) if distances is None else distances
+        _stack_chunk(layer, expert, self.n_experts, self.grouped, int(cut), self.hist, out, *self._state)
+
+    def cum_hits(self) -> np.ndarray:
+        """cum[b] = accesses counted with distance 1..b: LRU hits at capacity b, b = 0 .. n_items."""
+        cum = np.zeros(self.n_items + 1, np.int64)
+        cum[1:] = np.cumsum(self.hist[1:self.n_items + 1])
+        return cum
+
+
 class LiveStack:
     """Stack distances of an unbounded stream fed in pieces (``moetrace watch``): one global
     LRU stack over ``n_items`` items, its state O(items) whatever the stream's length.
@@ -187,9 +281,7 @@ class LiveStack:
 
     def __init__(self, n_items: int):
         self.n_items = max(int(n_items), 1)
-        self.state = stack_state(1, self.n_items)
-        self._hist = np.zeros(self.n_items + 2, np.int64)
-        self._group = np.zeros(1, np.int32)
+        self._pass = StackPass(1, self.n_items, "global")
 
     def feed(self, items: np.ndarray) -> np.ndarray:
         item = np.ascontiguousarray(items, dtype=np.int32)
@@ -197,7 +289,7 @@ class LiveStack:
             raise UsageError(f"stack items must be in [0, {self.n_items})")
         out = np.zeros(len(item), np.int32)
         if len(item):
-            _stack_chunk(self._group, item, 1, self.n_items, len(item), self._hist, out, *self.state)
+            self._pass.feed(np.zeros(len(item), np.int8), item, len(item), out)
         return out
 
 
@@ -220,10 +312,8 @@ def repeated_accesses(acc: Accesses, times: int) -> Accesses:
 
 def stack_distances(acc: Accesses, scope: str = "per_layer") -> np.ndarray:
     """Per-access LRU stack distance (int32; 0 = first access of that item in its scope)."""
-    group, item, n_groups, n_items = stream(acc, scope)
-    hist = np.zeros(n_items + 2, np.int64)
-    out = np.zeros(item.shape[0], np.int32)
-    _stack_kernel(group, item, n_groups, n_items, 0, hist, out)
+    out = np.zeros(len(acc), np.int32)
+    StackPass(acc.n_layers, acc.n_experts, scope).feed(acc.layer, acc.expert, 0, out)
     return out
 
 
@@ -280,14 +370,10 @@ class StackCurve:
 
 def lru_stack_curve(acc: Accesses, scope: str = "per_layer", warm_fraction: float = 0.6) -> StackCurve:
     """One pass over ``acc``: exact LRU hits at every capacity in the scored window."""
-    scope = normalize_scope(scope)
     win = window(acc, warm_fraction)
-    group, item, n_groups, n_items = stream(acc, scope)
-    hist = np.zeros(n_items + 2, np.int64)
-    _stack_kernel(group, item, n_groups, n_items, win.cut, hist, np.zeros(0, np.int32))
-    cum = np.zeros(n_items + 1, np.int64)
-    cum[1:] = np.cumsum(hist[1:n_items + 1])
-    return StackCurve(scope, cum, win.scored_accesses, win, int(hist[0]))
+    sp = StackPass(acc.n_layers, acc.n_experts, scope)
+    sp.feed(acc.layer, acc.expert, win.cut)
+    return StackCurve(sp.scope, sp.cum_hits(), win.scored_accesses, win, int(sp.hist[0]))
 
 
 def lru_curve(acc: Accesses, scope: str = "per_layer", warm_fraction: float = 0.6
