@@ -308,67 +308,100 @@ def read_route_log(paths: Sequence[str | os.PathLike], *, min_repeats: int = DEF
         raise UsageError(f"--warmup-min-repeats must be at least 2, got {min_repeats}")
     stats = stats if stats is not None else {}
     spaths = [str(p) for p in paths]
-    # first pass (streaming): warm-up blocks, pass sizes, what the request and phase fields hold
-    blocks: list[dict] = []
+    sv = _survey(spaths, stats, min_repeats, keep_warmup)  # first pass (streaming)
+    stats["forward_passes"] = sv.n_passes
+    if not sv.n_passes:
+        raise InputError("JSON Lines: the log holds no route lines", path=spaths[0])
+    w = _warmup_account(sv, stats, min_repeats, keep_warmup, spaths[0])
+    varying = _request_source(sv, stats, max_batch)
+    real = itertools.islice(_merge(spaths, {}), w, None)  # second pass: the records
+    yield from _decode_records(real, sv.has_phase, varying, stats.get("max_batch"), stats)
+    if stats["decode_passes"] == 0:
+        raise InputError(f"JSON Lines: no decode passes among {sv.n_passes - w} forward passes "
+                         f"({stats['prefill_excluded']} prefill rows)", path=str(paths[0]),
+                         hint="pass --max-batch N if decode passes have more rows than the inferred batch")
+
+
+@dataclass
+class _Survey:
+    """What the first pass over a log learns: passes, the leading warm-up blocks, pass sizes, what
+    the request and phase fields hold."""
+
+    n_passes: int = 0
+    warmup: int = 0  # leading passes that are warm-up
+    blocks: list = field(default_factory=list)
+    sizes: collections.Counter = field(default_factory=collections.Counter)
+    req_values: set = field(default_factory=set)  # at most two names (and None): constant or varying
+    has_phase: bool = True
+
+
+def _survey(spaths: list[str], stats: dict, min_repeats: int, keep_warmup: bool) -> _Survey:
+    sv = _Survey()
     dropped_sigs: set = set()
-    w = 0
-    n_passes = 0
     looking = True
-    sizes: collections.Counter = collections.Counter()
-    req_values: set = set()  # at most two names (and None) are kept: enough to tell constant from varying
-    has_phase = True
     for p in _merge(spaths, stats):
-        n_passes += 1
+        sv.n_passes += 1
         if looking:
             sig = _route_sig(p)
             if sig is not None and (p.n_rows >= min_repeats or sig in dropped_sigs):
                 reason = (f"{p.n_rows} rows of one identical route (dummy tokens: profiling or graph capture)"
                           if sig not in dropped_sigs else "the route of an earlier warm-up pass (graph capture)")
-                if blocks and blocks[-1]["reason"] == reason:
-                    blocks[-1]["passes"] += 1
-                    blocks[-1]["rows"] += p.n_rows
+                if sv.blocks and sv.blocks[-1]["reason"] == reason:
+                    sv.blocks[-1]["passes"] += 1
+                    sv.blocks[-1]["rows"] += p.n_rows
                 else:
-                    blocks.append({"first_pass": p.index, "line": p.where[1], "file": p.where[0], "passes": 1,
-                                   "rows": p.n_rows, "reason": reason})
+                    sv.blocks.append({"first_pass": p.index, "line": p.where[1], "file": p.where[0], "passes": 1,
+                                      "rows": p.n_rows, "reason": reason})
                 dropped_sigs.add(sig)
-                w += 1
+                sv.warmup += 1
                 if not keep_warmup:
                     continue
             else:
                 looking = False
-        sizes[p.n_rows] += 1
-        if len(req_values) < 3:
-            req_values.update(p.requests)
-        has_phase = has_phase and all(ph is not None for ph in p.phases)
-    stats["forward_passes"] = n_passes
-    if not n_passes:
-        raise InputError("JSON Lines: the log holds no route lines", path=spaths[0])
+        sv.sizes[p.n_rows] += 1
+        if len(sv.req_values) < 3:
+            sv.req_values.update(p.requests)
+        sv.has_phase = sv.has_phase and all(ph is not None for ph in p.phases)
+    return sv
+
+
+def _warmup_account(sv: _Survey, stats: dict, min_repeats: int, keep_warmup: bool, path: str) -> int:
+    """stats["warmup"]; returns the leading passes to skip (InputError if that is all of them)."""
     if keep_warmup:
         stats["warmup"] = {"steps_dropped": 0, "rows_dropped": 0, "records_dropped": 0, "blocks": [],
-                           "kept": True, "candidates": blocks, "unit": "forward passes"}
-        w = 0
-    else:
-        if w == n_passes:
-            raise InputError(f"JSON Lines: all {n_passes} forward passes are warm-up junk (one identical "
-                             "route per pass)", path=spaths[0], hint="pass --keep-warmup to import them")
-        stats["warmup"] = {"steps_dropped": w, "rows_dropped": int(sum(b["rows"] for b in blocks)),
-                           "records_dropped": 0, "blocks": blocks, "min_repeats": min_repeats,
-                           "unit": "forward passes", "rows_unit": "token rows"}
+                           "kept": True, "candidates": sv.blocks, "unit": "forward passes"}
+        return 0
+    if sv.warmup == sv.n_passes:
+        raise InputError(f"JSON Lines: all {sv.n_passes} forward passes are warm-up junk (one identical "
+                         "route per pass)", path=path, hint="pass --keep-warmup to import them")
+    stats["warmup"] = {"steps_dropped": sv.warmup, "rows_dropped": int(sum(b["rows"] for b in sv.blocks)),
+                       "records_dropped": 0, "blocks": sv.blocks, "min_repeats": min_repeats,
+                       "unit": "forward passes", "rows_unit": "token rows"}
+    return sv.warmup
 
-    # requests and phases
+
+def _request_source(sv: _Survey, stats: dict, max_batch: int | None) -> bool:
+    """Whether req_id names the requests (it varies); else they are decode batch slots, and
+    stats["max_batch"] is the batch size (given, or the most common pass size without phases)."""
+    req_values = sv.req_values
     varying = len(req_values - {None}) > 1 and None not in req_values
     if not varying:
         if max_batch is None:
-            mx = max(sizes.items(), key=lambda x: (x[1], x[0]))[0] if sizes and not has_phase else None
-            max_batch = mx
+            max_batch = (max(sv.sizes.items(), key=lambda x: (x[1], x[0]))[0]
+                         if sv.sizes and not sv.has_phase else None)
         stats["max_batch"] = max_batch
     stats["requests_from"] = "req_id" if varying else "decode batch slot"
     if not varying and len(req_values) == 1 and None not in req_values:
         stats.setdefault("notes", []).append(
             f"req_id is {next(iter(req_values))!r} on every row, so it names no request: requests are "
             "inferred from the decode batch slot")
-    real = itertools.islice(_merge(spaths, {}), w, None)  # second pass: the records
-    n_real = n_passes - w
+    return varying
+
+
+def _decode_records(real: Iterator["_Pass"], has_phase: bool, varying: bool, max_batch: int | None,
+                    stats: dict) -> Iterator[tuple[Record, int]]:
+    """The decode rows of each forward pass as records, per layer; requests from req_id or
+    the decode batch slot (a new segment whenever the batch size changes)."""
     prefill_rows = 0
     segment = -1
     prev_size = None
@@ -394,16 +427,14 @@ def read_route_log(paths: Sequence[str | os.PathLike], *, min_repeats: int = DEF
                 segment += 1
                 sizes_seen.append(nd)
             prev_size = nd
-        slot = 0
-        lays = sorted(p.layers)
-        names = []
+        names, slot = [], 0
         for j in range(n):
             if not decode[j]:
                 names.append(None)
                 continue
             names.append(p.requests[j] if varying else f"s{segment}.{slot}")
             slot += 1
-        for lay in lays:
+        for lay in sorted(p.layers):
             rows, lines = p.layers[lay], p.lines[lay]
             for j in range(n):
                 if decode[j]:
@@ -414,7 +445,3 @@ def read_route_log(paths: Sequence[str | os.PathLike], *, min_repeats: int = DEF
     if not varying:
         stats["segments"] = segment + 1
         stats["segment_batch_sizes"] = sizes_seen[:50]
-    if decode_passes == 0:
-        raise InputError(f"JSON Lines: no decode passes among {n_real} forward passes ({prefill_rows} prefill "
-                         "rows)", path=str(paths[0]),
-                         hint="pass --max-batch N if decode passes have more rows than the inferred batch")
