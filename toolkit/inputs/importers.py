@@ -739,17 +739,9 @@ def _prompt_count(v, path: str, where: str) -> int | None:
     return int(v)
 
 
-def records_from_array(arr: np.ndarray, path: str, where: str, *, n_layers: int | None = None,
-                       k: int | None = None, prompt_tokens: int | None = None, include_prefill: bool = False,
-                       placeholder: int | None = 0, stats: dict | None = None) -> Iterator[tuple[Record, int]]:
-    """Records from a (tokens, layers, k) int array, one step per token row.
-
-    A 2-D (tokens x layers, k) array needs ``n_layers``; a 1-D flat array needs
-    ``n_layers`` and ``k``. The first ``prompt_tokens`` rows are prefill
-    (excluded unless ``include_prefill``). Layers holding only ``placeholder``
-    (0 for vLLM, -1 for SGLang) are dropped and the rest renumbered. Raises
-    InputError naming the array index of a bad value.
-    """
+def _int_ids(arr: np.ndarray, path: str, where: str) -> np.ndarray:
+    """An array of expert ids as int64: integral floats accepted, anything else (or an id out
+    of range) an InputError naming its index."""
     if arr.dtype.kind == "f":
         if not np.all(np.isfinite(arr)) or not np.all(arr == np.round(arr)):
             bad = np.argwhere(~np.isfinite(arr) | (arr != np.round(arr)))[0]
@@ -764,10 +756,12 @@ def records_from_array(arr: np.ndarray, path: str, where: str, *, n_layers: int 
     if arr.dtype.kind == "u" and arr.size and arr.max() > _MAX_ID:
         bad = np.argwhere(arr > _MAX_ID)[0]
         raise InputError(f"{where}{list(map(int, bad))} = {arr[tuple(bad)]} is out of range", path=path)
-    arr = arr.astype(np.int64, copy=False)  # (native byte order; -1 placeholders fit)
-    if prompt_tokens is not None and prompt_tokens < 0:
-        raise UsageError(f"--prompt-tokens must be >= 0, got {prompt_tokens}")
-    reshaped = arr.ndim < 3
+    return arr.astype(np.int64, copy=False)  # (native byte order; -1 placeholders fit)
+
+
+def _as_tokens_layers_k(arr: np.ndarray, path: str, where: str, n_layers: int | None,
+                        k: int | None) -> np.ndarray:
+    """A 1-D (with n_layers and k) or 2-D (with n_layers) array reshaped to (tokens, layers, k)."""
     if arr.ndim == 1:
         if not n_layers or not k:
             raise InputError(f"{where} is a flat array of {arr.size} ids", path=path,
@@ -787,6 +781,25 @@ def records_from_array(arr: np.ndarray, path: str, where: str, *, n_layers: int 
         arr = arr.reshape(-1, n_layers, arr.shape[1])
     elif arr.ndim != 3:
         raise InputError(f"{where} has rank {arr.ndim} {arr.shape}; expected 3 (tokens, layers, k)", path=path)
+    return arr
+
+
+def records_from_array(arr: np.ndarray, path: str, where: str, *, n_layers: int | None = None,
+                       k: int | None = None, prompt_tokens: int | None = None, include_prefill: bool = False,
+                       placeholder: int | None = 0, stats: dict | None = None) -> Iterator[tuple[Record, int]]:
+    """Records from a (tokens, layers, k) int array, one step per token row.
+
+    A 2-D (tokens x layers, k) array needs ``n_layers``; a 1-D flat array needs
+    ``n_layers`` and ``k``. The first ``prompt_tokens`` rows are prefill
+    (excluded unless ``include_prefill``). Layers holding only ``placeholder``
+    (0 for vLLM, -1 for SGLang) are dropped and the rest renumbered. Raises
+    InputError naming the array index of a bad value.
+    """
+    arr = _int_ids(arr, path, where)
+    if prompt_tokens is not None and prompt_tokens < 0:
+        raise UsageError(f"--prompt-tokens must be >= 0, got {prompt_tokens}")
+    reshaped = arr.ndim < 3
+    arr = _as_tokens_layers_k(arr, path, where, n_layers, k)
     n_tok, n_lay, kk = arr.shape
     if k is not None and kk != k and placeholder != -1:
         raise InputError(f"{where} has k={kk} experts per token, but k={k} was given", path=path)
