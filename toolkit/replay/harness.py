@@ -54,7 +54,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -124,7 +124,7 @@ def frequency_table(source: str, plan: FlatPlan, n_layers: int, n_experts: int) 
     if not os.path.isfile(source):
         raise InputError("no such frequency-table file", path=source,
                          hint="pass --freq-table oracle, or a trace (.jsonl/.parquet) or plan.bin")
-    from moetrace.analyses.sim import load_accesses
+    from moetrace.inputs.accesses import load_accesses
 
     acc = load_accesses(source, k=plan.header.k, n_layers=n_layers, n_experts=n_experts)
     if (acc.n_layers, acc.n_experts) != (n_layers, n_experts):
@@ -962,64 +962,23 @@ def run_replay(plan_path: str | os.PathLike, pool_dir: str | os.PathLike, opts: 
         # and can OOM-kill the replay under a tight limit, losing the log.
         import pyarrow  # noqa: F401
         import pyarrow.parquet  # noqa: F401
-    old_handlers = {}
     holder: list[Replayer] = []
-
-    def on_signal(signum, frame):
-        if not holder:  # still loading: nothing to write or release yet
-            raise SignalReceived(signum)
-        rep = holder[0]
-        if rep.interrupted is None:
-            rep.interrupted = signum
-        if rep.pool_threads is not None:
-            rep.pool_threads.abort = True  # the layer in flight stops; the loop sees rep.interrupted
-
-    if handle_signals and threading.current_thread() is threading.main_thread():
-        for s in (signal.SIGINT, signal.SIGTERM):
-            old_handlers[s] = signal.signal(s, on_signal)
+    old_handlers = _stop_on_signals(holder) if handle_signals else {}
     try:
         plan = load_flat_plan(plan_path)
         pool = open_pool(pool_dir)
         rep = Replayer(plan, pool, opts)
     except SignalReceived as e:
-        for s, hnd in old_handlers.items():
-            signal.signal(s, hnd)
+        _restore_handlers(old_handlers)
         raise ReplayInterrupted(e.signum, None) from None
     except BaseException:
-        for s, hnd in old_handlers.items():
-            signal.signal(s, hnd)
+        _restore_handlers(old_handlers)
         raise
     holder.append(rep)
     complete, status, err = False, 1, None
     try:
         try:
-            rep.prepare()
-            from moetrace.replay.epochs import EpochWriter
-
-            rep.phase_channel = EpochWriter.from_env()
-            if rep.phase_channel is not None:
-                rep.phase_channel.start(opts.warmup, opts.passes, plan.n_iterations)
-            total = plan.n_iterations * (opts.warmup + opts.passes)
-            bar_cm = progress(length=total, label=f"replay {opts.mode}") if progress else None
-            bar = bar_cm.__enter__() if bar_cm else None
-            try:
-                tick = bar.update if bar is not None else None
-                for r in range(opts.warmup):
-                    rep.replay_pass("warmup", r, tick)
-                rep.loop_entry_ns = time.monotonic_ns()
-                if opts.sync_fd is not None:
-                    rep.sync_loop_entry(opts.sync_fd)
-                for r in range(opts.passes):
-                    rep.replay_pass("measured", r, tick)
-            finally:
-                if bar_cm:
-                    bar_cm.__exit__(None, None, None)
-            if rep.advisor is not None:
-                rep.advisor.close()  # drain the slot: submitted = completed + overwritten
-            if rep.phase_channel is not None:
-                rep.phase_channel.done()
-            if opts.sync_fd is not None:
-                rep.sync_done(opts.sync_fd)
+            _replay_phases(rep, plan, opts, progress)
             complete, status = True, 0
         except SignalReceived as e:
             status = 128 + e.signum
@@ -1041,11 +1000,65 @@ def run_replay(plan_path: str | os.PathLike, pool_dir: str | os.PathLike, opts: 
         rep.close()
         if rep.phase_channel is not None:
             rep.phase_channel.close()
-        for s, hnd in old_handlers.items():
-            signal.signal(s, hnd)
+        _restore_handlers(old_handlers)
     if not complete:
         raise ReplayInterrupted(rep.interrupted or signal.SIGINT, opts.run_dir)
     return ReplayResult(summary, rep.rows)
+
+
+def _stop_on_signals(holder: list[Replayer]) -> dict[int, Any]:
+    """SIGINT/SIGTERM become a clean stop of the replayer in ``holder`` (the layer in flight
+    finishes), or SignalReceived while it is still loading. Returns the handlers they replaced
+    (none off the main thread, where Python takes no handler)."""
+    def on_signal(signum, frame):
+        if not holder:  # still loading: nothing to write or release yet
+            raise SignalReceived(signum)
+        rep = holder[0]
+        if rep.interrupted is None:
+            rep.interrupted = signum
+        if rep.pool_threads is not None:
+            rep.pool_threads.abort = True  # the layer in flight stops; the loop sees rep.interrupted
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _restore_handlers(old: dict[int, Any]) -> None:
+    for s, hnd in old.items():
+        signal.signal(s, hnd)
+
+
+def _replay_phases(rep: Replayer, plan: FlatPlan, opts: ReplayOptions, progress: Callable | None) -> None:
+    """Prepare, the warm-up passes, loop entry (told through sync_fd, when given), the measured
+    passes, and done (the advisor drained, the epoch channel closed, sync_fd told)."""
+    rep.prepare()
+    from moetrace.replay.epochs import EpochWriter
+
+    rep.phase_channel = EpochWriter.from_env()
+    if rep.phase_channel is not None:
+        rep.phase_channel.start(opts.warmup, opts.passes, plan.n_iterations)
+    total = plan.n_iterations * (opts.warmup + opts.passes)
+    bar_cm = progress(length=total, label=f"replay {opts.mode}") if progress else None
+    bar = bar_cm.__enter__() if bar_cm else None
+    try:
+        tick = bar.update if bar is not None else None
+        for r in range(opts.warmup):
+            rep.replay_pass("warmup", r, tick)
+        rep.loop_entry_ns = time.monotonic_ns()
+        if opts.sync_fd is not None:
+            rep.sync_loop_entry(opts.sync_fd)
+        for r in range(opts.passes):
+            rep.replay_pass("measured", r, tick)
+    finally:
+        if bar_cm:
+            bar_cm.__exit__(None, None, None)
+    if rep.advisor is not None:
+        rep.advisor.close()  # drain the slot: submitted = completed + overwritten
+    if rep.phase_channel is not None:
+        rep.phase_channel.done()
+    if opts.sync_fd is not None:
+        rep.sync_done(opts.sync_fd)
 
 
 __all__ = ["MODES", "PREFETCH", "REPLAY_SCHEMA", "ITERATIONS_FILE", "SUMMARY_FILE", "ITERATION_COLUMNS",
