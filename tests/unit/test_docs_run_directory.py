@@ -6,8 +6,6 @@ recording."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from common import docs_run_directory as D
@@ -26,6 +24,7 @@ def declared_tables() -> dict[str, list[str]]:
     from moetrace.record.probes import PROBES
     from moetrace.replay.harness import ITERATION_COLUMNS
     from moetrace.run import validate
+    from moetrace.run.tables import TABLES
 
     out: dict[str, list[str]] = {}
 
@@ -36,13 +35,9 @@ def declared_tables() -> dict[str, list[str]]:
     for spec in PROBES.values():
         for table, cols in spec.tables().items():
             add(table, [c.name for c in cols])
-    # the one table declaration (moetrace.run.tables.TABLES) where it exists, and the readers' checks
-    if importlib.util.find_spec("moetrace.run.tables") is not None:
-        from moetrace.run.tables import TABLES
-
-        for table, cols in TABLES.items():
-            add(table, [c.name for c in cols])
-    for table, cols in getattr(validate, "TABLE_SPEC", {}).items():
+    for table, cols in TABLES.items():  # every run table's columns, declared once
+        add(table, [c.name for c in cols])
+    for table, cols in getattr(validate, "TABLE_SPEC", {}).items():  # the readers' checks (built from TABLES)
         add(table, list(cols))
     add("iterations", [name for name, _type in ITERATION_COLUMNS])
     add("results", CELL_COLUMNS)
