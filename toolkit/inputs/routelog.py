@@ -64,6 +64,7 @@ import numpy as np
 
 from moetrace.errors import InputError, UsageError
 from moetrace.inputs.trace import Record, json_lines, valid_text
+from moetrace.inputs.typer import MAX_EXPERT, MAX_LAYER
 
 EXPERT_KEYS = ("topk_ids", "expert_ids", "experts")
 LAYER_KEYS = ("layer", "layer_id", "layer_idx")
@@ -156,10 +157,43 @@ def _read_file(path: str, stats: dict) -> list[_Pass]:
     return list(_iter_file(path, stats))
 
 
+def _route_fields(obj: dict, path: str, lineno: int, start: int) -> tuple:
+    """(layer, row, forward pass or None, experts, request or None, phase: True prefill, False decode,
+    None unknown) of a route line; InputError naming the line for a field that is missing or wrong."""
+    layer = _int_field(obj, LAYER_KEYS, "layer", path, lineno, hi=MAX_LAYER)
+    row = _int_field(obj, ROW_KEYS, "row index", path, lineno, hi=2**31)
+    pid = _int_field(obj, PASS_KEYS, "forward pass", path, lineno, required=False)
+    ekey, ex = _first(obj, EXPERT_KEYS)
+    if ekey is None:
+        raise InputError(f"JSON Lines: a route line needs the experts ({' | '.join(EXPERT_KEYS)})",
+                         path=path, line=lineno, offset=start)
+    if not isinstance(ex, list) or not ex or not all(isinstance(x, int) and not isinstance(x, bool)
+                                                     for x in ex):
+        raise InputError(f"JSON Lines: {ekey} must be a non-empty list of integers", path=path,
+                         line=lineno, offset=start)
+    bad = [x for x in ex if not 0 <= x <= MAX_EXPERT]
+    if bad:
+        raise InputError(f"JSON Lines: expert id {bad[0]} in {ekey} is out of range (0 to {MAX_EXPERT})",
+                         path=path, line=lineno, offset=start)
+    rkey, req = _first(obj, REQUEST_KEYS)
+    if req is not None and (isinstance(req, bool) or not isinstance(req, (str, int)) or not valid_text(req)):
+        raise InputError(f"JSON Lines: {rkey} must be a string (of valid Unicode: no lone surrogate) or an "
+                         "integer", path=path, line=lineno)
+    phase = None
+    if "phase" in obj:
+        phase = {"prefill": True, "decode": False}.get(obj["phase"]) if isinstance(obj["phase"], str) else None
+        if phase is None:
+            raise InputError(f"JSON Lines: phase {json.dumps(obj['phase'])[:30]} is neither "
+                             "\"prefill\" nor \"decode\"", path=path, line=lineno)
+    elif "is_prefill" in obj:
+        if not isinstance(obj["is_prefill"], bool):
+            raise InputError("JSON Lines: is_prefill must be true or false", path=path, line=lineno)
+        phase = obj["is_prefill"]
+    return layer, row, pid, ex, req, phase
+
+
 def _iter_file(path: str, stats: dict) -> Iterator[_Pass]:
     """The forward passes of one log file, one at a time (a pass is complete when the next begins)."""
-    from moetrace.inputs.trace import MAX_EXPERT, MAX_LAYER
-
     n_passes = 0
     cur: _Pass | None = None
     cur_id = None
@@ -177,35 +211,7 @@ def _iter_file(path: str, stats: dict) -> Iterator[_Pass]:
         if typ != "route":
             stats.setdefault("lines_skipped", collections.Counter())[str(typ)[:40]] += 1
             continue
-        layer = _int_field(obj, LAYER_KEYS, "layer", path, lineno, hi=MAX_LAYER)
-        row = _int_field(obj, ROW_KEYS, "row index", path, lineno, hi=2**31)
-        pid = _int_field(obj, PASS_KEYS, "forward pass", path, lineno, required=False)
-        ekey, ex = _first(obj, EXPERT_KEYS)
-        if ekey is None:
-            raise InputError(f"JSON Lines: a route line needs the experts ({' | '.join(EXPERT_KEYS)})",
-                             path=path, line=lineno, offset=start)
-        if not isinstance(ex, list) or not ex or not all(isinstance(x, int) and not isinstance(x, bool)
-                                                         for x in ex):
-            raise InputError(f"JSON Lines: {ekey} must be a non-empty list of integers", path=path,
-                             line=lineno, offset=start)
-        bad = [x for x in ex if not 0 <= x <= MAX_EXPERT]
-        if bad:
-            raise InputError(f"JSON Lines: expert id {bad[0]} in {ekey} is out of range (0 to {MAX_EXPERT})",
-                             path=path, line=lineno, offset=start)
-        rkey, req = _first(obj, REQUEST_KEYS)
-        if req is not None and (isinstance(req, bool) or not isinstance(req, (str, int)) or not valid_text(req)):
-            raise InputError(f"JSON Lines: {rkey} must be a string (of valid Unicode: no lone surrogate) or an "
-                             "integer", path=path, line=lineno)
-        phase = None
-        if "phase" in obj:
-            phase = {"prefill": True, "decode": False}.get(obj["phase"]) if isinstance(obj["phase"], str) else None
-            if phase is None:
-                raise InputError(f"JSON Lines: phase {json.dumps(obj['phase'])[:30]} is neither "
-                                 "\"prefill\" nor \"decode\"", path=path, line=lineno)
-        elif "is_prefill" in obj:
-            if not isinstance(obj["is_prefill"], bool):
-                raise InputError("JSON Lines: is_prefill must be true or false", path=path, line=lineno)
-            phase = obj["is_prefill"]
+        layer, row, pid, ex, req, phase = _route_fields(obj, path, lineno, start)
         if explicit is None:
             explicit = pid is not None
         elif explicit != (pid is not None):
