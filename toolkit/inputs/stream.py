@@ -54,15 +54,6 @@ class _Fallback(Exception):
     """The fast reader cannot take this file: use the reference parser."""
 
 
-def exact_error(path: str) -> None:
-    """Run the reference reader over the whole file (streaming, nothing kept) so
-    that it raises its exact InputError; returns if the file reads cleanly."""
-    from moetrace.inputs.trace import read_jsonl
-
-    for _ in read_jsonl(path):
-        pass
-
-
 def read_chunks(path: str | os.PathLike, block_bytes: int = DEFAULT_BLOCK_BYTES,
                 requests: dict | None = None, stats: dict | None = None) -> Iterator[RecordChunk]:
     """Stream the records of an engine JSONL trace as chunks of whole steps.
