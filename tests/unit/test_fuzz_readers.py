@@ -169,7 +169,7 @@ def _read_iterations(path):
 
 
 def _plan_readers(path: Path) -> dict:
-    from moetrace.analyses import sim as S
+    from moetrace.inputs import accesses as A
 
     return {
         "read_header": lambda: P.read_header(path),
@@ -179,8 +179,8 @@ def _plan_readers(path: Path) -> dict:
         "read_accesses": lambda: P.read_accesses(path),
         "inspect_plan": lambda: P.inspect_plan(path),
         "load_flat_plan": lambda: P.load_flat_plan(path),
-        "sim.load_accesses": lambda: S.load_accesses(path),
-        "sim.plan_expert_bytes": lambda: S.plan_expert_bytes(path),
+        "accesses.load_accesses": lambda: A.load_accesses(path),
+        "accesses.plan_expert_bytes": lambda: A.plan_expert_bytes(path),
     }
 
 
@@ -681,12 +681,12 @@ def test_plan_header_totals_must_fit_the_file(tmp_path):
 
 @pytest.mark.parametrize("what", ["missing", "directory"])
 def test_sim_plan_helpers_on_a_missing_file_or_directory(tmp_path, what):
-    """analyses.sim.plan_expert_bytes / is_plan: were FileNotFoundError / IsADirectoryError."""
-    from moetrace.analyses import sim as S
+    """inputs.accesses.plan_expert_bytes / is_plan: were FileNotFoundError / IsADirectoryError."""
+    from moetrace.inputs import accesses as A
 
     p = tmp_path / "absent.bin" if what == "missing" else tmp_path
     with pytest.raises(InputError) as e:
-        S.plan_expert_bytes(p)
+        A.plan_expert_bytes(p)
     assert str(p) in e.value.format_message()
 
 

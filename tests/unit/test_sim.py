@@ -15,6 +15,7 @@ from moetrace.analyses import sim
 from moetrace.analyses.stackdist import lru_curve, lru_stack_curve, stack_distances, window
 from moetrace.cli import cli
 from moetrace.errors import InputError, UsageError
+from moetrace.inputs.accesses import is_plan, load_accesses
 from moetrace.inputs.trace import Accesses, accesses_from_table, write_jsonl
 
 
@@ -312,7 +313,7 @@ def test_cli_json(tiny_trace):
     assert len(rows) == 4 * 2 * 2
     assert {row["scope"] for row in rows} == {"per_layer", "global"}
     lru = {(row["scope"], row["budget"]): row for row in rows if row["policy"] == "lru"}
-    acc = sim.load_accesses(tiny_trace)
+    acc = load_accesses(tiny_trace)
     assert lru[("per_layer", 2)]["hits"] == sim.lru_hits(acc, 2)
     assert lru[("global", 8)]["hits"] == sim.lru_hits(acc, 8, "global")
     row = lru[("per_layer", 2)]
@@ -355,9 +356,9 @@ def test_load_accesses_routes_plans(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "moetrace.inputs.plan", fake)
     p = tmp_path / "x.bin"
     p.write_bytes(b"MOEPLAN\x01rest")
-    assert sim.load_accesses(p) is want
+    assert load_accesses(p) is want
     with pytest.raises(InputError):
-        sim.load_accesses(tmp_path)
+        load_accesses(tmp_path)
 
 
 def test_help_lists_options():
@@ -374,8 +375,8 @@ def test_plan_input_matches_trace(tiny_trace, tmp_path):
         pytest.skip("moetrace.inputs.plan has no compile_plan")
     out = tmp_path / "p.bin"
     plan.compile_plan([tiny_trace], out, expert_bytes=4096)
-    assert sim.is_plan(out) and not sim.is_plan(tiny_trace)
-    a, b = sim.load_accesses(tiny_trace), sim.load_accesses(out)
+    assert is_plan(out) and not is_plan(tiny_trace)
+    a, b = load_accesses(tiny_trace), load_accesses(out)
     assert sim.compute_sim(a, budgets=[2, 4])["hits"].tolist() == sim.compute_sim(b, budgets=[2, 4])["hits"].tolist()
     r = CliRunner().invoke(cli, ["sim", str(out), "--budgets", "2", "--policy", "lru", "--json"])
     assert r.exit_code == 0, r.output

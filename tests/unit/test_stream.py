@@ -16,11 +16,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from moetrace.analyses.sim import compute_sim, load_accesses
+from moetrace.analyses.sim import compute_sim
 from moetrace.analyses.simstream import compute_sim_stream
 from moetrace.errors import InputError
 from moetrace.inputs import plan as P
 from moetrace.inputs import stream as S
+from moetrace.inputs.accesses import load_accesses
 from moetrace.inputs.trace import parse_jsonl
 
 

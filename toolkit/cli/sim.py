@@ -68,7 +68,8 @@ def sim(trace_or_plan, policy_text, budget_text, scope, global_text, static_tabl
       moetrace sim plan.bin --policy lru,belady --budgets 8,16,32,64,128 --json
       moetrace sim prose.parquet --scope both --static-table code.parquet --plot fig1.png
     """
-    from moetrace.analyses.sim import compute_sim, load_accesses, parse_budgets, parse_policies, plan_expert_bytes
+    from moetrace.analyses.sim import compute_sim, parse_budgets, parse_policies
+    from moetrace.inputs.accesses import load_accesses, plan_expert_bytes
     from moetrace.errors import UsageError
 
     policies = parse_policies(policy_text)
@@ -150,7 +151,7 @@ def _streamable(path: str, order, request, kw: dict, info: dict):
     A plan is streamed as it is (unless it must be re-ordered or split by
     request, which a plan cannot); an engine JSONL trace larger than
     MOETRACE_STREAM_BYTES (default 8 MiB) is compiled to a temporary plan first."""
-    from moetrace.analyses.sim import is_plan
+    from moetrace.inputs.accesses import is_plan
 
     if not os.path.isfile(path):
         yield None
@@ -183,7 +184,7 @@ def _streamable(path: str, order, request, kw: dict, info: dict):
         out = os.path.join(tmp, "plan.bin")
         h = compile_plan([path], out, k=kw.get("k"), n_layers=kw.get("n_layers"), n_experts=kw.get("n_experts"),
                          request=request, order=order or "rank")
-        from moetrace.analyses.sim import stream_sentence
+        from moetrace.inputs.accesses import stream_sentence
 
         n_req = (h.meta.get("requests") or [1])[0]
         stream = stream_sentence(request, h.n_iterations, n_req)
