@@ -182,8 +182,12 @@ def plot_capacity(cells: pd.DataFrame, axes) -> Any:
                   label=f"a/C through C = {format_bytes(c0)} (largest C reading >= "
                         f"{NEGLIGIBLE_SHARE:.0%} of the most)")
     ax_d.set_yscale("log")
+    from matplotlib.ticker import FuncFormatter
+
+    for axis in (ax_d.yaxis.set_major_formatter, ax_d.yaxis.set_minor_formatter):
+        axis(FuncFormatter(lambda v, _: f"{v:g}"))
     _capacity_axis(ax_d, caps)
     ax_d.set_ylabel("device MiB per iteration")
     ax_d.set_title("device bytes vs C")
-    ax_d.legend(fontsize=8)
+    ax_d.legend(fontsize=7)
     return axes

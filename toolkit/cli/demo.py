@@ -47,12 +47,14 @@ def demo(out_dir, preset, steps, seed, capacity):
     3. trace stats    Zipf slope, W1/W8/W64 reuse, concentration, coverage
     4. plan compile   plan.bin with oracle prefetch hints; plan inspect
     5. sim            LRU / LFU / static / Belady under fair windows -> sim.png
-    6. pool create + sweep --record (root): a small scaled pool, and capacity
-       cells under a cgroup memory limit from "pool fits" down to 1/4, each
-       recorded with the eBPF probes -> sweep/fig2.png, sweep/cells/*/run/
-       and `moetrace watch` of one more replay at 48 MiB -> watch.jsonl
-    7. report: `moetrace report` of the sweep -> report/report.html (Table 2,
-       per-expert amplification, hit path, age, reclaim, flame graph, timeline)
+    6. pool create + sweep --record (root): a 256 MiB pool and four capacity
+       cells under a cgroup memory limit (192, 96, 48, 16 MiB: a simulated LRU
+       hit rate of 92 % down to 13 %), each recorded with the eBPF probes ->
+       sweep/cells/*/run/, and `moetrace watch` of one more replay at 48 MiB
+       -> watch.jsonl
+    7. report: `moetrace report` of the sweep -> report/report.html (findings
+       first, Table 2, Fig. 2, the cells, per-expert amplification, hit path,
+       age, reclaim, flame graph, timeline; every cell's report under cells/)
     Everything lands in --out (JSON beside each step, REPORT.md last).
     """
     out = Path(out_dir)
@@ -60,7 +62,7 @@ def demo(out_dir, preset, steps, seed, capacity):
     t0 = time.monotonic()
     say = lambda s: click.echo(click.style(s, bold=True))  # noqa: E731
 
-    n = 6 if capacity else 5
+    n = 7 if capacity else 5
     trace = out / "trace.jsonl"
     say(f"[1/{n}] trace synth --preset {preset} --steps {steps}")
     syn = _run(["trace", "synth", "--preset", preset, "--steps", steps, "--seed", seed,
@@ -100,7 +102,7 @@ def demo(out_dir, preset, steps, seed, capacity):
         say(f"[6/{n}] pool create + sweep under a cgroup memory limit")
         sweep_md = _capacity_step(out, seed)
         if (out / "sweep" / "results.parquet").is_file():
-            say(f"[7/{n + 1}] report: amplification, hit path, age, reclaim, flame graph, timeline")
+            say(f"[7/{n}] report: findings, Table 2, Fig. 2, amplification, hit path, age, reclaim, flame graph")
             report_doc = _report_step(out)
             sweep_md += _report_md(out, report_doc)
 
@@ -145,8 +147,9 @@ def _report_md(out: Path, doc: dict) -> str:
 
 
 def _capacity_step(out: Path, seed: int) -> str:
-    """Step 6: a 184 MiB scaled Kimi-K3 pool, a 20-step plan for it, and a sweep of three
-    capacities (pool fits, ~1/2, ~1/4) under the cgroup wall. Returns the report section."""
+    """Step 6: a 256 MiB pool (32 layers x 128 experts x 64 KiB), a 60-step plan for it whose
+    simulated LRU hit rate bends from 13 % to 92 % over the four capacities, and a sweep of them
+    under the cgroup wall. Returns the report section."""
     if os.geteuid() != 0:
         click.echo("      skipped: capacity cells need root (memory cgroups, drop_caches); run as root, "
                    "or pass --no-capacity")
@@ -154,24 +157,28 @@ def _capacity_step(out: Path, seed: int) -> str:
     work = out / "capacity"
     work.mkdir(exist_ok=True)
     pool = work / "pool"
-    _run(["pool", "create", pool, "--geometry", "kimi-k3", "--experts", 32, "--expert-bytes", "64KiB",
-          "--force", "--json"], work / "pool.json")
-    _run(["trace", "synth", "--preset", "kimi-k3", "--experts", 32, "--steps", 20, "--seed", seed,
-          "-o", work / "trace.jsonl", "--json"], work / "synth.json")
+    geo = ["--layers", 32, "--experts", 128, "--k", 8]
+    _run(["pool", "create", pool, *geo, "--expert-bytes", "64KiB", "--force", "--json"], work / "pool.json")
+    # reuse of the previous token's experts 20 %, within 8 tokens 60 %, within 64 tokens 85 %: the LRU
+    # hit rate climbs with C (13 % at 16 MiB, 49 % at 48, 74 % at 96, 92 % at 192) instead of jumping
+    # from all-miss to all-hit
+    _run(["trace", "synth", *geo, "--steps", 60, "--reuse", 0.2, "--reuse-8", 0.6, "--reuse-64", 0.85,
+          "--seed", seed, "-o", work / "trace.jsonl", "--json"], work / "synth.json")
     plan = work / "plan.bin"
-    _run(["plan", "compile", work / "trace.jsonl", "--geometry", "kimi-k3", "--experts", 32,
-          "--expert-bytes", "64KiB", "-o", plan, "--json"], work / "plan-compile.json")
-    click.echo(f"      pool {pool}: 92 layers x 32 experts x 64 KiB = 184 MiB; plan of 20 iterations")
-    res = _run(["sweep", "--plan", plan, "--pool", pool, "--capacities", "256MiB,96MiB,48MiB", "--repeats", 1,
+    _run(["plan", "compile", work / "trace.jsonl", *geo, "--expert-bytes", "64KiB", "-o", plan, "--json"],
+         work / "plan-compile.json")
+    click.echo(f"      pool {pool}: 32 layers x 128 experts x 64 KiB = 256 MiB; plan of 60 iterations")
+    res = _run(["sweep", "--plan", plan, "--pool", pool, "--capacities", "192MiB,96MiB,48MiB,16MiB", "--repeats", 1,
                 # headroom: the replay's own memory and the ~26 MiB of library files it reads, charged to
-                # the same scope; at 40 MiB the pool-fits cell re-read 362 pool pages once (1.48 MB)
+                # the same scope (the effective capacity column of Table 2 says what the pool had)
                 "--mechanism", "cgroup", "--headroom", "64MiB", "--record", "--out", out / "sweep", "--json"],
                work / "sweep.json")
     rows = res.get("capacity") or res.get("table") or []
-    lines = ["      C         iteration   device/iter   miss/iter   amp"]
+    lines = ["      C         LRU hits  iteration   device/iter   miss/iter   amp"]
     for r in rows:
-        amp = r.get("amplification")
-        lines.append(f"      {r['capacity_bytes'] / 2**20:>5.0f} MiB {r['iteration_time_median_ns'] / 1e6:>8.1f} ms "
+        amp, hr = r.get("amplification"), r.get("lru_hit_rate")
+        lines.append(f"      {r['capacity_bytes'] / 2**20:>5.0f} MiB {'NA' if hr is None else f'{100 * hr:.0f} %':>8} "
+                     f"{r['iteration_time_median_ns'] / 1e6:>8.1f} ms "
                      f"{(r['device_bytes_per_iteration'] or 0) / 2**20:>9.1f} MiB {(r['miss_bytes_per_iteration'] or 0) / 2**20:>7.1f} MiB "
                      f"{'NA' if amp is None else f'{amp:.2f}':>5}")
     text = "\n".join(lines) + "\n" + _recorded_summary(out / "sweep")
@@ -179,7 +186,7 @@ def _capacity_step(out: Path, seed: int) -> str:
     try:
         watched = _watch_step(out, pool, plan)
     finally:
-        shutil.rmtree(pool, ignore_errors=True)  # 184 MiB of test data: keep the results, not the pool
+        shutil.rmtree(pool, ignore_errors=True)  # 256 MiB of test data: keep the results, not the pool
     return ("\n## Capacity sweep (cgroup wall)\n\n```\n" + text + "\n```\n\n![capacity](sweep/fig2.png)\n" + watched)
 
 

@@ -61,11 +61,12 @@ def amplification(rep: Report, t2: pd.DataFrame) -> None:
     parts = ["No capacity amplifies: device reads / LRU miss demand stay between ", f("table2", low, "amplification"),
              " (C = ", f("table2", low, "C"), ") and ", f("table2", top, "amplification"), " (C = ",
              f("table2", top, "C"), "): the kernel served this pool like an LRU of C, or better."]
-    if float(amp.min()) < 1 / AMPLIFIES and "effective C" in rep.shown["table2"]:
-        eff = rep.shown["table2"]["effective C"].iloc[low]
-        if eff != "NA":
-            parts += [" Below 1 the pool had more room than C: the effective capacity at C = ",
-                      f("table2", low, "C"), " was ", f("table2", low, "effective C"), "."]
+    small = len(t2) - 1  # the smallest C: where the room beside C weighs most
+    if not is_na(amp.iloc[small]) and float(amp.iloc[small]) < 1 / AMPLIFIES and "effective C" in rep.shown["table2"]:
+        if rep.shown["table2"]["effective C"].iloc[small] != "NA":
+            parts += [" Below 1 the pool had more room than C: at C = ", f("table2", small, "C"),
+                      " its pages could occupy ", f("table2", small, "effective C"),
+                      " (the scope's headroom less the replay's own memory)."]
     rep.finding(*parts, cls="ok")
 
 
