@@ -111,7 +111,7 @@ class PageEventAttribution:
 _STRING_COLS = ("kind", "evictor")
 
 
-def _iter_batches(source: Source, columns: list[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
+def iter_batches(source: Source, columns: list[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
     """Record batches of at most ``batch_rows`` rows with ``columns`` (in that order)."""
     if batch_rows < 1:
         raise UsageError(f"batch_rows must be >= 1 (got {batch_rows})")
@@ -394,7 +394,7 @@ def attribute_page_events(source: Source, n_experts_total: int, epochs: pd.DataF
     # epoch positions per dense reduction: at most _DENSE_SLOTS bins per bincount
     width = max(1, _DENSE_SLOTS // (n1 * _NCLS))
     events = outside = batches = 0
-    for batch in _iter_batches(source, cols, batch_rows):
+    for batch in iter_batches(source, cols, batch_rows):
         batches += 1
         n = batch.num_rows
         if n == 0:
@@ -526,7 +526,7 @@ def count_epoch_rereads(source: Source, n_experts_total: int, pages_per_expert: 
     out = np.zeros((max(ep.n, 1), n_total), np.int64)
     bad = 0
     cols = ["expert_id", "kind", "first_page_index", "pages", "ts_ns"]
-    for batch in _iter_batches(source, cols, batch_rows):
+    for batch in iter_batches(source, cols, batch_rows):
         if batch.num_rows == 0:
             continue
         eid = _int_column(batch.column(0), "expert_id").astype(np.int64)

@@ -372,7 +372,7 @@ def test_generation_age_on_the_lru_gen_formats(release):
 # -- timeline, flame, CLI --------------------------------------------------------------------------
 
 def test_timeline_has_every_iteration_and_counters():
-    from moetrace.reports.timeline import compute_timeline
+    from moetrace.analyses.timeline import compute_timeline
     from moetrace.run.handle import open_run
 
     run = open_run(DATA / "sweep" / "cells" / "48MiB-r0")
@@ -424,7 +424,7 @@ def test_report_cli_json_and_errors(tmp_path):
 
 
 def test_timeline_streams_the_page_event_counter():
-    from moetrace.reports.timeline import compute_timeline
+    from moetrace.analyses.timeline import compute_timeline
     from moetrace.run.handle import open_run
 
     run = open_run(DATA / "run")

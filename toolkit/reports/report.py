@@ -414,11 +414,11 @@ def section_flame(rep: Report, run) -> None:
 
 
 def section_timeline(rep: Report, run) -> None:
-    from moetrace.reports.timeline import compute_timeline, write_timeline
+    from moetrace.analyses.timeline import compute_timeline
 
     rep.h(2, "Timeline", "timeline")
     doc = compute_timeline(run.tables, run.meta)
-    write_timeline(doc, rep.out / "timeline.json")
+    (rep.out / "timeline.json").write_text(json.dumps(doc, separators=(",", ":")))
     rep.files["timeline"] = "timeline.json"
     rep.p(f"timeline.json: {len(doc['traceEvents'])} trace events (iterations as slices, page-cache, mlock and "
           "MGLRU counters). Open it in ui.perfetto.dev or chrome://tracing.")

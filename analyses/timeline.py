@@ -12,14 +12,12 @@ Tracks:
   MGLRU oldest generation age and max_seq per memcg (lru_gen samples); aging events.
 
 Block I/O is recorded as totals and histograms, not per event: it appears only through its
-effects (pages added per iteration).
+effects (pages added per iteration). The report writes the document as timeline.json.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -134,14 +132,14 @@ def _resident_points(tables) -> list[tuple[int, int]]:
     import pyarrow.parquet as pq
 
     if hasattr(tables, "path"):
-        from moetrace.analyses.page_events import _iter_batches
+        from moetrace.analyses.page_events import iter_batches
 
         path = tables.path("page_events")
         try:
             n = pq.ParquetFile(path).metadata.num_rows
         except (OSError, pa.ArrowException) as e:
             raise InputError(f"cannot read the page events: {e}", path=str(path)) from None
-        batches = _iter_batches(path, ["ts_ns", "kind", "pages"], 1 << 20)
+        batches = iter_batches(path, ["ts_ns", "kind", "pages"], 1 << 20)
     else:
         t = pa.Table.from_pandas(tables["page_events"][["ts_ns", "kind", "pages"]], preserve_index=False)
         n = t.num_rows
@@ -162,9 +160,3 @@ def _resident_points(tables) -> list[tuple[int, int]]:
             carry = int(res[-1])
         seen += len(ts)
     return out
-
-
-def write_timeline(doc: Mapping[str, Any], path: str | Path) -> Path:
-    p = Path(path)
-    p.write_text(json.dumps(doc, separators=(",", ":")))
-    return p
