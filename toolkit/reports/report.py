@@ -742,10 +742,9 @@ def build_matrix_report(m: MatrixInputs, out: str | os.PathLike, *, sections: It
     with staged(out) as stage:
         rep = Report(stage, f"moetrace matrix report: {m.path.name}")
         rep.h(2, "The §5 matrix: MGLRU x capacity mechanism", "matrix")
-        if m.findings:
-            rep.html.append("<ul>" + "".join(f"<li>{html.escape(f)}</li>" for f in m.findings) + "</ul>")
-            rep.md.append("".join(f"- {f}\n" for f in m.findings))
-        else:
+        for f in m.findings:  # the panel at the top of the page
+            rep.finding(f)
+        if not m.findings:
             rep.p("No finished cell yet.")
         rep.summary["findings"] = m.findings
         if m.fig3:
