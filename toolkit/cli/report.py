@@ -17,21 +17,26 @@ from moetrace.cli.common import emit_json
               help="Report directory (default: PATH/report). An existing report there is replaced.")
 @click.option("--only", "only", default=",".join(("amp", "hitpath", "age", "reclaim", "flame", "timeline")),
               show_default=True, help="Sections to build, comma-separated: amp, hitpath, age, reclaim, flame, timeline.")
-@click.option("--cell", default=None, help="Sweep only: the cell to detail (default: the retained cell with the "
-                                           "highest amplification).")
+@click.option("--cell", default=None, help="Sweep only: the cell to detail (default: the most informative: the "
+                                           "largest amplification when a cell amplifies, else the middle of the "
+                                           "curve).")
+@click.option("--cell-reports/--no-cell-reports", default=True, show_default=True,
+              help="Sweep only: write every other recorded cell's report under cells/NAME/ (linked from the "
+                   "strip of cells; ~5 s a cell).")
 @click.option("--plan", "plan_path", type=click.Path(exists=True, dir_okay=False), default=None,
               help="The plan the replay ran, when it is no longer where the manifest says (for the simulated "
                    "miss demand per expert).")
 @click.option("--force", is_flag=True, help="Write into a non-empty --out that holds no earlier report.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report's headline figures as JSON.")
-def report(path, out_dir, only, cell, plan_path, force, as_json):
+def report(path, out_dir, only, cell, cell_reports, plan_path, force, as_json):
     """Analyse a run, cell or sweep and write one self-contained HTML page, its Markdown
     twin, and every table as Parquet and JSON. No root, no kernel.
 
     \b
     PATH is a `record --out` run directory, a `cell --out` cell directory, or a
-    `sweep --out` directory (Table 2, Fig. 2, the alarm per cell, then the
-    per-expert detail of one cell). Sections:
+    `sweep --out` directory (Table 2, Fig. 2, the cells, then the per-expert
+    detail of one cell). Every report opens with its findings (printed here
+    too), each number linked to the table it comes from. Sections:
       amp      re-read amplification per iteration and per (layer, expert), re-reads
                within one iteration, observed vs simulated hit rate, the totals
                against /proc, the paper's alarm (amplification with scan/steal > 2)
@@ -61,7 +66,7 @@ def report(path, out_dir, only, cell, plan_path, force, as_json):
                                       sections=sections, force=force, progress=step)
         else:
             doc = build_report(path, out_dir, sections=sections, cell=cell, plan=plan_path, force=force,
-                               progress=step)
+                               progress=step, cell_reports=cell_reports)
     if as_json:
         emit_json(doc)
         return
@@ -69,10 +74,8 @@ def report(path, out_dir, only, cell, plan_path, force, as_json):
     click.echo(f"report: {doc['html']}")
     click.echo(f"        {doc['markdown']}, {len(doc['tables'])} tables, {len(doc['figures'])} figures"
                + (f", {', '.join(doc['files'].values())}" if doc["files"] else ""))
-    if s.get("amplification") is not None or s.get("alarm"):
-        al = s.get("alarm") or {}
-        click.echo(f"        amplification {s.get('amplification')}, scan-to-steal {al.get('scan_to_steal')}, "
-                   f"alarm {al.get('alarm')}")
+    for f in doc.get("findings") or []:
+        click.echo(f"  - {f}")
 
 
 @click.command()

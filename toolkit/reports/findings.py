@@ -70,8 +70,9 @@ def amplification(rep: Report, t2: pd.DataFrame) -> None:
     rep.finding(*parts, cls="ok")
 
 
-def featured(rep: Report, name: str, why: str) -> None:
-    rep.finding(f"Detailed below: cell {name} ({why}). Every other cell is one click away in the cells strip.")
+def featured(rep: Report, name: str, why: str, others_linked: bool) -> None:
+    rep.finding(f"Detailed below: cell {name}, {why}."
+                + (" Every other cell's report is one click away in the strip of cells." if others_linked else ""))
 
 
 def rereads(rep: Report, summary: dict) -> None:

@@ -629,13 +629,13 @@ def featured_cell(cells: list, sr: pd.DataFrame) -> tuple[Any, str]:
     known = {k: v for k, v in amp.items() if v is not None}
     if known and max(known.values()) > AMPLIFIES:
         name = max(known, key=known.get)
-        return next(c for c in retained if c.name == name), "the largest amplification"
+        return next(c for c in retained if c.name == name), "the one that amplifies most"
 
     def hit(c):
         h = ((c.cell or {}).get("simulated") or {}).get("hit_rate")
         return (abs(h - 0.5) if h is not None else 2.0, int((c.cell or {}).get("capacity_bytes") or 0))
 
-    return min(retained, key=hit), "no cell amplifies: the one in the middle of the curve (LRU hit rate nearest 50 %)"
+    return min(retained, key=hit), "in the middle of the curve (no cell amplifies; LRU hit rate nearest 50 %)"
 
 
 def _cells_strip(rep: Report, sr: pd.DataFrame, links: dict[str, str]) -> None:
@@ -673,7 +673,7 @@ def _sweep_report(sweep, out: Path, stage: Path, sections, cell, plan, progress,
         if chosen is None:
             raise UsageError(f"no recorded cell named {cell!r} in {sweep.path}",
                              hint="choose one of " + ", ".join(c.name for c in sweep.cells))
-        why = "given by --cell"
+        why = "chosen with --cell"
     else:
         chosen, why = featured_cell(sweep.cells, sr)
     links = {chosen.name: "#detail"}
@@ -689,7 +689,7 @@ def _sweep_report(sweep, out: Path, stage: Path, sections, cell, plan, progress,
     rep.p(f"Cell {chosen.name} (C = {fmt_bytes((chosen.cell or {}).get('capacity_bytes'))}): {why}.")
     rep.summary["detail_cell"] = chosen.name
     rep.summary["detail_why"] = why
-    FD.featured(rep, chosen.name, why)
+    FD.featured(rep, chosen.name, why, cell_reports and len(sweep.cells) > 1)
     _header(rep, chosen)
     sim = _sim(chosen, Path(plan) if plan else None, rep.notes)
     run_sections(rep, chosen, sections, sim, say)
@@ -714,6 +714,7 @@ def build_report(path: str | os.PathLike, out: str | os.PathLike | None = None, 
         kw.pop("title", None)
         return build_sweep_report(open_sweep(p), out, **kw)
     kw.pop("cell", None)
+    kw.pop("cell_reports", None)
     return build_run_report(open_run(p), out, **kw)
 
 
