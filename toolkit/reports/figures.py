@@ -87,6 +87,10 @@ def plot_observed_vs_sim(experts: pd.DataFrame, ax) -> None:
     ax.plot([0, 1], [0, 1], color="grey", linewidth=1, linestyle="--")
     ax.set_xlim(-0.02, 1.02)
     ax.set_ylim(-0.02, 1.02)
+    from matplotlib.ticker import PercentFormatter
+
+    ax.xaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     ax.set_xlabel("simulated LRU hit rate")
     ax.set_ylabel("observed page hit rate")
     ax.set_title("Observed vs simulated, per expert", fontsize=10)
@@ -99,6 +103,14 @@ def plot_log2_hist(hist: pd.DataFrame, group: str, count: str, ax, *, title: str
         mid = np.sqrt(np.maximum(g["lo_ns"].to_numpy(float), 1.0) * g["hi_ns"].to_numpy(float))
         ax.plot(mid, g[count].to_numpy(float), marker="o", markersize=3, label=str(name))
     ax.set_xscale("log")
+    if xlabel == "ns":  # durations ticked as a person reads them: 1 µs, 100 µs, 10 ms
+        from matplotlib.ticker import FuncFormatter, LogLocator
+
+        from moetrace.reports.document import fmt_ms
+
+        ax.xaxis.set_major_locator(LogLocator(base=10))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt_ms(v)))
+        xlabel = "duration"
     ax.set_xlabel(xlabel)
     ax.set_ylabel(count)
     ax.set_title(title, fontsize=10)
@@ -134,7 +146,10 @@ def plot_refaults(win: pd.DataFrame, ax) -> None:
     for i, s in enumerate(win["state"]):
         if s in colors:
             ax.axvspan(i - 0.5, i + 0.5, color=colors[s], zorder=0)
+    from matplotlib.ticker import PercentFormatter
+
     ax.set_ylim(0, 1.05)
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     ax.set_xlabel("replay iteration")
     ax.set_ylabel("re-added / requested pages")
     ax.set_title("Refault windows (shaded: elevated / thrashing)", fontsize=10)
