@@ -37,7 +37,7 @@ import contextlib
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -381,14 +381,14 @@ def _check_sizes(chunk: RecordChunk, recs: list[Record], k: int | None, n_layers
 _I64 = (-(2**63), 2**63 - 1)
 
 
-def _int64(values: Iterable[int], count: int) -> np.ndarray:
-    """An int64 array of Python ints; values beyond int64 are clipped to its bounds (each such
-    value is out of every range the typer accepts, and its error quotes the record as read)."""
-    values = values if isinstance(values, list) else list(values)
+def _int64(values: Callable[[], Iterable[int]], count: int) -> np.ndarray:
+    """An int64 array of the ints ``values()`` yields; values beyond int64 are clipped to its bounds
+    (each such value is out of every range the typer accepts, and its error quotes the record
+    as read)."""
     try:
-        return np.fromiter(values, np.int64, count)
+        return np.fromiter(values(), np.int64, count)
     except OverflowError:
-        return np.fromiter((min(max(int(v), _I64[0]), _I64[1]) for v in values), np.int64, count)
+        return np.fromiter((min(max(int(v), _I64[0]), _I64[1]) for v in values()), np.int64, count)
 
 
 def _records_chunk(recs: list[Record]) -> tuple[RecordChunk, list[str]]:
@@ -402,9 +402,9 @@ def _records_chunk(recs: list[Record]) -> tuple[RecordChunk, list[str]]:
         code, uniq = pd.factorize(np.array([r.request for r in recs], dtype=object), use_na_sentinel=True)
         names = [str(x) for x in uniq]
         codes = np.maximum(code, 0).astype(np.int32)
-    chunk = RecordChunk(_int64([r.step for r in recs], n), _int64([r.layer for r in recs], n), codes, width,
-                        _int64([x for r in recs for x in r.experts], int(width.sum())), np.arange(n, dtype=np.int64),
-                        has if not has.all() and has.any() else None)
+    chunk = RecordChunk(_int64(lambda: (r.step for r in recs), n), _int64(lambda: (r.layer for r in recs), n),
+                        codes, width, _int64(lambda: (x for r in recs for x in r.experts), int(width.sum())),
+                        np.arange(n, dtype=np.int64), has if not has.all() and has.any() else None)
     return chunk, names or [DEFAULT_REQUEST]
 
 

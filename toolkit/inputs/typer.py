@@ -287,15 +287,15 @@ class ChunkTyper:
         ex, n = c.experts, len(c)
         if not ex.size:
             return errs
-        rec_of = np.repeat(np.arange(n), c.width)
         lo = lambda i: min(self._record(c, i)[2])  # noqa: E731
         hi = lambda i: max(self._record(c, i)[2])  # noqa: E731
         where = lambda v: lambda i: self._record(c, i)[2].index(v(i))  # noqa: E731
+        ends = np.cumsum(c.width)
 
         def per_record(bad: np.ndarray) -> np.ndarray:
-            m = np.zeros(n, bool)
-            np.logical_or.at(m, rec_of, bad)
-            return m
+            """Per record: any of its experts is bad (a record of no expert: none is)."""
+            cs = np.concatenate([[0], np.cumsum(bad, dtype=np.int64)])
+            return cs[ends] > cs[ends - c.width]
 
         self._first(errs, per_record(ex < 0), sidx, lambda i: f"unknown expert {lo(i)}", expert_index=where(lo))
         self._first(errs, per_record(ex > MAX_EXPERT), sidx,
@@ -305,12 +305,14 @@ class ChunkTyper:
             self._first(errs, per_record(ex >= self.n_experts), sidx,
                         lambda i: f"unknown expert {hi(i)} (the geometry has {self.n_experts} experts per layer)",
                         expert_index=where(hi))
-        half = rec_of * 2 + pos
-        o = np.lexsort((ex, half))
+        # (record, position, expert) as one sortable key; out-of-range ids (errors of their own,
+        # met first) are clipped so that they cannot wrap onto another record's key
+        half = np.repeat(np.arange(n, dtype=np.int64), c.width) * 2 + pos
+        key = np.sort(half * (MAX_EXPERT + 3) + np.clip(ex, -1, MAX_EXPERT + 1) + 1)
         dup = np.zeros(ex.size, bool)
-        dup[1:] = (half[o][1:] == half[o][:-1]) & (ex[o][1:] == ex[o][:-1])
+        dup[1:] = key[1:] == key[:-1]
         dup_rec = np.zeros(n, bool)
-        dup_rec[rec_of[o][dup]] = True
+        dup_rec[key[dup] // (MAX_EXPERT + 3) // 2] = True
         self._first(errs, dup_rec, sidx, lambda i: "an expert appears twice in one position")
         return errs
 
