@@ -173,7 +173,7 @@ class ChunkTyper:
     """
 
     k: int
-    path: str
+    path: str | None
     n_layers: int | None = None
     n_experts: int | None = None
     layer_map: np.ndarray | None = None
