@@ -49,11 +49,8 @@ class PlanSource:
         self.header = h
         self.n_layers, self.n_experts, self.n_iterations = h.n_layers, h.n_experts, h.n_iterations
         self.order = h.order
-        reads = np.zeros(h.n_iterations, np.int64)
-        for base, chunk in self.reader._index_chunks(0):
-            reads[base:base + chunk.size] = chunk["n_reads"]
         self.offsets = np.zeros(h.n_iterations + 1, np.int64)  # global index of each iteration's first read
-        np.cumsum(reads, out=self.offsets[1:])
+        np.cumsum(self.reader.iteration_reads(), out=self.offsets[1:])
         self.n_accesses = int(self.offsets[-1])
         self.chunk_reads = max(1, int(chunk_reads))
         self._spills: list[str] = []

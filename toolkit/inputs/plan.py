@@ -1018,6 +1018,13 @@ class PlanReader:
                                       path=self.path, offset=h.index_offset + 32 * base + len(raw))
             yield base, np.frombuffer(raw, INDEX_DTYPE)
 
+    def iteration_reads(self) -> np.ndarray:
+        """Reads of each iteration (int64, one per iteration), from the index alone."""
+        out = np.zeros(self.header.n_iterations, np.int64)
+        for base, chunk in self._index_chunks():
+            out[base:base + chunk.size] = chunk["n_reads"]
+        return out
+
     def close(self) -> None:
         self._fh.close()
 
