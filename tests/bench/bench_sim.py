@@ -1,6 +1,6 @@
 """Benchmark: one-pass LRU curve, Belady, against naive baselines in the same run.
 
-    .venv/bin/python tests/bench/bench_sim.py [--accesses 10000000] [--naive-seconds 20]
+    .venv/bin/python tests/bench/bench_sim.py [--accesses 10000000] [--naive-seconds 20] [--repeats 5]
 
 Builds ~10 million accesses of the kimi-k3 geometry (92 layers x 896 experts)
 with numpy: per iteration and layer a set of 16 distinct experts drawn from a
@@ -14,22 +14,30 @@ tiny input (compile or cache-load time reported separately):
   extrapolated to the whole stream — said so in the output;
 * baseline 2: direct per-budget LRU simulation (linked list) at 8 budgets;
 * Belady's MIN at one budget, in accesses per second;
-* optional baseline 3: libCacheSim (GPL; never a moetrace dependency, only used
-  when ``import libcachesim`` works, e.g. from a separate ``pip install --target
-  DIR libcachesim`` given as ``--libcachesim-path DIR`` or
-  ``MOETRACE_LIBCACHESIM_PATH``): its LRU once per budget at the 8 budgets x
-  n_layers of the global stream and its Belady at one budget, over a
-  temporary oracleGeneral trace of the same stream (object id = expert_id,
-  size 1, so the cache size in objects is the budget), checked against
-  moetrace's global curve and Belady over the whole stream (warm_fraction 0).
+* baseline 3: libCacheSim 0.3.5 (GPL: never a moetrace dependency nor bundled,
+  only run beside it; imported from ``--libcachesim-path DIR`` /
+  ``MOETRACE_LIBCACHESIM_PATH`` / a cache directory, where it is
+  ``pip install --no-deps --target``-ed when absent; ``--no-libcachesim``
+  skips it): its LRU once per budget at the 8 budgets x n_layers of the global
+  stream and its Belady at one budget, over a temporary oracleGeneral trace of
+  the same stream (object id = expert_id, size 1, so the cache size in objects
+  is the budget), against moetrace's global curve and Belady (its next-use pass
+  included) over the whole stream (warm_fraction 0), in ``--repeats`` paired,
+  interleaved runs.
 
-Targets (issue): LRU curve < 18 s (ambition < 5 s); Belady >= 1M accesses/s.
+Targets (issue 21, acceptance 4): the LRU curve >= 8x faster than libCacheSim's
+LRU at the 8 budgets, Belady >= 3x, every hit count equal; the script ends with
+a VERDICT line and exits 1 when a median ratio misses its target or a hit count
+differs (the ratios print as median [min - max] over the paired repeats).
+Earlier targets: LRU curve < 18 s (ambition < 5 s); Belady >= 1M accesses/s.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -105,19 +113,44 @@ def naive_stack_distances(item: np.ndarray, limit_s: float) -> tuple[int, float]
 
 
 LIBCACHESIM_ENV = "MOETRACE_LIBCACHESIM_PATH"
+LIBCACHESIM_VERSION = "0.3.5"
+# acceptance 4 of issue 21: the LRU curve (every budget, one pass) against libCacheSim's LRU
+# at 8 budgets, and Belady (next-use pass included) against libCacheSim's Belady (next uses
+# read from its trace file), both over the same 10 M accesses, hit counts equal
+TARGETS = {"lru_curve": 8.0, "belady": 3.0}
 # oracleGeneral binary record (libCacheSim): packed, little-endian, 24 bytes
 ORACLE_GENERAL = np.dtype([("clock_time", "<u4"), ("obj_id", "<u8"), ("obj_size", "<u4"),
                            ("next_access_vtime", "<i8")])
 
 
-def load_libcachesim(path: str | None):
-    """``import libcachesim`` with ``path`` (if given) prepended to sys.path; None when absent."""
-    if path:
-        sys.path.insert(0, os.path.abspath(path))
+def default_libcachesim_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "moetrace", f"libcachesim-{LIBCACHESIM_VERSION}")
+
+
+def load_libcachesim(path: str | None, fetch: bool):
+    """``import libcachesim`` from ``path`` (prepended to sys.path) or the environment. When it is
+    absent and ``fetch``, pip installs libcachesim==LIBCACHESIM_VERSION into ``path`` (default: a
+    cache directory outside the venv): libCacheSim is GPL, so moetrace never bundles or depends on
+    it, it is only run beside moetrace here. Returns the module, or None when absent and not fetched."""
+    path = os.path.abspath(path or default_libcachesim_dir())
+    sys.path.insert(0, path)
     try:
         import libcachesim
+        return libcachesim
     except ImportError:
-        return None
+        if not fetch:
+            return None
+    print(f"libCacheSim not importable: pip install --no-deps --target {path} "
+          f"libcachesim=={LIBCACHESIM_VERSION} (GPL; outside moetrace's venv, only run beside it)", flush=True)
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", path,
+                        f"libcachesim=={LIBCACHESIM_VERSION}"])
+    if r.returncode != 0:
+        raise SystemExit(f"FAIL: could not install libcachesim=={LIBCACHESIM_VERSION} into {path} (pip exit "
+                         f"{r.returncode}); install it by hand and pass --libcachesim-path DIR, or run with "
+                         f"--no-libcachesim to skip the comparison")
+    importlib.invalidate_caches()
+    import libcachesim
     return libcachesim
 
 
@@ -134,23 +167,30 @@ def write_oracle_general(item: np.ndarray, nxt: np.ndarray, clock: np.ndarray, p
     rec.tofile(path)
 
 
-def libcachesim_baseline(lcs, acc, budgets: list[int], belady_budget: int, nxt: np.ndarray,
-                         t_nxt: float, hashpower: int = 18) -> None:
-    """Baseline 3: libCacheSim LRU at each global budget and Belady at one, vs moetrace.
+def spread(xs: list[float]) -> str:
+    """median [min - max] of paired repeats, as the verdict reads them."""
+    return f"{np.median(xs):.1f}x [{min(xs):.1f} - {max(xs):.1f}]"
 
-    Scored over the whole stream on both sides (moetrace warm_fraction=0)."""
+
+def libcachesim_baseline(lcs, acc, budgets: list[int], belady_budget: int, repeats: int,
+                         hashpower: int = 18) -> dict:
+    """Baseline 3: libCacheSim LRU at each global budget and Belady at one, against moetrace's
+    curve and Belady over the same stream (moetrace warm_fraction=0: every access scored on
+    both sides), timed in ``repeats`` interleaved pairs. Returns the ratios and hit counts."""
     from moetrace.analyses import sim, stackdist
 
     n = len(acc)
     _, item, _, _ = stackdist.stream(acc, "global")
+    gb = [b * acc.n_layers for b in budgets]
+    bb = belady_budget * acc.n_layers
+    res: dict = {"lru_curve": [], "belady": [],
+                 "t": {k: [] for k in ("lcs_lru", "curve", "lcs_belady", "belady", "next_use")}}
     with tempfile.TemporaryDirectory(prefix="bench_lcs_") as tmp:
         path = os.path.join(tmp, "stream.oracleGeneral.bin")
-        t0 = time.perf_counter()
-        write_oracle_general(item, nxt, acc.iteration, path)
-        t_write = time.perf_counter() - t0
-        print(f"libCacheSim {lcs.__version__}: wrote an oracleGeneral trace of {n:,} requests "
-              f"({os.path.getsize(path) / 2**20:.0f} MiB) in {t_write:.1f} s (not timed below); "
-              f"hashpower={hashpower}")
+        write_oracle_general(item, sim.next_use(acc), acc.iteration, path)
+        print(f"libCacheSim {lcs.__version__}: an oracleGeneral trace of {n:,} requests "
+              f"({os.path.getsize(path) / 2**20:.0f} MiB, written untimed); hashpower={hashpower}; "
+              f"{repeats} paired repeats", flush=True)
         reader = lcs.TraceReader(path, lcs.TraceType.ORACLE_GENERAL_TRACE)
         assert reader.get_num_of_req() == n, (reader.get_num_of_req(), n)
 
@@ -158,42 +198,81 @@ def libcachesim_baseline(lcs, acc, budgets: list[int], belady_budget: int, nxt: 
             reader.reset()
             t = time.perf_counter()
             miss_ratio, _ = cache.process_trace(reader)
-            t = time.perf_counter() - t
-            return n - int(round(miss_ratio * n)), t
+            return n - int(round(miss_ratio * n)), time.perf_counter() - t
 
-        gb = [b * acc.n_layers for b in budgets]
-        lcs_hits, t_lcs = [], 0.0
-        for b in gb:
-            h, t = run(lcs.LRU(b, hashpower=hashpower))
-            lcs_hits.append(h)
-            t_lcs += t
-        t0 = time.perf_counter()
-        curve = stackdist.lru_stack_curve(acc, "global", 0.0)
-        t_curve = time.perf_counter() - t0
-        ours = np.asarray(curve.hits_at(np.asarray(gb)), np.int64)
-        theirs = np.asarray(lcs_hits, np.int64)
-        diff = np.abs(ours - theirs) / n
-        print(f"baseline 3: libCacheSim LRU at {len(gb)} budgets (global, {gb[0]}..{gb[-1]}): "
-              f"{t_lcs:6.2f} s ({n * len(gb) / t_lcs / 1e6:.1f} M acc/s per budget) vs moetrace "
-              f"curve (global, warm 0, every budget) {t_curve:.2f} s -> curve is "
-              f"{t_lcs / t_curve:.1f}x faster")
-        print(f"           hit rates over the whole stream: max |moetrace - libCacheSim| = "
-              f"{diff.max():.2e} ({int(np.sum(ours == theirs))}/{len(gb)} budgets equal hit counts; "
-              f"libCacheSim {', '.join(f'{h / n:.4f}' for h in theirs)})")
+        def theirs_lru() -> tuple[list[int], float]:
+            hits, secs = [], 0.0
+            for b in gb:
+                h, t = run(lcs.LRU(b, hashpower=hashpower))
+                hits.append(h)
+                secs += t
+            return hits, secs
 
-        bb = belady_budget * acc.n_layers
-        h_lcs, t_bl = run(lcs.Belady(bb, hashpower=hashpower))
-        t0 = time.perf_counter()
-        h_ours = sim.belady_hits(acc, bb, "global", 0.0, nxt=nxt)
-        t_bo = time.perf_counter() - t0
-        r_lcs = n / t_bl
-        r_ours = n / (t_bo + t_nxt)
-        print(f"baseline 3: Belady global B={bb} over the whole stream: libCacheSim {t_bl:.2f} s -> "
-              f"{r_lcs / 1e6:.1f} M acc/s (next-use precomputed in the trace file); moetrace "
-              f"{t_bo:.2f} s + next-use {t_nxt:.2f} s -> {r_ours / 1e6:.1f} M acc/s -> moetrace is "
-              f"{r_ours / r_lcs:.1f}x faster; hit rates {h_ours / n:.4f} vs {h_lcs / n:.4f} "
-              f"({'equal' if h_ours == h_lcs else f'differ by {abs(h_ours - h_lcs)} hits'})")
+        def ours_curve() -> tuple[list[int], float]:
+            t0 = time.perf_counter()
+            curve = stackdist.lru_stack_curve(acc, "global", 0.0)
+            return [int(h) for h in curve.hits_at(np.asarray(gb))], time.perf_counter() - t0
+
+        def ours_belady() -> tuple[int, float, float]:
+            t0 = time.perf_counter()
+            nxt = sim.next_use(acc)
+            t_nu = time.perf_counter() - t0
+            h = sim.belady_hits(acc, bb, "global", 0.0, nxt=nxt)
+            return h, time.perf_counter() - t0, t_nu
+
+        for r in range(repeats):
+            # each pair in both orders by turns: what runs second inherits the first's cache and memory state
+            if r % 2 == 0:
+                theirs, t_lcs = theirs_lru()
+                ours, t_curve = ours_curve()
+                h_lcs, t_bl = run(lcs.Belady(bb, hashpower=hashpower))
+                h_ours, t_bo, t_nu = ours_belady()
+            else:
+                ours, t_curve = ours_curve()
+                theirs, t_lcs = theirs_lru()
+                h_ours, t_bo, t_nu = ours_belady()
+                h_lcs, t_bl = run(lcs.Belady(bb, hashpower=hashpower))
+            for k, v in (("lcs_lru", t_lcs), ("curve", t_curve), ("lcs_belady", t_bl), ("belady", t_bo),
+                         ("next_use", t_nu)):
+                res["t"][k].append(v)
+            res["lru_curve"].append(t_lcs / t_curve)
+            res["belady"].append(t_bl / t_bo)
         del reader
+    res.update(gb=gb, bb=bb, n=n, lru_ours=ours, lru_theirs=theirs, belady_ours=h_ours, belady_theirs=h_lcs)
+    t = {k: float(np.median(v)) for k, v in res["t"].items()}
+    print(f"baseline 3: libCacheSim LRU at {len(gb)} budgets (global, {gb[0]}..{gb[-1]}): {t['lcs_lru']:.2f} s "
+          f"({n * len(gb) / t['lcs_lru'] / 1e6:.1f} M acc/s per budget) vs moetrace curve (global, warm 0, "
+          f"every budget) {t['curve']:.2f} s -> curve is {spread(res['lru_curve'])} faster")
+    print(f"           hit counts: {sum(o == h for o, h in zip(ours, theirs))}/{len(gb)} budgets equal "
+          f"(libCacheSim hit rates {', '.join(f'{h / n:.4f}' for h in theirs)})")
+    print(f"baseline 3: Belady global B={bb} over the whole stream: libCacheSim {t['lcs_belady']:.2f} s "
+          f"({n / t['lcs_belady'] / 1e6:.1f} M acc/s, next uses read from its trace file) vs moetrace "
+          f"{t['belady']:.2f} s with its next-use pass ({t['next_use']:.2f} s; {n / t['belady'] / 1e6:.1f} M acc/s) -> moetrace is "
+          f"{spread(res['belady'])} faster; hits {h_ours:,} vs {h_lcs:,} "
+          f"({'equal' if h_ours == h_lcs else f'differ by {abs(h_ours - h_lcs)}'})")
+    return res
+
+
+def verdict(res: dict | None) -> int:
+    """Acceptance 4: median ratios over the paired repeats >= TARGETS and every hit count equal.
+    Prints PASS or FAIL with each reason; returns the exit status (0 pass, 1 fail)."""
+    if res is None:
+        print("VERDICT: libCacheSim comparison not run (--no-libcachesim): acceptance 4 not checked")
+        return 0
+    fails = []
+    for key, what in (("lru_curve", "LRU curve vs libCacheSim LRU at 8 budgets"), ("belady", "Belady")):
+        med = float(np.median(res[key]))
+        ok = med >= TARGETS[key]
+        print(f"  {what}: {spread(res[key])} (target >= {TARGETS[key]:g}x): {'ok' if ok else 'MISSED'}")
+        if not ok:
+            fails.append(f"{what} {med:.1f}x < {TARGETS[key]:g}x")
+    bad = [b for b, o, h in zip(res["gb"], res["lru_ours"], res["lru_theirs"]) if o != h]
+    if bad:
+        fails.append(f"LRU hit counts differ from libCacheSim at budgets {bad}")
+    if res["belady_ours"] != res["belady_theirs"]:
+        fails.append(f"Belady hits differ: {res['belady_ours']} vs {res['belady_theirs']}")
+    print("VERDICT: " + ("PASS" if not fails else "FAIL: " + "; ".join(fails)))
+    return 1 if fails else 0
 
 
 def main() -> int:
@@ -203,9 +282,15 @@ def main() -> int:
                     help="cap on the naive baseline per scope before extrapolating")
     ap.add_argument("--budget", type=int, default=32, help="Belady budget (experts per layer)")
     ap.add_argument("--libcachesim-path", metavar="DIR", default=os.environ.get(LIBCACHESIM_ENV),
-                    help=f"directory prepended to sys.path to find libcachesim (GPL; optional "
-                         f"baseline, never a moetrace dependency); default ${LIBCACHESIM_ENV}")
+                    help=f"directory prepended to sys.path to find libcachesim, and where it is pip-installed "
+                         f"when absent (GPL: never a moetrace dependency, only run beside it); default "
+                         f"${LIBCACHESIM_ENV}, else {default_libcachesim_dir()}")
+    ap.add_argument("--no-libcachesim", action="store_true",
+                    help="skip the libCacheSim comparison (acceptance 4 is then not checked)")
+    ap.add_argument("--repeats", type=int, default=5,
+                    help="paired repeats (libCacheSim, moetrace) whose ratios the verdict takes the median of")
     args = ap.parse_args()
+    lcs = None if args.no_libcachesim else load_libcachesim(args.libcachesim_path, fetch=True)
 
     t0 = time.perf_counter()
     from moetrace.analyses import sim, stackdist
@@ -272,14 +357,9 @@ def main() -> int:
         tb = time.perf_counter() - t0
         print(f"Belady {scope:9s} B={b}: {tb:.2f} s + next-use {t_nxt:.2f} s -> "
               f"{len(acc) / (tb + t_nxt) / 1e6:.1f} M acc/s (hit rate {h / (len(acc) - sim.window(acc).cut):.3f})")
-    lcs = load_libcachesim(args.libcachesim_path)
-    if lcs is None:
-        print(f"baseline 3 (libCacheSim) skipped: not importable; enable with `pip install --target DIR "
-              f"libcachesim` (GPL, keep it out of the venv) and --libcachesim-path DIR or ${LIBCACHESIM_ENV}")
-    else:
-        libcachesim_baseline(lcs, acc, budgets, args.budget, nxt, t_nxt)
     print(f"LRU curve per_layer+global {curve_total:.2f} s (target < 18 s, ambition < 5 s)")
-    return 0
+    res = None if lcs is None else libcachesim_baseline(lcs, acc, budgets, args.budget, max(1, args.repeats))
+    return verdict(res)
 
 
 if __name__ == "__main__":
