@@ -324,7 +324,7 @@ def test_streamed_import_of_engine_logs_equals_the_in_memory_one(tmp_path, monke
         assert a.get(key) == b.get(key), key
     acc_a = {k: v for k, v in a["accounting"].items() if k != "prefill_records_excluded"}
     assert acc_a == b["accounting"]
-    assert not [f for f in tmp_path.iterdir() if ".tmp-" in f.name]
+    assert not [f for f in tmp_path.iterdir() if ".tmp-" in f.name or f.name.endswith(".tmp")]
 
 
 def test_a_plan_of_a_stray_id_is_refused_by_sim_before_it_allocates(tmp_path):

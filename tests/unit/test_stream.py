@@ -145,7 +145,7 @@ def test_streaming_compile_is_byte_identical(tmp_path, seed, monkeypatch):
         a, b = P.read_accesses(ref), P.read_accesses(out)
         assert all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("iteration", "pass_", "layer", "expert"))
         assert P.read_header(ref).accepted_tokens == P.read_header(out).accepted_tokens
-    assert not [f for f in tmp_path.iterdir() if ".tmp-" in f.name]
+    assert not [f for f in tmp_path.iterdir() if ".tmp-" in f.name or f.name.endswith(".tmp")]
 
 
 def test_streaming_compile_error_leaves_nothing(tmp_path, monkeypatch):
@@ -227,7 +227,7 @@ def test_streaming_parse_writes_the_same_typed_trace(tmp_path, seed, monkeypatch
     pd.testing.assert_frame_equal(a.table, b.table)
     assert (a.k, a.n_layers, a.n_experts, a.accounting, a.requests) == (b.k, b.n_layers, b.n_experts,
                                                                         b.accounting, b.requests)
-    assert not [f for f in tmp_path.iterdir() if ".tmp-" in f.name]
+    assert not [f for f in tmp_path.iterdir() if ".tmp-" in f.name or f.name.endswith(".tmp")]
 
 
 @pytest.mark.parametrize("keep", [False, True])

@@ -131,7 +131,7 @@ def test_write_jsonl_roundtrip(tmp_path):
     assert n == 3
     tt = parse_jsonl(p)
     assert tt.accounting["accepted_tokens"] == 2
-    assert not list(tmp_path.glob("*.tmp-*"))
+    assert not list(tmp_path.glob("*.tmp-*")) and not list(tmp_path.glob(".*.tmp"))
 
 
 def test_merge_union_truncates_to_shortest(tmp_path):

@@ -32,6 +32,7 @@ from typing import Callable, Iterator, TypeVar
 
 import numpy as np
 
+from moetrace.atomic import atomic_write
 from moetrace.errors import InputError, UsageError
 from moetrace.inputs.typer import (  # noqa: F401 - ChunkTyper and RecordChunk: re-exported
     MAX_EXPERT,
@@ -393,27 +394,22 @@ def save_typed(ts: TypedStream, out: str | os.PathLike) -> dict:
 
     from moetrace.inputs.trace import TRACE_SCHEMA
 
-    tmp = f"{out}.tmp-{os.getpid()}"
     writer = None
-    try:
-        for t in ts.tables():
-            tbl = pa.Table.from_pandas(t, preserve_index=False)
-            if writer is None:
-                writer = pq.ParquetWriter(tmp, tbl.schema)
-            writer.write_table(tbl.cast(writer.schema) if tbl.schema != writer.schema else tbl)
-        acc = ts.accounting()
-        meta = {"schema": TRACE_SCHEMA, "k": ts.k, "n_layers": ts.n_layers, "n_experts": ts.n_experts,
-                "accounting": acc, "source": ts.path, "requests": [str(x) for x in ts.names]}
-        writer.add_key_value_metadata({"moetrace": json.dumps(meta)})
-        writer.close()
-        writer = None
-        os.replace(tmp, out)
-        return acc
-    finally:
-        if writer is not None:
-            writer.close()
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_write(out) as tmp:
+        try:
+            for t in ts.tables():
+                tbl = pa.Table.from_pandas(t, preserve_index=False)
+                if writer is None:
+                    writer = pq.ParquetWriter(tmp, tbl.schema)
+                writer.write_table(tbl.cast(writer.schema) if tbl.schema != writer.schema else tbl)
+            acc = ts.accounting()
+            meta = {"schema": TRACE_SCHEMA, "k": ts.k, "n_layers": ts.n_layers, "n_experts": ts.n_experts,
+                    "accounting": acc, "source": ts.path, "requests": [str(x) for x in ts.names]}
+            writer.add_key_value_metadata({"moetrace": json.dumps(meta)})
+        finally:
+            if writer is not None:
+                writer.close()
+    return acc
 
 
 def _step_signatures(c: RecordChunk) -> tuple[np.ndarray, list]:
@@ -528,9 +524,8 @@ def write_engine_jsonl(ts: TypedStream, out: str | os.PathLike, *, keep_warmup: 
     chunk (validation and accounting), write the records to ``out`` atomically. Returns
     (warm-up info, records written). Raises _Fallback like TypedStream."""
     wf = _WarmupFilter(min_repeats, keep_warmup)
-    tmp = f"{out}.tmp-{os.getpid()}"
     n_out = 0
-    try:
+    with atomic_write(out) as tmp:
         with open(tmp, "w") as fh:
             def write(parts: list[RecordChunk]) -> int:
                 for part in parts:
@@ -542,10 +537,6 @@ def write_engine_jsonl(ts: TypedStream, out: str | os.PathLike, *, keep_warmup: 
             n_out += write(wf.finish(ts.path))
         if ts.typer.records == 0:
             raise no_records(ts.path)
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return wf.info, n_out
 
 

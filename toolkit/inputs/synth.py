@@ -387,16 +387,12 @@ def write_synth(cfg: SynthConfig, path: str | os.PathLike, prefill_records: int 
     cfg = cfg.resolved()
     n = write_jsonl(generate(cfg, on_step=on_step), path)
     if prefill_records > 0:
-        tmp = f"{path}.pre-{os.getpid()}"
-        try:
-            with open(tmp, "w") as out, open(path) as body:
-                out.writelines(prefill_lines(cfg, prefill_records))
-                while chunk := body.read(1 << 20):
-                    out.write(chunk)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        from moetrace.atomic import atomic_write
+
+        with atomic_write(path) as tmp, open(tmp, "w") as out, open(path) as body:
+            out.writelines(prefill_lines(cfg, prefill_records))
+            while chunk := body.read(1 << 20):
+                out.write(chunk)
     kinds = step_kinds(cfg)
     by = np.bincount(kinds, minlength=3)
     return {

@@ -33,7 +33,6 @@ as they are and bounds them.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import pandas as pd
 
+from moetrace.atomic import atomic_write
 from moetrace.errors import InputError, UsageError
 from moetrace.inputs.typer import (  # noqa: F401 - the typing rules' constants, re-exported
     DEFAULT_REQUEST,
@@ -133,7 +133,7 @@ class TypedTrace:
         }
         tbl = pa.Table.from_pandas(self.table, preserve_index=False)
         tbl = tbl.replace_schema_metadata({**(tbl.schema.metadata or {}), b"moetrace": json.dumps(meta).encode()})
-        with _atomic(path, "typed trace") as tmp:
+        with atomic_write(path, what="typed trace") as tmp:
             pq.write_table(tbl, tmp)
 
     def request_code(self, name: str) -> int:
@@ -431,21 +431,6 @@ def write_jsonl(records: Iterable[tuple[int, int, Iterable[int]]], path: str | o
     return write_records((Record(int(st), int(lay), list(ex)) for st, lay, ex in records), path)
 
 
-@contextlib.contextmanager
-def _atomic(path: str | os.PathLike, what: str) -> Iterator[str]:
-    """A temporary path beside path, moved onto it when the block ends cleanly, removed
-    otherwise; an OSError becomes InputError ("cannot write the <what>")."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    except OSError as e:
-        raise InputError(f"cannot write the {what}: {e.strerror or e}", path=str(path)) from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def _upgrade_v1(df: pd.DataFrame) -> pd.DataFrame:
     """A typed table of schema 1 (no request/token columns) as one request."""
     step = df["step"].to_numpy(np.int64)
@@ -524,7 +509,7 @@ def write_records(records: Iterable[Record], path: str | os.PathLike) -> int:
     """Write records in engine JSONL format (with "request" when they name one), atomically.
     Returns the count."""
     n = 0
-    with _atomic(path, "trace") as tmp, open(tmp, "w") as fh:
+    with atomic_write(path, what="trace") as tmp, open(tmp, "w") as fh:
         for r in records:
             ex = ", ".join(str(int(x)) for x in r.experts)
             if r.request is None:
