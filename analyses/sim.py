@@ -218,66 +218,65 @@ def _warm_last(layer, expert, n_experts, grouped, base, lastw, forced):  # pragm
         forced[np.int64(layer[i]) if grouped else 0] = x
 
 
-# Belady: a 4-ary max-heap per group on next use, keys kept in the heap beside the
-# experts (hkey, hitem; pos[x] = x's slot or -1), sifted by moving a hole. A group's
-# heap has budget + 4 slots, the last four sentinel keys -1 (next uses are >= 0), so
-# a level's four children are compared without bounds or branches. Equal keys may
-# end in another order than a binary top-down sift: only never-used-again experts
-# (key n) tie, and which of them goes first changes no hit.
+# Belady: a 4-ary max-heap per group of packed entries (next use << 31 | expert_id:
+# expert_ids are < 2**31, see scope_shape; next uses < 2**32), pos[x] = x's slot or
+# -1, sifted by moving a hole. A group's heap has budget + 4 slots, the last four
+# sentinels -1 (entries are >= 0), so a level's four children are compared without
+# bounds or branches. Entries are unique (the expert breaks ties of next use, which
+# only never-used-again experts share: which of them goes first changes no hit).
 _ARITY = 4
+_ID_BITS = 31
+_ID_MASK = (1 << _ID_BITS) - 1
 
 
 @njit(cache=True, nogil=True)
-def _max_up(hkey, hitem, pos, hb, k, key, x):  # pragma: no cover - numba
-    """(key, x) placed at slot k or above: the hole rises while its parent's key is smaller."""
+def _max_up(heap, pos, hb, k, v):  # pragma: no cover - numba
+    """Entry v placed at slot k or above: the hole rises while its parent's entry is smaller."""
     while k > 0:
         p = (k - 1) >> 2
-        pk = hkey[hb + p]
-        if pk >= key:
+        pv = heap[hb + p]
+        if pv >= v:
             break
-        y = hitem[hb + p]
-        hkey[hb + k] = pk
-        hitem[hb + k] = y
-        pos[y] = k
+        heap[hb + k] = pv
+        pos[pv & _ID_MASK] = k
         k = p
-    hkey[hb + k] = key
-    hitem[hb + k] = x
-    pos[x] = k
+    heap[hb + k] = v
+    pos[v & _ID_MASK] = k
 
 
 @njit(cache=True, nogil=True)
-def _max_replace_root(hkey, hitem, pos, hb, size, key, x):  # pragma: no cover - numba
-    """The root of a full heap replaced by (key, x), bottom-up: the hole goes down the
-    largest children to a leaf, then (key, x) rises from there."""
+def _max_replace_root(heap, pos, hb, size, v):  # pragma: no cover - numba
+    """The root of a full heap replaced by entry v, bottom-up: the hole goes down the
+    largest children to a leaf, then v rises from there."""
     k = 0
     c = 1
     while c < size:
-        a0 = hkey[hb + c]
-        a1 = hkey[hb + c + 1]
-        a2 = hkey[hb + c + 2]
-        a3 = hkey[hb + c + 3]
+        a0 = heap[hb + c]
+        a1 = heap[hb + c + 1]
+        a2 = heap[hb + c + 2]
+        a3 = heap[hb + c + 3]
         i01 = c + np.int64(a1 > a0)
         i23 = c + 2 + np.int64(a3 > a2)
-        c = i23 if max(a2, a3) > max(a0, a1) else i01
-        y = hitem[hb + c]
-        hkey[hb + k] = hkey[hb + c]
-        hitem[hb + k] = y
-        pos[y] = k
+        m01 = max(a0, a1)
+        m23 = max(a2, a3)
+        c = i23 if m23 > m01 else i01
+        w = max(m01, m23)
+        heap[hb + k] = w
+        pos[w & _ID_MASK] = k
         k = c
         c = 4 * k + 1
-    _max_up(hkey, hitem, pos, hb, k, key, x)
+    _max_up(heap, pos, hb, k, v)
 
 
 def _belady_state(n_groups: int, n_total: int, budget: int) -> tuple:
-    """Fresh state for :func:`_belady_chunk` (hkey, hitem, pos, size)."""
-    hkey = np.zeros((n_groups, budget + _ARITY), np.int64)
-    hkey[:, budget:] = -1
-    return (hkey.reshape(-1), np.zeros(n_groups * (budget + _ARITY), np.int32), np.full(n_total, -1, np.int32),
-            np.zeros(n_groups, np.int64))
+    """Fresh state for :func:`_belady_chunk` (heap, pos, size)."""
+    heap = np.zeros((n_groups, budget + _ARITY), np.int64)
+    heap[:, budget:] = -1
+    return heap.reshape(-1), np.full(n_total, -1, np.int32), np.zeros(n_groups, np.int64)
 
 
 @njit(cache=True, nogil=True)
-def _belady_start(n_groups, n_items, budget, n, lastw, forced, first_next, hkey, hitem, pos,
+def _belady_start(n_groups, n_items, budget, n, lastw, forced, first_next, heap, pos,
                   size):  # pragma: no cover - numba
     """The best post-warm state: each group's forced expert, then the warm experts whose
     next use (first_next[x], the first scored access) is soonest."""
@@ -299,7 +298,7 @@ def _belady_start(n_groups, n_items, budget, n, lastw, forced, first_next, hkey,
     for g in range(n_groups):
         x = forced[g]
         if x >= 0 and budget > 0:
-            _max_up(hkey, hitem, pos, g * (budget + _ARITY), 0, first_next[x], x)
+            _max_up(heap, pos, g * (budget + _ARITY), 0, (np.int64(first_next[x]) << _ID_BITS) | x)
             size[g] = 1
     for t in range(m):
         x = cand[order[t]]
@@ -307,35 +306,42 @@ def _belady_start(n_groups, n_items, budget, n, lastw, forced, first_next, hkey,
         if size[g] < budget and pos[x] < 0:
             k = size[g]
             size[g] = k + 1
-            _max_up(hkey, hitem, pos, g * (budget + _ARITY), k, first_next[x], x)
+            _max_up(heap, pos, g * (budget + _ARITY), k, (np.int64(first_next[x]) << _ID_BITS) | x)
 
 
 @njit(cache=True, nogil=True)
-def _belady_chunk(layer, expert, n_experts, grouped, budget, nxt, hkey, hitem, pos,
-                  size):  # pragma: no cover - numba
+def _belady_chunk(layer, expert, n_experts, grouped, budget, nxt, heap, pos, size):  # pragma: no cover - numba
     """MIN over a chunk of scored accesses (nxt: each one's next use), state carried."""
     hits = 0
     for i in range(expert.shape[0]):
         g = np.int64(layer[i]) if grouped else 0
         x = np.int64(layer[i]) * n_experts + expert[i]
         hb = g * (budget + _ARITY)
+        v = (np.int64(nxt[i]) << _ID_BITS) | x
         k = pos[x]
         if k >= 0:
             hits += 1
-            _max_up(hkey, hitem, pos, hb, k, nxt[i], x)  # its key was now (the least): it grows
+            _max_up(heap, pos, hb, k, v)  # its next use was now (the least): it grows
         elif size[g] == budget:
-            pos[hitem[hb]] = -1  # evict the farthest next use
-            _max_replace_root(hkey, hitem, pos, hb, size[g], nxt[i], x)
+            pos[heap[hb] & _ID_MASK] = -1  # evict the farthest next use
+            _max_replace_root(heap, pos, hb, size[g], v)
         else:
             k = size[g]
             size[g] = k + 1
-            _max_up(hkey, hitem, pos, hb, k, nxt[i], x)
+            _max_up(heap, pos, hb, k, v)
     return hits
+
+
+def _check_belady_length(n: int) -> None:
+    if n >= 1 << (63 - _ID_BITS):
+        raise UsageError(f"Belady packs next uses in {63 - _ID_BITS} bits: {n:,} accesses are too many",
+                         hint="simulate Belady on a part of the stream (fewer iterations), or the other policies")
 
 
 def _belady_run(acc: Accesses, grouped: bool, n_groups: int, n_items: int, budget: int, cut: int,
                 nxt: np.ndarray) -> int:
     """MIN over acc's scored window from the best post-warm state; nxt over the whole stream."""
+    _check_belady_length(len(acc))
     N = acc.n_layers * acc.n_experts
     lastw = np.full(N, -1, np.int64)
     forced = np.full(n_groups, -1, np.int64)
@@ -617,6 +623,7 @@ class _Simulation:
         """Next uses of the scored window, backwards into src.scratch; then MIN forwards at
         every (scope, budget) at once from the best post-warm state."""
         cut, n = self.win.cut, self.win.n_accesses
+        _check_belady_length(n)
         nxt = src.scratch(max(n - cut, 1))
         seen = np.full(self.N, n, np.int64)
         scored = [r for r in src.ranges() if src.start(r[1]) > cut]
