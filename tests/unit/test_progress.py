@@ -240,7 +240,7 @@ def test_pool_create_shows_a_bar_on_a_terminal(tmp_path, pty_env, size):
     assert rc == 0, err
     assert "created" in out
     # tqdm's bar: the description, a percentage, bytes with a unit and the bar's edges
-    assert "pool 2.0" in err and "100%" in err and "|" in err, err
+    assert "pool 2 MiB" in err and "100%" in err and "|" in err, err
     assert "MiB" in err or "KiB" in err, err
 
 
