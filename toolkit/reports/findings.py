@@ -100,7 +100,7 @@ def rereads(rep: Report, summary: dict) -> None:
     rep.finding(*parts)
 
 
-def reclaim(rep: Report, summary: dict) -> None:
+def reclaim(rep: Report) -> None:
     """Who reclaimed, how hard it scanned, whether anyone outside evicted pool pages."""
     k = rep.shown.get("reclaim_kinds")
     if k is None or not len(k):
@@ -193,8 +193,14 @@ def run_findings(rep: Report, summary: dict) -> None:
         rep.finding("At C = ", f("amp_summary", 0, "value"), " the kernel read ", f("amp_summary", 1, "value"),
                     " from the device in the measured pass, ", f("amp_summary", 4, "value"),
                     f" x the LRU miss demand: {word}.", cls="alarm" if amp > AMPLIFIES else "")
+    detail(rep, summary)
+
+
+def detail(rep: Report, summary: dict) -> None:
+    """The findings of the detailed run's sections (a sweep's featured cell, or the run itself)."""
     rereads(rep, summary)
-    reclaim(rep, summary)
+    reclaim(rep)
+    outside_evictors(rep)
     hit_path(rep)
     generation_age(rep, summary)
     alarm(rep, summary)

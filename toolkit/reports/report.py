@@ -565,15 +565,13 @@ def _with_cell_facts(results: pd.DataFrame, cells: list) -> pd.DataFrame:
     return res
 
 
-def sweep_table2(sweep) -> pd.DataFrame:
-    """The sweep's Table 2 (analyses.capacity_response.compute_table2), from its cells."""
+def sweep_table2(sweep) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The sweep's Table 2 (analyses.capacity_response.compute_table2) and the cells it comes
+    from (numbers as float64, as Fig. 2 takes them)."""
     from moetrace.analyses.capacity_response import compute_capacity_table, compute_table2
+    from moetrace.reports.sweep import numeric_cells
 
-    res = _with_cell_facts(sweep.results, sweep.cells)
-    num = res.copy()
-    for c in num.columns:
-        if str(num[c].dtype) in ("Float64", "Int64"):
-            num[c] = num[c].astype("float64")
+    num = numeric_cells(_with_cell_facts(sweep.results, sweep.cells))
     return compute_table2(compute_capacity_table(num)), num
 
 
@@ -617,11 +615,10 @@ def _sweep_overview(rep: Report, sweep, say) -> tuple[pd.DataFrame, pd.DataFrame
     rep.summary["cells"] = json.loads(table_json(sr)) if len(sr) else []
     rep.table("results", sweep.results, "Every cell (results.parquet)", None, fold=True)
     return t2, sr
-def featured_cell(cells: list, sr: pd.DataFrame) -> tuple[Any, str]:
+def featured_cell(cells: list) -> tuple[Any, str]:
     """The most informative recorded cell and why: the largest amplification when a retained
-    cell amplifies (> findings.AMPLIFIES), else the one with the most pages read again per page
-    added beyond the LRU's (re-adds over its miss demand), else the one in the middle of the
-    curve (LRU hit rate nearest 50 %, the smaller C among equals)."""
+    cell amplifies (> findings.AMPLIFIES), else the one in the middle of the curve (simulated LRU
+    hit rate nearest 50 %, the smaller C among equals)."""
     from moetrace.reports.findings import AMPLIFIES
 
     retained = [c for c in cells if (c.cell or {}).get("retained")] or cells
@@ -675,7 +672,7 @@ def _sweep_report(sweep, out: Path, stage: Path, sections, cell, plan, progress,
                              hint="choose one of " + ", ".join(c.name for c in sweep.cells))
         why = "chosen with --cell"
     else:
-        chosen, why = featured_cell(sweep.cells, sr)
+        chosen, why = featured_cell(sweep.cells)
     links = {chosen.name: "#detail"}
     if cell_reports:
         for c in sweep.cells:
@@ -693,12 +690,7 @@ def _sweep_report(sweep, out: Path, stage: Path, sections, cell, plan, progress,
     _header(rep, chosen)
     sim = _sim(chosen, Path(plan) if plan else None, rep.notes)
     run_sections(rep, chosen, sections, sim, say)
-    FD.rereads(rep, rep.summary)
-    FD.reclaim(rep, rep.summary)
-    FD.outside_evictors(rep)
-    FD.hit_path(rep)
-    FD.generation_age(rep, rep.summary)
-    FD.alarm(rep, rep.summary)
+    FD.detail(rep, rep.summary)
     rep.summary["kind"] = "sweep"
     return write_report(rep, ("sweep", "detail") + sections, final=out)
 

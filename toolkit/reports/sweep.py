@@ -8,6 +8,16 @@ from pathlib import Path
 from moetrace.capacity.sweep import CELL_COLUMNS
 
 
+def numeric_cells(cells):
+    """The results with nullable numbers as plain float64 (NA as NaN), as the capacity table and
+    Fig. 2 take them."""
+    num = cells.copy()
+    for c in num.columns:
+        if str(num[c].dtype) in ("Float64", "Int64"):
+            num[c] = num[c].astype("float64")
+    return num
+
+
 def write_results(rows: list[dict], out: Path, plot: bool = True) -> dict:
     """results.csv/.parquet (one row per cell), capacity.csv/.parquet (one per C), fig2.png."""
     import pandas as pd
@@ -22,10 +32,7 @@ def write_results(rows: list[dict], out: Path, plot: bool = True) -> dict:
     cells["retained"] = cells["retained"].astype(bool)
     cells.to_csv(out / "results.csv", index=False)
     cells.to_parquet(out / "results.parquet", index=False)
-    num = cells.copy()
-    for c in num.columns:
-        if str(num[c].dtype) in ("Float64", "Int64"):
-            num[c] = num[c].astype("float64")
+    num = numeric_cells(cells)
     table = compute_capacity_table(num)
     table.to_csv(out / "capacity.csv", index=False)
     table.to_parquet(out / "capacity.parquet", index=False)
