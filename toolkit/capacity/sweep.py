@@ -19,7 +19,7 @@ CELL_COLUMNS = ["capacity", "capacity_bytes", "repeat", "order", "cell_dir", "me
                 "device_bytes", "device_bytes_per_iteration", "miss_bytes_per_iteration", "amplification",
                 "budget_experts", "peak_memory_bytes", "oom_kill", "vmlck_at_loop_entry_bytes",
                 "anon_at_loop_entry_bytes", "measured_hints_submitted", "measured_hints_completed",
-                "outside_evicted_pages", "flags", "effective_capacity_bytes", "lru_hit_rate"]
+                "outside_evicted_pages", "flags", "effective_capacity_bytes", "lru_hit_rate", "host"]
 
 
 def parse_capacities(text: str) -> list[tuple[str, int]]:
@@ -60,6 +60,7 @@ def cell_row(res: dict, label: str, repeat: int, order: int, cell_dir: str) -> d
         "outside_evicted_pages": (res.get("outside_evictions") or {}).get("pages"),
         "flags": "; ".join(res.get("flags", [])),
         "effective_capacity_bytes": effective_capacity(res), "lru_hit_rate": sim.get("hit_rate"),
+        "host": (res.get("host") or {}).get("name"),
     }
 
 

@@ -26,7 +26,7 @@ def write_results(rows: list[dict], out: Path, plot: bool = True) -> dict:
 
     cells = pd.DataFrame(rows, columns=CELL_COLUMNS)
     for c in CELL_COLUMNS:
-        if c not in ("capacity", "cell_dir", "mechanism", "mode", "reasons", "retained"):
+        if c not in ("capacity", "cell_dir", "mechanism", "mode", "reasons", "retained", "host"):
             cells[c] = pd.to_numeric(cells[c], errors="coerce").astype("Float64" if c not in (
                 "capacity_bytes", "repeat", "order") else "Int64")
     cells["retained"] = cells["retained"].astype(bool)
