@@ -110,6 +110,14 @@ def test_cell_pool_fits_reads_nothing_measured(fits_and_quarter, small_pool):
     for f in ("cell.json", "snapshots/pre.json", "snapshots/loop_entry.json", "snapshots/post.json",
               "replay/replay.json"):
         assert (small_pool / "cell-fits" / f).exists(), f
+    # the host's facts (issue 22): this machine's, on the device the cell measured
+    import json
+    import socket
+
+    host = json.loads((small_pool / "cell-fits" / "cell.json").read_text())["host"]
+    dev = res["device"]
+    assert host == res["host"] and (host["name"], host["kernel"]) == (socket.gethostname(), os.uname().release)
+    assert host["device"] == f"{dev['major']}:{dev['minor']} {dev['name']}"
 
 
 def test_cell_quarter_reads_more_and_matches_oracles(fits_and_quarter):

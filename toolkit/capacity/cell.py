@@ -49,6 +49,7 @@ from moetrace.capacity.scope import (PAGE, Balloon, Scope, balloon_size, find_me
                                     safe_reserve_bytes)
 from moetrace.kernel.syscalls import set_pdeathsig
 from moetrace.errors import CellInterrupted, InputError, MoetraceError, ScopeError, UsageError
+from moetrace.kernel.hostfacts import host_facts
 from moetrace.kernel.procfs import SECTOR_BYTES, KernelLog, device_of, read_meminfo, take_snapshot
 
 CELL_SCHEMA = "moetrace.cell/1"
@@ -496,6 +497,8 @@ class _Cell:
             "headroom_bytes": int(spec.headroom_bytes), "arena_request_bytes": spec.arena_bytes,
             # what a check across kernels names (the kernel lab: 6.1 vs 6.12, MGLRU on vs off)
             "kernel": {"release": os.uname().release, "mglru": _mglru_now()},
+            # the host's facts: check refuses to pool repeats from different hosts (cells as jobs)
+            "host": host_facts(pool.root),
             "scope": {"path": str(scope.path), "cgroup_version": controller.version, "limit_bytes": None},
             "device": asdict(dev), "plan": {"n_iterations": hdr.n_iterations, "n_passes": hdr.n_passes,
                                             "n_reads": hdr.n_reads},

@@ -51,7 +51,7 @@ CELL_SPEC: dict[str, str] = {
     "measured_iterations": "count", "iteration_time_median_ns": "num", "iteration_time_spread": "num",
     "mechanism": "str", "mode": "str", "reasons": "list", "notes": "list", "flags": "list",
     "kernel": "kernel", "kernel.release": "str", "kernel.mglru": "obj", "kernel.mglru.on": "bool",
-    "simulated": "obj", "oom_events": "obj", "outside_evictions": "obj",
+    "simulated": "obj", "oom_events": "obj", "outside_evictions": "obj", "host": "obj", "host.name": "str",
 }
 
 REPLAY_SPEC: dict[str, str] = {
