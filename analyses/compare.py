@@ -222,14 +222,27 @@ def refault_counting(run) -> str | None:
     return REFAULTS_OLDEST_GEN if on and ver < (6, 5) else REFAULTS_ALL
 
 
+def host_of(run) -> str | None:
+    """The host a unit ran on: its cell.json ``host.name``, else its run manifest's host name;
+    None when neither says (a unit of unknown host, which never conflicts with another)."""
+    for doc in (run.cell or {}, run.manifest or {}):
+        h = doc.get("host")
+        name = h.get("name") if isinstance(h, dict) else h
+        if isinstance(name, str) and name:
+            return name
+    return None
+
+
 def identity(run) -> dict[str, Any]:
     """What must match for two units to be comparable: the plan and the pool's geometry.
-    Capacity, mode and kernel may differ (that is what a check compares)."""
+    Capacity, mode, kernel and host may differ (that is what a check compares), but one set of
+    repeats comes from one host (``moetrace check`` refuses to pool hosts unless told to)."""
     m = run.manifest
     plan, pool = m.get("plan") or {}, m.get("pool") or {}
     return {"plan": plan.get("identity"), "geometry": pool.get("geometry"),
             "capacity_bytes": (run.cell or {}).get("capacity_bytes"), "mode": (run.cell or {}).get("mode"),
-            "kernel": (m.get("kernel") or {}).get("release") if isinstance(m.get("kernel"), dict) else m.get("kernel")}
+            "kernel": (m.get("kernel") or {}).get("release") if isinstance(m.get("kernel"), dict) else m.get("kernel"),
+            "host": host_of(run)}
 
 
 def incomparable(base: Sequence, cand: Sequence) -> str | None:

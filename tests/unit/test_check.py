@@ -381,3 +381,65 @@ def test_detectable_is_the_smallest_change_named_in_most_cell_level_comparisons(
     older = [{"values": {"age_at_eviction_p50_ns": [[10.0, 10.0, 10.0], [10.0, 10.0, 10.0]]}}] * 3
     assert detectable(older) == {"age_at_eviction_p50_ns": 30}  # 1 / (1/1.3) = 1.3 > 1.25
     assert detectable([]) == {}
+
+
+def _hosted(base, hosts: list[str | None]):
+    """One copy of the golden sweep's 48 MiB cell per entry of ``hosts`` in base/r<i>, its cell.json
+    naming that host (None: no host block, as cells written before it)."""
+    src = DATA / "sweep" / "cells" / "48MiB-r0"
+    for i, h in enumerate(hosts):
+        d = base / f"r{i}"
+        shutil.copytree(src, d)
+        cell = json.loads((d / "cell.json").read_text())
+        if h is not None:
+            cell["host"] = {"name": h, "kernel": "6.12.0", "mglru": "0x0007", "device": "259:1 nvme0n1p1",
+                            "model": "Samsung SSD 990 PRO 2TB", "cpus": 64, "memory_bytes": 256 << 30}
+        (d / "cell.json").write_text(json.dumps(cell))
+    return base
+
+
+def test_repeats_from_different_hosts_are_refused_unless_mixed_hosts(tmp_path):
+    base = _hosted(tmp_path / "base", ["node-b", "node-a", "node-a"])
+    cand = _hosted(tmp_path / "cand", ["node-a", "node-a", None])  # an unknown host never conflicts
+    res = run_check(base, cand)
+    assert res.status == CANNOT_COMPARE
+    assert res.reason == ("base 48MiB: repeats from 2 hosts (node-a: 2 units, node-b: 1 unit); one set of repeats "
+                          "comes from one host (its page cache, device and kernel are what a cell measures): run a "
+                          "side's repeats on one host, or --mixed-hosts pools them anyway")
+    assert res.verdict() == f"could not compare: {res.reason}"
+    pooled = run_check(base, cand, mixed_hosts=True)
+    assert pooled.status == NO_REGRESSION, pooled.reason
+    assert pooled.tables["48MiB"].set_index("metric").loc["iteration_time_ns", "base_n"] == 3
+    assert pooled.notes == [
+        "base 48MiB: repeats from 2 hosts (node-a: 2 units, node-b: 1 unit): pooled as one set of repeats "
+        "(--mixed-hosts)",
+        "cross-host comparison: base on node-a, node-b, candidate on node-a; the difference includes the hosts' "
+        "(device, kernel, memory: each cell.json's host)"]
+    # the CLI: refused (exit 2) with the reason, pooled with --mixed-hosts and the note
+    cli = [sys.executable, "-m", "moetrace.cli", "check", str(base), str(cand)]
+    r = subprocess.run(cli, capture_output=True, text=True)
+    assert r.returncode == CANNOT_COMPARE and "--mixed-hosts pools them anyway" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run(cli + ["--mixed-hosts", "--json"], capture_output=True, text=True)
+    assert r.returncode == NO_REGRESSION and json.loads(r.stdout)["notes"] == pooled.notes, r.stderr
+
+
+def test_each_side_on_its_own_host_is_a_noted_cross_host_comparison(tmp_path):
+    base = _hosted(tmp_path / "base", ["node-a", "node-a"])
+    cand = _hosted(tmp_path / "cand", ["node-b", None])
+    res = run_check(base, cand)
+    assert res.status == NO_REGRESSION, res.reason
+    assert res.notes == ["cross-host comparison: base on node-a, candidate on node-b; the difference includes the "
+                         "hosts' (device, kernel, memory: each cell.json's host)"]
+    same = run_check(base, _hosted(tmp_path / "same", ["node-a", None]))
+    assert same.status == NO_REGRESSION and same.notes == []
+    # the host of a unit: cell.json's host name, else the run manifest's, else unknown
+    from moetrace.run.handle import open_run
+
+    assert C.host_of(open_run(base / "r0", unrecorded=True)) == "node-a"
+    assert C.identity(open_run(DATA / "sweep" / "cells" / "48MiB-r0"))["host"] is None
+
+    class Manifested:
+        cell = None
+        manifest = {"host": {"name": "node-m"}}
+
+    assert C.host_of(Manifested) == "node-m"

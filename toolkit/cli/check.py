@@ -17,7 +17,10 @@ from moetrace.cli.common import emit_json
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict and every comparison table as JSON.")
 @click.option("--html", "html_dir", type=click.Path(file_okay=False), default=None,
               help="Also write report.html / REPORT.md / tables into this directory.")
-def check(base, cand, thresholds_path, as_json, html_dir):
+@click.option("--mixed-hosts", is_flag=True,
+              help="Pool a side's repeats from different hosts (cell.json host) instead of refusing them; "
+                   "a note says it did.")
+def check(base, cand, thresholds_path, as_json, html_dir, mixed_hosts):
     """Compare CAND against BASE metric by metric and say whether it regressed.
 
     \b
@@ -34,7 +37,9 @@ def check(base, cand, thresholds_path, as_json, html_dir):
     more than its threshold and the test agrees (p < alpha); a geometric-mean row
     sums up. Samples within a cell do not see the noise between identical cells:
     `moetrace calibrate` measures it on this machine and writes thresholds that
-    cover it.
+    cover it. One side's repeats must come from one host (cell.json host);
+    --mixed-hosts pools them anyway. Base and candidate on different hosts
+    are compared, with a note.
     Exit status: 0 no regression, 1 regression, 2 could not compare.
     Example:
       moetrace check lab-6.1/cells lab-6.12/cells --thresholds thresholds.toml --html check-out
@@ -43,7 +48,7 @@ def check(base, cand, thresholds_path, as_json, html_dir):
     from moetrace.reports.check import check_doc, run_check, write_check_report
 
     th = load_thresholds(thresholds_path)
-    res = run_check(base, cand, th)
+    res = run_check(base, cand, th, mixed_hosts=mixed_hosts)
     if html_dir:
         write_check_report(res, base, cand, html_dir)
     if as_json:

@@ -3,7 +3,10 @@
 BASE and CAND are each a run (`record --out`), a cell (`cell --out`), a sweep (`sweep --out`:
 its retained recorded-or-not cells, grouped by capacity, are repeats) or a directory holding
 several runs or cells (repeats). Groups are matched by capacity; two single groups are
-compared whatever their capacities (a smaller C is a fair candidate).
+compared whatever their capacities (a smaller C is a fair candidate). A set of repeats comes
+from one host (cell.json ``host``, else the run manifest's): repeats from several are refused
+unless ``mixed_hosts`` pools them (noted); base and candidate on different hosts are compared
+(a cross-host comparison, noted).
 
 Exit status: 0 no regression, 1 regression (the metrics are named), 2 could not compare
 (the reason is given).
@@ -81,7 +84,55 @@ class CheckResult:
         return "no regression"
 
 
-def run_check(base: str | os.PathLike, cand: str | os.PathLike, thresholds=None) -> CheckResult:
+#: how a unit that does not name its host is counted (it never conflicts with another)
+UNKNOWN_HOST = "host unknown"
+
+
+def host_counts(units) -> dict[str, int]:
+    """{host name (UNKNOWN_HOST when the unit does not say): units}, most units first."""
+    from moetrace.analyses.compare import host_of
+
+    counts: dict[str, int] = {}
+    for r in units:
+        h = host_of(r) or UNKNOWN_HOST
+        counts[h] = counts.get(h, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def hosts_text(counts: dict[str, int]) -> str:
+    """'node-a: 2 units, node-b: 1 unit'."""
+    return ", ".join(f"{h}: {n} unit{'s' if n != 1 else ''}" for h, n in counts.items())
+
+
+def host_rule(bg: dict[str, list], cg: dict[str, list], pairs: list[tuple[str, str]],
+              mixed_hosts: bool = False) -> tuple[str | None, list[str]]:
+    """(why the sides cannot be compared, notes) by the hosts the units ran on: a set of repeats
+    (one group of one side) from more than one known host is refused, or with ``mixed_hosts``
+    pooled and noted; base and candidate on different hosts is a cross-host comparison, noted."""
+    mixed, known = [], {}
+    for side, groups, names in (("base", bg, [b for b, _ in pairs]), ("candidate", cg, [c for _, c in pairs])):
+        known[side] = set()
+        for g in dict.fromkeys(names):
+            counts = host_counts(groups[g])
+            hosts = [h for h in counts if h != UNKNOWN_HOST]
+            known[side] |= set(hosts)
+            if len(hosts) > 1:
+                mixed.append(f"{side} {g}: repeats from {len(hosts)} hosts ({hosts_text(counts)})")
+    if mixed and not mixed_hosts:
+        return ("; ".join(mixed) + "; one set of repeats comes from one host (its page cache, device and kernel "
+                "are what a cell measures): run a side's repeats on one host, or --mixed-hosts pools them anyway"), []
+    notes = [f"{m}: pooled as one set of repeats (--mixed-hosts)" for m in mixed]
+    if known["base"] and known["candidate"] and known["base"] != known["candidate"]:
+        notes.append(f"cross-host comparison: base on {', '.join(sorted(known['base']))}, candidate on "
+                     f"{', '.join(sorted(known['candidate']))}; the difference includes the hosts' (device, kernel, "
+                     f"memory: each cell.json's host)")
+    return None, notes
+
+
+def run_check(base: str | os.PathLike, cand: str | os.PathLike, thresholds=None,
+              mixed_hosts: bool = False) -> CheckResult:
+    """Compare ``cand`` against ``base`` (module doc); ``mixed_hosts`` pools a side's repeats
+    from different hosts instead of refusing them (and says so in the notes)."""
     from moetrace.analyses import compare as C
 
     try:
@@ -99,7 +150,10 @@ def run_check(base: str | os.PathLike, cand: str | os.PathLike, thresholds=None)
     why = C.incomparable([r for b, _ in pairs for r in bg[b]], [r for _, c in pairs for r in cg[c]])
     if why:
         return CheckResult(CANNOT_COMPARE, why, pairs=pairs)
-    res = CheckResult(NO_REGRESSION, None, pairs=pairs)
+    why, host_notes = host_rule(bg, cg, pairs, mixed_hosts)
+    if why:
+        return CheckResult(CANNOT_COMPARE, why, pairs=pairs)
+    res = CheckResult(NO_REGRESSION, None, pairs=pairs, notes=host_notes)
     for b, c in pairs:
         name = b if b == c else f"{b} -> {c}"
         df = C.compute_comparison([C.unit_metrics(r) for r in bg[b]], [C.unit_metrics(r) for r in cg[c]],
