@@ -15,7 +15,14 @@ have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok
 # BTF relocations.
 # prometheus: `moetrace watch --prometheus` is scraped by a real server in the tests (started by
 # the test on a loopback port; the package's own service is not started here)
-for p in python3-venv python3-pip fio chromium clang bpftool libbpf-dev libbpf1 prometheus; do
+# slurmctld, slurmd, slurm-client, munge: the single-node Slurm cluster of scripts/slurm-local.sh
+# (`sweep --executor slurm`, issue 22), named one by one (slurm-wlm is only a metapackage of the
+# three); no slurmdbd and no database: there is no accounting. slurm-local.sh starts the daemons
+# with a config and munge key of its own; the packages' services do not start here (no systemd,
+# policy-rc.d), and where they would, slurmd/slurmctld wait for an /etc/slurm/slurm.conf that
+# nothing here writes.
+for p in python3-venv python3-pip fio chromium clang bpftool libbpf-dev libbpf1 prometheus \
+         slurmctld slurmd slurm-client munge; do
   have_pkg "$p" || need_apt+=("$p")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
