@@ -142,39 +142,64 @@ def test_the_cli_modules_do_not_import_tqdm():
 
 
 # --- run_sweep reports cells done and the running cell; run_cell's phases are passed through ---
+# (the job function runs in this process, run_cell faked: nothing here needs root or cgroups)
 
-def test_run_sweep_reports_progress(tmp_path, monkeypatch):
+def fake_cell_jobs(monkeypatch, tmp_path, run=None):
+    """run_cell faked (writing cell.json as the real one does), the miss curve skipped, and the
+    local executor replaced by the in-process one: the sweep's jobs, dispatch and merge are real."""
     import moetrace.capacity.cell as cellmod
-    from moetrace.capacity.sweep import run_sweep
+    import moetrace.capacity.dispatch as dispatch
 
-    phases_seen = []
-
-    def fake_run_cell(spec, cdir, curve=None, on_phase=None):
-        for p in ("clean", "warmup", "measured"):
+    def fake_run_cell(spec, out_dir, curve=None, on_phase=None):
+        for p in ("clean", "drop caches", "scope", "warmup", "measured", "cleanup", "results"):
             if on_phase:
                 on_phase(p)
-        return {"capacity_bytes": spec.capacity_bytes, "retained": True, "reasons": []}
+        res = {"retained": True, "reasons": [], "capacity_bytes": spec.capacity_bytes,
+               "mechanism": spec.mechanism, "mode": spec.mode}
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / "cell.json").write_text(json.dumps(res))
+        return res
 
-    class Spec:
-        def __init__(self, c):
-            self.capacity_bytes, self.mechanism, self.mode = c, "cgroup", "pagecache"
+    monkeypatch.setattr(cellmod, "run_cell", run or fake_run_cell)
+    monkeypatch.setattr(cellmod, "check_privileges", lambda: None)
+    monkeypatch.setattr(cellmod, "ensure_miss_curve", lambda path, *a: Path(path))
+    monkeypatch.setattr(cellmod, "load_miss_curve", lambda *a: None)
+    monkeypatch.setattr(dispatch, "LocalExecutor", dispatch.InlineExecutor)
+    plan = tmp_path / "plan.bin"
+    plan.write_bytes(b"")
+    (tmp_path / "pool").mkdir(exist_ok=True)
+    return str(plan), str(tmp_path / "pool")
 
-    monkeypatch.setattr(cellmod, "run_cell", fake_run_cell)
-    monkeypatch.setattr(cellmod, "miss_curve", lambda *a: None)
+
+def _specs(plan, pool, caps):
+    from moetrace.capacity.cell import CellSpec
+
+    return {label: CellSpec(plan=plan, pool=pool, capacity_bytes=c) for label, c in caps}
+
+
+def test_run_sweep_reports_progress(tmp_path, monkeypatch):
+    from moetrace.capacity.sweep import run_sweep
+
+    plan, pool = fake_cell_jobs(monkeypatch, tmp_path)
     caps = [("1GiB", 1 << 30), ("512MiB", 512 << 20)]
-    calls = []
-    done = run_sweep({lab: Spec(c) for lab, c in caps}, caps, 2, 0, tmp_path, "plan.bin", 1, 1,
-                     progress=lambda n, total, cur: calls.append((n, total, cur)),
-                     on_phase=phases_seen.append)
-    assert len(done.rows) == 4
-    assert [c[0] for c in calls] == [0, 1, 2, 3, 4] and {c[1] for c in calls} == {4}
-    assert calls[-1][2] is None
-    assert sorted(c[2] for c in calls[:-1]) == ["1GiB-r0", "1GiB-r1", "512MiB-r0", "512MiB-r1"]
-    assert [r["cell_dir"].rsplit("/", 1)[1] for r in done.rows] == [c[2] for c in calls[:-1]]
-    assert phases_seen == ["clean", "warmup", "measured"] * 4
-    # the default: nothing reported, the same cells
-    again = run_sweep({lab: Spec(c) for lab, c in caps}, caps, 2, 0, tmp_path / "b", "plan.bin", 1, 1)
+    seen = []
+    done = run_sweep(_specs(plan, pool, caps), caps, 2, 0, tmp_path / "a",
+                     on_status=lambda st: seen.append((st.done, st.total, dict(st.running))))
+    assert len(done.rows) == 4 and done.ran == done.submitted and len(done.ran) == 4
+    assert {t for _, t, _ in seen} == {4} and seen[-1][0] == 4 and seen[-1][2] == {}
+    running = [next(iter(r)) for _, _, r in seen if r]
+    assert sorted(set(running)) == ["1GiB-r0", "1GiB-r1", "512MiB-r0", "512MiB-r1"]
+    # the cells ran in the seeded order, and the rows come in it
+    assert list(dict.fromkeys(running)) == done.ran == [Path(r["cell_dir"]).name for r in done.rows]
+    assert [r["order"] for r in done.rows] == [0, 1, 2, 3]
+    phases = [r[n] for _, _, r in seen for n in r if n == "1GiB-r0"]
+    assert phases == ["clean", "drop caches", "scope", "warmup", "measured", "cleanup", "results"]
+    # the default: nothing reported, the same cells in the same order
+    again = run_sweep(_specs(plan, pool, caps), caps, 2, 0, tmp_path / "b")
     assert [r["capacity"] for r in again.rows] == [r["capacity"] for r in done.rows]
+    # run again into its directory: every cell was retained, none runs
+    third = run_sweep(_specs(plan, pool, caps), caps, 2, 0, tmp_path / "a")
+    assert third.ran == [] and len(third.rows) == 4
 
 
 # --- `moetrace pool create` under a pty ---
@@ -275,29 +300,16 @@ def test_pool_create_forced_without_a_terminal(tmp_path, pty_env):
 
 @pytest.fixture
 def fake_cells(tmp_path, monkeypatch):
-    import moetrace.capacity.cell as cellmod
     import moetrace.reports.sweep as repmod
-
-    def fake_run_cell(spec, out_dir, curve=None, on_phase=None):
-        for p in ("clean", "drop caches", "scope", "warmup", "measured", "cleanup", "results"):
-            if on_phase:
-                on_phase(p)
-        return {"retained": True, "reasons": [], "capacity_bytes": spec.capacity_bytes,
-                "mechanism": spec.mechanism, "mode": spec.mode}
 
     def fake_write_results(rows, out, plot=True):
         import pandas as pd
 
         return {"table": pd.DataFrame({"capacity": [r["capacity"] for r in rows]}), "files": {}}
 
-    monkeypatch.setattr(cellmod, "run_cell", fake_run_cell)
-    monkeypatch.setattr(cellmod, "check_privileges", lambda: None)
-    monkeypatch.setattr(cellmod, "miss_curve", lambda *a: None)
+    plan, pool = fake_cell_jobs(monkeypatch, tmp_path)
     monkeypatch.setattr(repmod, "write_results", fake_write_results)
-    plan = tmp_path / "plan.bin"
-    plan.write_bytes(b"")
-    (tmp_path / "pool").mkdir()
-    return ["--plan", str(plan), "--pool", str(tmp_path / "pool")]
+    return ["--plan", plan, "--pool", pool]
 
 
 def _invoke(args, env):
@@ -328,11 +340,14 @@ def test_sweep_shows_cells_done(tmp_path, fake_cells):
     assert "4/4" in r.stderr and "cell" in r.stderr and "C=128MiB-r" in r.stderr, r.stderr
     assert "C=64MiB-r1 measured" in r.stderr or "C=64MiB-r0 measured" in r.stderr
     assert "4/4" not in r.stdout
-    r = _invoke(args + ["--json"], {"MOETRACE_PROGRESS": "1", "CI": None})
+    r = _invoke(args[:-1] + [str(tmp_path / "s2"), "--json"], {"MOETRACE_PROGRESS": "1", "CI": None})
     assert r.exit_code == 0, r.output
-    assert r.stderr == "" and json.loads(r.stdout)["cells"] == 4
-    r = _invoke(args, {"MOETRACE_PROGRESS": "0", "CI": None})
+    assert r.stderr == "" and json.loads(r.stdout)["cells"] == 4 and len(json.loads(r.stdout)["ran"]) == 4
+    r = _invoke(args[:-1] + [str(tmp_path / "s3")], {"MOETRACE_PROGRESS": "0", "CI": None})
     assert r.exit_code == 0 and r.stderr == ""
+    # the first sweep's directory again: all 4 retained there, none runs, the bar starts full
+    r = _invoke(args + ["--json"], {"MOETRACE_PROGRESS": "0", "CI": None})
+    assert r.exit_code == 0 and json.loads(r.stdout)["ran"] == [] and json.loads(r.stdout)["retained"] == 4
 
 
 def test_an_enabled_bar_starts_no_thread():
@@ -347,16 +362,12 @@ def test_an_enabled_bar_starts_no_thread():
 
 
 def test_run_sweep_survives_a_failing_display(tmp_path, monkeypatch):
-    import moetrace.capacity.cell as cellmod
     from moetrace.capacity.sweep import run_sweep
-
-    class Spec:
-        capacity_bytes, mechanism, mode = 1 << 20, "cgroup", "pagecache"
 
     def boom(*a):
         raise OSError("the terminal went away")
 
-    monkeypatch.setattr(cellmod, "run_cell", lambda spec, cdir, curve=None, on_phase=None: {"retained": True})
-    monkeypatch.setattr(cellmod, "miss_curve", lambda *a: None)
-    done = run_sweep({"1MiB": Spec()}, [("1MiB", 1 << 20)], 3, 0, tmp_path, "plan.bin", 1, 1, progress=boom)
+    plan, pool = fake_cell_jobs(monkeypatch, tmp_path)
+    done = run_sweep(_specs(plan, pool, [("1MiB", 1 << 20)]), [("1MiB", 1 << 20)], 3, 0, tmp_path / "s",
+                     on_status=boom)
     assert len(done.rows) == 3 and done.stopped is None

@@ -259,6 +259,19 @@ def load_miss_curve(path: str | os.PathLike, plan: str | os.PathLike, warmup: in
         raise InputError(f"not a saved miss curve: {e}", path=str(path)) from None
 
 
+def ensure_miss_curve(path: str | os.PathLike, plan: str | os.PathLike, warmup: int, passes: int) -> Path:
+    """``path`` (made absolute: a job or guest runs elsewhere) holding the plan's simulated miss
+    curve, computed once for all the cells that load it; kept while it matches the plan."""
+    path = Path(path).resolve()
+    if path.exists():
+        try:
+            check_miss_curve(path, plan, warmup, passes)
+            return path
+        except InputError:
+            pass
+    return save_miss_curve(miss_curve(plan, warmup, passes), path, plan, warmup, passes)
+
+
 def simulated_miss(curve, capacity_bytes: int, extent_bytes: int, expert_bytes: int) -> dict[str, Any]:
     """Miss demand at C from a :func:`miss_curve`: budget = floor(C / extent_bytes) experts."""
     budget = int(capacity_bytes // extent_bytes)

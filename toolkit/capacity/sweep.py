@@ -1,16 +1,19 @@
 """A capacity sweep: cells over C x repeats in randomized (seeded) order (the paper's Table 2 /
-Fig. 2 data). The loop only: each cell is :func:`moetrace.capacity.cell.run_cell`; the tables
-and the figure are :func:`moetrace.reports.sweep.write_results`; ``moetrace sweep`` is the CLI."""
+Fig. 2 data). Each cell is a job (:mod:`moetrace.capacity.jobs`, run by
+:func:`moetrace.capacity.cell.run_cell`) that :mod:`moetrace.capacity.dispatch` submits here or to
+Slurm; the results are merged from the cell directories (:func:`merged_rows`); the tables and the
+figure are :func:`moetrace.reports.sweep.write_results`; ``moetrace sweep`` is the CLI."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
-
-import click
+from typing import Any
 
 from moetrace.errors import CellInterrupted
 
@@ -19,7 +22,7 @@ CELL_COLUMNS = ["capacity", "capacity_bytes", "repeat", "order", "cell_dir", "me
                 "device_bytes", "device_bytes_per_iteration", "miss_bytes_per_iteration", "amplification",
                 "budget_experts", "peak_memory_bytes", "oom_kill", "vmlck_at_loop_entry_bytes",
                 "anon_at_loop_entry_bytes", "measured_hints_submitted", "measured_hints_completed",
-                "outside_evicted_pages", "flags", "effective_capacity_bytes", "lru_hit_rate", "host"]
+                "outside_evicted_pages", "flags", "effective_capacity_bytes", "lru_hit_rate", "host", "host_order"]
 
 
 def parse_capacities(text: str) -> list[tuple[str, int]]:
@@ -73,53 +76,126 @@ def effective_capacity(res: dict) -> int | None:
     return res.get("mem_available_at_loop_entry_bytes")
 
 
+SWEEP_SCHEMA = "moetrace.sweep/1"
+
+
+def sweep_doc(specs: dict[str, Any], caps: list[tuple[str, int]], repeats: int, seed: int) -> dict[str, Any]:
+    """What identifies a sweep: the cells' common inputs (absolute paths, the plan's key), the
+    capacities, repeats and seed; a directory holds the cells of one such sweep."""
+    from moetrace.capacity.cell import plan_key
+
+    first = asdict(next(iter(specs.values())))
+    common = {k: v for k, v in first.items() if k not in ("capacity_bytes", "python", "name")}
+    common["plan_key"] = plan_key(first["plan"], first["warmup"], first["passes"])
+    return {"cells": common, "capacities": [[label, int(c)] for label, c in caps], "repeats": repeats, "seed": seed}
+
+
+def absolute(spec):
+    """The spec with absolute paths (a job may run in another working directory, on another node)."""
+    fix = {k: os.path.abspath(getattr(spec, k)) for k in ("plan", "pool") if getattr(spec, k)}
+    if spec.freq_table not in (None, "oracle"):
+        fix["freq_table"] = os.path.abspath(spec.freq_table)
+    return replace(spec, **fix)
+
+
+def prepare_sweep(out: Path, specs: dict[str, Any], caps: list[tuple[str, int]], repeats: int, seed: int,
+                  stage_pool: str | None = None) -> list:
+    """The sweep's cells as jobs, in the seeded randomized order: sweep.json, jobs/NAME.json and
+    miss_curve.npz written (or, for a directory that holds this sweep already, kept: the cells
+    retained there are not run again). A directory holding another sweep, or anything but a
+    sweep, is refused."""
+    from moetrace.capacity.cell import ensure_miss_curve
+    from moetrace.capacity.jobs import CellJob, write_json
+    from moetrace.errors import UsageError
+
+    out = Path(out).resolve()
+    specs = {label: absolute(s) for label, s in specs.items()}
+    doc = sweep_doc(specs, caps, repeats, seed)
+    digest = hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    meta = out / "sweep.json"
+    if meta.exists():
+        old = json.loads(meta.read_text())
+        if old.get("digest") != digest:
+            was = old.get("spec") or {}
+            diff = sorted(k for k in set(was) | set(doc) if was.get(k) != doc.get(k))
+            raise UsageError(f"{out} holds another sweep (differs in: {', '.join(diff) or 'its digest'})",
+                             hint="re-run with the options it was started with, or give another --out")
+    elif out.exists() and any(out.iterdir()):
+        raise UsageError(f"{out} is not empty and holds no sweep.json", hint="give a new or empty directory as --out")
+    order = [(label, r) for label, _ in caps for r in range(repeats)]
+    random.Random(seed).shuffle(order)
+    out.mkdir(parents=True, exist_ok=True)
+    first = specs[caps[0][0]]
+    curve = ensure_miss_curve(out / "miss_curve.npz", first.plan, first.warmup, first.passes)
+    jobs = [CellJob(f"{label}-r{r}", label, r, i, specs[label], str(out), str(curve), stage_pool)
+            for i, (label, r) in enumerate(order)]
+    if not meta.exists():
+        write_json(meta, {"schema": SWEEP_SCHEMA, "digest": digest, "spec": doc,
+                          "cells": [{"name": j.name, "capacity": j.label, "repeat": j.repeat, "order": j.order,
+                                     "dir": f"cells/{j.name}"} for j in jobs]})
+    for j in jobs:
+        write_json(j.job_path, j.as_dict())
+    return jobs
+
+
+def merged_rows(out: str | os.PathLike) -> list[dict]:
+    """One results row per cell that ran (cell.json present), in the sweep's order, whatever the
+    order the jobs finished in; ``host_order`` is the order the cells started on their host."""
+    from moetrace.capacity.jobs import read_json
+
+    out = Path(out)
+    meta = read_json(out / "sweep.json")
+    rows, started = [], {}
+    for c in meta["cells"]:
+        cell_json = out / c["dir"] / "cell.json"
+        try:
+            res = json.loads(cell_json.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        row = cell_row(res, c["capacity"], c["repeat"], c["order"], str(out / c["dir"]))
+        try:
+            ran = json.loads((out / "jobs" / f"{c['name']}.ran.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            ran = {}
+        row["host"] = row.get("host") or ran.get("host")
+        started[c["name"]] = (row["host"], ran.get("started_at") or 0.0)
+        rows.append(row)
+    for host in {h for h, _ in started.values()}:
+        mine = sorted((t, name) for name, (h, t) in started.items() if h == host)
+        rank = {name: i for i, (_, name) in enumerate(mine)}
+        for row in rows:
+            name = Path(row["cell_dir"]).name
+            if started.get(name, (None,))[0] == host:
+                row["host_order"] = rank[name]
+    return rows
+
+
 @dataclass
 class SweepOutcome:
     rows: list[dict]
     jobs: int
     #: the CellInterrupted that stopped the sweep (Ctrl-C), or None
     stopped: CellInterrupted | None = None
+    #: the cells run this time (the others were retained before), the jobs submitted (a
+    #: resubmission counted again), and the cells whose jobs failed twice (name -> why)
+    ran: list[str] = field(default_factory=list)
+    submitted: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
 
 
 def run_sweep(specs: dict[str, Any], caps: list[tuple[str, int]], repeats: int, seed: int, out: Path,
-              plan_path: str, warmup: int, passes: int,
-              progress: Callable[[int, int, str | None], None] | None = None,
-              on_phase: Callable[[str], None] | None = None) -> SweepOutcome:
-    """Run every (capacity, repeat) cell in a seeded random order into ``out/cells/<C>-r<i>``.
+              executor=None, on_status=None, on_event=None, stage_pool: str | None = None) -> SweepOutcome:
+    """Run every (capacity, repeat) cell in a seeded random order into ``out/cells/<C>-r<i>``, each
+    a job (:mod:`moetrace.capacity.jobs`) on ``executor`` (default: local subprocesses); cells
+    retained in ``out`` before are not run again. ``specs``: capacity label -> CellSpec. A cell
+    whose setup fails is a row that is not retained, with its reason; a job that fails is
+    resubmitted once. Ctrl-C (CellInterrupted: the running jobs cancelled and cleaned up) stops
+    it with the rows so far. ``on_status`` / ``on_event``: see :func:`dispatch`."""
+    from moetrace.capacity.dispatch import LocalExecutor, dispatch
+    from moetrace.capacity.jobs import retained
 
-    ``specs``: capacity label -> CellSpec. A cell whose setup fails is a row that is not
-    retained, with its reason, and the sweep goes on; Ctrl-C (CellInterrupted, after the
-    running cell cleaned up) stops it with the rows so far. ``progress(done, total, current)``,
-    when given, is called before each cell with the cells done so far and the next cell's
-    name (``<C>-r<i>``), and once after the last with ``current`` None; ``on_phase`` is
-    passed to each :func:`run_cell`. None (the default): nothing is reported."""
-    from moetrace.capacity.cell import miss_curve, run_cell
-
-    (out / "cells").mkdir(parents=True, exist_ok=True)
-    jobs = [(label, r) for label, _ in caps for r in range(repeats)]
-    random.Random(seed).shuffle(jobs)
-    curve = miss_curve(plan_path, warmup, passes)
-    rows: list[dict] = []
-    outcome = SweepOutcome(rows, len(jobs))
-
-    def report(done: int, total: int, current: str | None) -> None:
-        if progress is not None:
-            try:
-                progress(done, total, current)
-            except Exception:  # noqa: BLE001 - a failing display never stops the sweep
-                pass
-    try:
-        for order, (label, r) in enumerate(jobs):
-            report(order, len(jobs), f"{label}-r{r}")
-            cdir = out / "cells" / f"{label}-r{r}"
-            spec = specs[label]
-            try:
-                res = run_cell(spec, cdir, curve=curve, on_phase=on_phase)
-            except click.ClickException as e:  # setup failed for this cell: record it, go on
-                res = {"capacity_bytes": spec.capacity_bytes, "mechanism": spec.mechanism, "mode": spec.mode,
-                       "retained": False, "reasons": [f"error: {e.format_message()}"]}
-            rows.append(cell_row(res, label, r, order, str(cdir)))
-        report(len(jobs), len(jobs), None)
-    except CellInterrupted as e:
-        outcome.stopped = e
-    return outcome
+    out = Path(out).resolve()
+    jobs = prepare_sweep(out, specs, caps, repeats, seed, stage_pool)
+    todo = [j for j in jobs if not retained(j)]
+    res = dispatch(todo, executor or LocalExecutor(out), on_status=on_status, on_event=on_event)
+    return SweepOutcome(merged_rows(out), len(jobs), res.stopped, [j.name for j in todo], res.submitted, res.failed)

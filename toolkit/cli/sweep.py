@@ -11,6 +11,69 @@ from moetrace.cli.cell import cell_options, make_spec
 from moetrace.cli.common import emit_json
 
 
+def executor_options(f):
+    """Where the cells run: --executor local|slurm and Slurm's job options, --stage-pool."""
+    opts = [
+        click.option("--executor", type=click.Choice(["local", "slurm"]), default="local", show_default=True,
+                     help="local: each cell's job in a subprocess here, one at a time; slurm: every cell a "
+                          "Slurm job (submitit; sbatch/squeue/scancel on PATH, SLURM_CONF as Slurm reads it)."),
+        click.option("--slurm-partition", default=None, help="The partition the jobs go to (default: the "
+                                                             "cluster's default)."),
+        click.option("--slurm-time", default=None,
+                     help="Each job's time limit: minutes or [D-]HH:MM:SS (default: --timeout + 10 minutes)."),
+        click.option("--slurm-exclusive/--slurm-shared", "slurm_exclusive", default=True, show_default=True,
+                     help="A node alone for each cell (its page cache, its device): keep it on for measurements."),
+        click.option("--slurm-option", "slurm_options", multiple=True, metavar="KEY=VALUE",
+                     help="Another sbatch option, e.g. --slurm-option constraint=nvme (repeatable)."),
+        click.option("--stage-pool", default=None, type=click.Path(file_okay=False),
+                     help="Copy the pool to this node-local directory first (checked by its manifest "
+                          "checksum, reused when there): a network filesystem's page cache is not the "
+                          "local one a cell measures."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def slurm_time_minutes(text: str | None, timeout_s: float) -> int:
+    """--slurm-time as minutes: '90', '1:30:00', '2-00:00:00'; default --timeout + 10 minutes."""
+    from moetrace.errors import UsageError
+
+    if text is None:
+        return int(timeout_s // 60) + 10
+    try:
+        days, _, rest = text.rpartition("-")
+        parts = [int(p) for p in rest.split(":")]
+        if len(parts) == 1 and not days:
+            mins = parts[0]
+        else:
+            h, m, sec = ([0] * (3 - len(parts)) + parts)[-3:]
+            mins = (int(days or 0) * 24 + h) * 60 + m + (1 if sec else 0)
+    except ValueError:
+        raise UsageError(f"--slurm-time {text!r} is not minutes or [D-]HH:MM:SS", hint="e.g. --slurm-time 2:00:00") from None
+    if mins < 1:
+        raise UsageError(f"--slurm-time {text!r} is under a minute")
+    return mins
+
+
+def slurm_params(partition, time_text, exclusive, options, timeout_s, executor) -> dict:
+    """make_executor's Slurm keywords from the options (none for --executor local, which refuses them)."""
+    from moetrace.errors import UsageError
+
+    if executor != "slurm":
+        if partition or time_text or options:
+            raise UsageError("--slurm-* options apply to --executor slurm", hint="add --executor slurm")
+        return {}
+    extra = {}
+    for o in options:
+        key, eq, val = o.partition("=")
+        if not eq or not key.strip():
+            raise UsageError(f"--slurm-option {o!r} is not KEY=VALUE", hint="e.g. --slurm-option constraint=nvme")
+        extra[key.strip().lstrip("-").replace("-", "_")] = val
+    return {"partition": partition, "time_min": slurm_time_minutes(time_text, timeout_s), "exclusive": exclusive,
+            "extra": extra}
+
+
 @click.command()
 @cell_options
 @click.option("--capacities", required=True,
@@ -20,9 +83,11 @@ from moetrace.cli.common import emit_json
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Sweep directory: cells/<C>-r<i>/, results.csv/.parquet, capacity.csv/.parquet, fig2.png.")
 @click.option("--json", "as_json", is_flag=True, help="Print the per-capacity table as JSON.")
+@executor_options
 def sweep(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passes, arena_fraction, prefetch,
           fadvise_random, freq_table, timeout_s, record, stream_events, watch, outside_evictions, capacities,
-          repeats, seed, out_dir, as_json):
+          repeats, seed, out_dir, as_json, executor, slurm_partition, slurm_time, slurm_exclusive, slurm_options,
+          stage_pool):
     """Run capacity cells over C x repeats in randomized (seeded) order.
 
     \b
@@ -33,22 +98,33 @@ def sweep(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passe
     LRU miss bytes per iteration, amplification, retained and why),
     capacity.csv/.parquet (per C: median and spread over retained repeats) and
     fig2.png (iteration time vs C; device bytes vs C log-log with the miss
-    demand and an a/C reference). Needs root. Ctrl-C stops after cleaning up
-    the running cell and writes the results so far (exit 130). On a
-    terminal a progress bar of cells (the running one and its phase after
-    it) goes to stderr (not with --json or CI=true; MOETRACE_PROGRESS=0/1
-    turns it off/on).
+    demand and an a/C reference). Needs root (on the nodes, with --executor
+    slurm). Ctrl-C stops after cancelling the running cells' jobs (each
+    cleans up) and writes the results so far (exit 130).
+
+    \b
+    Each cell is a job (OUT/jobs/<C>-r<i>.json): --executor local runs the
+    jobs one at a time in subprocesses here; --executor slurm submits them
+    all to Slurm (one node each, --exclusive by default). Running the same
+    command into the same OUT again runs only the cells not yet retained; a
+    job that fails is reported with its log and resubmitted once. On a
+    terminal a progress bar of cells (pending, running with its phase,
+    done) goes to stderr (not with --json or CI=true; MOETRACE_PROGRESS=0/1
+    turns it off/on); every failed job and resubmission is said on stderr.
     Example:
       moetrace sweep --plan plan.bin --pool /var/tmp/pool \\
           --capacities 2.2GiB,1GiB,512MiB,256MiB --repeats 3 --mechanism cgroup --out sweep1
+      moetrace sweep --plan /shared/plan.bin --pool /shared/pool --capacities 1GiB,512MiB \\
+          --executor slurm --slurm-partition nvme --slurm-time 2:00:00 --stage-pool /local/moetrace \\
+          --out /shared/sweep1
     """
     from moetrace.kernel.features import private_mounts
 
     private_mounts()  # debugfs/tracefs mounted for the probes go with this process, even when SIGKILLed
     from moetrace.capacity.cell import check_privileges, interrupt_handlers
+    from moetrace.capacity.dispatch import make_executor
     from moetrace.capacity.sweep import parse_capacities, run_sweep
     from moetrace.progress import bar, progress_enabled
-    from moetrace.reports.sweep import write_results
 
     caps = parse_capacities(capacities)
     specs = {label: make_spec(plan_path, pool_dir, c, mechanism, mode, headroom, threads, warmup, passes,
@@ -56,34 +132,50 @@ def sweep(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passe
                               record=record, watch=watch, outside_evictions=outside_evictions,
                               stream_events=stream_events)
              for label, c in caps}
-    check_privileges()
+    if executor == "local":
+        check_privileges()
     out = Path(out_dir)
-    # cells done of all on a tqdm bar on stderr, the running cell (<C>-r<i>) and its phase as the
-    # postfix; only on a terminal, never with --json, CI=true or MOETRACE_PROGRESS=0 (moetrace.progress)
+    ex = make_executor(executor, out, **slurm_params(slurm_partition, slurm_time, slurm_exclusive, slurm_options,
+                                                     timeout_s, executor))
+    # cells done of all on a tqdm bar on stderr, pending / running (with the running cell's phase)
+    # as the postfix; only on a terminal, never with --json, CI=true or MOETRACE_PROGRESS=0
     enabled = progress_enabled(as_json)
-    with interrupt_handlers(), bar(len(caps) * repeats, desc="sweep", unit="cell", enabled=enabled) as b:
-        shown = {"done": 0, "cell": ""}
+    total = len(caps) * repeats
+    with interrupt_handlers(), bar(total, desc="sweep", unit="cell", enabled=enabled) as b:
+        shown = {"done": 0}
 
-        def on_progress(n_done: int, total: int, current: str | None) -> None:
-            b.update(n_done - shown["done"])
-            shown["done"], shown["cell"] = n_done, current or ""
-            b.set_postfix_str(f"C={current}" if current else "")
+        def on_status(st) -> None:
+            done = (total - st.total) + st.done + st.failed  # the cells retained before count as done
+            b.update(max(0, done - shown["done"]))
+            shown["done"] = max(done, shown["done"])
+            run = ", ".join(f"C={n} {p}".rstrip() for n, p in st.running.items())
+            b.set_postfix_str(f"pending {st.pending}" + (f", running {run}" if run else ""))
 
-        def on_phase(phase: str) -> None:
-            b.set_postfix_str(f"C={shown['cell']} {phase}")
+        def on_event(text: str) -> None:
+            click.echo(f"moetrace sweep: {text}", err=True)
 
-        done = run_sweep(specs, caps, repeats, seed, out, plan_path, warmup, passes,
-                         progress=on_progress if enabled else None, on_phase=on_phase if enabled else None)
+        done = run_sweep(specs, caps, repeats, seed, out, executor=ex, on_status=on_status if enabled else None,
+                         on_event=on_event, stage_pool=stage_pool)
+    _finish(done, out, as_json)
+
+
+def _finish(done, out: Path, as_json: bool) -> None:
+    """The results written from the cell directories, the table or JSON printed, the exit."""
+    from moetrace.reports.sweep import write_results
+
     rows, stopped = done.rows, done.stopped
     res = write_results(rows, out)
+    kept = sum(bool(r.get("retained")) for r in rows)
     if as_json:
         t = res["table"]
-        emit_json({"out": str(out), "cells": len(rows), "files": res["files"],
+        emit_json({"out": str(out), "cells": len(rows), "retained": kept, "ran": done.ran,
+                   "submitted": done.submitted, "failed": done.failed, "files": res["files"],
                    "capacity": [{k: (None if (isinstance(v, float) and v != v) else v) for k, v in row.items()}
                                 for row in t.to_dict(orient="records")]})
     else:
         click.echo(res["table"].to_string(index=False))
-        click.echo(f"wrote {', '.join(res['files'].values())}")
+        click.echo(f"{kept} of {done.jobs} cells retained ({len(done.ran)} run now); "
+                   f"wrote {', '.join(res['files'].values())}")
     if stopped is not None:
         click.echo(f"moetrace sweep: {stopped} after {len(rows)} of {done.jobs} cells", err=True)
         sys.exit(stopped.exit_code)

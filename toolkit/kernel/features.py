@@ -57,7 +57,7 @@ _NS: dict[str, Any] = {"private": False, "entered": False, "why_not": None}
 _CLONE_NEWNS, _MS_REC, _MS_SLAVE = 0x00020000, 0x4000, 0x80000
 
 
-def private_mounts(on: bool = True) -> None:
+def private_mounts(on: bool = True, dedicated: bool = False) -> None:
     """Mount (debugfs / tracefs for libbpf) in a mount namespace of this process's own, entered
     right before its first mount: what it mounts is then seen by no other process and goes
     away with it and its children, even when it is SIGKILLed (which no unmount can follow).
@@ -66,8 +66,10 @@ def private_mounts(on: bool = True) -> None:
     `doctor --mount`, which mounts for the user to keep. Only in a process that is a moetrace
     program (the moetrace command, ``python -m moetrace...``, ``python -c``), never in one
     hosting it (pytest, a notebook: a click command run in-process), whose namespace would
-    change for good: there the mounts are made and unmounted as before."""
-    _NS["private"] = on and own_process()
+    change for good: there the mounts are made and unmounted as before. ``dedicated``: this
+    process is one a moetrace job was started in (submitit's job process on a Slurm node),
+    whose namespace nobody else shares."""
+    _NS["private"] = on and (dedicated or own_process())
 
 
 def own_process() -> bool:

@@ -392,17 +392,9 @@ LAB_KEYS = ("status", "exit_status", "kernel", "release", "mglru", "mglru_reques
 def ensure_miss_curve(out: Path, spec: MatrixSpec) -> Path:
     """DIR/miss_curve.npz: the plan's simulated miss curve, computed here once for every cell (the
     guests would compile its numba kernel at every boot); kept across resumes while it matches."""
-    from moetrace.capacity.cell import load_miss_curve, miss_curve, save_miss_curve
+    from moetrace.capacity.cell import ensure_miss_curve as ensure
 
-    path = out.resolve() / "miss_curve.npz"  # absolute: the guest's working directory is not ours
-    if path.exists():
-        try:
-            load_miss_curve(path, spec.plan, spec.warmup, spec.passes)
-            return path
-        except InputError:
-            pass
-    return save_miss_curve(miss_curve(spec.plan, spec.warmup, spec.passes), path, spec.plan, spec.warmup,
-                           spec.passes)
+    return ensure(Path(out) / "miss_curve.npz", spec.plan, spec.warmup, spec.passes)
 
 
 def cell_outcome(lab: dict[str, Any], cell_json: dict[str, Any] | None, console: str = "") -> dict[str, Any]:

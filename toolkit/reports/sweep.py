@@ -28,7 +28,7 @@ def write_results(rows: list[dict], out: Path, plot: bool = True) -> dict:
     for c in CELL_COLUMNS:
         if c not in ("capacity", "cell_dir", "mechanism", "mode", "reasons", "retained", "host"):
             cells[c] = pd.to_numeric(cells[c], errors="coerce").astype("Float64" if c not in (
-                "capacity_bytes", "repeat", "order") else "Int64")
+                "capacity_bytes", "repeat", "order", "host_order") else "Int64")
     cells["retained"] = cells["retained"].astype(bool)
     cells.to_csv(out / "results.csv", index=False)
     cells.to_parquet(out / "results.parquet", index=False)
