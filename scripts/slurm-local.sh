@@ -112,6 +112,8 @@ JobCompType=jobcomp/none
 SwitchType=switch/none
 MpiDefault=none
 SchedulerType=sched/backfill
+# schedule a submitted job at once (~1 s to start, not ~3 s: few jobs here, and tests wait on them)
+SchedulerParameters=batch_sched_delay=0,sched_min_interval=100000
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 MinJobAge=600
