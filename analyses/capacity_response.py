@@ -45,7 +45,40 @@ def _first(df: pd.DataFrame, col: str) -> float:
     return float(v.iloc[0]) if len(v) else np.nan
 
 
+#: the host of a cell that does not name one (results written before the host column)
+UNKNOWN_HOST = "host unknown"
+
+
+def cell_hosts(cells: pd.DataFrame) -> dict[str, int]:
+    """{host: retained cells} of the hosts the retained cells name (most cells first, then by
+    name); {} when the results have no ``host`` column or no retained cell names one."""
+    if "host" not in cells or cells.empty:
+        return {}
+    h = cells.loc[cells["retained"].astype(bool), "host"].dropna().astype(str)
+    counts = h[h != ""].value_counts()
+    return dict(sorted(((str(k), int(v)) for k, v in counts.items()), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _host_labels(host: pd.Series) -> pd.Series:
+    """Each cell's host name, UNKNOWN_HOST where it names none."""
+    known = host.notna() & (host.astype(str) != "")
+    return host.astype(object).where(known, UNKNOWN_HOST).astype(str)
+
+
 def compute_capacity_table(cells: pd.DataFrame) -> pd.DataFrame:
+    """:func:`capacity_rows` of the cells; when their retained cells come from more than one host
+    (:func:`cell_hosts`: cells as jobs on several machines), per host: a ``host`` column first
+    (UNKNOWN_HOST for cells that name none), hosts by name, each host's capacities descending, the
+    repeats pooled per host only. With one host (or none named) exactly :func:`capacity_rows`."""
+    if len(cell_hosts(cells)) <= 1:
+        return capacity_rows(cells)
+    host = _host_labels(cells["host"])
+    parts = [capacity_rows(cells[host == h]).assign(host=h) for h in sorted(set(host))]
+    out = pd.concat(parts, ignore_index=True)
+    return out[["host", *CAPACITY_COLUMNS]]
+
+
+def capacity_rows(cells: pd.DataFrame) -> pd.DataFrame:
     """One row per capacity C (descending): cells, retained count, and over the retained
     cells the median and spread ((max - min) / median) of the per-cell median
     iteration time, the median device bytes per iteration (and its spread), the
@@ -96,7 +129,8 @@ def reference_curve(table: pd.DataFrame, negligible: float = NEGLIGIBLE_SHARE) -
 def compute_table2(capacity: pd.DataFrame) -> pd.DataFrame:
     """The paper's Table 2 from :func:`compute_capacity_table` (a sweep's capacity.parquet): per
     capacity C (descending), cells and retained, effective capacity, the simulated LRU hit rate,
-    iteration time (median ms and spread), device and miss MiB per iteration, amplification."""
+    iteration time (median ms and spread), device and miss MiB per iteration, amplification; per
+    host (``host`` first, hosts by name) when the capacity table has a host column."""
     if capacity is None or capacity.empty:
         return pd.DataFrame()
     cap = capacity
@@ -111,6 +145,9 @@ def compute_table2(capacity: pd.DataFrame) -> pd.DataFrame:
         "device_mib_per_iteration": cap["device_bytes_per_iteration"].astype("Float64") / 2**20,
         "miss_mib_per_iteration": cap["miss_bytes_per_iteration"].astype("Float64") / 2**20,
         "amplification": cap["amplification"].astype("Float64")})
+    if "host" in cap:
+        t.insert(0, "host", cap["host"].astype(str))
+        return t.sort_values(["host", "capacity_bytes"], ascending=[True, False]).reset_index(drop=True)
     return t.sort_values("capacity_bytes", ascending=False).reset_index(drop=True)
 
 
@@ -140,24 +177,39 @@ def _spread_bars(ax, g: pd.DataFrame, y: str, scale: float, color: str) -> None:
                     fmt="none", ecolor=color, elinewidth=1.2, capsize=4, zorder=3, label="range of the repeats")
 
 
+def _host_curves(cells: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame, pd.DataFrame]]:
+    """(label suffix, colour, capacity rows, retained cells) per curve of Fig. 2: one curve, or one
+    per host when :func:`compute_capacity_table` is per host."""
+    table = compute_capacity_table(cells)
+    ret = cells[cells["retained"].astype(bool)]
+    if "host" not in table:
+        return [("", "tab:blue", table, ret)]
+    host = _host_labels(ret["host"])
+    return [(f" ({h})", f"C{i}", table[table["host"] == h], ret[host == h])
+            for i, h in enumerate(dict.fromkeys(table["host"]))]
+
+
 def plot_capacity(cells: pd.DataFrame, axes) -> Any:
     """Fig. 2 as in the paper, two panels on the same log-C axis ticked at the sweep's capacities:
     (left) iteration time vs C, the median over retained repeats as a line, their range as bars,
     cells not retained as crosses; (right) device MiB per iteration vs C, log-log, the median
     and range of the repeats, the simulated LRU miss demand, and an a/C reference anchored at the
     largest C whose device traffic is not negligible (:func:`reference_curve`; the legend says
-    which). Zeros cannot sit on a log axis: they are counted in the legend."""
+    which). Zeros cannot sit on a log axis: they are counted in the legend. Cells from several
+    hosts: a median line and range per host (:func:`compute_capacity_table`)."""
     from moetrace.inputs.geometry import format_bytes
 
     ax_t, ax_d = axes
-    table = compute_capacity_table(cells)
+    table = capacity_rows(cells)  # pooled: the capacities, the miss demand and the a/C reference
+    by_host = _host_curves(cells)
     mib = 1024 ** 2
     ret = cells[cells["retained"].astype(bool)]
     bad = cells[~cells["retained"].astype(bool)]
     caps = sorted(float(c) for c in table["capacity_bytes"] if c > 0)
-    ax_t.plot(table["capacity_bytes"], table["iteration_time_median_ns"] / 1e6, "o-", color="tab:blue",
-              label="median of the repeats")
-    _spread_bars(ax_t, ret, "iteration_time_median_ns", 1e6, "tab:blue")
+    for suffix, color, t, r in by_host:
+        ax_t.plot(t["capacity_bytes"], t["iteration_time_median_ns"] / 1e6, "o-", color=color,
+                  label="median of the repeats" + suffix)
+        _spread_bars(ax_t, r, "iteration_time_median_ns", 1e6, color)
     if not bad.empty:
         ax_t.scatter(bad["capacity_bytes"], bad["iteration_time_median_ns"] / 1e6, marker="x",
                      color="tab:red", label="not retained")
@@ -167,10 +219,12 @@ def plot_capacity(cells: pd.DataFrame, axes) -> Any:
     ax_t.legend(fontsize=8)
 
     zeros = int((ret["device_bytes_per_iteration"] == 0).sum())
-    tm = table[table["device_bytes_per_iteration"] > 0]
-    ax_d.plot(tm["capacity_bytes"], tm["device_bytes_per_iteration"] / mib, "o-", color="tab:blue", zorder=4,
-              label="device reads (diskstats), median" + (f"; {zeros} cell(s) at 0 B not shown" if zeros else ""))
-    _spread_bars(ax_d, ret, "device_bytes_per_iteration", mib, "tab:blue")
+    for i, (suffix, color, t, r) in enumerate(by_host):
+        tm = t[t["device_bytes_per_iteration"] > 0]
+        ax_d.plot(tm["capacity_bytes"], tm["device_bytes_per_iteration"] / mib, "o-", color=color, zorder=4,
+                  label="device reads (diskstats), median" + suffix
+                  + (f"; {zeros} cell(s) at 0 B not shown" if zeros and i == len(by_host) - 1 else ""))
+        _spread_bars(ax_d, r, "device_bytes_per_iteration", mib, color)
     t = table[table["miss_bytes_per_iteration"] > 0]
     ax_d.plot(t["capacity_bytes"], t["miss_bytes_per_iteration"] / mib, "s--", color="tab:green",
               mfc="none", ms=8, zorder=5, label="simulated LRU miss demand")

@@ -120,6 +120,37 @@ def test_table2_and_fig2_speak_human_units(sweep_report):
     plt.close(fig)
 
 
+def test_a_sweep_from_two_hosts_is_reported_per_host(tmp_path):
+    """The golden sweep with its results rows given two hosts (as cells run as jobs would be): Table 2
+    and capacity.csv per host (host first), the findings name the hosts and their cells; the golden
+    sweep itself (no host column) keeps its one table (test_report_tables_equal_the_golden_files)."""
+    import shutil
+
+    from moetrace.reports.report import build_report
+    from moetrace.reports.sweep import write_results
+
+    d = tmp_path / "sweep"
+    shutil.copytree(DATA / "sweep", d)
+    res = pd.read_parquet(d / "results.parquet")
+    res["host"] = ["node-b" if c == "32MiB" else "node-a" for c in res["capacity"]]
+    res.to_parquet(d / "results.parquet")
+    doc = build_report(d, tmp_path / "report", cell_reports=False)
+    t2 = doc["summary"]["table2"]
+    assert [(r["host"], r["capacity_bytes"]) for r in t2] == [("node-a", 128 << 20), ("node-a", 48 << 20),
+                                                                ("node-b", 32 << 20)]
+    assert doc["findings"][0] == ("Cells from 2 hosts: node-a (2 cells), node-b (1 cell); repeats pooled per host "
+                                  "(Table 2 and Fig. 2 per host).")
+    assert doc["findings"][1].startswith("Capacity response on node-a: 2 capacities from C = 48 MiB to 128 MiB "
+                                         "(2 cells retained).")
+    assert doc["findings"][2].startswith("Capacity response on node-b: 1 capacity: C = 32 MiB (1 cell retained).")
+    assert "(C = 32 MiB on node-b)" in doc["findings"][3]
+    # the sweep's own capacity table, as the sweep writes it from the rows
+    rows = [{c: (None if pd.isna(v) else v) for c, v in r.items()} for r in res.to_dict("records")]
+    cap = write_results(rows, tmp_path, plot=False)["table"]
+    assert list(cap.columns[:2]) == ["host", "capacity_bytes"] and list(cap["host"]) == ["node-a", "node-a", "node-b"]
+    assert pd.read_csv(tmp_path / "capacity.csv")["host"].tolist() == ["node-a", "node-a", "node-b"]
+
+
 def test_sweep_report_totals_reconcile_with_the_runs_own_proc_deltas(sweep_report):
     from moetrace.run.handle import open_run
 

@@ -219,6 +219,31 @@ def test_capacity_table_hand_computed():
     assert reference_curve(t) == (float(64 << 20), float(64 << 20) * (11 << 20))
 
 
+def test_capacity_table_per_host_when_cells_come_from_several():
+    """Cells from two hosts: repeats pooled per host (host first, hosts by name, C descending);
+    one host, or none named, leaves the table exactly as without a host column."""
+    from moetrace.analyses.capacity_response import UNKNOWN_HOST, cell_hosts
+
+    mib = 1 << 20
+    one = _cells().assign(host="node-a")
+    assert compute_capacity_table(one).equals(compute_capacity_table(_cells()))
+    assert compute_capacity_table(_cells().assign(host=None)).equals(compute_capacity_table(_cells()))
+    two = _cells().assign(host=["node-b", "node-a", "node-b", "node-a", "node-b", None])
+    assert cell_hosts(two) == {"node-b": 3, "node-a": 2}  # retained cells; the unretained one names none
+    t = compute_capacity_table(two)
+    assert list(t.columns[:2]) == ["host", "capacity_bytes"]
+    assert list(zip(t["host"], t["capacity_bytes"], t["cells"], t["retained"])) == [
+        ("host unknown", 64 * mib, 1, 0), ("node-a", 256 * mib, 1, 1), ("node-a", 64 * mib, 1, 1),
+        ("node-b", 256 * mib, 2, 2), ("node-b", 64 * mib, 1, 1)]
+    assert UNKNOWN_HOST == "host unknown"
+    by = t.set_index(["host", "capacity_bytes"])
+    assert by.loc[("node-b", 256 * mib), "iteration_time_median_ns"] == pytest.approx(1.05e6)  # (1 + 1.1) / 2
+    assert by.loc[("node-a", 256 * mib), "iteration_time_median_ns"] == 1.2e6
+    assert by.loc[("node-a", 64 * mib), "amplification"] == pytest.approx(10 / 8)  # 10 MiB / 8 MiB
+    assert by.loc[("node-b", 64 * mib), "amplification"] == pytest.approx(12 / 8)
+    assert by.loc[("host unknown", 64 * mib), "reasons"] == "OOM event in the scope"
+
+
 def test_plot_capacity(tmp_path):
     import matplotlib
 
@@ -232,5 +257,11 @@ def test_plot_capacity(tmp_path):
     assert any("a/C" in s for s in labels) and any("miss demand" in s for s in labels)
     assert any("not shown" in s for s in labels)  # the 0 B cells at 256 MiB
     fig.savefig(tmp_path / "f.png")
+    plt.close(fig)
+    # cells from two hosts: a median line per host
+    fig, axes = plt.subplots(1, 2)
+    plot_capacity(_cells().assign(host=["b", "a", "b", "a", "b", "a"]), axes)
+    labels = [t.get_text() for t in axes[0].get_legend().get_texts()]
+    assert "median of the repeats (a)" in labels and "median of the repeats (b)" in labels
     plt.close(fig)
     assert (tmp_path / "f.png").stat().st_size > 1000

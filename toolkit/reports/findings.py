@@ -2,8 +2,9 @@
 
 Every number a finding quotes is the string a table of the report shows (:meth:`Report.fig`),
 linked to that table: a finding cannot disagree with its evidence. The panel answers, in order:
-the capacity response (a sweep), whether a cell amplifies and where, re-reads within an
-iteration, reclaim health, the hit path's cost, generation age, and the alarm verdict.
+the hosts (a sweep whose cells come from several), the capacity response (a sweep; per host),
+whether a cell amplifies and where, re-reads within an iteration, reclaim health, the hit path's
+cost, generation age, and the alarm verdict.
 """
 
 from __future__ import annotations
@@ -25,22 +26,51 @@ def _row(rep: Report, table: str, column: str, value: str) -> int | None:
     return hit[0] if hit else None
 
 
+def hosts(rep: Report, results: pd.DataFrame) -> None:
+    """A sweep whose retained cells come from several hosts (cells as jobs): which hosts, how many
+    cells each, and that Table 2 pools repeats per host only."""
+    from moetrace.analyses.capacity_response import cell_hosts
+
+    counts = cell_hosts(results)
+    if len(counts) > 1:
+        rep.finding(f"Cells from {len(counts)} hosts: "
+                    + ", ".join(f"{h} ({n} cell{'s' if n != 1 else ''})" for h, n in counts.items())
+                    + "; repeats pooled per host (Table 2 and Fig. 2 per host).")
+
+
+def _host_blocks(t2: pd.DataFrame) -> list[tuple[str | None, list[int]]]:
+    """(host, its rows of Table 2) per host, or (None, every row) when Table 2 is not per host."""
+    if "host" not in t2:
+        return [(None, list(range(len(t2))))]
+    return [(h, [i for i, v in enumerate(t2["host"]) if v == h]) for h in dict.fromkeys(t2["host"])]
+
+
 def capacity_response(rep: Report, t2: pd.DataFrame) -> None:
-    """Table 2 in a sentence: the range of C, the LRU hit rate, iteration time and device reads
-    from the largest C to the smallest."""
+    """Table 2 in a sentence (one per host when it is per host): the range of C, the LRU hit
+    rate, iteration time and device reads from the largest C to the smallest."""
     if t2.empty:
         return
-    hi, lo = 0, len(t2) - 1
     f = rep.fig
-    parts = ["Capacity response: ", str(len(t2)), " capacities from C = ", f("table2", lo, "C"), " to ",
-             f("table2", hi, "C"), " (", str(int(t2["retained"].sum())), " cells retained). "]
-    if t2["lru_hit_rate"].notna().any():
-        parts += ["The simulated LRU hit rate goes from ", f("table2", lo, "LRU hit rate"), " to ",
-                  f("table2", hi, "LRU hit rate"), "; "]
-    parts += ["iteration time from ", f("table2", hi, "iteration"), " to ", f("table2", lo, "iteration"),
-              ", device reads from ", f("table2", hi, "device / iteration"), " to ",
-              f("table2", lo, "device / iteration"), " per iteration."]
-    rep.finding(*parts)
+    for host, rows in _host_blocks(t2):
+        hi, lo = rows[0], rows[-1]
+        kept = int(t2["retained"].iloc[rows].sum())
+        parts = [f"Capacity response{f' on {host}' if host else ''}: ", str(len(rows)),
+                 " capacity: C = " if len(rows) == 1 else " capacities from C = ", f("table2", lo, "C"),
+                 *([] if len(rows) == 1 else [" to ", f("table2", hi, "C")]), " (", str(kept),
+                 " cell retained). " if kept == 1 else " cells retained). "]
+        if len(rows) == 1:  # one capacity (on this host): its figures, no range
+            if t2["lru_hit_rate"].iloc[rows].notna().any():
+                parts += ["The simulated LRU hit rate is ", f("table2", lo, "LRU hit rate"), "; "]
+            rep.finding(*parts, "iteration time ", f("table2", lo, "iteration"), ", device reads ",
+                        f("table2", lo, "device / iteration"), " per iteration.")
+            continue
+        if t2["lru_hit_rate"].iloc[rows].notna().any():
+            parts += ["The simulated LRU hit rate goes from ", f("table2", lo, "LRU hit rate"), " to ",
+                      f("table2", hi, "LRU hit rate"), "; "]
+        parts += ["iteration time from ", f("table2", hi, "iteration"), " to ", f("table2", lo, "iteration"),
+                  ", device reads from ", f("table2", hi, "device / iteration"), " to ",
+                  f("table2", lo, "device / iteration"), " per iteration."]
+        rep.finding(*parts)
 
 
 def amplification(rep: Report, t2: pd.DataFrame) -> None:
@@ -52,19 +82,23 @@ def amplification(rep: Report, t2: pd.DataFrame) -> None:
         return
     top, low = int(amp.idxmax()), int(amp.idxmin())
     f = rep.fig
+
+    def on(i: int) -> str:  # the host of row i when Table 2 is per host
+        return f" on {t2['host'].iloc[i]}" if "host" in t2 else ""
+
     if float(amp.max()) > AMPLIFIES:
-        rep.finding("Amplification: at C = ", f("table2", top, "C"), " the kernel read ",
+        rep.finding("Amplification: at C = ", f("table2", top, "C"), on(top), " the kernel read ",
                     f("table2", top, "amplification"), " x the LRU miss demand (",
                     f("table2", top, "device / iteration"), " against ", f("table2", top, "miss / iteration"),
                     " per iteration): traffic an LRU of the same size would not have caused.", cls="alarm")
         return
     parts = ["No capacity amplifies: device reads / LRU miss demand stay between ", f("table2", low, "amplification"),
-             " (C = ", f("table2", low, "C"), ") and ", f("table2", top, "amplification"), " (C = ",
-             f("table2", top, "C"), "): the kernel served this pool like an LRU of C, or better."]
-    small = len(t2) - 1  # the smallest C: where the room beside C weighs most
+             " (C = ", f("table2", low, "C"), on(low), ") and ", f("table2", top, "amplification"), " (C = ",
+             f("table2", top, "C"), on(top), "): the kernel served this pool like an LRU of C, or better."]
+    small = int(t2["capacity_bytes"].astype("int64").idxmin())  # the smallest C: where the room beside C weighs most
     if not is_na(amp.iloc[small]) and float(amp.iloc[small]) < 1 / AMPLIFIES and "effective C" in rep.shown["table2"]:
         if rep.shown["table2"]["effective C"].iloc[small] != "NA":
-            parts += [" Below 1 the pool had more room than C: at C = ", f("table2", small, "C"),
+            parts += [" Below 1 the pool had more room than C: at C = ", f("table2", small, "C"), on(small),
                       " its pages could occupy ", f("table2", small, "effective C"),
                       " (the scope's headroom less the replay's own memory)."]
     rep.finding(*parts, cls="ok")

@@ -545,8 +545,10 @@ def shown_table2(t2: pd.DataFrame) -> pd.DataFrame:
            "iteration": lambda v: fmt_ms(None if is_na(v) else float(v) * 1e6),
            "device / iteration": lambda v: fmt_bytes(None if is_na(v) else float(v) * mib),
            "miss / iteration": lambda v: fmt_bytes(None if is_na(v) else float(v) * mib)}
+    shown = {"host": "host", **TABLE2_SHOWN} if "host" in t2 else TABLE2_SHOWN  # cells from several hosts
+    fmt["host"] = str
     return pd.DataFrame({label: [fmt.get(label, fmt_num)(v) for v in t2[col].astype(object)]
-                         for label, col in TABLE2_SHOWN.items()})
+                         for label, col in shown.items()})
 
 
 def _with_cell_facts(results: pd.DataFrame, cells: list) -> pd.DataFrame:
@@ -658,6 +660,7 @@ def _sweep_report(sweep, out: Path, stage: Path, sections, cell, plan, progress,
     say = progress or (lambda s: None)
     rep = Report(stage, f"moetrace sweep report: {sweep.path.name}")
     t2, sr = _sweep_overview(rep, sweep, say)
+    FD.hosts(rep, sweep.results)
     FD.capacity_response(rep, t2)
     FD.amplification(rep, t2)
     if not sweep.cells:
