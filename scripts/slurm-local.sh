@@ -232,13 +232,14 @@ with_descendants() {  # the given pids and every process below them (a job step'
   printf '%s\n' "${all[@]}" | sort -un
 }
 
-stop_pids() {  # SIGTERM, wait up to STOP_TIMEOUT, then SIGKILL what is left
-  local left
+stop_pids() {  # stop_pids SECONDS PID...: SIGTERM, wait up to SECONDS, then SIGKILL what is left
+  local secs=$1 left
+  shift
   [ $# -gt 0 ] || return 0
   kill -TERM "$@" 2>/dev/null || true
-  left=$(wait_gone $((STOP_TIMEOUT * 10)) "$@")
+  left=$(wait_gone $((secs * 10)) "$@")
   [ -n "$left" ] || return 0
-  say "still running after ${STOP_TIMEOUT}s, sending SIGKILL: $left"
+  say "still running after ${secs}s, sending SIGKILL: $left"
   # shellcheck disable=SC2086
   kill -KILL $left 2>/dev/null || true
   # shellcheck disable=SC2086
@@ -267,14 +268,14 @@ do_down() {
   local d pid
   for d in "${DAEMONS[@]}"; do
     pid=$(pid_of "$d")
-    [ -z "$pid" ] || stop_pids "$pid"
+    [ -z "$pid" ] || stop_pids "$STOP_TIMEOUT" "$pid"
   done
   local left
   mapfile -t left < <(procs_in_dir)
   if [ ${#left[@]} -gt 0 ]; then
     mapfile -t left < <(with_descendants "${left[@]}")
     say "stopping processes still using $DIR and those they started: ${left[*]}"
-    stop_pids "${left[@]}"
+    stop_pids 3 "${left[@]}"  # slurmstepd ignores SIGTERM
   fi
   rm -rf -- "$DIR"
 }

@@ -6,7 +6,9 @@ the file system."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import socket
 import subprocess
 import time
@@ -130,6 +132,39 @@ def test_up_runs_and_cancels_jobs_and_down_leaves_nothing(slurm, tmp_path):
         again_dir = Path(env2["SLURM_CONF"]).parent
         again_pids = [int((again_dir / f"{d}.pid").read_text()) for d in DAEMONS]
     assert not again_dir.exists() and not any(_alive(p) for p in again_pids)
+
+
+def test_up_over_a_half_dead_cluster_clears_it_and_its_orphaned_job_first(slurm, tmp_path):
+    env = slurm
+    state_dir = Path(env["MOETRACE_SLURM_DIR"])
+    pids = {d: int((state_dir / f"{d}.pid").read_text()) for d in DAEMONS}
+    pidfile = tmp_path / "sleep.pid"
+    job = _sbatch(env, "-o", "/dev/null", "--wrap", f"echo $$ > {pidfile}; exec sleep 302")
+    _wait_state(env, job, {"RUNNING"})
+    end = time.monotonic() + 30
+    while not pidfile.exists() or not pidfile.read_text().strip():
+        assert time.monotonic() < end, "the running job never wrote its pid"
+        time.sleep(0.1)
+    sleeper = int(pidfile.read_text())
+    # the controller dies under a running job: nobody can scancel it any more
+    os.kill(pids["slurmctld"], signal.SIGKILL)
+    end = time.monotonic() + 10
+    while _alive(pids["slurmctld"]):
+        assert time.monotonic() < end
+        time.sleep(0.1)
+    st = slurm_local("status", env)
+    assert st.returncode == 1 and "not (fully) running" in st.stdout, st.stdout
+    up = slurm_local("up", env)
+    assert up.returncode == 0 and up.stdout == f"export SLURM_CONF={env['SLURM_CONF']}\n", up.stderr
+    assert "not (fully) running: stopping what is left first" in up.stderr
+    # the job's step and its process were stopped (they held the state directory), the old
+    # daemons are gone, new ones run and take jobs
+    assert not _alive(sleeper) and not any(_alive(p) for p in pids.values())
+    new = {d: int((state_dir / f"{d}.pid").read_text()) for d in DAEMONS}
+    assert all(_alive(p) for p in new.values()) and not set(new.values()) & set(pids.values())
+    job = _sbatch(env, "-o", str(tmp_path / "after.out"), "--wrap", "echo fresh")
+    assert _wait_state(env, job, {"COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL"}) == "COMPLETED"
+    assert (tmp_path / "after.out").read_text() == "fresh\n"
 
 
 def test_help_and_usage():
