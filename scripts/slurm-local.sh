@@ -174,8 +174,8 @@ do_up() {
     fail_up "munged did not start"
   slurmctld -f "$CONF" 2>>"$DIR/slurmctld.log" || fail_up "slurmctld did not start"
   slurmd -f "$CONF" 2>>"$DIR/slurmd.log" || fail_up "slurmd did not start"
-  local t state=""
-  for ((t = 0; t < UP_TIMEOUT * 2; t++)); do
+  local state="" end=$((SECONDS + UP_TIMEOUT))
+  while [ $SECONDS -lt $end ]; do  # a deadline, not a count: sinfo may itself wait for a reply
     state=$(node_state)
     case "$state" in idle*) break ;; esac
     sleep 0.5
