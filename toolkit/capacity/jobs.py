@@ -141,12 +141,12 @@ def stage_pool(src: str | os.PathLike, dest_root: str | os.PathLike) -> Path:
     """A copy of pool ``src`` under ``dest_root``/<manifest checksum> (a node-local path: the page
     cache a cell measures is the local one, not a network filesystem's); reused when a copy with
     the same manifest checksum and sound files is there already."""
-    from moetrace.inputs.pool import open_pool, verify_pool
+    from moetrace.inputs.pool import MANIFEST, open_pool, verify_pool
 
     pool = open_pool(src)
     checksum = str(pool.manifest.get("checksum", "")).split(":")[-1][:16]
     dest = Path(dest_root) / f"pool-{checksum}"
-    if (dest / "manifest.json").exists():
+    if (dest / MANIFEST).exists():
         try:
             have = open_pool(dest)
             if have.manifest.get("checksum") == pool.manifest.get("checksum") and not verify_pool(have):
@@ -157,7 +157,7 @@ def stage_pool(src: str | os.PathLike, dest_root: str | os.PathLike) -> Path:
     tmp = Path(dest_root) / f".pool-{checksum}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        for rel in [*pool.files, "manifest.json"]:
+        for rel in [*pool.files, MANIFEST]:
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(pool.root / rel, tmp / rel)
         staged = open_pool(tmp)

@@ -1,0 +1,146 @@
+"""Live: a capacity sweep's cells as jobs on a real single-node Slurm cluster (scripts/slurm-local.sh:
+Debian's slurmctld + slurmd + munge on this machine) and as local subprocesses (issue 22).
+
+Acceptance 1: a 4-cell sweep through ``--executor slurm`` merges into results of the same
+structure as ``--executor local`` (columns, cells, files in each cell directory), every cell
+retained, each cell's host this machine, the seeded order kept on the node. Acceptance 2: a
+job scancel-ed while its cell runs is resubmitted, once, alone; the report is complete; running
+the sweep again runs nothing; a cell made unretained runs alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from moetrace.capacity.scope import find_memory_controller
+from tests.common.slurm import local_slurm
+from tests.conftest import io_lock, moetrace_cli
+
+GEO = ["--layers", "4", "--experts", "16", "--k", "2"]
+CAPS = "8MiB,4MiB"  # x 2 repeats = 4 cells; the pool is 16 MiB
+
+
+@pytest.fixture(scope="module")
+def inputs(live, tmp_path_factory):
+    d = tmp_path_factory.mktemp("slurmsweep")
+    moetrace_cli("pool", "create", d / "pool", *GEO, "--expert-bytes", "256KiB")
+    moetrace_cli("trace", "synth", *GEO, "--steps", "40", "--seed", "3", "-o", d / "t.jsonl")
+    moetrace_cli("plan", "compile", d / "t.jsonl", *GEO, "--expert-bytes", "256KiB", "-o", d / "plan.bin")
+    with io_lock():
+        yield d
+    mount = find_memory_controller().mount
+    assert not [n for n in os.listdir(mount) if n.startswith("moetrace-sweep")], "a cell scope was left behind"
+
+
+@pytest.fixture(scope="module")
+def cluster(inputs):
+    with local_slurm() as env:
+        yield env
+
+
+def sweep_args(d: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-c", "from moetrace.cli import main; main()", "sweep", "--plan", str(d / "plan.bin"),
+            "--pool", str(d / "pool"), "--capacities", CAPS, "--repeats", "2", "--passes", "3", "--out", str(out),
+            "--json", *extra]
+
+
+def run_sweep(d: Path, out: Path, env: dict[str, str] | None, *extra: str) -> dict:
+    r = subprocess.run(sweep_args(d, out, *extra), capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def attempts(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "jobs" / "attempts.jsonl").read_text().splitlines()]
+
+
+def cell_files(out: Path, name: str) -> set[str]:
+    base = out / "cells" / name
+    return {str(p.relative_to(base)) for p in base.rglob("*") if p.is_file()}
+
+
+def test_slurm_sweep_equals_local_in_structure(inputs, cluster, tmp_path):
+    local = run_sweep(inputs, tmp_path / "local", None, "--executor", "local")
+    slurm = run_sweep(inputs, tmp_path / "slurm", cluster, "--executor", "slurm", "--slurm-time", "10")
+    assert local["retained"] == slurm["retained"] == 4 and local["failed"] == slurm["failed"] == {}
+    assert local["ran"] == slurm["ran"] == slurm["submitted"]  # the seeded order, each job once
+    a = pd.read_parquet(tmp_path / "local" / "results.parquet")
+    b = pd.read_parquet(tmp_path / "slurm" / "results.parquet")
+    assert list(a.columns) == list(b.columns) and dict(a.dtypes) == dict(b.dtypes)
+    assert a[["capacity", "repeat", "order"]].equals(b[["capacity", "repeat", "order"]])
+    assert b["retained"].all() and (b["host"] == socket.gethostname()).all()
+    # one node, exclusive jobs: the cells started on it in the order they were submitted in
+    assert list(b["host_order"]) == list(b["order"]) == [0, 1, 2, 3]
+    for name in slurm["ran"]:
+        assert cell_files(tmp_path / "local", name) == cell_files(tmp_path / "slurm", name), name
+        ran = json.loads((tmp_path / "slurm" / "jobs" / f"{name}.ran.json").read_text())
+        assert ran["outcome"] == "retained" and ran["job_id"] != str(os.getpid())
+    ev = attempts(tmp_path / "slurm")
+    assert [e["event"] for e in ev].count("submitted") == 4 and all(e.get("executor") in (None, "slurm") for e in ev)
+    assert json.loads((tmp_path / "slurm" / "sweep.json").read_text())["digest"] == \
+        json.loads((tmp_path / "local" / "sweep.json").read_text())["digest"]
+
+
+def wait_running(out: Path, env: dict[str, str], after: int, timeout_s: float = 120) -> tuple[str, str]:
+    """(cell name, job id) of the first job that runs after ``after`` jobs ran before it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            subs = [e for e in attempts(out) if e["event"] == "submitted"]
+        except OSError:
+            subs = []
+        if len(subs) > after:
+            name, jid = subs[after]["name"], subs[after]["job_id"]
+            st = subprocess.run(["squeue", "-h", "-o", "%T", "-j", jid], capture_output=True, text=True, env=env)
+            if st.stdout.strip() == "RUNNING" and (out / "jobs" / f"{name}.phase").exists():
+                return name, jid
+        time.sleep(0.05)
+    raise AssertionError("no job came to run")
+
+
+def test_scancel_resubmits_only_that_cell(inputs, cluster, tmp_path):
+    out = tmp_path / "s"
+    proc = subprocess.Popen(sweep_args(inputs, out, "--executor", "slurm", "--slurm-time", "10"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster)
+    try:
+        name, jid = wait_running(out, cluster, after=1)
+        subprocess.run(["scancel", jid], check=True, env=cluster)
+        stdout, stderr = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr
+    res = json.loads(stdout)
+    assert res["retained"] == 4 and res["failed"] == {}
+    assert sorted(res["submitted"]) == sorted([*res["ran"], name])  # the cancelled cell again, nothing else
+    assert f"cell {name}: job {jid} failed" in stderr and "resubmitting" in stderr
+    ev = [e for e in attempts(out) if e["name"] == name]
+    assert [e["event"] for e in ev] == ["submitted", "failed", "submitted", "done"]
+    assert ev[0]["job_id"] == jid and ev[2]["job_id"] != jid and ev[1]["error"]
+    # the report of the merged sweep is complete: every cell retained in its tables
+    rep = moetrace_cli("report", out, "--out", tmp_path / "rep", "--no-cell-reports", "--json")
+    doc = json.loads(rep.stdout)
+    assert [(r["cells"], r["retained"]) for r in doc["summary"]["table2"]] == [(2, 2), (2, 2)]
+    assert "(4 cells retained)" in doc["findings"][0], doc["findings"][0]
+    table = pd.read_parquet(out / "results.parquet")
+    assert len(table) == 4 and table["retained"].all()
+    # the same sweep into its directory again: everything retained, nothing submitted
+    again = run_sweep(inputs, out, cluster, "--executor", "slurm", "--slurm-time", "10")
+    assert again["ran"] == [] and again["submitted"] == [] and again["retained"] == 4
+    # a cell no longer retained (its cell.json says so): the re-submission runs it alone
+    cj = out / "cells" / res["ran"][0] / "cell.json"
+    doc = json.loads(cj.read_text())
+    doc["retained"] = False
+    cj.write_text(json.dumps(doc))
+    third = run_sweep(inputs, out, cluster, "--executor", "slurm", "--slurm-time", "10")
+    assert third["ran"] == third["submitted"] == [res["ran"][0]] and third["retained"] == 4
