@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moetrace.analyses.capacity_response import UNKNOWN_HOST  # a unit naming no host: never conflicts
 from moetrace.errors import InputError
 
 NO_REGRESSION, REGRESSION, CANNOT_COMPARE = 0, 1, 2
@@ -83,9 +84,6 @@ class CheckResult:
             return "regression: " + "; ".join(f"{g}: {', '.join(m)}" for g, m in self.regressed.items() if m)
         return "no regression"
 
-
-#: how a unit that does not name its host is counted (it never conflicts with another)
-UNKNOWN_HOST = "host unknown"
 
 
 def host_counts(units) -> dict[str, int]:
