@@ -122,13 +122,12 @@ def test_merge_two_hosts_out_of_order(tmp_path, monkeypatch):
 
 
 def test_a_cell_not_yet_run_is_left_out_and_a_sweep_dir_holds_one_sweep(tmp_path, monkeypatch):
-    from moetrace.capacity.jobs import retained
     from moetrace.capacity.sweep import merged_rows, prepare_sweep
 
     jobs = prepared(tmp_path, monkeypatch)
     finish(jobs[2], "a", 1.0)
     assert [r["order"] for r in merged_rows(tmp_path / "s")] == [2]
-    assert [retained(j) for j in prepared(tmp_path, monkeypatch)] == [False, False, True, False, False, False]
+    assert [j.finished() for j in prepared(tmp_path, monkeypatch)] == [False, False, True, False, False, False]
     other = {label: CellSpec(plan=str(tmp_path / "plan.bin"), pool=str(tmp_path / "pool"), capacity_bytes=c,
                              passes=2) for label, c in CAPS}
     with pytest.raises(UsageError, match="holds another sweep .differs in: cells"):
@@ -187,13 +186,13 @@ def test_a_failed_job_is_resubmitted_once_then_given_up(tmp_path, monkeypatch):
 @pytest.mark.parametrize("text,mins", [(None, 70), ("90", 90), ("1:30:00", 90), ("2-00:00:00", 2880),
                                        ("0:10:30", 11), ("45:00", 45)])
 def test_slurm_time(text, mins):
-    from moetrace.cli.sweep import slurm_time_minutes
+    from moetrace.cli.common import slurm_time_minutes
 
     assert slurm_time_minutes(text, 3600.0) == mins
 
 
 def test_slurm_options_need_the_slurm_executor():
-    from moetrace.cli.sweep import slurm_params
+    from moetrace.cli.common import slurm_params
 
     with pytest.raises(UsageError, match="apply to --executor slurm"):
         slurm_params("p", None, True, (), 60.0, "local")

@@ -339,3 +339,43 @@ def test_kernel_pairs_are_checked_against_the_first_kernel(tmp_path):
     assert [(r["base"], r["candidate"], r["base_n"], r["cand_n"]) for r in rows] == [
         ("6.1 MGLRU on", "6.12 MGLRU on", 2, 2)]
     assert rows[0]["verdict"] == "no regression" and "cells: Welch t (2 / 2)" in rows[0]["tests"]
+
+
+# --- the matrix's cells as jobs (issue 22): the same cells, done.json for each, one resubmission ---
+
+def test_matrix_cells_as_jobs_run_each_cell_once_and_give_up_after_two_failures(tmp_path, monkeypatch):
+    import moetrace.lab.run as labrun
+    from moetrace.capacity.dispatch import InlineExecutor, dispatch
+    from moetrace.capacity.jobs import read_json
+
+    make_plan(tmp_path / "plan.bin")
+    spec = M.load_spec(write_spec(tmp_path, SPEC.replace('kernels = ["6.1", "6.12"]', 'kernels = ["6.12"]')
+                                  .replace("repeats = 2", "repeats = 1").replace('mglru = ["on", "off"]',
+                                                                                  'mglru = ["off"]')))
+    assert M.spec_from_canonical(M.MatrixSpec.canonical(spec)) == spec
+    out = tmp_path / "m"
+    work = M.prepare(out, spec, resume=False)
+    cells = spec.cells()
+    bad = cells[2]
+    guest = FakeGuest(fail=[bad.name])
+    monkeypatch.setattr(labrun, "run_in_guest", guest)
+    monkeypatch.setattr(M, "ensure_miss_curve", lambda out, spec: Path(out) / "miss_curve.npz")
+    jobs = M.matrix_jobs(out, work)
+    assert [read_json(j.job_path)["dir"] for j in jobs] == [c.rel_dir for c in cells]
+    failing = {}
+
+    def flaky_run_one(*a, **kw):  # the first attempt of the first cell dies as a killed job would
+        if not failing:
+            failing["x"] = True
+            raise RuntimeError("node lost")
+        return real(*a, **kw)
+    real = M.run_one
+    monkeypatch.setattr(M, "run_one", flaky_run_one)
+    res = dispatch(jobs, InlineExecutor(out), poll_s=0)
+    assert res.submitted == [j.name for j in jobs] + [jobs[0].name]
+    assert [c[2] for c in guest.calls] == [c.name for c in cells[1:]] + [cells[0].name]
+    docs = {d["cell"]["name"]: d for d in M.finished(out)}
+    assert len(docs) == len(cells) and all(docs[c.name]["retained"] for c in cells if c != bad)
+    # a guest that did not come up is a finished cell not retained (as in-process): not resubmitted
+    assert not docs[bad.name]["retained"] and "did not reach COMMAND" in docs[bad.name]["reasons"][0]
+    assert M.prepare(out, spec, resume=True).todo == []

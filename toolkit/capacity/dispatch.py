@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from moetrace.capacity.jobs import CellJob, read_cell, run_job, slurm_job, write_json
+from moetrace.capacity.jobs import CellJob, run_job, slurm_job
 from moetrace.errors import CellInterrupted, UsageError
 
 EXECUTORS = ("local", "slurm")
@@ -240,14 +240,14 @@ class Status:
     failed: int = 0
 
 
-def phase_of(job: CellJob) -> str:
+def phase_of(job) -> str:
     try:
         return (Path(job.out) / "jobs" / f"{job.name}.phase").read_text().strip()
     except OSError:
         return ""
 
 
-def _log(job: CellJob, doc: dict[str, Any]) -> None:
+def _log(job, doc: dict[str, Any]) -> None:
     from moetrace.jsonutil import json_default
 
     path = Path(job.out) / "jobs" / "attempts.jsonl"
@@ -256,24 +256,14 @@ def _log(job: CellJob, doc: dict[str, Any]) -> None:
         fh.write(json.dumps({"name": job.name, "at": time.time(), **doc}, default=json_default) + "\n")
 
 
-def give_up(sub: Submitted) -> str:
-    """The cell of a job that failed :data:`ATTEMPTS` times: not retained, with why (its cell.json
-    kept when the job wrote one, the reason added)."""
-    why = f"job failed {ATTEMPTS} times, the last: {sub.error} (log: {sub.log})"
-    doc = read_cell(sub.job) or {"schema": "moetrace.cell/1", "complete": False,
-                                 "capacity_bytes": sub.job.spec.capacity_bytes,
-                                 "mechanism": sub.job.spec.mechanism, "mode": sub.job.spec.mode}
-    doc["retained"] = False
-    doc["reasons"] = [*(doc.get("reasons") or []), why]
-    write_json(sub.job.cell_dir / "cell.json", doc)
-    return why
-
-
-def dispatch(jobs: list[CellJob], executor, on_status: Callable[[Status], None] | None = None,
-             on_event: Callable[[str], None] | None = None, poll_s: float = POLL_S) -> Dispatched:
-    """Submit ``jobs`` (in their order) to ``executor`` and follow them until each is done or has
-    failed :data:`ATTEMPTS` times. ``on_status`` is told the counts after every change,
-    ``on_event`` a line for each failure and resubmission. Ctrl-C / SIGTERM (inside
+def dispatch(jobs: list, executor, on_status: Callable[[Status], None] | None = None,
+             on_event: Callable[[str], None] | None = None, on_end: Callable[[Submitted], None] | None = None,
+             poll_s: float = POLL_S) -> Dispatched:
+    """Submit ``jobs`` (in their order; a job has ``name``, ``out``, ``job_path`` and
+    ``give_up(why)``: :class:`moetrace.capacity.jobs.CellJob`, a matrix's cell job) to
+    ``executor`` and follow them until each is done or has failed :data:`ATTEMPTS` times.
+    ``on_status`` is told the counts after every change, ``on_event`` a line for each failure
+    and resubmission, ``on_end`` each attempt that ended (done, or failed for good). Ctrl-C / SIGTERM (inside
     :func:`moetrace.capacity.cell.interrupt_handlers`): the jobs still queued or running are
     cancelled and waited for; ``stopped`` says so."""
     queue, active, out = deque(jobs), [], Dispatched()
@@ -313,12 +303,18 @@ def dispatch(jobs: list[CellJob], executor, on_status: Callable[[Status], None] 
                 _log(sub.job, {"event": sub.state, "attempt": sub.attempt, "job_id": sub.job_id, "error": sub.error})
                 if sub.state == "done":
                     out.done.append(sub.job.name)
+                    if on_end is not None:
+                        on_end(sub)
                 elif tries[sub.job.name] < ATTEMPTS:
                     tell(f"cell {sub.job.name}: job {sub.job_id} failed ({sub.error}); log {sub.log}; resubmitting")
                     queue.append(sub.job)
                 else:
-                    out.failed[sub.job.name] = why = give_up(sub)
+                    why = f"job failed {ATTEMPTS} times, the last: {sub.error} (log: {sub.log})"
+                    sub.job.give_up(why)
+                    out.failed[sub.job.name] = why
                     tell(f"cell {sub.job.name}: {why}")
+                if on_end is not None:
+                    on_end(sub)
             status.pending = len(queue) + sum(s.state == "pending" for s in active)
             status.running = {s.job.name: phase_of(s.job) for s in active if s.state == "running"}
             status.done, status.failed = len(out.done), len(out.failed)

@@ -56,8 +56,23 @@ class CellJob:
     def job_path(self) -> Path:
         return Path(self.out) / "jobs" / f"{self.name}.json"
 
+    def finished(self) -> bool:
+        """Nothing left to run: the cell was retained (a sweep runs the others again)."""
+        doc = read_cell(self)
+        return bool(doc and doc.get("retained"))
+
+    def give_up(self, why: str) -> None:
+        """The job failed for good: the cell is not retained, with why (its cell.json kept when
+        the job wrote one, the reason added)."""
+        doc = read_cell(self) or {"schema": "moetrace.cell/1", "complete": False,
+                                  "capacity_bytes": self.spec.capacity_bytes, "mechanism": self.spec.mechanism,
+                                  "mode": self.spec.mode}
+        doc["retained"] = False
+        doc["reasons"] = [*(doc.get("reasons") or []), why]
+        write_json(self.cell_dir / "cell.json", doc)
+
     def as_dict(self) -> dict[str, Any]:
-        return {"schema": JOB_SCHEMA, "name": self.name, "label": self.label, "repeat": self.repeat,
+        return {"schema": JOB_SCHEMA, "kind": "sweep-cell", "name": self.name, "label": self.label, "repeat": self.repeat,
                 "order": self.order, "out": self.out, "curve": self.curve, "stage_pool": self.stage_pool,
                 "spec": asdict(self.spec)}
 
@@ -130,11 +145,6 @@ def read_cell(job: CellJob) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
-def retained(job: CellJob) -> bool:
-    doc = read_cell(job)
-    return bool(doc and doc.get("retained"))
-
-
 # -- the job itself: what runs on the node ---------------------------------------------------------
 
 def stage_pool(src: str | os.PathLike, dest_root: str | os.PathLike) -> Path:
@@ -176,53 +186,77 @@ def job_id() -> str:
     return os.environ.get("SLURM_JOB_ID") or str(os.getpid())
 
 
+#: a job file's ``kind`` -> the module and function that run it: (job file's doc, phase) -> result
+#: dict with ``retained`` and ``reasons`` (names, not imports: the capacity floor does not import the lab)
+KINDS = {"sweep-cell": ("moetrace.capacity.jobs", "run_cell_job"),
+         "matrix-cell": ("moetrace.lab.matrix", "run_matrix_job")}
+
+
 def run_job(job_path: str, on_phase: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run the cell of job file ``job_path`` into its cell directory: the job function, the same
-    for every executor. Writes NAME.ran.json (host, job id, start, end, outcome) and NAME.phase as
-    phases start. A cell whose setup fails is a cell.json that is not retained, with the reason (the
-    job succeeds); SIGINT/SIGTERM (scancel) end it as the cell does (CellInterrupted, everything
-    removed) and the job fails. Returns the cell's retained flag, reasons and host."""
-    import click
+    """Run job file ``job_path``: the job function, the same for every executor and every kind
+    (:data:`KINDS`: a sweep's cell, a matrix's cell). Writes NAME.ran.json (host, job id, start,
+    end, outcome) and NAME.phase as phases start. SIGINT/SIGTERM (Ctrl-C, scancel) end it as the
+    cell does (CellInterrupted, everything it made removed) and the job fails. Returns the
+    cell's retained flag, reasons and host."""
+    import importlib
 
-    from moetrace.capacity.cell import CELL_SCHEMA, interrupt_handlers, load_miss_curve, run_cell
+    from moetrace.capacity.cell import interrupt_handlers
 
-    job = read_job(job_path)
-    jobs = Path(job.out) / "jobs"
-    ran = {"name": job.name, "host": socket.gethostname(), "job_id": job_id(), "started_at": time.time(),
+    doc = read_json(Path(job_path))
+    kind = doc.get("kind", "sweep-cell") if isinstance(doc, dict) else None
+    if kind not in KINDS or not isinstance(doc.get("name"), str) or not isinstance(doc.get("out"), str):
+        raise InputError(f"not a moetrace job (kind {kind!r})", path=str(job_path),
+                         hint="job files are written by `moetrace sweep` and `moetrace lab matrix`")
+    jobs = Path(doc["out"]) / "jobs"
+    ran = {"name": doc["name"], "host": socket.gethostname(), "job_id": job_id(), "started_at": time.time(),
            "ended_at": None, "outcome": "running"}
-    write_json(jobs / f"{job.name}.ran.json", ran)
+    write_json(jobs / f"{doc['name']}.ran.json", ran)
 
     def phase(name: str) -> None:
-        with atomic_write(jobs / f"{job.name}.phase") as tmp:
+        with atomic_write(jobs / f"{doc['name']}.phase") as tmp:
             tmp.write_text(name + "\n")
         if on_phase is not None:
             on_phase(name)
 
-    spec = job.spec
+    module, func = KINDS[kind]
     try:
         with interrupt_handlers():
-            if job.cell_dir.exists():  # a stopped attempt's leftovers
-                shutil.rmtree(job.cell_dir)
-            try:
-                if job.stage_pool:
-                    phase("stage pool")
-                    spec = replace(spec, pool=str(stage_pool(spec.pool, job.stage_pool)))
-                curve = load_miss_curve(job.curve, spec.plan, spec.warmup, spec.passes) if job.curve else None
-                res = run_cell(spec, job.cell_dir, curve=curve, on_phase=phase)
-            except click.ClickException as e:  # the cell could not be set up: recorded, not retained
-                res = {"schema": CELL_SCHEMA, "complete": False, "capacity_bytes": spec.capacity_bytes,
-                       "mechanism": spec.mechanism, "mode": spec.mode, "retained": False,
-                       "reasons": [f"error: {e.format_message()}"]}
-                write_json(job.cell_dir / "cell.json", res)
+            res = getattr(importlib.import_module(module), func)(doc, str(job_path), phase)
         ran["outcome"] = "retained" if res.get("retained") else "not retained"
     except CellInterrupted as e:
         ran["outcome"] = str(e)
         raise
     finally:
         ran["ended_at"] = time.time()
-        write_json(jobs / f"{job.name}.ran.json", ran)
-    return {"name": job.name, "retained": bool(res.get("retained")), "reasons": res.get("reasons", []),
+        write_json(jobs / f"{doc['name']}.ran.json", ran)
+    return {"name": doc["name"], "retained": bool(res.get("retained")), "reasons": res.get("reasons", []),
             "host": ran["host"]}
+
+
+def run_cell_job(doc: dict[str, Any], where: str, phase: Callable[[str], None]) -> dict[str, Any]:
+    """A sweep's cell: the pool staged when asked, the saved miss curve loaded, run_cell into the
+    cell directory (cleared first: a stopped attempt's leftovers). A cell whose setup fails is a
+    cell.json that is not retained, with the reason (the job succeeds)."""
+    import click
+
+    from moetrace.capacity.cell import CELL_SCHEMA, load_miss_curve, run_cell
+
+    job = job_from_dict(doc, where)
+    spec = job.spec
+    if job.cell_dir.exists():
+        shutil.rmtree(job.cell_dir)
+    try:
+        if job.stage_pool:
+            phase("stage pool")
+            spec = replace(spec, pool=str(stage_pool(spec.pool, job.stage_pool)))
+        curve = load_miss_curve(job.curve, spec.plan, spec.warmup, spec.passes) if job.curve else None
+        return run_cell(spec, job.cell_dir, curve=curve, on_phase=phase)
+    except click.ClickException as e:  # the cell could not be set up: recorded, not retained
+        res = {"schema": CELL_SCHEMA, "complete": False, "capacity_bytes": spec.capacity_bytes,
+               "mechanism": spec.mechanism, "mode": spec.mode, "retained": False,
+               "reasons": [f"error: {e.format_message()}"]}
+        write_json(job.cell_dir / "cell.json", res)
+        return res
 
 
 def slurm_job(job_path: str) -> dict[str, Any]:

@@ -192,10 +192,8 @@ def run_sweep(specs: dict[str, Any], caps: list[tuple[str, int]], repeats: int, 
     resubmitted once. Ctrl-C (CellInterrupted: the running jobs cancelled and cleaned up) stops
     it with the rows so far. ``on_status`` / ``on_event``: see :func:`dispatch`."""
     from moetrace.capacity.dispatch import LocalExecutor, dispatch
-    from moetrace.capacity.jobs import retained
-
     out = Path(out).resolve()
     jobs = prepare_sweep(out, specs, caps, repeats, seed, stage_pool)
-    todo = [j for j in jobs if not retained(j)]
+    todo = [j for j in jobs if not j.finished()]
     res = dispatch(todo, executor or LocalExecutor(out), on_status=on_status, on_event=on_event)
     return SweepOutcome(merged_rows(out), len(jobs), res.stopped, [j.name for j in todo], res.submitted, res.failed)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from moetrace.cli.common import emit_json
+from moetrace.cli.common import emit_json, executor_options, slurm_params
 
 
 @click.group()
@@ -157,7 +157,9 @@ def run(kernel, out_dir, memory, cpus, mglru, timeout_s, pool, memcg, accel, mod
                    "the matrix runs elsewhere) and print the summary.")
 @click.option("--json", "as_json", is_flag=True, help="Print the finished cells' rows and the summary as JSON "
                                                       "at the end.")
-def matrix(spec_path, out_dir, resume, dry_run, report_only, as_json):
+@executor_options(stage_pool=False)
+def matrix(spec_path, out_dir, resume, dry_run, report_only, as_json, executor, slurm_partition, slurm_time,
+           slurm_exclusive, slurm_options):
     """Run the §5 matrix of SPEC.toml: every (kernel, MGLRU) condition's cells, each
     Algorithm 1 recorded with the probes in a fresh boot (never a runtime MGLRU toggle),
     in a seeded random order within the condition.
@@ -182,10 +184,15 @@ def matrix(spec_path, out_dir, resume, dry_run, report_only, as_json):
     C + headroom), vm-memory (the guest's RAM is C + headroom + guest_base, no limit
     inside: the paper's mem= boot). Each cell lands in
     OUT/cells/<kernel>-mglru-<on|off>/<mechanism>-<C>-r<i>/ (lab.json, the cell in cell/,
-    done.json last); OUT/matrix_cells.csv has a row per finished cell. Ctrl-C stops after
-    cleaning the running guest; --resume continues.
+    done.json last); OUT/matrix_cells.csv has a row per finished cell. Each cell is a
+    job (OUT/jobs/<condition>__<cell>.json): --executor local boots its guest from a
+    subprocess here, one at a time; --executor slurm submits every cell as a Slurm job (a
+    node alone each; the nodes need the lab's kernels, QEMU and the spec's paths). A
+    failed job is resubmitted once. Ctrl-C stops after cancelling the running cells'
+    jobs (each cleans its guest up); --resume continues.
     Example:
       moetrace lab matrix examples/matrix.toml --out /var/tmp/matrix
+      moetrace lab matrix examples/matrix.toml --out /shared/matrix --executor slurm --slurm-time 3:00:00
     """
     from moetrace.lab import matrix as M
 
@@ -205,24 +212,42 @@ def matrix(spec_path, out_dir, resume, dry_run, report_only, as_json):
     if work.done:
         click.echo(f"matrix: {len(work.done)} of {len(cells)} cells finished before; running {len(work.todo)}"
                    + (f" ({len(work.cleared)} stopped part-way, run again)" if work.cleared else ""), err=True)
-    t0 = time.monotonic()
-    ran = [0]
+    table = _run_matrix_jobs(out_dir, spec, work, len(cells), executor,
+                             slurm_params(slurm_partition, slurm_time, slurm_exclusive, slurm_options, spec.timeout + 600,
+                                          executor))
+    _matrix_report(out_dir, len(cells), table, as_json)
 
-    def progress(done: int, total: int, cell, seconds: float) -> None:
-        ran[0] += 1
-        doc = json.loads((Path(out_dir) / cell.rel_dir / "done.json").read_text())
+
+def _run_matrix_jobs(out_dir, spec, work, n_cells: int, executor: str, slurm: dict):
+    """The cells to run as jobs on the executor, a line for each as it ends; the table written
+    also when stopped (Ctrl-C: exit 130 after the running jobs cleaned up)."""
+    from moetrace.capacity.cell import interrupt_handlers
+    from moetrace.capacity.dispatch import dispatch, make_executor
+    from moetrace.lab import matrix as M
+
+    M.ensure_miss_curve(Path(out_dir), spec)
+    jobs = M.matrix_jobs(out_dir, work)
+    ex = make_executor(executor, out_dir, **slurm)
+    t0, ended = time.monotonic(), [0]
+
+    def on_end(sub) -> None:
+        ended[0] += 1
+        done = len(work.done) + ended[0]
+        doc = json.loads((Path(out_dir) / sub.job.cell.rel_dir / "done.json").read_text())
         amp = ((doc.get("result") or {}).get("amplification"))
-        eta = (time.monotonic() - t0) / ran[0] * (total - done)
-        click.echo(f"matrix: [{done}/{total}] {cell.rel_dir[len('cells/'):]}: "
+        eta = (time.monotonic() - t0) / ended[0] * (n_cells - done)
+        click.echo(f"matrix: [{done}/{n_cells}] {sub.job.cell.rel_dir[len('cells/'):]}: "
                    + ("retained" if doc.get("retained") else f"not retained ({'; '.join(doc.get('reasons') or [])})")
                    + (f", amplification {amp:.2f}" if isinstance(amp, (int, float)) else "")
-                   + f", {seconds:.0f} s; about {eta / 60:.0f} min left", err=True)
+                   + f"; about {eta / 60:.0f} min left", err=True)
 
-    try:
-        M.run_cells(out_dir, spec, work, progress=progress)
-    finally:
-        table = M.write_table(out_dir)
-    _matrix_report(out_dir, len(cells), table, as_json)
+    with interrupt_handlers():
+        res = dispatch(jobs, ex, on_event=lambda t: click.echo(f"matrix: {t}", err=True), on_end=on_end)
+    table = M.write_table(out_dir)
+    if res.stopped is not None:
+        click.echo(f"matrix: {res.stopped}; --resume continues", err=True)
+        sys.exit(res.stopped.exit_code)
+    return table
 
 
 def _matrix_report(out_dir, n_cells: int, table, as_json: bool) -> None:

@@ -418,40 +418,120 @@ def cell_outcome(lab: dict[str, Any], cell_json: dict[str, Any] | None, console:
             "result": cell_json}
 
 
-def run_cells(out: str | os.PathLike, spec: MatrixSpec, work: Work, progress=None, run_guest=None) -> int:
-    """Run ``work.todo`` in order, each cell in a fresh boot of its (kernel, MGLRU) condition, and
-    mark each done as it finishes (a stopped matrix resumes after the last one). ``progress(done,
-    total, cell, seconds)`` is called after each cell. ``run_guest``: the lab's run_in_guest (tests
-    give another). Returns the number of cells run."""
-    import time
-
+def run_one(out: Path, spec: MatrixSpec, cell: MatrixCell, curve: Path, run_guest=None) -> dict[str, Any]:
+    """One cell in a fresh boot of its (kernel, MGLRU) condition, marked done (its done.json
+    body returned). ``run_guest``: the lab's run_in_guest (tests give another)."""
     from moetrace.lab import run as lab
 
     run_guest = run_guest or lab.run_in_guest
+    d = Path(out) / cell.rel_dir
+    try:
+        doc = run_guest(cell.kernel, cell_command(cell, spec, str(curve)), d,
+                        memory=f"{guest_memory(cell, spec) >> 20}M",
+                        mglru=cell.mglru, timeout_s=spec.timeout + 600, pool=Path(spec.pool),
+                        env={RESERVE_ENV: str(spec.balloon_reserve)},
+                        modules=dict(spec.kernel_modules).get(cell.kernel)).doc
+    except MoetraceError as e:  # the guest could not run the cell: a cell not retained, and on
+        doc = {"status": "error", "error": e.format_message()}
+    cj = d / "cell" / "cell.json"
+    try:
+        cell_json = json.loads(cj.read_text()) if cj.exists() else None
+    except (OSError, json.JSONDecodeError):
+        cell_json = None
+    console = (d / "console.log").read_text(errors="replace") if (d / "console.log").exists() else ""
+    result = cell_outcome(doc, cell_json, console)
+    mark_done(out, cell, result)
+    return result
+
+
+def run_cells(out: str | os.PathLike, spec: MatrixSpec, work: Work, progress=None, run_guest=None) -> int:
+    """Run ``work.todo`` in order in this process, each cell in a fresh boot of its (kernel, MGLRU)
+    condition, and mark each done as it finishes (a stopped matrix resumes after the last one).
+    ``progress(done, total, cell, seconds)`` is called after each cell. ``run_guest``: the lab's
+    run_in_guest (tests give another). Returns the number of cells run. (`lab matrix` runs the
+    same cells as jobs: :func:`matrix_jobs`.)"""
+    import time
+
     out = Path(out)
     curve = ensure_miss_curve(out, spec)
     total = len(work.done) + len(work.todo)
     for i, cell in enumerate(work.todo):
-        d = out / cell.rel_dir
         t0 = time.monotonic()
-        try:
-            doc = run_guest(cell.kernel, cell_command(cell, spec, str(curve)), d,
-                            memory=f"{guest_memory(cell, spec) >> 20}M",
-                            mglru=cell.mglru, timeout_s=spec.timeout + 600, pool=Path(spec.pool),
-                            env={RESERVE_ENV: str(spec.balloon_reserve)},
-                            modules=dict(spec.kernel_modules).get(cell.kernel)).doc
-        except MoetraceError as e:  # the guest could not run the cell: a cell not retained, and on
-            doc = {"status": "error", "error": e.format_message()}
-        cj = d / "cell" / "cell.json"
-        try:
-            cell_json = json.loads(cj.read_text()) if cj.exists() else None
-        except (OSError, json.JSONDecodeError):
-            cell_json = None
-        console = (d / "console.log").read_text(errors="replace") if (d / "console.log").exists() else ""
-        mark_done(out, cell, cell_outcome(doc, cell_json, console))
+        run_one(out, spec, cell, curve, run_guest)
         if progress is not None:
             progress(len(work.done) + i + 1, total, cell, time.monotonic() - t0)
     return len(work.todo)
+
+
+# ---------------------------------------------------------------------------
+# the cells as jobs (moetrace.capacity.jobs, dispatched here or to Slurm)
+
+@dataclass
+class MatrixJob:
+    """One matrix cell as a job: DIR/jobs/NAME.json names the cell; the spec is DIR/matrix.json's."""
+
+    cell: MatrixCell
+    out: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.cell.condition}__{self.cell.name}"
+
+    @property
+    def job_path(self) -> Path:
+        return Path(self.out) / "jobs" / f"{self.name}.json"
+
+    def as_dict(self) -> dict[str, Any]:
+        from moetrace.capacity.jobs import JOB_SCHEMA
+
+        return {"schema": JOB_SCHEMA, "kind": "matrix-cell", "name": self.name, "out": self.out,
+                "dir": self.cell.rel_dir}
+
+    def give_up(self, why: str) -> None:
+        """The job failed for good: done.json says the cell is not retained, and why (a done.json
+        the job wrote is kept)."""
+        if not (Path(self.out) / self.cell.rel_dir / DONE).exists():
+            mark_done(self.out, self.cell, {"lab": {}, "retained": False, "reasons": [why], "result": None})
+
+
+def spec_from_canonical(doc: dict[str, Any]) -> MatrixSpec:
+    """matrix.json's spec back as a MatrixSpec (:meth:`MatrixSpec.canonical` inverted)."""
+    d = dict(doc)
+    mods = tuple(sorted((d.pop("kernel_modules", None) or {}).items()))
+    return MatrixSpec(tuple(d.pop("kernels")), tuple(d.pop("mglru")),
+                      tuple(parse_mechanism(re.sub(r"^balloon(?=[0-9.])", "balloon:", m), "matrix.json: mechanisms")
+                            for m in d.pop("mechanisms")),
+                      tuple((str(lbl), int(b)) for lbl, b in d.pop("capacities")), kernel_modules=mods, **d)
+
+
+def matrix_jobs(out: str | os.PathLike, work: Work) -> list[MatrixJob]:
+    """``work.todo`` as jobs, their files written in DIR/jobs/ (the miss curve saved once)."""
+    from moetrace.capacity.jobs import write_json
+
+    out = Path(out).resolve()
+    jobs = [MatrixJob(c, str(out)) for c in work.todo]
+    for j in jobs:
+        write_json(j.job_path, j.as_dict())
+    return jobs
+
+
+def run_matrix_job(doc: dict[str, Any], where: str, phase) -> dict[str, Any]:
+    """The job function of a matrix cell (moetrace.capacity.jobs.KINDS): the spec from
+    DIR/matrix.json (its digest checked), the cell by its directory, a stopped attempt's
+    leftovers cleared, then :func:`run_one`."""
+    out = Path(doc["out"])
+    meta = json.loads((out / "matrix.json").read_text())
+    spec = spec_from_canonical(meta["spec"])
+    if spec.digest() != meta.get("digest"):
+        raise InputError("matrix.json's spec does not match its digest", path=str(out / "matrix.json"))
+    cell = next((c for c in spec.cells() if c.rel_dir == doc.get("dir")), None)
+    if cell is None:
+        raise InputError(f"no cell {doc.get('dir')!r} in this matrix", path=where)
+    d = out / cell.rel_dir
+    if d.exists():
+        shutil.rmtree(d)
+    phase(f"guest {cell.kernel} MGLRU {cell.mglru}")
+    return run_one(out, spec, cell, ensure_miss_curve(out, spec))
 
 
 def matrix_rows(out: str | os.PathLike) -> list[dict[str, Any]]:
