@@ -25,6 +25,7 @@ from moetrace.capacity.scope import find_memory_controller
 from tests.common.slurm import local_slurm
 from tests.conftest import io_lock, moetrace_cli
 
+ROOT = Path(__file__).resolve().parents[2]
 GEO = ["--layers", "4", "--experts", "16", "--k", "2"]
 CAPS = "8MiB,4MiB"  # x 2 repeats = 4 cells; the pool is 16 MiB
 
@@ -45,6 +46,20 @@ def inputs(live, tmp_path_factory):
 def cluster(inputs):
     with local_slurm() as env:
         yield env
+
+
+def test_the_example_brings_its_own_cluster_and_leaves_nothing(inputs, tmp_path):
+    """examples/sweep_slurm.sh without SLURM_CONF: up, the sweep as Slurm jobs, the report, down.
+    (First in the file: the module's cluster is not up yet.)"""
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
+    env["MOETRACE_SLURM_DIR"] = f"/run/moetrace-slurm-example.{os.getpid()}"
+    r = subprocess.run(["bash", str(ROOT / "examples" / "sweep_slurm.sh"), str(tmp_path / "x")], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    res = pd.read_parquet(tmp_path / "x" / "sweep" / "results.parquet")
+    assert len(res) == 4 and res["retained"].all() and (tmp_path / "x" / "report" / "report.html").is_file()
+    assert {e["executor"] for e in attempts(tmp_path / "x" / "sweep") if e["event"] == "submitted"} == {"slurm"}
+    assert not Path(env["MOETRACE_SLURM_DIR"]).exists() and not (tmp_path / "x" / "pool").exists()
 
 
 def sweep_args(d: Path, out: Path, *extra: str) -> list[str]:
