@@ -159,3 +159,60 @@ def test_scancel_resubmits_only_that_cell(inputs, cluster, tmp_path):
     cj.write_text(json.dumps(doc))
     third = run_sweep(inputs, out, cluster, "--executor", "slurm", "--slurm-time", "10")
     assert third["ran"] == third["submitted"] == [res["ran"][0]] and third["retained"] == 4
+
+
+def wait_phase(out: Path, phases: tuple[str, ...], timeout_s: float = 120) -> str:
+    """The name of the first cell whose job reached one of ``phases``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for p in (out / "jobs").glob("*.phase") if (out / "jobs").exists() else []:
+            try:
+                if p.read_text().strip() in phases:
+                    return p.name.removesuffix(".phase")
+            except OSError:
+                pass
+        time.sleep(0.02)
+    raise AssertionError(f"no job reached {phases}")
+
+
+def scopes_left() -> list[str]:
+    return [n for n in os.listdir(find_memory_controller().mount) if n.startswith("moetrace-sweep")]
+
+
+@pytest.mark.parametrize("executor", ["local", "slurm"])
+def test_ctrl_c_cancels_the_running_job_which_cleans_up_then_a_rerun_finishes(inputs, cluster, tmp_path, executor):
+    import signal
+
+    out = tmp_path / "s"
+    extra = ["--executor", executor] + (["--slurm-time", "10"] if executor == "slurm" else [])
+    env = cluster if executor == "slurm" else None
+    proc = subprocess.Popen(sweep_args(inputs, out, *extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        name = wait_phase(out, ("warmup", "measured"))
+        os.kill(proc.pid, signal.SIGINT)  # the driver alone: it must stop its job itself
+        _, stderr = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    assert "interrupted by SIGINT" in stderr
+    ev = attempts(out)
+    job = [e for e in ev if e["name"] == name and e["event"] == "submitted"][-1]["job_id"]
+    assert [e["event"] for e in ev if e["name"] == name][-1] == "cancelled"
+    ran = json.loads((out / "jobs" / f"{name}.ran.json").read_text())
+    assert ran["outcome"] == "interrupted by SIGTERM" and ran["ended_at"] is not None  # it cleaned up
+    assert scopes_left() == []
+    if executor == "local":
+        assert not Path(f"/proc/{job}").exists() or "Z" in Path(f"/proc/{job}/stat").read_text().split()[2]
+    else:
+        st = subprocess.run(["squeue", "-h", "--states=all", "-o", "%T", "-j", job], capture_output=True,
+                            text=True, env=cluster).stdout.split()
+        assert st == ["CANCELLED"], st
+        live = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, env=cluster).stdout
+        assert live.strip() == "", f"jobs still queued or running: {live}"
+    assert (out / "results.csv").is_file()
+    # run again: the interrupted cell and the ones never run complete the sweep
+    res = run_sweep(inputs, out, env, *extra)
+    assert name in res["ran"] and res["retained"] == 4

@@ -168,6 +168,7 @@ def _capacity_step(out: Path, seed: int) -> str:
     _run(["plan", "compile", work / "trace.jsonl", *geo, "--expert-bytes", "64KiB", "-o", plan, "--json"],
          work / "plan-compile.json")
     click.echo(f"      pool {pool}: 32 layers x 128 experts x 64 KiB = 256 MiB; plan of 60 iterations")
+    shutil.rmtree(out / "sweep", ignore_errors=True)  # a fresh sweep each demo (one into its directory resumes)
     res = _run(["sweep", "--plan", plan, "--pool", pool, "--capacities", "192MiB,96MiB,48MiB,16MiB", "--repeats", 1,
                 # headroom: the replay's own memory and the ~26 MiB of library files it reads, charged to
                 # the same scope (the effective capacity column of Table 2 says what the pool had)
