@@ -61,6 +61,17 @@ def slurm():
         yield env
 
 
+def _running_sleeper(env: dict[str, str], pidfile: Path, seconds: int) -> tuple[str, int]:
+    """A job running `sleep SECONDS`: its id and the sleeper's pid, once it runs."""
+    job = _sbatch(env, "-o", "/dev/null", "--wrap", f"echo $$ > {pidfile}; exec sleep {seconds}")
+    _wait_state(env, job, {"RUNNING"})
+    end = time.monotonic() + 30
+    while not pidfile.exists() or not pidfile.read_text().strip():
+        assert time.monotonic() < end, "the running job never wrote its pid"
+        time.sleep(0.1)
+    return job, int(pidfile.read_text())
+
+
 def test_up_runs_and_cancels_jobs_and_down_leaves_nothing(slurm, tmp_path):
     env = slurm
     conf = Path(env["SLURM_CONF"])
@@ -87,14 +98,7 @@ def test_up_runs_and_cancels_jobs_and_down_leaves_nothing(slurm, tmp_path):
     assert out.read_text().split() == [socket.gethostname(), "0"]
 
     # scancel ends a running job and its process; squeue still shows it, CANCELLED
-    pidfile = tmp_path / "sleep.pid"
-    job = _sbatch(env, "-o", "/dev/null", "--wrap", f"echo $$ > {pidfile}; exec sleep 300")
-    _wait_state(env, job, {"RUNNING"})
-    end = time.monotonic() + 30
-    while not pidfile.exists() or not pidfile.read_text().strip():
-        assert time.monotonic() < end, "the running job never wrote its pid"
-        time.sleep(0.1)
-    sleeper = int(pidfile.read_text())
+    job, sleeper = _running_sleeper(env, tmp_path / "sleep.pid", 300)
     assert _alive(sleeper)
     subprocess.run(["scancel", job], env=env, check=True, timeout=30)
     assert _wait_state(env, job, {"CANCELLED"}, timeout=30) == "CANCELLED"
@@ -104,14 +108,7 @@ def test_up_runs_and_cancels_jobs_and_down_leaves_nothing(slurm, tmp_path):
         time.sleep(0.1)
 
     # a job still running at `down` is cancelled by it; then nothing of the cluster is left
-    pidfile2 = tmp_path / "sleep2.pid"
-    job = _sbatch(env, "-o", "/dev/null", "--wrap", f"echo $$ > {pidfile2}; exec sleep 301")
-    _wait_state(env, job, {"RUNNING"})
-    end = time.monotonic() + 30
-    while not pidfile2.exists() or not pidfile2.read_text().strip():
-        assert time.monotonic() < end, "the running job never wrote its pid"
-        time.sleep(0.1)
-    sleeper2 = int(pidfile2.read_text())
+    job, sleeper2 = _running_sleeper(env, tmp_path / "sleep2.pid", 301)
     down = slurm_local("down", env)
     assert down.returncode == 0, down.stderr
     assert not state_dir.exists()

@@ -22,8 +22,8 @@ import pandas as pd
 import pytest
 
 from moetrace.capacity.scope import find_memory_controller
-from tests.common.slurm import local_slurm
-from tests.conftest import io_lock, moetrace_cli
+from common.slurm import local_slurm
+from conftest import io_lock, moetrace_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 GEO = ["--layers", "4", "--experts", "16", "--k", "2"]
@@ -105,6 +105,9 @@ def test_slurm_sweep_equals_local_in_structure(inputs, cluster, tmp_path):
         json.loads((tmp_path / "local" / "sweep.json").read_text())["digest"]
 
 
+EARLY = ("clean", "drop caches", "scope", "warmup", "measured")
+
+
 def wait_running(out: Path, env: dict[str, str], after: int, timeout_s: float = 120) -> tuple[str, str]:
     """(cell name, job id) of the first job that runs after ``after`` jobs ran before it."""
     deadline = time.monotonic() + timeout_s
@@ -116,31 +119,44 @@ def wait_running(out: Path, env: dict[str, str], after: int, timeout_s: float = 
         if len(subs) > after:
             name, jid = subs[after]["name"], subs[after]["job_id"]
             st = subprocess.run(["squeue", "-h", "-o", "%T", "-j", jid], capture_output=True, text=True, env=env)
-            if st.stdout.strip() == "RUNNING" and (out / "jobs" / f"{name}.phase").exists():
+            phase = out / "jobs" / f"{name}.phase"
+            # in its cell, not past it: a SIGTERM once run_cell returned ends no cell (the job completes)
+            if st.stdout.strip() == "RUNNING" and phase.exists() and phase.read_text().strip() in EARLY:
                 return name, jid
         time.sleep(0.05)
     raise AssertionError("no job came to run")
 
 
-def test_scancel_resubmits_only_that_cell(inputs, cluster, tmp_path):
-    out = tmp_path / "s"
-    proc = subprocess.Popen(sweep_args(inputs, out, "--executor", "slurm", "--slurm-time", "10"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster)
+def drive(args: list[str], env: dict[str, str] | None, act) -> tuple[int, str, str, object]:
+    """Run a sweep, ``act(proc)`` while it runs; its exit status, stdout, stderr and act's value."""
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        name, jid = wait_running(out, cluster, after=1)
-        subprocess.run(["scancel", jid], check=True, env=cluster)
+        got = act(proc)
         stdout, stderr = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 0, stderr
+    return proc.returncode, stdout, stderr, got
+
+
+def test_scancel_resubmits_only_that_cell(inputs, cluster, tmp_path):
+    out = tmp_path / "s"
+
+    def cancel_the_second(proc):
+        name, jid = wait_running(out, cluster, after=1)
+        subprocess.run(["scancel", jid], check=True, env=cluster)
+        return name, jid
+    rc, stdout, stderr, (name, jid) = drive(sweep_args(inputs, out, "--executor", "slurm", "--slurm-time", "10"),
+                                            cluster, cancel_the_second)
+    assert rc == 0, stderr
     res = json.loads(stdout)
-    assert res["retained"] == 4 and res["failed"] == {}
-    assert sorted(res["submitted"]) == sorted([*res["ran"], name])  # the cancelled cell again, nothing else
-    assert f"cell {name}: job {jid} failed" in stderr and "resubmitting" in stderr
+    why = f"{name} (job {jid}): {stderr}\n{res}\n{attempts(out)}"
+    assert res["retained"] == 4 and res["failed"] == {}, why
+    assert sorted(res["submitted"]) == sorted([*res["ran"], name]), why  # the cancelled cell again, nothing else
+    assert f"cell {name}: job {jid} failed" in stderr and "resubmitting" in stderr, why
     ev = [e for e in attempts(out) if e["name"] == name]
-    assert [e["event"] for e in ev] == ["submitted", "failed", "submitted", "done"]
+    assert [e["event"] for e in ev] == ["submitted", "failed", "submitted", "done"], why
     assert ev[0]["job_id"] == jid and ev[2]["job_id"] != jid and ev[1]["error"]
     # the report of the merged sweep is complete: every cell retained in its tables
     rep = moetrace_cli("report", out, "--out", tmp_path / "rep", "--no-cell-reports", "--json")
@@ -186,17 +202,13 @@ def test_ctrl_c_cancels_the_running_job_which_cleans_up_then_a_rerun_finishes(in
     out = tmp_path / "s"
     extra = ["--executor", executor] + (["--slurm-time", "10"] if executor == "slurm" else [])
     env = cluster if executor == "slurm" else None
-    proc = subprocess.Popen(sweep_args(inputs, out, *extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
-    try:
+
+    def interrupt(proc):
         name = wait_phase(out, ("warmup", "measured"))
         os.kill(proc.pid, signal.SIGINT)  # the driver alone: it must stop its job itself
-        _, stderr = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 130, stderr
+        return name
+    rc, _, stderr, name = drive(sweep_args(inputs, out, *extra), env, interrupt)
+    assert rc == 130, stderr
     assert "interrupted by SIGINT" in stderr
     ev = attempts(out)
     job = [e for e in ev if e["name"] == name and e["event"] == "submitted"][-1]["job_id"]
