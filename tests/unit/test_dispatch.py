@@ -219,3 +219,28 @@ def test_stage_pool_copies_checks_and_reuses(tmp_path):
     victim.write_bytes(b"x")
     assert stage_pool(src, tmp_path / "local") == dest and victim.stat().st_size == 64 << 10
     assert sorted(p.name for p in (tmp_path / "local").iterdir()) == [dest.name]
+
+
+def test_a_refused_submission_cancels_what_was_submitted(tmp_path, monkeypatch):
+    jobs = prepared(tmp_path, monkeypatch)
+
+    class Refusing(ScriptedExecutor):
+        cancelled: list = []
+
+        def submit(self, job, attempt):
+            if len(self.submitted) == 2:
+                raise UsageError("sbatch refused the job")
+            return super().submit(job, attempt)
+
+        def poll(self, subs):  # everything stays queued
+            pass
+
+        def cancel(self, subs):
+            self.cancelled.extend(s.job.name for s in subs)
+
+    ex = Refusing(lambda *a: True)
+    with pytest.raises(UsageError, match="sbatch refused"):
+        dispatch(jobs, ex, poll_s=0)
+    assert ex.cancelled == [jobs[0].name, jobs[1].name]
+    lines = [json.loads(x) for x in (tmp_path / "s" / "jobs" / "attempts.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in lines] == ["submitted", "submitted", "cancelled", "cancelled"]

@@ -47,7 +47,6 @@ class Submitted:
     handle: Any = None  # a Popen (local), a submitit Job (slurm)
     state: str = "pending"  # pending | running | done | failed
     error: str | None = None
-    host: str | None = None
 
 
 def log_tail(path: str | os.PathLike, n: int = 1) -> str:
@@ -162,12 +161,18 @@ class SlurmExecutor:
                              hint="check the partition and time limit (`sinfo`), and SLURM_CONF") from None
         return Submitted(job, attempt, str(j.job_id), str(j.paths.stdout), j, "pending")
 
-    def queue_states(self, ids: list[str]) -> dict[str, str]:
-        """{job id: state} from squeue (completed jobs stay listed for MinJobAge)."""
+    def queue_states(self, ids: list[str]) -> dict[str, str] | None:
+        """{job id: state} from squeue (completed jobs stay listed for MinJobAge); None when squeue
+        could not answer (the controller restarting): no job is judged on that."""
         if not ids:
             return {}
-        r = subprocess.run(["squeue", "-h", "--states=all", "-o", "%i %T", "-j", ",".join(ids)],
-                           capture_output=True, text=True)
+        try:
+            r = subprocess.run(["squeue", "-h", "--states=all", "-o", "%i %T", "-j", ",".join(ids)],
+                               capture_output=True, text=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            return None
+        if r.returncode != 0 and "Invalid job id" not in r.stderr:
+            return None
         states = {}
         for line in r.stdout.splitlines():
             parts = line.split()
@@ -177,6 +182,8 @@ class SlurmExecutor:
 
     def poll(self, subs: list[Submitted]) -> None:
         states = self.queue_states([s.job_id for s in subs])
+        if states is None:
+            return
         for s in subs:
             st = states.get(s.job_id)
             if s.handle.paths.result_pickle.exists():
@@ -204,7 +211,7 @@ class SlurmExecutor:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             states = self.queue_states([s.job_id for s in subs])
-            if not any(states.get(s.job_id) in PENDING | RUNNING for s in subs):
+            if states is not None and not any(states.get(s.job_id) in PENDING | RUNNING for s in subs):
                 return
             time.sleep(POLL_S)
 
@@ -323,8 +330,16 @@ def dispatch(jobs: list, executor, on_status: Callable[[Status], None] | None = 
                 time.sleep(poll_s)
     except CellInterrupted as e:
         out.stopped = e
-        executor.cancel(active)
-        executor.wait(active, CANCEL_WAIT_S)
-        for s in active:
-            _log(s.job, {"event": "cancelled", "attempt": s.attempt, "job_id": s.job_id})
+        stop(executor, active)
+    except BaseException:  # an error here (sbatch refused a job): nothing submitted is left behind
+        stop(executor, active)
+        raise
     return out
+
+
+def stop(executor, active: list[Submitted]) -> None:
+    """Cancel the jobs still queued or running and wait for their cells to clean up."""
+    executor.cancel(active)
+    executor.wait(active, CANCEL_WAIT_S)
+    for s in active:
+        _log(s.job, {"event": "cancelled", "attempt": s.attempt, "job_id": s.job_id})

@@ -85,7 +85,6 @@ class CheckResult:
         return "no regression"
 
 
-
 def host_counts(units) -> dict[str, int]:
     """{host name (UNKNOWN_HOST when the unit does not say): units}, most units first."""
     from moetrace.analyses.compare import host_of
