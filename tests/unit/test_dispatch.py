@@ -244,3 +244,32 @@ def test_a_refused_submission_cancels_what_was_submitted(tmp_path, monkeypatch):
     assert ex.cancelled == [jobs[0].name, jobs[1].name]
     lines = [json.loads(x) for x in (tmp_path / "s" / "jobs" / "attempts.jsonl").read_text().splitlines()]
     assert [e["event"] for e in lines] == ["submitted", "submitted", "cancelled", "cancelled"]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the swallow, as Python reports it
+def test_a_signal_swallowed_in_an_at_fork_callback_is_raised_at_the_next_step():
+    """CI: a scancel's SIGTERM arrived while the cell forked its replay; Python ran the handler in
+    logging's at-fork callback, printed "Exception ignored" and the cell ran on to 'retained'."""
+    import os
+    import signal
+
+    from moetrace.capacity.cell import check_interrupted, interrupt_handlers
+    from moetrace.errors import CellInterrupted
+
+    armed = [True]
+
+    def after_fork_in_parent():
+        if armed:
+            armed.clear()
+            signal.raise_signal(signal.SIGTERM)
+
+    os.register_at_fork(after_in_parent=after_fork_in_parent)
+    with interrupt_handlers():
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        assert not armed  # the handler ran, its CellInterrupted went nowhere
+        with pytest.raises(CellInterrupted, match="SIGTERM"):
+            check_interrupted()
+    check_interrupted()  # the block is over: nothing pending

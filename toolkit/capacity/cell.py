@@ -65,6 +65,14 @@ MIN_MISS_CACHE_BYTES = 32 << 20  # least page cache an arena cell must leave for
 VMLCK_ZERO_TOLERANCE = 1 << 20  # non-arena modes: VmLck must be below this (≈ 0)
 
 
+#: the signals :func:`interrupt_handlers` turned into CellInterrupted in the running block. Python
+#: swallows an exception raised where it cannot propagate: a signal handler that runs inside an
+#: at-fork callback (subprocess.Popen forking the replay; measured: a scancel's SIGTERM printed
+#: "Exception ignored in: _releaseLock" and the cell ran on) or a __del__; check_interrupted()
+#: raises it again at the next step.
+_RAISED: list[int] = []
+
+
 @contextmanager
 def interrupt_handlers() -> Iterator[None]:
     """Turn SIGINT/SIGTERM into CellInterrupted for the enclosed block (main thread only)."""
@@ -75,14 +83,26 @@ def interrupt_handlers() -> Iterator[None]:
         return
 
     def _raise(signum, _frame):
+        _RAISED.append(signum)
         raise CellInterrupted(signum)
 
     old = {s: signal.signal(s, _raise) for s in (signal.SIGINT, signal.SIGTERM)}
+    _RAISED.clear()
     try:
         yield
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        _RAISED.clear()
+
+
+def check_interrupted() -> None:
+    """Raise CellInterrupted again for a signal of this :func:`interrupt_handlers` block whose
+    exception was swallowed where it was raised (see _RAISED); nothing otherwise. Called between
+    steps (the cell's phases, the dispatcher's rounds): a block that caught its CellInterrupted
+    is cleaning up or leaving and calls it no more."""
+    if _RAISED:
+        raise CellInterrupted(_RAISED[-1])
 
 
 @contextmanager
@@ -562,7 +582,10 @@ class _Cell:
 
     def phase(self, name: str) -> None:
         """Report a phase to on_phase; a failing display never fails the cell (CellInterrupted,
-        a BaseException, still passes)."""
+        a BaseException, still passes). A step's phase first raises a signal swallowed before it
+        (check_interrupted); the clean-up's do not (it runs to the end)."""
+        if name not in ("cleanup", "results") and self.interrupted is None:
+            check_interrupted()
         if self.on_phase is not None:
             try:
                 self.on_phase(name)
@@ -658,6 +681,7 @@ class _Cell:
         spec, result, scope = self.spec, self.result, self.scope
         line = self.child.next_line(self.deadline)
         while line is not None and not line.startswith("loop_entry"):
+            check_interrupted()
             line = self.child.next_line(self.deadline)
         if line is None:
             self.reasons.append("replay ended before loop entry")

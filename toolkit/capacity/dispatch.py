@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from moetrace.capacity.cell import check_interrupted
 from moetrace.capacity.jobs import CellJob, run_job, slurm_job
 from moetrace.errors import CellInterrupted, UsageError
 
@@ -296,6 +297,7 @@ def dispatch(jobs: list, executor, on_status: Callable[[Status], None] | None = 
         executor.on_phase = relay
     try:
         while queue or active:
+            check_interrupted()  # a Ctrl-C swallowed while a local job was forked
             while queue and not (executor.serial and active):
                 job = queue.popleft()
                 tries[job.name] = tries.get(job.name, 0) + 1
