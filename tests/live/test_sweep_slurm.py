@@ -71,7 +71,14 @@ def sweep_args(d: Path, out: Path, *extra: str) -> list[str]:
 def run_sweep(d: Path, out: Path, env: dict[str, str] | None, *extra: str) -> dict:
     r = subprocess.run(sweep_args(d, out, *extra), capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
+    doc = json.loads(r.stdout)
+    # a Slurm sweep without a terminal says each cell as it ends; a local one stays quiet
+    said = [ln for ln in r.stderr.splitlines() if ln.startswith("moetrace sweep: cell ")]
+    if "slurm" in extra:
+        assert len(said) == len(doc["submitted"]) and all(" done (job " in ln for ln in said), r.stderr
+    else:
+        assert said == [], r.stderr
+    return doc
 
 
 def attempts(out: Path) -> list[dict]:

@@ -168,8 +168,11 @@ def test_a_failed_job_is_resubmitted_once_then_given_up(tmp_path, monkeypatch):
     jobs = prepared(tmp_path, monkeypatch)
     bad, flaky = jobs[1].name, jobs[4].name
     ex = ScriptedExecutor(lambda name, attempt: name != bad and not (name == flaky and attempt == 1))
-    events = []
-    res = dispatch(jobs, ex, on_event=events.append, poll_s=0)
+    events, ended = [], []
+    res = dispatch(jobs, ex, on_event=events.append, on_end=lambda sub: ended.append((sub.job.name, sub.state)),
+                   poll_s=0)
+    # on_end: once per cell, when it is done or given up (not for the attempt that is resubmitted)
+    assert sorted(ended) == sorted((j.name, "failed" if j.name == bad else "done") for j in jobs)
     assert ATTEMPTS == 2
     assert sorted(ex.submitted) == sorted([(j.name, 1) for j in jobs] + [(bad, 2), (flaky, 2)])
     assert sorted(res.done) == sorted(j.name for j in jobs if j.name != bad) and list(res.failed) == [bad]

@@ -322,8 +322,8 @@ def dispatch(jobs: list, executor, on_status: Callable[[Status], None] | None = 
                     sub.job.give_up(why)
                     out.failed[sub.job.name] = why
                     tell(f"cell {sub.job.name}: {why}")
-                if on_end is not None:
-                    on_end(sub)
+                    if on_end is not None:
+                        on_end(sub)
             status.pending = len(queue) + sum(s.state == "pending" for s in active)
             status.running = {s.job.name: phase_of(s.job) for s in active if s.state == "running"}
             status.done, status.failed = len(out.done), len(out.failed)

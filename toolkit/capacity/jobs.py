@@ -145,6 +145,15 @@ def read_cell(job: CellJob) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
+def last_run(job) -> dict[str, Any]:
+    """The job's NAME.ran.json (its last attempt: host, job id, times, outcome); {} when absent."""
+    try:
+        doc = json.loads((Path(job.out) / "jobs" / f"{job.name}.ran.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
 # -- the job itself: what runs on the node ---------------------------------------------------------
 
 def stage_pool(src: str | os.PathLike, dest_root: str | os.PathLike) -> Path:

@@ -141,7 +141,9 @@ def prepare_sweep(out: Path, specs: dict[str, Any], caps: list[tuple[str, int]],
 def merged_rows(out: str | os.PathLike) -> list[dict]:
     """One results row per cell that ran (cell.json present), in the sweep's order, whatever the
     order the jobs finished in; ``host_order`` is the order the cells started on their host."""
-    from moetrace.capacity.jobs import read_json
+    from types import SimpleNamespace
+
+    from moetrace.capacity.jobs import last_run, read_json
 
     out = Path(out)
     meta = read_json(out / "sweep.json")
@@ -153,10 +155,7 @@ def merged_rows(out: str | os.PathLike) -> list[dict]:
         except (OSError, json.JSONDecodeError):
             continue
         row = cell_row(res, c["capacity"], c["repeat"], c["order"], str(out / c["dir"]))
-        try:
-            ran = json.loads((out / "jobs" / f"{c['name']}.ran.json").read_text())
-        except (OSError, json.JSONDecodeError):
-            ran = {}
+        ran = last_run(SimpleNamespace(out=out, name=c["name"]))
         row["host"] = row.get("host") or ran.get("host")
         started[c["name"]] = (row["host"], ran.get("started_at") or 0.0)
         rows.append(row)
@@ -184,16 +183,18 @@ class SweepOutcome:
 
 
 def run_sweep(specs: dict[str, Any], caps: list[tuple[str, int]], repeats: int, seed: int, out: Path,
-              executor=None, on_status=None, on_event=None, stage_pool: str | None = None) -> SweepOutcome:
+              executor=None, on_status=None, on_event=None, stage_pool: str | None = None,
+              on_end=None) -> SweepOutcome:
     """Run every (capacity, repeat) cell in a seeded random order into ``out/cells/<C>-r<i>``, each
     a job (:mod:`moetrace.capacity.jobs`) on ``executor`` (default: local subprocesses); cells
     retained in ``out`` before are not run again. ``specs``: capacity label -> CellSpec. A cell
     whose setup fails is a row that is not retained, with its reason; a job that fails is
     resubmitted once. Ctrl-C (CellInterrupted: the running jobs cancelled and cleaned up) stops
-    it with the rows so far. ``on_status`` / ``on_event``: see :func:`dispatch`."""
+    it with the rows so far. ``on_status`` / ``on_event`` / ``on_end``: see
+    :func:`moetrace.capacity.dispatch.dispatch`."""
     from moetrace.capacity.dispatch import LocalExecutor, dispatch
     out = Path(out).resolve()
     jobs = prepare_sweep(out, specs, caps, repeats, seed, stage_pool)
     todo = [j for j in jobs if not j.finished()]
-    res = dispatch(todo, executor or LocalExecutor(out), on_status=on_status, on_event=on_event)
+    res = dispatch(todo, executor or LocalExecutor(out), on_status=on_status, on_event=on_event, on_end=on_end)
     return SweepOutcome(merged_rows(out), len(jobs), res.stopped, [j.name for j in todo], res.submitted, res.failed)

@@ -91,8 +91,16 @@ def sweep(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passe
         def on_event(text: str) -> None:
             click.echo(f"moetrace sweep: {text}", err=True)
 
+        def on_end(sub) -> None:  # Slurm without a bar (a batch log): a line per cell as it ends
+            from moetrace.capacity.jobs import last_run
+
+            ran = last_run(sub.job)
+            click.echo(f"moetrace sweep: cell {sub.job.name} {sub.state} (job {sub.job_id} on "
+                       f"{ran.get('host') or '?'}: {ran.get('outcome') or sub.error})", err=True)
+
         done = run_sweep(specs, caps, repeats, seed, out, executor=ex, on_status=on_status if enabled else None,
-                         on_event=on_event, stage_pool=stage_pool)
+                         on_event=on_event, stage_pool=stage_pool,
+                         on_end=on_end if executor == "slurm" and not enabled else None)
     _finish(done, out, as_json)
 
 
