@@ -14,7 +14,6 @@ The sweep directory (beside the results :mod:`moetrace.reports.sweep` writes)::
     DIR/jobs/attempts.jsonl     every submission and its end, appended
     DIR/jobs/logs/              the jobs' stdout/stderr (local: NAME.aK.log; Slurm: submitit's)
     DIR/cells/NAME/             the cell directory (run_cell's), cleared before a job runs it
-
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from moetrace.atomic import atomic_write
-from moetrace.errors import CellInterrupted, InputError, UsageError
+from moetrace.errors import CellInterrupted, InputError
 
 JOB_SCHEMA = "moetrace.job/1"
 

@@ -47,7 +47,8 @@ def sweep(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passe
     job that fails is reported with its log and resubmitted once. On a
     terminal a progress bar of cells (pending, running with its phase,
     done) goes to stderr (not with --json or CI=true; MOETRACE_PROGRESS=0/1
-    turns it off/on); every failed job and resubmission is said on stderr.
+    turns it off/on); every failed job and resubmission is said on stderr,
+    and with --executor slurm and no bar every cell as it ends.
     Example:
       moetrace sweep --plan plan.bin --pool /var/tmp/pool \\
           --capacities 2.2GiB,1GiB,512MiB,256MiB --repeats 3 --mechanism cgroup --out sweep1
