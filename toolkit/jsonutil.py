@@ -6,6 +6,19 @@ import sys
 from typing import Any
 
 
+def write_json(path, doc: Any, indent: int = 1) -> None:
+    """``doc`` as JSON into ``path``, atomically (moetrace.atomic), its directory made first."""
+    import json
+    from pathlib import Path
+
+    from moetrace.atomic import atomic_write
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(path) as tmp:
+        tmp.write_text(json.dumps(doc, indent=indent, default=json_default) + "\n")
+
+
 def json_default(o: Any) -> Any:
     """json.dumps(default=...) for numpy scalars and arrays; NaN becomes null. (numpy is not
     imported here: an object of numpy's exists only once numpy has been; 1.7 s of a guest's

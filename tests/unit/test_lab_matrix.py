@@ -346,7 +346,7 @@ def test_kernel_pairs_are_checked_against_the_first_kernel(tmp_path):
 def test_matrix_cells_as_jobs_run_each_cell_once_and_give_up_after_two_failures(tmp_path, monkeypatch):
     import moetrace.lab.run as labrun
     from moetrace.capacity.dispatch import InlineExecutor, dispatch
-    from moetrace.capacity.jobs import read_json
+    from moetrace.run.directory import read_json
 
     make_plan(tmp_path / "plan.bin")
     spec = M.load_spec(write_spec(tmp_path, SPEC.replace('kernels = ["6.1", "6.12"]', 'kernels = ["6.12"]')

@@ -47,6 +47,7 @@ import numpy as np
 from moetrace.atomic import atomic_write
 from moetrace.capacity.scope import (PAGE, Balloon, Scope, balloon_size, find_memory_controller, remove_stale_scopes,
                                     safe_reserve_bytes)
+from moetrace.jsonutil import write_json
 from moetrace.kernel.syscalls import set_pdeathsig
 from moetrace.errors import CellInterrupted, InputError, MoetraceError, ScopeError, UsageError
 from moetrace.kernel.hostfacts import host_facts
@@ -352,13 +353,6 @@ def check_privileges() -> None:
                          hint="run it as root, e.g. `sudo moetrace cell ...`")
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    from moetrace.jsonutil import json_default
-
-    with atomic_write(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2, default=json_default))
-
-
 class _Child:
     """The replay child and the parent's end of its sync socket."""
 
@@ -599,7 +593,7 @@ class _Cell:
                           extra={"scope": scope.counters() if scope.exists() else None,
                                  "balloon_scope": bscope.counters() if bscope.exists() else None})
         self.snaps[label] = s
-        _write_json(self.out / "snapshots" / f"{label}.json", s)
+        write_json(self.out / "snapshots" / f"{label}.json", s, indent=2)
         return s
 
     # -- 1. a clean machine --------------------------------------------------------------------
@@ -800,7 +794,7 @@ class _Cell:
             _recorded(result, out / "watch", key="watch")
         _outside_evictions(result, spec)
         _finish(result, spec, self.snaps, self.run_dir, self.pool, curve, self.balloon)
-        _write_json(out / "cell.json", result)
+        write_json(out / "cell.json", result, indent=2)
 
 
 def _recorded(result: dict, run: Path, key: str = "record") -> None:

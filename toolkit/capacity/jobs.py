@@ -30,6 +30,8 @@ from typing import Any, Callable
 
 from moetrace.atomic import atomic_write
 from moetrace.errors import CellInterrupted, InputError
+from moetrace.jsonutil import write_json
+from moetrace.run.directory import read_json
 
 JOB_SCHEMA = "moetrace.job/1"
 
@@ -114,25 +116,8 @@ def job_from_dict(doc: Any, where: str) -> CellJob:
                    doc["out"], doc.get("curve"), doc.get("stage_pool"))
 
 
-def write_json(path: Path, doc: Any) -> None:
-    from moetrace.jsonutil import json_default
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_write(path) as tmp:
-        tmp.write_text(json.dumps(doc, indent=1, default=json_default) + "\n")
-
-
-def read_json(path: Path) -> Any:
-    try:
-        return json.loads(Path(path).read_text())
-    except OSError as e:
-        raise InputError(f"cannot read: {e.strerror or e}", path=str(path)) from None
-    except json.JSONDecodeError as e:
-        raise InputError(f"not valid JSON ({e.msg})", path=str(path), line=e.lineno) from None
-
-
 def read_job(path: str | os.PathLike) -> CellJob:
-    return job_from_dict(read_json(Path(path)), str(path))
+    return job_from_dict(read_json(path, "job file"), str(path))
 
 
 def read_cell(job: CellJob) -> dict[str, Any] | None:
@@ -144,10 +129,10 @@ def read_cell(job: CellJob) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
-def last_run(job) -> dict[str, Any]:
-    """The job's NAME.ran.json (its last attempt: host, job id, times, outcome); {} when absent."""
+def last_run(out: str | os.PathLike, name: str) -> dict[str, Any]:
+    """Job NAME's DIR/jobs/NAME.ran.json (its last attempt: host, job id, times, outcome); {} when absent."""
     try:
-        doc = json.loads((Path(job.out) / "jobs" / f"{job.name}.ran.json").read_text())
+        doc = json.loads((Path(out) / "jobs" / f"{name}.ran.json").read_text())
     except (OSError, json.JSONDecodeError):
         return {}
     return doc if isinstance(doc, dict) else {}
@@ -210,7 +195,7 @@ def run_job(job_path: str, on_phase: Callable[[str], None] | None = None) -> dic
 
     from moetrace.capacity.cell import interrupt_handlers
 
-    doc = read_json(Path(job_path))
+    doc = read_json(job_path, "job file")
     kind = doc.get("kind", "sweep-cell") if isinstance(doc, dict) else None
     if kind not in KINDS or not isinstance(doc.get("name"), str) or not isinstance(doc.get("out"), str):
         raise InputError(f"not a moetrace job (kind {kind!r})", path=str(job_path),

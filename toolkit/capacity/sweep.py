@@ -105,7 +105,8 @@ def prepare_sweep(out: Path, specs: dict[str, Any], caps: list[tuple[str, int]],
     retained there are not run again). A directory holding another sweep, or anything but a
     sweep, is refused."""
     from moetrace.capacity.cell import ensure_miss_curve
-    from moetrace.capacity.jobs import CellJob, write_json
+    from moetrace.capacity.jobs import CellJob
+    from moetrace.jsonutil import write_json
     from moetrace.errors import UsageError
 
     out = Path(out).resolve()
@@ -114,7 +115,9 @@ def prepare_sweep(out: Path, specs: dict[str, Any], caps: list[tuple[str, int]],
     digest = hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
     meta = out / "sweep.json"
     if meta.exists():
-        old = json.loads(meta.read_text())
+        from moetrace.run.directory import read_json
+
+        old = read_json(meta, "sweep.json")
         if old.get("digest") != digest:
             was = old.get("spec") or {}
             diff = sorted(k for k in set(was) | set(doc) if was.get(k) != doc.get(k))
@@ -141,12 +144,11 @@ def prepare_sweep(out: Path, specs: dict[str, Any], caps: list[tuple[str, int]],
 def merged_rows(out: str | os.PathLike) -> list[dict]:
     """One results row per cell that ran (cell.json present), in the sweep's order, whatever the
     order the jobs finished in; ``host_order`` is the order the cells started on their host."""
-    from types import SimpleNamespace
-
-    from moetrace.capacity.jobs import last_run, read_json
+    from moetrace.capacity.jobs import last_run
+    from moetrace.run.directory import read_json
 
     out = Path(out)
-    meta = read_json(out / "sweep.json")
+    meta = read_json(out / "sweep.json", "sweep.json")
     rows, started = [], {}
     for c in meta["cells"]:
         cell_json = out / c["dir"] / "cell.json"
@@ -155,7 +157,7 @@ def merged_rows(out: str | os.PathLike) -> list[dict]:
         except (OSError, json.JSONDecodeError):
             continue
         row = cell_row(res, c["capacity"], c["repeat"], c["order"], str(out / c["dir"]))
-        ran = last_run(SimpleNamespace(out=out, name=c["name"]))
+        ran = last_run(out, c["name"])
         row["host"] = row.get("host") or ran.get("host")
         started[c["name"]] = (row["host"], ran.get("started_at") or 0.0)
         rows.append(row)

@@ -95,7 +95,7 @@ def sweep(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passe
         def on_end(sub) -> None:  # Slurm without a bar (a batch log): a line per cell as it ends
             from moetrace.capacity.jobs import last_run
 
-            ran = last_run(sub.job)
+            ran = last_run(sub.job.out, sub.job.name)
             click.echo(f"moetrace sweep: cell {sub.job.name} {sub.state} (job {sub.job_id} on "
                        f"{ran.get('host') or '?'}: {ran.get('outcome') or sub.error})", err=True)
 

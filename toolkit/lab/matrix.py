@@ -43,6 +43,7 @@ from typing import Any
 from moetrace.atomic import atomic_write
 from moetrace.capacity.scope import RESERVE_ENV
 from moetrace.errors import InputError, MoetraceError, UsageError
+from moetrace.jsonutil import write_json
 
 SCHEMA = "moetrace.matrix/1"
 MGLRU_STATES = ("on", "off")
@@ -305,7 +306,7 @@ def prepare(out: str | os.PathLike, spec: MatrixSpec, resume: bool) -> Work:
         if out.exists() and any(out.iterdir()):
             raise UsageError(f"{out} is not empty", hint="give a new or empty directory as --out")
         out.mkdir(parents=True, exist_ok=True)
-        _write_json(meta, {"schema": SCHEMA, "digest": spec.digest(), "spec": spec.canonical(),
+        write_json(meta, {"schema": SCHEMA, "digest": spec.digest(), "spec": spec.canonical(),
                            "spec_file": spec.source, "cells": [c.as_dict() for c in cells]})
     work = Work([], [], [])
     for c in cells:
@@ -323,7 +324,7 @@ def prepare(out: str | os.PathLike, spec: MatrixSpec, resume: bool) -> Work:
 def mark_done(out: str | os.PathLike, cell: MatrixCell, result: dict[str, Any]) -> Path:
     """The cell is finished: its result in done.json, written atomically and last."""
     path = Path(out) / cell.rel_dir / DONE
-    _write_json(path, {"cell": cell.as_dict(), **result})
+    write_json(path, {"cell": cell.as_dict(), **result})
     return path
 
 
@@ -337,14 +338,6 @@ def finished(out: str | os.PathLike) -> list[dict[str, Any]]:
         if p.exists():
             docs.append(json.loads(p.read_text()))
     return docs
-
-
-def _write_json(path: Path, doc: dict[str, Any]) -> None:
-    from moetrace.jsonutil import json_default
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_write(path) as tmp:
-        tmp.write_text(json.dumps(doc, indent=1, default=json_default) + "\n")
 
 
 # ---------------------------------------------------------------------------
@@ -506,8 +499,6 @@ def spec_from_canonical(doc: dict[str, Any]) -> MatrixSpec:
 
 def matrix_jobs(out: str | os.PathLike, work: Work) -> list[MatrixJob]:
     """``work.todo`` as jobs, their files written in DIR/jobs/ (the miss curve saved once)."""
-    from moetrace.capacity.jobs import write_json
-
     out = Path(out).resolve()
     jobs = [MatrixJob(c, str(out)) for c in work.todo]
     for j in jobs:
