@@ -206,7 +206,16 @@ class _ThreadPool:
         go = self._go
         for i in range(k):
             go[i].release()
-        w = self.workers[0]
+        self._drain(self.workers[0], items, fn, nxt)
+        if k:
+            self._done.acquire()
+        if self.error is not None:
+            raise self.error
+
+    def _drain(self, w: "_Worker", items: list, fn: Callable[["_Worker", int], None], nxt) -> None:
+        """Take items off the shared counter until none is left or a thread failed; the first
+        error is kept for run() to raise in the calling thread."""
+        n = len(items)
         try:
             while not self.abort:
                 j = next(nxt)
@@ -217,10 +226,6 @@ class _ThreadPool:
             if self.error is None:
                 self.error = e
             self.abort = True
-        if k:
-            self._done.acquire()
-        if self.error is not None:
-            raise self.error
 
     def _loop(self, i: int) -> None:
         go, w = self._go[i], self.workers[i + 1]
@@ -228,18 +233,7 @@ class _ThreadPool:
             go.acquire()
             if self._stop:
                 return
-            items, fn, nxt = self._items, self._fn, self._next
-            n = len(items)
-            try:
-                while not self.abort:
-                    j = next(nxt)
-                    if j >= n:
-                        break
-                    fn(w, items[j])
-            except BaseException as e:  # reported by run() in the calling thread
-                if self.error is None:
-                    self.error = e
-                self.abort = True
+            self._drain(w, self._items, self._fn, self._next)
             if next(self._fin) == self._k:
                 self._done.release()
 
