@@ -9,7 +9,7 @@ whether the run shows the paper's amplification signature.
   as a share of the wall time.
 * :func:`compute_refault_windows` — per replay iteration, pages re-added (read again after
   their eviction) per second and as a share of the pages requested, with a thrash state in
-  the style of a thrash detector (docs: seeds/aios-memory-reclamation.txt §10.6): a window
+  the style of a thrash detector (as AIOS-style memory reclamation describes one: a refault share per window): a window
   is *high* when its refault share reaches ``threshold``; 1-2 consecutive high windows are
   *elevated*, ``sustained`` (3) or more *thrashing*.
 * :func:`compute_alarm` — the paper's alarm condition: device bytes above the simulated miss

@@ -1,1 +1,1 @@
-"""The kernel lab: other kernels for the same recording (issue 11: kernels so far)."""
+"""The kernel lab: other kernels for the same recording (the kernels, booting one under QEMU, the §5 matrix)."""

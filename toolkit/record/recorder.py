@@ -535,7 +535,7 @@ class _Recording:
 
         # the programs stay attached (system-wide) until the child below lets go, so other processes'
         # events still run them while the maps are read: run counts are read before and after the
-        # probes' own counters, through duplicates of the program fds (bcc closes its own)
+        # probes' own counters, through duplicates of the program fds (the probes close their own)
         dups = _prog_fd_dups(self.recorders) if self.stats_fd is not None else {}
         self.manifest["bpf_runtime"] = _runtime(self.recorders, self.stats_fd is not None,
                                                 self.t_end - self.t_start)
@@ -656,7 +656,7 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
     import faulthandler
 
     if not faulthandler.is_enabled():
-        faulthandler.enable()  # a crash in native code (bcc, libc) still says where, on stderr
+        faulthandler.enable()  # a crash in native code (libbpf, libc) still says where, on stderr
     rec = _Recording(opts, on_event or (lambda s: None))
     rec.resolve()
     rec.open_pool()
