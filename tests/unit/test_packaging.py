@@ -15,29 +15,6 @@ import pytest
 from common.wheel import PACKAGE_DIR, ROOT, installed_wheel, tree_modules
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory):
-    w = installed_wheel(tmp_path_factory)
-    print(f"\nwheel built in {w.build_s:.1f} s{' (build isolation)' if w.isolated else ''}, "
-          f"installed in {w.install_s:.1f} s")
-    return w
-
-
-@pytest.fixture(scope="module")
-def inspected(wheel, tmp_path_factory) -> dict:
-    """What the installed package holds, as the wheel's Python sees it from outside the checkout."""
-    r = wheel.run("python", "-c", _INSPECT, cwd=tmp_path_factory.mktemp("outside"))
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
-
-
-@pytest.fixture
-def outside(tmp_path):
-    """A working directory outside the checkout."""
-    assert ROOT not in tmp_path.resolve().parents
-    return tmp_path
-
-
 # what the installed package holds, as the venv's Python sees it (run with the wheel's python)
 _INSPECT = """
 import importlib, json, pkgutil, moetrace
@@ -69,6 +46,29 @@ def walk(group, prefix):
 
 print(json.dumps([[]] + list(walk(cli, []))))
 """
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    w = installed_wheel(tmp_path_factory)
+    print(f"\nwheel built in {w.build_s:.1f} s{' (build isolation)' if w.isolated else ''}, "
+          f"installed in {w.install_s:.1f} s")
+    return w
+
+
+@pytest.fixture(scope="module")
+def inspected(wheel, tmp_path_factory) -> dict:
+    """What the installed package holds, as the wheel's Python sees it from outside the checkout."""
+    r = wheel.run("python", "-c", _INSPECT, cwd=tmp_path_factory.mktemp("outside"))
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.fixture
+def outside(tmp_path):
+    """A working directory outside the checkout."""
+    assert ROOT not in tmp_path.resolve().parents
+    return tmp_path
 
 
 def test_the_wheel_installs_every_module_of_the_tree_and_each_imports(wheel, inspected):
@@ -123,10 +123,10 @@ def test_the_version_is_declared_once():
     assert moetrace.__version__ == __version__ and re.fullmatch(r"\d+\.\d+\.\d+\S*", __version__)
 
 
-def test_the_wheel_is_named_by_that_version(wheel):
+def test_the_wheel_is_named_by_that_version_and_says_it(wheel, inspected):
     from moetrace.version import __version__
 
-    assert wheel.wheel.name.startswith(f"moetrace-{__version__}-")
+    assert wheel.wheel.name.startswith(f"moetrace-{__version__}-") and inspected["version"] == __version__
 
 
 def test_an_installed_object_is_never_stale_and_a_missing_one_says_to_reinstall(monkeypatch, tmp_path):
