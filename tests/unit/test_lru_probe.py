@@ -25,7 +25,7 @@ def test_declaration():
     assert all(groups[g].required for g in ("add", "delete", "insertion"))
     assert groups["insertion"].candidates[0].fields == ("pfn", "lru", "flags")
     assert SPEC.enrichment and set(SPEC.tables()) == {"lru", "lru_dwell_histogram"}
-    from moetrace.record.probe import recorder_class
+    from moetrace.record.probes import recorder_class
 
     assert recorder_class("lru") is lrurec.LruRecorder
 

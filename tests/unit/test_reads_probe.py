@@ -157,7 +157,7 @@ def test_replay_oracle(tmp_path):
 
 
 def test_recorder_is_registered():
-    from moetrace.record.probe import recorder_class
+    from moetrace.record.probes import recorder_class
     from moetrace.record.probes.reads import ReadsRecorder
 
     assert recorder_class("reads") is ReadsRecorder and ReadsRecorder.needs_poll

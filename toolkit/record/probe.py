@@ -1,9 +1,9 @@
 """The one interface every probe of ``moetrace record`` implements.
 
 One probe = one C file in probes/ (sharing probes/moetrace.bpf.h) + one module in
-moetrace/record/probes/ holding its recorder, a :class:`ProbeRecorder` subclass named in
-:data:`RECORDERS` (its declaration, attach groups, knobs and tables, is its ProbeSpec in
-:mod:`moetrace.record.spec`). The recorder (:mod:`moetrace.record.recorder`) drives every
+moetrace/record/probes/ holding its declaration ``SPEC`` (a :class:`moetrace.record.spec.ProbeSpec`:
+attach groups, knobs, tables, and the name of its recorder) and its recorder, a
+:class:`ProbeRecorder` subclass (:func:`moetrace.record.probes.recorder_class` finds it). The recorder (:mod:`moetrace.record.recorder`) drives every
 one the same way::
 
     rec = cls(ctx)            # ctx: RecordContext (features, attach plan, pool map, ...)
@@ -31,8 +31,6 @@ raw kernel address (the KASLR offset): symbolize, or drop.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -289,36 +287,7 @@ class EngineProbe(ProbeRecorder):
 
 
 def schema_doc(spec, table: str) -> dict[str, dict[str, str]]:
-    """The manifest's ``tables[table]`` entry from a declaration's columns."""
-    return {c.name: {"dtype": c.dtype, "unit": c.unit, "doc": c.doc} for c in spec.tables()[table]}
-
-
-#: probe name -> "module:Class" of its recorder (imported only when the probe is recorded)
-RECORDERS: dict[str, str] = {
-    "pagecache": "moetrace.record.probes.pagecache:PagecacheRecorder",
-    "block": "moetrace.record.probes.block:BlockProbe",
-    "reclaim": "moetrace.record.probes.reclaim:ReclaimProbe",
-    "lru": "moetrace.record.probes.lru:LruRecorder",
-    "mlock": "moetrace.record.probes.mlock:MlockRecorder",
-    "reads": "moetrace.record.probes.reads:ReadsRecorder",
-    "stacks": "moetrace.record.probes.stacks:StacksRecorder",
-    "mglru": "moetrace.record.probes.mglru:MglruRecorder",
-}
-
-
-def available() -> dict[str, str]:
-    """{probe: "module:Class"} of the recorders whose module is installed."""
-    out = {}
-    for name, target in RECORDERS.items():
-        mod = target.split(":", 1)[0]
-        if importlib.util.find_spec(mod) is not None:
-            out[name] = target
-    return out
-
-
-def recorder_class(name: str) -> type[ProbeRecorder]:
-    target = RECORDERS.get(name)
-    if target is None:
-        raise MoetraceError(f"probe {name} has no recorder")
-    mod, cls = target.split(":", 1)
-    return getattr(importlib.import_module(mod), cls)
+    """The manifest's ``tables[table]`` entry from a declaration's columns: dtype, unit, doc and,
+    for a column its readers rely on, the ``check`` run/ validates the table with."""
+    return {c.name: {"dtype": c.dtype, "unit": c.unit, "doc": c.doc, **({"check": c.check} if c.check else {})}
+            for c in spec.tables()[table]}

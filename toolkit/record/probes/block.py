@@ -34,8 +34,7 @@ from typing import Any
 import numpy as np
 from moetrace.lazyimport import pandas as pd
 
-from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
-                                  AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, group, kp_cand, tp_cand)
+from moetrace.record.spec import AttachCandidate, Knob, ProbeSpec, Struct, group, tp_cand
 from moetrace.run.tables import EXPERTS_BLOCK, named_tables
 from moetrace.errors import ProbeError
 from moetrace.kernel.extents import SECTOR, ExpertExtents
@@ -51,6 +50,10 @@ _BIO_FIELDS = ("dev", "sector", "nr_sector", "rwbs")
 #: in user space (FIEMAP extents, moetrace.kernel.extents).
 BLOCK = ProbeSpec(
     name="block",
+    recorder="BlockProbe",
+    order=50,
+    user_knobs=False,
+    experts=True,
     description="device read bytes per expert via FIEMAP extents (one ring record per bio); request "
                 "latency issue -> complete net of requeues, per device",
     attach=(

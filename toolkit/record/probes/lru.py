@@ -48,8 +48,7 @@ from typing import Any
 import numpy as np
 from moetrace.lazyimport import pandas as pd
 
-from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
-                                  AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, group, kp_cand, tp_cand)
+from moetrace.record.spec import FOLIO_ORDER, Knob, ProbeSpec, Struct, named_tp, group
 from moetrace.run.tables import TABLES, named_tables
 from moetrace.errors import ProbeError
 from moetrace.kernel.syscalls import SYS_MIGRATE_PAGES, libc
@@ -66,6 +65,8 @@ _LRU_FOLIO = ("pfn", "i_ino", "index", "s_dev")
 #: (the page-cache add gives pfn -> (inode, index, order)); aggregated per expert in the kernel.
 LRU = ProbeSpec(
     name="lru",
+    recorder="LruRecorder",
+    order=20,
     description="classic LRU per expert: list at LRU insertion, activations, dwell from insertion to "
                 "activation / eviction (LRU events joined to pool pages on the pfn), in the kernel",
     attach=(

@@ -28,9 +28,7 @@ from typing import Any
 import numpy as np
 from moetrace.lazyimport import pandas as pd
 
-from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
-                                  AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, fn_cands, group, kp_cand,
-                                  tp_cand)
+from moetrace.record.spec import AttachCandidate, AttachGroup, Knob, ProbeSpec, Struct, group, kp_cand, fn_cands
 from moetrace.run.tables import TABLES, named_tables
 from moetrace.kernel import lru_gen
 from moetrace.errors import InputError, ProbeError
@@ -45,6 +43,8 @@ def _mglru_kp(name: str, knob: str, *cands: AttachCandidate) -> AttachGroup:
 #: probes/mglru.bpf.c (kprobes, lab only) + the lru_gen sampler (moetrace.record.probes.mglru, moetrace.kernel.lru_gen).
 MGLRU = ProbeSpec(
     name="mglru",
+    recorder="MglruRecorder",
+    order=80,
     description="MGLRU generations over time from <debugfs>/lru_gen (a sampler, no BPF: birth times, ages, "
                 "sizes per memcg / node / generation); where kprobes exist, aging attempts (a ring record "
                 "each), eviction / isolation / look-around / workingset counts and the generation a "

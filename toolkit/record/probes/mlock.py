@@ -49,9 +49,7 @@ from typing import Any
 import numpy as np
 from moetrace.lazyimport import pandas as pd
 
-from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
-                                  AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, fn_cands, group, kp_cand,
-                                  tp_cand)
+from moetrace.record.spec import Knob, ProbeSpec, Struct, named_tp, group, fn_cands
 from moetrace.run.tables import TABLES, named_tables
 from moetrace.errors import ProbeError
 from moetrace.record.probe import ProbeRecorder, schema_doc
@@ -83,6 +81,8 @@ _MLOCK_NOTES = {
 #: (calls are rare), locked ranges rebuilt exactly in user space (moetrace.record.probes.mlock).
 MLOCK = ProbeSpec(
     name="mlock",
+    recorder="MlockRecorder",
+    order=40,
     description="every mlock-family call of the command (ring, bounded, lost counted); locked bytes over "
                 "time per process, exact (an interval set per tgid, page-rounded like the kernel)",
     attach=tuple(

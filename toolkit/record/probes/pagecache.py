@@ -16,8 +16,7 @@ from typing import Any
 import numpy as np
 from moetrace.lazyimport import pandas as pd
 
-from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
-                                  AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, group, kp_cand, tp_cand)
+from moetrace.record.spec import FOLIO_ORDER, AttachGroup, Knob, ProbeSpec, Struct, named_tp, group
 from moetrace.run.tables import EXPERTS_PAGECACHE, named_tables
 from moetrace.errors import ProbeError
 from moetrace.record.probe import ProbeRecorder, schema_doc
@@ -51,6 +50,10 @@ def _ctx_groups() -> tuple[AttachGroup, ...]:
 #: probes/pagecache.bpf.c. Reads only tracepoint arguments.
 PAGECACHE = ProbeSpec(
     name="pagecache",
+    recorder="PagecacheRecorder",
+    order=10,
+    user_knobs=False,
+    experts=True,
     description="per-expert added (miss) / evicted / re-added (exact, per page) pages in the kernel; "
                 "requested pages from the replay's accounting, hits = requested - added",
     attach=(

@@ -71,8 +71,7 @@ from typing import Any
 import numpy as np
 from moetrace.lazyimport import pandas as pd
 
-from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
-                                  AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, group, kp_cand, tp_cand)
+from moetrace.record.spec import Knob, ProbeSpec, Struct, named_tp, group
 from moetrace.run.tables import TABLES, named_tables
 from moetrace.errors import MoetraceError, ProbeError
 from moetrace.kernel.syscalls import kernel_dev
@@ -95,6 +94,8 @@ _READ_ENTER = {"pread64": (("fd", "pos", "count"), None), "preadv": (("fd", "vec
 #: (moetrace.record.probes.reads).
 READS = ProbeSpec(
     name="reads",
+    recorder="ReadsRecorder",
+    order=60,
     description="per read call of the followed processes: latency, bytes, pages added during the call -> "
                 "hit-only / miss / error, aggregated per class and per fd identity in the kernel, attributed "
                 "to experts in user space (/proc/<tgid>/fd + the first added page's inode)",

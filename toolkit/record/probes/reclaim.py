@@ -46,8 +46,7 @@ from typing import Any
 import numpy as np
 from moetrace.lazyimport import pandas as pd
 
-from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
-                                  AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, group, kp_cand, tp_cand)
+from moetrace.record.spec import Knob, ProbeSpec, group, tp_cand
 from moetrace.run.tables import TABLES, named_tables
 from moetrace.kernel import procfs
 from moetrace.kernel.procfs import delta as vmstat_delta
@@ -66,6 +65,9 @@ _SHRINK_INACTIVE_FIELDS = ("nr_scanned", "nr_reclaimed", "nr_dirty", "nr_writeba
 #: kernel (no stream).
 RECLAIM = ProbeSpec(
     name="reclaim",
+    recorder="ReclaimProbe",
+    order=30,
+    user_knobs=False,
     description="who reclaimed (memcg limit, direct, kswapd, damon, proactive = memory.reclaim, other), "
                 "scan/steal, shrink_active, isolate, invocation durations; all aggregated in the kernel",
     attach=(

@@ -55,8 +55,7 @@ from typing import Any
 import numpy as np
 from moetrace.lazyimport import pandas as pd
 
-from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
-                                  AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, group, kp_cand, tp_cand)
+from moetrace.record.spec import AttachCandidate, Knob, ProbeSpec, Struct, named_tp, group
 from moetrace.run.tables import TABLES
 from moetrace.atomic import atomic_write
 from moetrace.run import directory as rd
@@ -72,6 +71,8 @@ from moetrace.kernel.symbolize import Kallsyms, ProcMaps, Symbolizer, find_kerne
 #: (moetrace.record.probes.stacks, moetrace.kernel.symbolize).
 STACKS = ProbeSpec(
     name="stacks",
+    recorder="StacksRecorder",
+    order=70,
     description="perf cpu-clock samples of the command's processes and kswapd, kernel + user stacks counted in "
                 "the kernel, symbolized in user space (stacks.folded, stacks.parquet)",
     attach=(
