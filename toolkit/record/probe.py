@@ -291,3 +291,18 @@ def schema_doc(spec, table: str) -> dict[str, dict[str, str]]:
     for a column its readers rely on, the ``check`` run/ validates the table with."""
     return {c.name: {"dtype": c.dtype, "unit": c.unit, "doc": c.doc, **({"check": c.check} if c.check else {})}
             for c in spec.tables()[table]}
+
+
+def log2_bounds(slots) -> tuple["np.ndarray", "np.ndarray"]:
+    """(lo, hi) in the histogram's unit of the log2 slots ``slots``, as uint64 arrays: the decode of
+    probes/moetrace.bpf.h ``moe_log2l`` (bcc's bpf_log2l, floor(log2(v)) + 1, 0 and 1 both 1): slot
+    s holds [2^(s-1), 2^s), slot 1 also 0 (lo 0), slot 0 none ([0, 1)). The one decode of every
+    probe's log2 histogram (tests/probe_build/test_log2.py evaluates the C macro at these bounds)."""
+    import numpy as np
+
+    s = np.asarray(slots, dtype=np.int64)
+    if s.size and (s.min() < 0 or s.max() > 63):
+        raise ValueError(f"log2 slot out of [0, 63]: {int(s.min())}..{int(s.max())}")
+    hi = np.left_shift(np.uint64(1), s.astype(np.uint64))
+    lo = np.where(s <= 1, np.uint64(0), hi // np.uint64(2)).astype(np.uint64)
+    return lo, hi.astype(np.uint64)

@@ -52,7 +52,7 @@ from moetrace.record.spec import FOLIO_ORDER, Knob, ProbeSpec, Struct, named_tp,
 from moetrace.run.tables import TABLES, named_tables
 from moetrace.errors import ProbeError
 from moetrace.kernel.syscalls import SYS_MIGRATE_PAGES, libc
-from moetrace.record.probe import ProbeRecorder, schema_doc
+from moetrace.record.probe import ProbeRecorder, log2_bounds, schema_doc
 
 # -- the declaration: attach candidates, knobs, tables (probes/lru.bpf.c and probes/lru.bpf.c agree:
 # tests/probe_build/test_core_objects.py)
@@ -295,14 +295,12 @@ def lru_tables(counts: np.ndarray, hist: np.ndarray, n_experts: int, experts_per
         h = h.copy()
         h[HISTOGRAMS.index("insertion_to_activation")] = 0
     ki, sl = np.nonzero(h)
-    # bcc's bpf_log2l(d) is floor(log2(d)) + 1 (0 and 1 both give 1): slot s holds
-    # [2**(s-1), 2**s) ns, slot 1 also 0 (bcc's print_log2_hist convention, as reclaim)
-    hi = np.left_shift(np.uint64(1), sl.astype(np.uint64))
+    lo, hi = log2_bounds(sl)
     hdf = pd.DataFrame({
         "kind": _ia([HISTOGRAMS[i] for i in ki], "string"),
         "slot": sl.astype("int32"),
-        "lo_ns": np.where(sl <= 1, np.uint64(0), hi // np.uint64(2)).astype("uint64"),
-        "hi_ns": hi.astype("uint64"),
+        "lo_ns": lo,
+        "hi_ns": hi,
         "pages": h[ki, sl].astype("int64"),
     })
     hdf = hdf[[cc.name for cc in SPEC.tables()["lru_dwell_histogram"]]]

@@ -76,7 +76,7 @@ from moetrace.run.tables import TABLES, named_tables
 from moetrace.errors import MoetraceError, ProbeError
 from moetrace.kernel.syscalls import kernel_dev
 from moetrace.record.poolmap import PoolMap
-from moetrace.record.probe import ProbeRecorder, RecordContext, schema_doc
+from moetrace.record.probe import ProbeRecorder, RecordContext, log2_bounds, schema_doc
 from moetrace.record.spec import AttachPlan
 
 # -- the declaration: attach candidates, knobs, tables (probes/reads.bpf.c and probes/reads.bpf.c agree:
@@ -459,14 +459,6 @@ def experts_table(files: pd.DataFrame, overflow: dict[str, int], pool: PoolMap |
     return df[[c.name for c in SPEC.schema]]
 
 
-def _slot_bounds(slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    # bcc's bpf_log2l(d) is floor(log2(d)) + 1 (0 and 1 both give 1): slot s holds
-    # [2**(s-1), 2**s) ns, slot 1 also 0 (the convention of bcc's print_log2_hist)
-    hi = np.left_shift(np.uint64(1), slots.astype(np.uint64))
-    lo = np.where(slots <= 1, np.uint64(0), hi // np.uint64(2)).astype("uint64")
-    return lo, hi
-
-
 def latency_table(col: Collected, pool_idents: set[Ident]) -> pd.DataFrame:
     """reads_latency: per scope (all / pool / not_pool) and class, the nonzero log2 slots.
 
@@ -485,7 +477,7 @@ def latency_table(col: Collected, pool_idents: set[Ident]) -> pd.DataFrame:
     parts = []
     for scope, h in (("all", allh), ("pool", pool), ("not_pool", allh - pool)):
         ci, sl = np.nonzero(h)
-        lo, hi = _slot_bounds(sl)
+        lo, hi = log2_bounds(sl)
         parts.append(pd.DataFrame({
             "scope": pd.array([scope] * len(ci), dtype="string"),
             "class": pd.array([CLASSES[i] for i in ci], dtype="string"),

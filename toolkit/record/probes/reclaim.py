@@ -51,7 +51,7 @@ from moetrace.run.tables import TABLES, named_tables
 from moetrace.kernel import procfs
 from moetrace.kernel.procfs import delta as vmstat_delta
 
-from moetrace.record.probe import EngineProbe, schema_doc
+from moetrace.record.probe import EngineProbe, log2_bounds, schema_doc
 
 #: the one declaration of probes/reclaim.bpf.c (attach groups, knobs, stats
 #: slots, schema)
@@ -444,14 +444,12 @@ class ReclaimRecorder:
             cols[f + "_pages"] = t[f]
         per_kind = pd.DataFrame(cols)[[c.name for c in SPEC.schema]]  # the declared table, in order
 
-        # the slot is moe_log2l(d) (moetrace.bpf.h; bcc's bpf_log2l), floor(log2(d)) + 1 (0 and 1
-        # both give 1): slot s holds [2**(s-1), 2**s) ns, slot 1 also 0 (bcc's print_log2_hist)
         ki, sl = np.nonzero(hist)
-        hi = np.left_shift(np.uint64(1), sl.astype(np.uint64))
+        lo, hi = log2_bounds(sl)  # the slot is moe_log2l(d) (moetrace.bpf.h)
         histogram = pd.DataFrame({
             "kind": pd.array([KINDS[i] for i in ki], dtype="string"),
             "slot": sl.astype("int32"),
-            "lo_ns": np.where(sl <= 1, np.uint64(0), hi // np.uint64(2)).astype("uint64"),
+            "lo_ns": lo,
             "hi_ns": hi,
             "invocations": hist[ki, sl].astype("int64"),
         })
