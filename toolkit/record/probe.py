@@ -179,6 +179,63 @@ class ProbeRecorder:
     #: the MoetraceError subclass this probe raises (set by subclasses)
     error: type = MoetraceError
 
+    def read_stats(self) -> dict[str, int]:
+        """{slot name: count} of the probe's ``stats`` array map (the C file's ``enum moe_stat``,
+        named by the declaration's ``stats`` in slot order)."""
+        import numpy as np
+
+        from moetrace.kernel.bpf import read_array
+
+        vals = read_array(self.probe.table("stats"), np.dtype("<u8")).astype(np.int64).tolist()
+        return dict(zip(self.spec.stats, vals))
+
+    def stat_reader(self, slot: str) -> Callable[[], int]:
+        """A reader of one ``stats`` slot while the probe runs (an event stream's kernel-lost count)."""
+        import numpy as np
+
+        from moetrace.kernel.bpf import read_array
+
+        i, table = self.spec.stats.index(slot), self.probe.table("stats")
+        return lambda: int(read_array(table, np.dtype("<u8"))[i])
+
+    def collect(self, read: Callable[[], None]) -> bool:
+        """The close guard: run ``read`` (the kernel's data, once), then detach whatever happened,
+        and mark the probe closed. False when there was nothing to read (closed already, or never
+        opened). A failure to read is this probe's error, naming it (the probe is detached)."""
+        if self.closed:
+            return False
+        if self.probe is None or self.probe.closed:
+            self.closed = True
+            return False
+        try:
+            read()
+        except MoetraceError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a read failure must still detach
+            raise self.error(f"reading the {self.name} probe's maps failed: {type(e).__name__}: {e}") from None
+        finally:
+            self.probe.close()
+            self.closed = True
+        return True
+
+    def write_tables(self, run_dir: Path, manifest: dict[str, Any], tables: dict[str, Any]) -> None:
+        """Each of ``tables`` ({declared table: DataFrame}) into the run directory, and its manifest
+        ``tables`` entry from the declaration; refuses before close() collected anything."""
+        from moetrace.run import directory as rd
+
+        if not self.collected:
+            raise self.error(f"{self.name}: nothing collected (close() did not read the kernel's data)")
+        for name, df in tables.items():
+            rd.write_table(run_dir, name, df)
+            manifest.setdefault("tables", {})[name] = schema_doc(self.spec, name)
+
+    def write_sections(self, manifest: dict[str, Any], stats: dict[str, int], lost: dict[str, Any],
+                       summary: dict[str, Any]) -> None:
+        """The probe's manifest sections: ``stats``, ``lost`` (never omitted) and ``summaries``."""
+        manifest.setdefault("stats", {})[self.name] = dict(stats)
+        manifest.setdefault("lost", {})[self.name] = lost
+        manifest.setdefault("summaries", {})[self.name] = summary
+
     def require_plan(self) -> AttachPlan:
         """The attach plan, or this probe's error when the kernel cannot run it."""
         plan = self.ctx.plan

@@ -52,7 +52,7 @@ from moetrace.record.spec import FOLIO_ORDER, Knob, ProbeSpec, Struct, named_tp,
 from moetrace.run.tables import TABLES, named_tables
 from moetrace.errors import ProbeError
 from moetrace.kernel.syscalls import SYS_MIGRATE_PAGES, libc
-from moetrace.record.probe import ProbeRecorder, log2_bounds, schema_doc
+from moetrace.record.probe import ProbeRecorder, log2_bounds
 
 # -- the declaration: attach candidates, knobs, tables (probes/lru.bpf.c and probes/lru.bpf.c agree:
 # tests/probe_build/test_core_objects.py)
@@ -421,32 +421,26 @@ class LruRecorder(ProbeRecorder):
     def close(self) -> None:
         """Drain the LRU batches, read counters, histograms, stats and recursion misses,
         then detach (idempotent; safe after a failed open)."""
-        if self.closed:
-            return
-        if self.probe is None or self.probe.closed:
-            self.closed = True
-            return
         from moetrace.kernel.bpf import read_array
 
-        try:
+        got: dict[str, Any] = {}
+
+        def read() -> None:
             if self.drain and self.drained is None:
                 self.drained = drain_lru_batches()
             vm1 = self._vm1 if self._vm1 is not None else read_vmstat()
             self.vmstat = {k: vm1[k] - self._vm0[k] for k in vm1 if self._vm0 and k in self._vm0}
             vals = read_array(self.probe.table("counts"), LRU_COUNTS_DTYPE)
-            counts = np.stack([vals[f] for f in FIELDS], axis=1).astype(np.int64)
-            hist = read_array(self.probe.table("hist"), U64).astype(np.int64)
-            self.stats = dict(zip(SPEC.stats, read_array(self.probe.table("stats"), U64).astype(np.int64).tolist()))
+            got["counts"] = np.stack([vals[f] for f in FIELDS], axis=1).astype(np.int64)
+            got["hist"] = read_array(self.probe.table("hist"), U64).astype(np.int64)
+            self.stats = self.read_stats()
             self.misses = self.recursion_misses()
-        except Exception as e:  # noqa: BLE001 - a read failure must still detach
-            self.probe.close()
-            self.closed = True
-            raise ProbeError(f"reading the lru probe's maps failed: {e}") from None
-        self.probe.close()
-        self.closed = True
+
+        if not self.collect(read):
+            return
         n = self.knobs["N_EXPERTS"]
         E = self.ctx.pmap.n_experts if self.ctx.pmap is not None else 1
-        self.table, self.histogram = lru_tables(counts, hist.reshape(len(HISTOGRAMS), HIST_SLOTS), n, E,
+        self.table, self.histogram = lru_tables(got["counts"], got["hist"].reshape(len(HISTOGRAMS), HIST_SLOTS), n, E,
                                                 self.have_activate)
         self.collected = True
 
@@ -475,17 +469,8 @@ class LruRecorder(ProbeRecorder):
 
     def write(self, run_dir: Path, manifest: dict[str, Any]) -> None:
         """lru.parquet, lru_dwell_histogram.parquet and this probe's manifest sections."""
-        from moetrace.run import directory as rd
-
-        if not self.collected:
-            raise ProbeError("lru: nothing collected (close() did not read the maps)")
-        rd.write_table(run_dir, SPEC.table, self.table)
-        rd.write_table(run_dir, "lru_dwell_histogram", self.histogram)
-        manifest.setdefault("tables", {})[SPEC.table] = schema_doc(SPEC, SPEC.table)
-        manifest["tables"]["lru_dwell_histogram"] = schema_doc(SPEC, "lru_dwell_histogram")
-        manifest.setdefault("stats", {})[self.name] = dict(self.stats)
-        manifest.setdefault("lost", {})[self.name] = self.lost()
-        manifest.setdefault("summaries", {})[self.name] = self.summary()
+        self.write_tables(run_dir, manifest, {SPEC.table: self.table, "lru_dwell_histogram": self.histogram})
+        self.write_sections(manifest, self.stats, self.lost(), self.summary())
         if self.drained is not None and not self.drained[0]:
             manifest.setdefault("notes", []).append(
                 f"lru: the per-CPU LRU batches were not drained at close ({self.drained[1]}): folios still "

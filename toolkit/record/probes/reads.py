@@ -76,7 +76,7 @@ from moetrace.run.tables import TABLES, named_tables
 from moetrace.errors import MoetraceError, ProbeError
 from moetrace.kernel.syscalls import kernel_dev
 from moetrace.record.poolmap import PoolMap
-from moetrace.record.probe import ProbeRecorder, RecordContext, log2_bounds, schema_doc
+from moetrace.record.probe import ProbeRecorder, RecordContext, log2_bounds
 from moetrace.record.spec import AttachPlan
 
 # -- the declaration: attach candidates, knobs, tables (probes/reads.bpf.c and probes/reads.bpf.c agree:
@@ -749,22 +749,16 @@ class ReadsRecorder(ProbeRecorder):
                       "inode_unread": self.col.stats["fd_inode_unread"]})
 
     def write(self, run_dir: Path, manifest: dict[str, Any]) -> None:
-        from moetrace.run import directory as rd
-
         tables, summary = self.tables()
-        for name, df in tables.items():
-            rd.write_table(run_dir, name, df)
-            manifest.setdefault("tables", {})[name] = schema_doc(SPEC, name)
+        self.write_tables(run_dir, manifest, tables)
         plan = self.ctx.plan
         summary["attach"] = {e.group: e.candidate.target for e in plan.attached}
         summary["unavailable"] = {e.group: e.reason for e in plan.entries if not e.attached}
         summary["knobs"] = dict(self.knobs)
         summary["compile_attach_s"] = self.compile_attach_s
-        manifest.setdefault("summaries", {})[self.name] = summary
-        manifest.setdefault("stats", {})[self.name] = dict(self.col.stats)
         st = self.col.stats
         misses = self._misses
-        manifest.setdefault("lost", {})[self.name] = {
+        self.write_sections(manifest, st, {
             "counters_recursion_misses": misses,
             "counters_lost_events": sum(v for v in misses.values() if v) if misses else None,
             "inflight_full_calls": st["inflight_full"], "exit_without_enter": st["exit_without_enter"],
@@ -776,7 +770,7 @@ class ReadsRecorder(ProbeRecorder):
             "note": "per-class and per-fd counters are aggregated in the kernel; calls missing from them are "
                     "counted here (inflight_full; fd_map_full lands in the fd_map_full row; retire_failed: a "
                     "closed identity whose counters landed in the fd_map_full row, its histogram in not_pool)",
-        }
+        }, summary)
 
 
 def build(col: Collected, paths: dict[Ident, str], pool: PoolMap | None, extent: int,
