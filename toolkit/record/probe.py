@@ -83,6 +83,9 @@ class ProbeRecorder:
     spec: ProbeSpec
     #: True when poll() must be called while the command runs (rings, samplers)
     needs_poll: bool = False
+    #: /proc/vmstat counters this probe's oracle compares with, read when counting starts and
+    #: stops (:meth:`arm`): :meth:`vmstat_delta` is over the same interval as the probe's counts
+    vmstat_keys: tuple[str, ...] = ()
 
     def __init__(self, ctx: RecordContext):
         self.ctx = ctx
@@ -94,6 +97,7 @@ class ProbeRecorder:
         self.armed = False
         #: set by close() once the kernel's data was read: write() runs only then
         self.collected = False
+        self._vmstat: list[dict[str, int] | None] = [None, None]
 
     # -- lifecycle --------------------------------------------------------------------------
     def open(self) -> "ProbeRecorder":
@@ -145,10 +149,34 @@ class ProbeRecorder:
 
     def arm(self, on: bool = True) -> None:
         """Start (on) or stop counting; the recorder arms every probe at once after all are
-        attached and disarms them together before reading any (the same interval)."""
+        attached and disarms them together before reading any (the same interval). The
+        :attr:`vmstat_keys` are read just before counting starts and just after it stops."""
+        if on:
+            self.mark_vmstat(0)
         if self.probe is not None and not self.probe.closed:
             self.probe.arm(on)
         self.armed = on
+        if not on:
+            self.mark_vmstat(1)
+
+    def mark_vmstat(self, end: int) -> None:
+        """Read :attr:`vmstat_keys` as the oracle's start (0) or end (1); a probe used ungated marks
+        its start at open."""
+        if self.vmstat_keys:
+            from moetrace.kernel.procfs import read_vmstat
+
+            self._vmstat[end] = read_vmstat("/", self.vmstat_keys, refresh=True)
+
+    def vmstat_delta(self) -> dict[str, int] | None:
+        """{counter: end - start} of :attr:`vmstat_keys` (the end read now when counting never
+        stopped); None without keys or a start."""
+        v0 = self._vmstat[0]
+        if not self.vmstat_keys or v0 is None:
+            return None
+        if self._vmstat[1] is None:
+            self.mark_vmstat(1)
+        v1 = self._vmstat[1] or {}
+        return {k: v1[k] - v0[k] for k in v1 if k in v0}
 
     def counters(self) -> dict[str, Any] | None:
         """The probe's cumulative counts so far, read while it stays attached (``moetrace watch``

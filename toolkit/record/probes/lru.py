@@ -222,17 +222,6 @@ def drain_lru_batches(root: str | os.PathLike = "/") -> tuple[bool, str]:
     return True, f"migrate_pages(self, nodes {nodes} -> same) drained the per-CPU LRU batches in {dt * 1e3:.1f} ms"
 
 
-# -- vmstat -----------------------------------------------------------------------------------
-
-def read_vmstat(root: str | os.PathLike = "/", keys: tuple[str, ...] = VMSTAT_KEYS) -> dict[str, int]:
-    """The counters ``keys`` of <root>/proc/vmstat (per-CPU node-stat deltas folded first via
-    /proc/sys/vm/stat_refresh when writable: workingset_* are node stats; pgactivate is an
-    event counter, summed over CPUs at every read)."""
-    from moetrace.kernel.procfs import read_vmstat as _read
-
-    return _read(root, keys, refresh=True)
-
-
 # -- tables -----------------------------------------------------------------------------------
 
 def _ia(x, dtype: str = "Int64"):
@@ -350,6 +339,7 @@ class LruRecorder(ProbeRecorder):
     spec = SPEC
     error = ProbeError
     needs_poll = False
+    vmstat_keys = VMSTAT_KEYS
 
     def __init__(self, ctx, drain: bool = True):
         super().__init__(ctx)
@@ -361,8 +351,6 @@ class LruRecorder(ProbeRecorder):
         self.stats: dict[str, int] = {}
         self.misses: dict[str, int | None] = {}
         self.vmstat: dict[str, int] | None = None
-        self._vm0: dict[str, int] | None = None
-        self._vm1: dict[str, int] | None = None
         self._t_open = 0.0
 
     def _format_text(self) -> str | None:
@@ -399,18 +387,9 @@ class LruRecorder(ProbeRecorder):
         if pmap is not None:
             for ino, (base, n) in pmap.inodes.items():
                 self.probe.put("inodes", struct.pack("<Q", ino), struct.pack("<II", base, n))
-        self._vm0 = read_vmstat()
+        self.mark_vmstat(0)
         self._t_open = time.monotonic()
         return self
-
-    def arm(self, on: bool = True) -> None:
-        """Counting starts / stops: the vmstat oracle's window is the same interval."""
-        if on:
-            self._vm0 = read_vmstat()
-            super().arm(True)
-        else:
-            super().arm(False)
-            self._vm1 = read_vmstat()
 
     def settle(self) -> None:
         """Drain the per-CPU LRU batches while the probes still count (their insertions
@@ -428,8 +407,7 @@ class LruRecorder(ProbeRecorder):
         def read() -> None:
             if self.drain and self.drained is None:
                 self.drained = drain_lru_batches()
-            vm1 = self._vm1 if self._vm1 is not None else read_vmstat()
-            self.vmstat = {k: vm1[k] - self._vm0[k] for k in vm1 if self._vm0 and k in self._vm0}
+            self.vmstat = self.vmstat_delta()
             vals = read_array(self.probe.table("counts"), LRU_COUNTS_DTYPE)
             got["counts"] = np.stack([vals[f] for f in FIELDS], axis=1).astype(np.int64)
             got["hist"] = read_array(self.probe.table("hist"), U64).astype(np.int64)
