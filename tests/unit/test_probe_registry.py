@@ -86,3 +86,32 @@ def test_a_probe_table_is_checked_by_the_checks_its_manifest_carries():
     rows = pd.DataFrame({"kind": ["expert"] * 2, "layer": [0, 0], "expert": [1, 1], "expert_id": [1, 1]})
     with pytest.raises(InputError, match="repeats the key"):  # a per-expert table: one row per expert
         check_table("novel", rows, "novel.parquet", _manifest({c: "s" if c == "kind" else "i" for c in rows}))
+
+
+def _readme_probe_rows() -> dict[str, list[str]]:
+    """{probe: the tables its row names} of README.md's probe table (| probe | tables | ...)."""
+    import re
+
+    lines = (ROOT / "README.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| probe | tables |"))
+    rows = {}
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        probe, tables = (c.strip() for c in line.strip("|").split("|")[:2])
+        rows[probe] = [t.strip() for t in re.sub(r"\([^)]*\)", "", tables).split(",") if t.strip()]
+    return rows
+
+
+def test_the_readme_probe_table_agrees_with_the_registry_and_the_run_layout():
+    """README.md's probe table: a row per default probe (others may have one), each a declared probe,
+    each table it names in docs/run-directory.md's run layout as written by that probe."""
+    from common import docs_run_directory as D
+
+    rows = _readme_probe_rows()
+    writers = D.load().writers["run"]
+    assert set(registry.DEFAULT_PROBES) <= set(rows) <= set(registry.PROBES), sorted(rows)
+    for probe, tables in rows.items():
+        for t in tables:
+            entry = t if "." in t else f"{t}.parquet"
+            assert probe in writers.get(entry, ""), (probe, t, writers.get(entry))
