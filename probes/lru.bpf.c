@@ -48,23 +48,23 @@
 // Measured on the CI host with no pressure: 3 of 5,891 insertions of a cold 2-pass replay.
 //
 // Knobs (read-only globals; declared with their meaning in moetrace/record/probes/lru.py):
-// pool_dev, n_experts, ppe (pages per expert), have_order, max_folio_pages, anon_flag (the
-// anonymous bit of mm_lru_insertion's flags, read from its format). have_activate (the activate
-// group) decides whether that program loads; max_inodes, max_pfns, max_unattr_pfns size the maps
+// moe_pool_dev, moe_n_experts, moe_ppe (pages per expert), moe_have_order, moe_max_folio_pages, moe_anon_flag (the
+// anonymous bit of mm_lru_insertion's flags, read from its format). moe_have_activate (the activate
+// group) decides whether that program loads; moe_max_inodes, moe_max_pfns, moe_max_unattr_pfns size the maps
 // (SPEC.map_sizes); they are globals too, for the record.
 
 #include "moetrace.bpf.h"
 
-const volatile u32 pool_dev = 0;         // s_dev of the pool's filesystem, (major << 20) | minor; 0: any
-const volatile u32 n_experts = 0;        // counters have n_experts + 1 slots: the last is unattributed
-const volatile u32 ppe = 1;              // pages per expert (the extent)
-const volatile u32 have_order = 1;       // the plan's reading of the format files (order field)
-const volatile u32 have_activate = 1;
-const volatile u32 max_folio_pages = 512;
-const volatile u32 max_inodes = 65536;
-const volatile u32 max_pfns = 65536;
-const volatile u32 max_unattr_pfns = 16384;
-const volatile u32 anon_flag = 2;        // PAGEMAP_ANONYMOUS
+const volatile u32 moe_pool_dev = 0;         // s_dev of the pool's filesystem, (major << 20) | minor; 0: any
+const volatile u32 moe_n_experts = 0;        // counters have moe_n_experts + 1 slots: the last is unattributed
+const volatile u32 moe_ppe = 1;              // pages per expert (the extent)
+const volatile u32 moe_have_order = 1;       // the plan's reading of the format files (order field)
+const volatile u32 moe_have_activate = 1;
+const volatile u32 moe_max_folio_pages = 512;
+const volatile u32 moe_max_inodes = 65536;
+const volatile u32 moe_max_pfns = 65536;
+const volatile u32 moe_max_unattr_pfns = 16384;
+const volatile u32 moe_anon_flag = 2;        // PAGEMAP_ANONYMOUS
 
 // enum lru_list values (unchanged since 2.6.28; the tracepoint prints them as numbers)
 #define LRU_LIST_INACTIVE_FILE 2
@@ -142,7 +142,7 @@ struct lru_counts {
 struct pfn_val {
     u64 add_ns;       // bpf_ktime_get_ns at mm_filemap_add_to_page_cache
     u64 insert_ns;    // at mm_lru_insertion; 0 until then
-    u32 eid;          // expert of the folio's first page; n_experts: unattributed
+    u32 eid;          // expert of the folio's first page; moe_n_experts: unattributed
     u32 pstart;       // that page's offset within its expert
     u32 elast;        // the file's last expert (pieces beyond it are unattributed)
     u32 pages;        // folio pages (1 << order at add)
@@ -162,14 +162,14 @@ struct charge_ctx {
     u64 off;    // the next piece's first page within its expert
     u64 k[5];   // multiplier of each piece's pages for field f[i]
     u32 f[5];   // struct lru_counts fields (F_*)
-    u32 e;      // expert of the next piece (n_experts: unattributed)
+    u32 e;      // expert of the next piece (moe_n_experts: unattributed)
     u32 elast;  // the file's last expert: pieces beyond it are unattributed
 };
 
-MOE_HASH(inodes, u64, struct ino_val);          // max_inodes
-MOE_LRU_HASH(pfns, u64, struct pfn_val);        // max_pfns
-MOE_LRU_HASH(upfns, u64, struct pfn_val);       // max_unattr_pfns
-MOE_ARRAY(counts, struct lru_counts);           // n_experts + 1
+MOE_HASH(inodes, u64, struct ino_val);          // moe_max_inodes
+MOE_LRU_HASH(pfns, u64, struct pfn_val);        // moe_max_pfns
+MOE_LRU_HASH(upfns, u64, struct pfn_val);       // moe_max_unattr_pfns
+MOE_ARRAY(counts, struct lru_counts);           // moe_n_experts + 1
 MOE_ARRAY(hist, u64);                           // N_HIST * HIST_SLOTS
 MOE_ARRAY(stats, u64);                          // N_STATS
 MOE_PERCPU_ARRAY(scratch, struct charge_ctx);   // 1: the charge being applied
@@ -201,11 +201,11 @@ static long charge_step(u32 i, void *unused)
     if (left == 0)
         return 1;
     u32 e = c->e;
-    u32 slot = n_experts;
+    u32 slot = moe_n_experts;
     u64 len = left;
-    if (e < n_experts && e <= c->elast) {
+    if (e < moe_n_experts && e <= c->elast) {
         slot = e;
-        len = ppe > c->off ? ppe - c->off : 1;
+        len = moe_ppe > c->off ? moe_ppe - c->off : 1;
         if (len > left)
             len = left;
     }
@@ -225,14 +225,14 @@ static long charge_step(u32 i, void *unused)
     return 0;
 }
 
-// Stage and apply one charge; pages beyond max_folio_pages / ppe + 2 pieces count as unprocessed.
+// Stage and apply one charge; pages beyond moe_max_folio_pages / moe_ppe + 2 pieces count as unprocessed.
 static __always_inline void charge(struct charge_ctx *in)
 {
     struct charge_ctx *c = staged();
     if (!c)
         return;
     *c = *in;
-    bpf_loop(max_folio_pages / ppe + 2, charge_step, 0, 0);
+    bpf_loop(moe_max_folio_pages / moe_ppe + 2, charge_step, 0, 0);
     if (c->left)
         stat_add(STAT_UNPROCESSED_PAGES, c->left);
 }
@@ -240,10 +240,10 @@ static __always_inline void charge(struct charge_ctx *in)
 // Pages of a folio [eid:pstart, + pages) that belong to experts (the rest: unattributed).
 static __always_inline u64 expert_pages(u32 eid, u32 pstart, u32 elast, u64 pages)
 {
-    if (eid >= n_experts || eid > elast)
+    if (eid >= moe_n_experts || eid > elast)
         return 0;
-    u32 last = elast < n_experts ? elast : n_experts - 1;
-    u64 room = (u64)(last - eid + 1) * ppe - pstart;
+    u32 last = elast < moe_n_experts ? elast : moe_n_experts - 1;
+    u64 room = (u64)(last - eid + 1) * moe_ppe - pstart;
     return pages < room ? pages : room;
 }
 
@@ -252,15 +252,15 @@ static __always_inline int locate(u64 ino, u64 index, struct pfn_val *v)
 {
     struct ino_val *iv = bpf_map_lookup_elem(&inodes, &ino);
     if (iv) {
-        u64 limit = (u64)iv->n * ppe;
+        u64 limit = (u64)iv->n * moe_ppe;
         if (index < limit) {
-            v->eid = iv->base + (u32)(index / ppe);
-            v->pstart = (u32)(index % ppe);
+            v->eid = iv->base + (u32)(index / moe_ppe);
+            v->pstart = (u32)(index % moe_ppe);
             v->elast = iv->base + iv->n - 1;
             return 1;
         }
     }
-    v->eid = n_experts;
+    v->eid = moe_n_experts;
     v->pstart = 0;
     v->elast = 0;
     return 0;
@@ -308,7 +308,7 @@ static __always_inline int on_delete(u64 pfn, u64 ino, u64 index, u64 pages)
     u64 joined = 0, known = 0, activated = 0, dwell = 0;
     struct pfn_val *v = find(&pfn);
     if (!v) {
-        if (at.eid < n_experts)
+        if (at.eid < moe_n_experts)
             stat_add(STAT_DELETE_UNJOINED, 1);
     } else if (v->eid != at.eid || v->pstart != at.pstart || v->pages != pages) {
         stat_add(STAT_DELETE_STALE, 1);  // another page's entry: that folio left without a delete (migrated)
@@ -337,29 +337,29 @@ static __always_inline int on_delete(u64 pfn, u64 ino, u64 index, u64 pages)
 }
 
 SEC("tracepoint/filemap/mm_filemap_add_to_page_cache")
-int tracepoint__filemap__mm_filemap_add_to_page_cache(struct trace_event_raw_mm_filemap_op_page_cache *ctx)
+int tp_mm_filemap_add_to_page_cache(struct trace_event_raw_mm_filemap_op_page_cache *ctx)
 {
     MOE_GATE();
     stat_add(STAT_ADD_EVENTS, 1);
-    if (pool_dev && ctx->s_dev != pool_dev)
+    if (moe_pool_dev && ctx->s_dev != moe_pool_dev)
         return 0;
     stat_add(STAT_POOL_DEV_ADD_EVENTS, 1);
-    return on_add(ctx->pfn, ctx->i_ino, ctx->index, moe_folio_pages(ctx, have_order));
+    return on_add(ctx->pfn, ctx->i_ino, ctx->index, moe_folio_pages(ctx, moe_have_order));
 }
 
 SEC("tracepoint/filemap/mm_filemap_delete_from_page_cache")
-int tracepoint__filemap__mm_filemap_delete_from_page_cache(struct trace_event_raw_mm_filemap_op_page_cache *ctx)
+int tp_mm_filemap_delete_from_page_cache(struct trace_event_raw_mm_filemap_op_page_cache *ctx)
 {
     MOE_GATE();
     stat_add(STAT_DELETE_EVENTS, 1);
-    if (pool_dev && ctx->s_dev != pool_dev)
+    if (moe_pool_dev && ctx->s_dev != moe_pool_dev)
         return 0;
     stat_add(STAT_POOL_DEV_DELETE_EVENTS, 1);
-    return on_delete(ctx->pfn, ctx->i_ino, ctx->index, moe_folio_pages(ctx, have_order));
+    return on_delete(ctx->pfn, ctx->i_ino, ctx->index, moe_folio_pages(ctx, moe_have_order));
 }
 
 SEC("tracepoint/pagemap/mm_lru_insertion")
-int tracepoint__pagemap__mm_lru_insertion(struct trace_event_raw_mm_lru_insertion *ctx)
+int tp_mm_lru_insertion(struct trace_event_raw_mm_lru_insertion *ctx)
 {
     MOE_GATE();
     stat_add(STAT_INSERT_EVENTS, 1);
@@ -367,7 +367,7 @@ int tracepoint__pagemap__mm_lru_insertion(struct trace_event_raw_mm_lru_insertio
     struct pfn_val *v = find(&pfn);
     if (!v)
         return 0;
-    if (ctx->flags & anon_flag) {  // the pfn now holds an anonymous folio: the entry is stale
+    if (ctx->flags & moe_anon_flag) {  // the pfn now holds an anonymous folio: the entry is stale
         stat_add(STAT_INSERT_ANON_STALE, 1);
         forget(&pfn);
         return 0;
@@ -397,7 +397,7 @@ int tracepoint__pagemap__mm_lru_insertion(struct trace_event_raw_mm_lru_insertio
 }
 
 SEC("tracepoint/pagemap/mm_lru_activate")
-int tracepoint__pagemap__mm_lru_activate(struct trace_event_raw_mm_lru_activate *ctx)
+int tp_mm_lru_activate(struct trace_event_raw_mm_lru_activate *ctx)
 {
     MOE_GATE();
     stat_add(STAT_ACTIVATE_EVENTS, 1);

@@ -244,10 +244,10 @@ static __always_inline int fn_count(u32 slot, void *folio)
 
 #define ENTER(sc, expr) \
     SEC("tracepoint/syscalls/sys_enter_" #sc) \
-    int tracepoint__syscalls__sys_enter_##sc(struct trace_event_raw_sys_enter *ctx) { return expr; }
+    int tp_sys_enter_##sc(struct trace_event_raw_sys_enter *ctx) { return expr; }
 #define EXIT(sc, filtered) \
     SEC("tracepoint/syscalls/sys_exit_" #sc) \
-    int tracepoint__syscalls__sys_exit_##sc(struct trace_event_raw_sys_exit *ctx) { return leave(ctx->ret, filtered); }
+    int tp_sys_exit_##sc(struct trace_event_raw_sys_exit *ctx) { return leave(ctx->ret, filtered); }
 
 ENTER(mlock, enter(CALL_MLOCK, ctx->args[0], ctx->args[1], 0, 0, 0))
 EXIT(mlock, 0)
@@ -267,7 +267,7 @@ ENTER(mremap, enter(CALL_MREMAP, ctx->args[0], ctx->args[1], ctx->args[2], ctx->
 EXIT(mremap, 1)
 
 SEC("tracepoint/task/task_newtask")
-int tracepoint__task__task_newtask(struct trace_event_raw_task_newtask *ctx)
+int tp_task_newtask(struct trace_event_raw_task_newtask *ctx)
 {
     if (ctx->clone_flags & CLONE_THREAD_FLAG)
         return 0;  // a thread shares its tgid (and its mm)
@@ -282,7 +282,7 @@ int tracepoint__task__task_newtask(struct trace_event_raw_task_newtask *ctx)
 }
 
 SEC("tracepoint/sched/sched_process_exit")
-int tracepoint__sched__sched_process_exit(struct trace_event_raw_sched_process_exit *ctx)
+int tp_sched_process_exit(struct trace_event_raw_sched_process_exit *ctx)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32;
@@ -302,7 +302,7 @@ int tracepoint__sched__sched_process_exit(struct trace_event_raw_sched_process_e
 }
 
 SEC("tracepoint/sched/sched_process_exec")
-int tracepoint__sched__sched_process_exec(void *ctx)
+int tp_sched_process_exec(void *ctx)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32;

@@ -20,8 +20,8 @@
 // expert (`evictors`) and per epoch.
 //
 // Knobs (read-only globals; declared with their meaning in moetrace/record/probes/pagecache.py):
-// pool_dev, n_experts, ppe (pages per expert), wpe (bitmap words per expert), have_order,
-// max_folio_pages, epochs, stream_events. The attach groups' knobs (track_reads, follow_forks,
+// moe_pool_dev, moe_n_experts, moe_ppe (pages per expert), moe_wpe (bitmap words per expert), moe_have_order,
+// moe_max_folio_pages, moe_epochs, moe_stream_events. The attach groups' knobs (moe_track_reads, moe_follow_forks,
 // moe_ctx_*) decide which programs load; they are globals too, for the record.
 //
 // Re-reads are counted per page exactly: a bitmap with one bit per pool page; a deletion sets
@@ -31,22 +31,22 @@
 
 #include "moetrace.bpf.h"
 
-const volatile u32 pool_dev = 0;         // s_dev of the pool's filesystem, (major << 20) | minor; 0: any
-const volatile u32 n_experts = 0;        // counters have n_experts + 1 slots: the last is unattributed
-const volatile u32 ppe = 1;              // pages per expert (the extent)
-const volatile u32 wpe = 1;              // 64-bit bitmap words per expert = ceil(ppe / 64)
-const volatile u32 have_order = 1;       // the plan's reading of the format files (order field)
-const volatile u32 max_folio_pages = 512;
+const volatile u32 moe_pool_dev = 0;         // s_dev of the pool's filesystem, (major << 20) | minor; 0: any
+const volatile u32 moe_n_experts = 0;        // counters have moe_n_experts + 1 slots: the last is unattributed
+const volatile u32 moe_ppe = 1;              // pages per expert (the extent)
+const volatile u32 moe_wpe = 1;              // 64-bit bitmap words per expert = ceil(moe_ppe / 64)
+const volatile u32 moe_have_order = 1;       // the plan's reading of the format files (order field)
+const volatile u32 moe_max_folio_pages = 512;
 // Loop bounds, derived by the loader (the verifier tracks no division): expert pieces one folio
-// may span = max_folio_pages / ppe + 2; bitmap words one piece may span = min(ppe,
-// max_folio_pages) / 64 + 2 (at most 10: a piece is at most one 512-page folio).
-const volatile u32 max_segs = 514;
-const volatile u32 max_wps = 10;
-const volatile u32 track_reads = 1;
-const volatile u32 follow_forks = 1;
-const volatile u32 stream_events = 0;
-const volatile u32 ring_pages = 256;
-const volatile u32 epochs = 0;           // 0: totals only; else per-epoch counters too
+// may span = moe_max_folio_pages / moe_ppe + 2; bitmap words one piece may span = min(moe_ppe,
+// moe_max_folio_pages) / 64 + 2 (at most 10: a piece is at most one 512-page folio).
+const volatile u32 moe_max_segs = 514;
+const volatile u32 moe_max_wps = 10;
+const volatile u32 moe_track_reads = 1;
+const volatile u32 moe_follow_forks = 1;
+const volatile u32 moe_stream_events = 0;
+const volatile u32 moe_ring_pages = 256;
+const volatile u32 moe_epochs = 0;           // 0: totals only; else per-epoch counters too
 const volatile u32 moe_ctx_write = 1;
 const volatile u32 moe_ctx_invalidate = 1;
 const volatile u32 moe_ctx_reclaim = 1;
@@ -80,7 +80,7 @@ struct expert_counts {
 
 struct page_event {
     u64 ts_ns;       // bpf_ktime_get_ns (CLOCK_MONOTONIC)
-    u32 expert_id;   // n_experts = unattributed
+    u32 expert_id;   // moe_n_experts = unattributed
     u32 kind;        // 0 add, 1 delete
     u32 first_page;  // page within the expert
     u32 pages;
@@ -91,16 +91,16 @@ struct page_event {
 };
 
 MOE_HASH(inodes, u64, struct ino_val);
-MOE_ARRAY(counts, struct expert_counts);        // n_experts + 1
-MOE_ARRAY(evicted_bm, u64);                     // n_experts * wpe (at least 1)
+MOE_ARRAY(counts, struct expert_counts);        // moe_n_experts + 1
+MOE_ARRAY(evicted_bm, u64);                     // moe_n_experts * moe_wpe (at least 1)
 MOE_ARRAY(stats, u64);                          // N_STATS
 MOE_HASH(tgids, u32, u8);
-MOE_ARRAY(evictors, u64);                       // (n_experts + 1) * N_EVICTORS: row n_experts unattributed
+MOE_ARRAY(evictors, u64);                       // (moe_n_experts + 1) * N_EVICTORS: row moe_n_experts unattributed
 MOE_LRU_HASH(task_ctx, u32, u32);
 MOE_RINGBUF(events);
 MOE_ARRAY(epoch_now, u32);                      // 1: the replay writes the epoch (an inherited fd)
-MOE_ARRAY(epoch_counts, struct expert_counts);  // epochs * (n_experts + 1)
-MOE_ARRAY(epoch_evictors, u64);                 // epochs * N_EVICTORS: pool pages deleted
+MOE_ARRAY(epoch_counts, struct expert_counts);  // moe_epochs * (moe_n_experts + 1)
+MOE_ARRAY(epoch_evictors, u64);                 // moe_epochs * N_EVICTORS: pool pages deleted
 
 // Keep the shared structs in the object's BTF (the declaration test reads them there).
 struct page_event _page_event = {};
@@ -109,19 +109,19 @@ struct ino_val _ino_val = {};
 static __always_inline void stat_add(u32 slot, u64 v) { moe_add(&stats, slot, v); }
 
 // the highest epoch a count landed in: user space reads the epoch arrays that far (a replay's
-// epochs only grow, but a second replay in one recording starts again at 0). A plain max: two
+// moe_epochs only grow, but a second replay in one recording starts again at 0). A plain max: two
 // CPUs may race and leave the lower one; user space also takes the replay's last epoch.
 volatile u32 epoch_hi = 0;
 
 static __always_inline u32 current_epoch(void)
 {
-    if (!epochs)
+    if (!moe_epochs)
         return 0;
     u32 z = 0;
     u32 *ep = bpf_map_lookup_elem(&epoch_now, &z);
     u32 e = ep ? *ep : 0;
-    if (e >= epochs)
-        e = epochs - 1;
+    if (e >= moe_epochs)
+        e = moe_epochs - 1;
     if (e > epoch_hi)
         epoch_hi = e;
     return e;
@@ -135,7 +135,7 @@ static __always_inline int ctx_set(u32 bits, int on) { return moe_ctx_set(&task_
 static __always_inline void evictor_add(u32 eid, u32 ev, u64 pages)
 {
     moe_add(&evictors, eid * N_EVICTORS + ev, pages);
-    if (epochs && eid < n_experts)
+    if (moe_epochs && eid < moe_n_experts)
         moe_add(&epoch_evictors, current_epoch() * N_EVICTORS + ev, pages);
 }
 
@@ -143,9 +143,9 @@ static __always_inline void evictor_add(u32 eid, u32 ev, u64 pages)
 // 1 evicted, 2 re-added. An epoch beyond the array lands in the last one.
 static __always_inline void epoch_add(u32 eid, u32 what, u64 v)
 {
-    if (!epochs)
+    if (!moe_epochs)
         return;
-    u32 k = current_epoch() * (n_experts + 1) + eid;
+    u32 k = current_epoch() * (moe_n_experts + 1) + eid;
     struct expert_counts *c = bpf_map_lookup_elem(&epoch_counts, &k);
     if (!c)
         return;
@@ -159,7 +159,7 @@ static __always_inline void epoch_add(u32 eid, u32 what, u64 v)
 
 static __always_inline void emit(u32 eid, u32 kind, u64 first, u64 pages, u64 re, u32 ev)
 {
-    if (!stream_events)
+    if (!moe_stream_events)
         return;
     struct page_event *e = bpf_ringbuf_reserve(&events, sizeof(struct page_event), 0);
     if (!e) {
@@ -180,7 +180,7 @@ static __always_inline void emit(u32 eid, u32 kind, u64 first, u64 pages, u64 re
 
 static __always_inline void unattributed(u32 kind, u64 pages, u32 ev)
 {
-    u32 k = n_experts;
+    u32 k = moe_n_experts;
     struct expert_counts *c = bpf_map_lookup_elem(&counts, &k);
     if (!c)
         return;
@@ -189,9 +189,9 @@ static __always_inline void unattributed(u32 kind, u64 pages, u32 ev)
     else
         __sync_fetch_and_add(&c->evicted_pages, pages);
     if (kind)
-        evictor_add(n_experts, ev, pages);
-    epoch_add(n_experts, kind, pages);
-    emit(n_experts, kind, 0, pages, 0, ev);
+        evictor_add(moe_n_experts, ev, pages);
+    epoch_add(moe_n_experts, kind, pages);
+    emit(moe_n_experts, kind, 0, pages, 0, ev);
 }
 
 // The bitmap words [pstart, pend) of expert eid: set them (delete) or clear them and count the
@@ -201,7 +201,7 @@ static __always_inline u64 bitmap_update(u32 eid, u64 pstart, u64 pend, u32 kind
     u64 re = 0;
     u64 wfirst = pstart >> 6;
     u64 wlast = (pend - 1) >> 6;
-    for (u32 j = 0; j < max_wps; j++) {
+    for (u32 j = 0; j < moe_max_wps; j++) {
         u64 wi = wfirst + j;
         if (wi > wlast)
             break;
@@ -210,7 +210,7 @@ static __always_inline u64 bitmap_update(u32 eid, u64 pstart, u64 pend, u32 kind
         u64 b = pend < lo + 64 ? pend - lo : 64;
         u64 width = b - a;
         u64 mask = width >= 64 ? ~0ULL : (((1ULL << (width & 63)) - 1) << (a & 63));
-        u32 key = eid * wpe + (u32)wi;
+        u32 key = eid * moe_wpe + (u32)wi;
         u64 *w = bpf_map_lookup_elem(&evicted_bm, &key);
         if (!w) {
             stat_add(STAT_BITMAP_MISSES, 1);
@@ -249,13 +249,13 @@ static long seg_step(u32 s, struct seg_ctx *c)
         return 1;
     }
     u32 kind = c->kind;
-    u64 off_e = idx / ppe;
-    u64 e0 = off_e * ppe;
+    u64 off_e = idx / moe_ppe;
+    u64 e0 = off_e * moe_ppe;
     u32 eid = (u32)(c->base + off_e);
     u64 pstart = idx - e0;
     u64 pend = end - e0;
-    if (pend > ppe)
-        pend = ppe;
+    if (pend > moe_ppe)
+        pend = moe_ppe;
     u64 len = pend - pstart;
     u64 re = bitmap_update(eid, pstart, pend, kind);
     struct expert_counts *cnt = bpf_map_lookup_elem(&counts, &eid);
@@ -287,9 +287,9 @@ static __always_inline int account(u64 ino, u64 index, u64 npages, u32 kind, u32
         unattributed(kind, npages, ev);
         return 0;
     }
-    struct seg_ctx c = {.base = v->base, .limit = (u64)v->n * ppe, .idx = index, .end = index + npages,
+    struct seg_ctx c = {.base = v->base, .limit = (u64)v->n * moe_ppe, .idx = index, .end = index + npages,
                         .kind = kind, .ev = ev};
-    bpf_loop(max_segs, seg_step, &c, 0);
+    bpf_loop(moe_max_segs, seg_step, &c, 0);
     if (c.idx < c.end)
         stat_add(STAT_UNPROCESSED_PAGES, c.end - c.idx);
     return 0;
@@ -306,31 +306,31 @@ static __always_inline int other_dev(u64 ino)
 }
 
 SEC("tracepoint/filemap/mm_filemap_add_to_page_cache")
-int tracepoint__filemap__mm_filemap_add_to_page_cache(struct trace_event_raw_mm_filemap_op_page_cache *ctx)
+int tp_mm_filemap_add_to_page_cache(struct trace_event_raw_mm_filemap_op_page_cache *ctx)
 {
     stat_add(STAT_ADD_RUNS, 1);
     MOE_GATE();
     stat_add(STAT_ADD_EVENTS, 1);
     u64 ino = ctx->i_ino;
-    if (pool_dev && ctx->s_dev != pool_dev)
+    if (moe_pool_dev && ctx->s_dev != moe_pool_dev)
         return other_dev(ino);
     stat_add(STAT_POOL_DEV_ADD_EVENTS, 1);
-    return account(ino, ctx->index, moe_folio_pages(ctx, have_order), 0, 0);
+    return account(ino, ctx->index, moe_folio_pages(ctx, moe_have_order), 0, 0);
 }
 
 SEC("tracepoint/filemap/mm_filemap_delete_from_page_cache")
-int tracepoint__filemap__mm_filemap_delete_from_page_cache(struct trace_event_raw_mm_filemap_op_page_cache *ctx)
+int tp_mm_filemap_delete_from_page_cache(struct trace_event_raw_mm_filemap_op_page_cache *ctx)
 {
     MOE_GATE();
     stat_add(STAT_DELETE_EVENTS, 1);
     u64 ino = ctx->i_ino;
-    if (pool_dev && ctx->s_dev != pool_dev)
+    if (moe_pool_dev && ctx->s_dev != moe_pool_dev)
         return other_dev(ino);
     stat_add(STAT_POOL_DEV_DELETE_EVENTS, 1);
-    return account(ino, ctx->index, moe_folio_pages(ctx, have_order), 1, moe_evictor(ctx_of_current()));
+    return account(ino, ctx->index, moe_folio_pages(ctx, moe_have_order), 1, moe_evictor(ctx_of_current()));
 }
 
-// -- read bytes of the followed processes (group exit_*, knob track_reads) ---------------------
+// -- read bytes of the followed processes (group exit_*, knob moe_track_reads) ---------------------
 
 static __always_inline int read_exit(long ret)
 {
@@ -347,17 +347,17 @@ static __always_inline int read_exit(long ret)
 
 #define READ_EXIT(sc) \
     SEC("tracepoint/syscalls/sys_exit_" #sc) \
-    int tracepoint__syscalls__sys_exit_##sc(struct trace_event_raw_sys_exit *ctx) \
+    int tp_sys_exit_##sc(struct trace_event_raw_sys_exit *ctx) \
     { return read_exit(ctx->ret); }
 READ_EXIT(pread64)
 READ_EXIT(preadv)
 READ_EXIT(preadv2)
 READ_EXIT(read)
 
-// -- follow forks (group newtask, knob follow_forks) -------------------------------------------
+// -- follow forks (group newtask, knob moe_follow_forks) -------------------------------------------
 
 SEC("tracepoint/task/task_newtask")
-int tracepoint__task__task_newtask(struct trace_event_raw_task_newtask *ctx)
+int tp_task_newtask(struct trace_event_raw_task_newtask *ctx)
 {
     if (ctx->clone_flags & CLONE_THREAD_FLAG)
         return 0;  // a thread shares its tgid
@@ -375,20 +375,20 @@ int tracepoint__task__task_newtask(struct trace_event_raw_task_newtask *ctx)
 // probes were armed still names the evictions inside it) -------------------------------------
 
 SEC("tracepoint/syscalls/sys_enter_write")
-int tracepoint__syscalls__sys_enter_write(struct trace_event_raw_sys_enter *ctx)
+int tp_sys_enter_write(struct trace_event_raw_sys_enter *ctx)
 {
     u64 count = ctx->args[2];
     return ctx_set(count <= SMALL_WRITE ? CTX_WRITE | CTX_WRITE_SMALL : CTX_WRITE, 1);
 }
 
 SEC("tracepoint/syscalls/sys_exit_write")
-int tracepoint__syscalls__sys_exit_write(void *ctx) { return ctx_set(CTX_WRITE | CTX_WRITE_SMALL, 0); }
+int tp_sys_exit_write(void *ctx) { return ctx_set(CTX_WRITE | CTX_WRITE_SMALL, 0); }
 
 #define CTX_PAIR(sc, bits) \
     SEC("tracepoint/syscalls/sys_enter_" #sc) \
-    int tracepoint__syscalls__sys_enter_##sc(void *ctx) { return ctx_set(bits, 1); } \
+    int tp_sys_enter_##sc(void *ctx) { return ctx_set(bits, 1); } \
     SEC("tracepoint/syscalls/sys_exit_" #sc) \
-    int tracepoint__syscalls__sys_exit_##sc(void *ctx) { return ctx_set(bits, 0); }
+    int tp_sys_exit_##sc(void *ctx) { return ctx_set(bits, 0); }
 CTX_PAIR(fadvise64, CTX_FADVISE)
 CTX_PAIR(truncate, CTX_TRUNCATE)
 CTX_PAIR(ftruncate, CTX_TRUNCATE)
@@ -397,26 +397,26 @@ CTX_PAIR(unlink, CTX_TRUNCATE)
 CTX_PAIR(unlinkat, CTX_TRUNCATE)
 
 SEC("tracepoint/syscalls/sys_enter_madvise")
-int tracepoint__syscalls__sys_enter_madvise(struct trace_event_raw_sys_enter *ctx)
+int tp_sys_enter_madvise(struct trace_event_raw_sys_enter *ctx)
 {
     return ctx->args[2] == MADV_PAGEOUT_ADVICE ? ctx_set(CTX_PAGEOUT, 1) : 0;
 }
 
 SEC("tracepoint/syscalls/sys_exit_madvise")
-int tracepoint__syscalls__sys_exit_madvise(void *ctx) { return ctx_set(CTX_PAGEOUT, 0); }
+int tp_sys_exit_madvise(void *ctx) { return ctx_set(CTX_PAGEOUT, 0); }
 
 SEC("tracepoint/vmscan/mm_vmscan_direct_reclaim_begin")
-int tracepoint__vmscan__mm_vmscan_direct_reclaim_begin(void *ctx) { return ctx_set(CTX_DIRECT, 1); }
+int tp_mm_vmscan_direct_reclaim_begin(void *ctx) { return ctx_set(CTX_DIRECT, 1); }
 
 SEC("tracepoint/vmscan/mm_vmscan_direct_reclaim_end")
-int tracepoint__vmscan__mm_vmscan_direct_reclaim_end(void *ctx) { return ctx_set(CTX_DIRECT, 0); }
+int tp_mm_vmscan_direct_reclaim_end(void *ctx) { return ctx_set(CTX_DIRECT, 0); }
 
 SEC("tracepoint/vmscan/mm_vmscan_memcg_reclaim_begin")
-int tracepoint__vmscan__mm_vmscan_memcg_reclaim_begin(void *ctx)
+int tp_mm_vmscan_memcg_reclaim_begin(void *ctx)
 {
     u32 c = ctx_of_current();
     return ctx_set((c & CTX_WRITE_SMALL) ? CTX_PROACTIVE : CTX_MEMCG, 1);
 }
 
 SEC("tracepoint/vmscan/mm_vmscan_memcg_reclaim_end")
-int tracepoint__vmscan__mm_vmscan_memcg_reclaim_end(void *ctx) { return ctx_set(CTX_MEMCG | CTX_PROACTIVE, 0); }
+int tp_mm_vmscan_memcg_reclaim_end(void *ctx) { return ctx_set(CTX_MEMCG | CTX_PROACTIVE, 0); }

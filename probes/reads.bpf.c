@@ -672,62 +672,62 @@ static __always_inline void bump_epoch(void)
 // vlen, pos_l, pos_h[, flags]), read(fd, buf, count), close(fd).
 
 SEC("tracepoint/syscalls/sys_enter_pread64")
-int tracepoint__syscalls__sys_enter_pread64(struct trace_event_raw_sys_enter *ctx)
+int tp_sys_enter_pread64(struct trace_event_raw_sys_enter *ctx)
 {
     return enter_pos(SC_PREAD64, ctx->args[0], ctx->args[3], ctx->args[2]);
 }
 
 SEC("tracepoint/syscalls/sys_exit_pread64")
-int tracepoint__syscalls__sys_exit_pread64(struct trace_event_raw_sys_exit *ctx)
+int tp_sys_exit_pread64(struct trace_event_raw_sys_exit *ctx)
 {
     return leave(SC_PREAD64, ctx->ret);
 }
 
 SEC("tracepoint/syscalls/sys_enter_preadv")
-int tracepoint__syscalls__sys_enter_preadv(struct trace_event_raw_sys_enter *ctx)
+int tp_sys_enter_preadv(struct trace_event_raw_sys_enter *ctx)
 {
     return enter_vec(SC_PREADV, ctx->args[0], ctx->args[1], ctx->args[2], ctx->args[3]);
 }
 
 SEC("tracepoint/syscalls/sys_exit_preadv")
-int tracepoint__syscalls__sys_exit_preadv(struct trace_event_raw_sys_exit *ctx)
+int tp_sys_exit_preadv(struct trace_event_raw_sys_exit *ctx)
 {
     return leave(SC_PREADV, ctx->ret);
 }
 
 SEC("tracepoint/syscalls/sys_enter_preadv2")
-int tracepoint__syscalls__sys_enter_preadv2(struct trace_event_raw_sys_enter *ctx)
+int tp_sys_enter_preadv2(struct trace_event_raw_sys_enter *ctx)
 {
     // pos_l (u64)-1: the file position, like read()
     return enter_vec(SC_PREADV2, ctx->args[0], ctx->args[1], ctx->args[2], ctx->args[3]);
 }
 
 SEC("tracepoint/syscalls/sys_exit_preadv2")
-int tracepoint__syscalls__sys_exit_preadv2(struct trace_event_raw_sys_exit *ctx)
+int tp_sys_exit_preadv2(struct trace_event_raw_sys_exit *ctx)
 {
     return leave(SC_PREADV2, ctx->ret);
 }
 
 SEC("tracepoint/syscalls/sys_enter_read")
-int tracepoint__syscalls__sys_enter_read(struct trace_event_raw_sys_enter *ctx)
+int tp_sys_enter_read(struct trace_event_raw_sys_enter *ctx)
 {
     return enter_pos(SC_READ, ctx->args[0], NOPOS, ctx->args[2]);
 }
 
 SEC("tracepoint/syscalls/sys_exit_read")
-int tracepoint__syscalls__sys_exit_read(struct trace_event_raw_sys_exit *ctx)
+int tp_sys_exit_read(struct trace_event_raw_sys_exit *ctx)
 {
     return leave(SC_READ, ctx->ret);
 }
 
 SEC("tracepoint/filemap/mm_filemap_add_to_page_cache")
-int tracepoint__filemap__mm_filemap_add_to_page_cache(struct trace_event_raw_mm_filemap_op_page_cache *ctx)
+int tp_mm_filemap_add_to_page_cache(struct trace_event_raw_mm_filemap_op_page_cache *ctx)
 {
     return added(ctx->i_ino, ctx->index, ctx->s_dev, moe_folio_pages(ctx, moe_have_order));
 }
 
 SEC("tracepoint/syscalls/sys_enter_close")
-int tracepoint__syscalls__sys_enter_close(struct trace_event_raw_sys_enter *ctx)
+int tp_sys_enter_close(struct trace_event_raw_sys_enter *ctx)
 {
     u32 fd = (u32)ctx->args[0];
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
@@ -744,21 +744,21 @@ int tracepoint__syscalls__sys_enter_close(struct trace_event_raw_sys_enter *ctx)
 }
 
 SEC("tracepoint/syscalls/sys_enter_close_range")
-int tracepoint__syscalls__sys_enter_close_range(void *ctx)
+int tp_sys_enter_close_range(void *ctx)
 {
     bump_epoch();  // every fd of the process may have changed: a new epoch
     return 0;
 }
 
 SEC("tracepoint/sched/sched_process_exec")
-int tracepoint__sched__sched_process_exec(void *ctx)
+int tp_sched_process_exec(void *ctx)
 {
     bump_epoch();  // exec closed the O_CLOEXEC fds without close()
     return 0;
 }
 
 SEC("tracepoint/task/task_newtask")
-int tracepoint__task__task_newtask(struct trace_event_raw_task_newtask *ctx)
+int tp_task_newtask(struct trace_event_raw_task_newtask *ctx)
 {
     if (ctx->clone_flags & CLONE_THREAD_FLAG)
         return 0;  // a thread shares its tgid

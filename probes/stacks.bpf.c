@@ -94,7 +94,7 @@ static __always_inline void stack_err(s32 id, u32 base)
 }
 
 SEC("perf_event")
-int on_cpu_clock(struct bpf_perf_event_data *ctx)
+int pe_cpu_clock(struct bpf_perf_event_data *ctx)
 {
     MOE_GATE();
     u64 id = bpf_get_current_pid_tgid();
@@ -133,7 +133,7 @@ int on_cpu_clock(struct bpf_perf_event_data *ctx)
 
 // not gated: a process forked before arming is still followed
 SEC("tracepoint/task/task_newtask")
-int tracepoint__task__task_newtask(struct trace_event_raw_task_newtask *ctx)
+int tp_task_newtask(struct trace_event_raw_task_newtask *ctx)
 {
     if (ctx->clone_flags & CLONE_THREAD_FLAG)
         return 0;  // a thread shares its tgid

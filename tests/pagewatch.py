@@ -37,7 +37,7 @@ class PageWatcher:
         self.pool = open_pool(pool_dir)
         self.pmap = pool_map(self.pool)
         # as record does: tracefs mounted first (when absent), then the plan. Resolved with tracefs
-        # absent, every group is "unavailable" and the evictor contexts were compiled out: the
+        # absent, every group is "unavailable" and the evictor contexts were switched off: the
         # watcher filed an fadvise from another process under "other" (measured)
         feats = Features("/")
         require_tracefs(feats)
@@ -49,7 +49,8 @@ class PageWatcher:
         # delete, following no process, no epochs
         ctx = RecordContext(features=feats, plan=plan, pmap=self.pmap, stream=True, gated=False,
                             stream_max_records=50_000_000,
-                            knobs={"TRACK_READS": 0, "FOLLOW_FORKS": 0, "RING_PAGES": ring_pages, "EPOCHS": 0})
+                            knobs={"MOE_TRACK_READS": 0, "MOE_FOLLOW_FORKS": 0, "MOE_RING_PAGES": ring_pages,
+                                   "MOE_EPOCHS": 0})
         self.rec = PagecacheRecorder(ctx).open()
         self.stream = self.rec.stream
         self._stop = threading.Event()

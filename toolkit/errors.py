@@ -58,7 +58,7 @@ class PrivilegeError(MoetraceError):
 
 
 class ProbeError(MoetraceError):
-    """A probe cannot run on this kernel, or failed to compile, load, attach or be read."""
+    """A probe cannot run on this kernel, or failed to load, attach or be read."""
 
 
 class ScopeError(MoetraceError):

@@ -63,7 +63,7 @@ def warm_names(joins_cgroup: bool) -> tuple[str, ...]:
 def warm(names: tuple[str, ...] = TABLE_LIBRARIES, first: tuple = ()) -> threading.Thread:
     """Import ``names`` in a daemon thread; join it before forking (an import lock held
     across fork would stay held in the child). ``first``: callables run in the thread
-    before the imports (the kernel's BTF, parsed while the first probes compile: 7 s of
+    before the imports (the kernel's BTF, parsed while the first probes load: 7 s of
     Python under the lab's TCG); each must be safe to call again from another thread."""
 
     def run() -> None:

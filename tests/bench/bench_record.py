@@ -183,7 +183,7 @@ def _one_lifecycle(run_dir: Path, pythonpath: str | None) -> dict[str, float]:
     for k in ("collect_detach_s", "detach_release_wait_s"):
         if k in tm:
             row[k] = tm[k]
-    row.update({k: v for k, v in tm.items() if k.endswith("_compile_attach_s")})
+    row.update({k: v for k, v in tm.items() if k.endswith("_load_attach_s")})
     return row
 
 
@@ -205,8 +205,8 @@ def lifecycle(n: int, baselines: list[str]) -> int:
     for label, rs in rows.items():
         med = {k: statistics.median(r[k] for r in rs) for k in rs[0] if all(k in r for r in rs)}
         rng = {k: (min(r[k] for r in rs), max(r[k] for r in rs)) for k in ("startup_s", "teardown_s")}
-        per = ", ".join(f"{k[: -len('_compile_attach_s')]} {v:.2f}" for k, v in med.items()
-                        if k.endswith("_compile_attach_s"))
+        per = ", ".join(f"{k[: -len('_load_attach_s')]} {v:.2f}" for k, v in med.items()
+                        if k.endswith("_load_attach_s"))
         print(f"{label}: {len(rs)} runs; start-up median {med['startup_s']:.2f} s (range {rng['startup_s'][0]:.2f}-"
               f"{rng['startup_s'][1]:.2f}; compile + attach {med['attach_s']:.2f}: {per}); tear-down median "
               f"{med['teardown_s']:.2f} s (range {rng['teardown_s'][0]:.2f}-{rng['teardown_s'][1]:.2f})"
@@ -307,8 +307,8 @@ def _bench(a, d: Path) -> int:
                     startups[case].append(st)
                     attach[case].append(tm["probes_attach_s"])
                     for k, v in tm.items():
-                        if k.endswith("_compile_attach_s"):
-                            per_probe[case].setdefault(k[: -len("_compile_attach_s")], []).append(v)
+                        if k.endswith("_load_attach_s"):
+                            per_probe[case].setdefault(k[: -len("_load_attach_s")], []).append(v)
                     t = man.get("totals") or {}
                     hits[case].append((t.get("experts_requested_pages"), t.get("experts_added_pages"),
                                        (man.get("lost") or {}).get("pagecache")))

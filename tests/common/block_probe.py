@@ -148,7 +148,7 @@ def _known_workload(tmp_path, layout: str, direct: bool, bytes_tp: str, exact: b
     disk_bytes = d1 - d0
     st = res.stats
     print(f"\n{layout} {'O_DIRECT' if direct else 'buffered'} via {res.attach['bytes']}: "
-          f"compile+load {rec.compile_s:.2f} s attach {rec.attach_s * 1e3:.1f} ms | "
+          f"compile+load {rec.load_s:.2f} s attach {rec.attach_s * 1e3:.1f} ms | "
           f"attributed {res.attributed_bytes} unattributed {res.unattributed_bytes} kernel {res.kernel_read_bytes} "
           f"diskstats {disk_bytes} | bios {res.kernel_bios} issues {st['issues']} requeues {st['requeues']} "
           f"completes {st['completes']} matched {st['complete_matched']} lost {res.lost_events} "

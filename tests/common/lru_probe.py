@@ -111,9 +111,10 @@ def _pmap(n: int, ppe: int, inodes: dict | None = None):
 
 
 KNOB_SETS = [
-    dict(POOL_DEV=254 << 20, N_EXPERTS=23, PPE=256, MAX_PFNS=8192),  # files layout, 1 MiB experts
-    dict(POOL_DEV=254 << 20, N_EXPERTS=600, PPE=1, MAX_PFNS=4096),  # 4 KiB extents: 512 pieces per folio
-    dict(POOL_DEV=0, N_EXPERTS=7, PPE=100, HAVE_ACTIVATE=0, HAVE_ORDER=0),  # older kernel: no activate/order
+    dict(MOE_POOL_DEV=254 << 20, MOE_N_EXPERTS=23, MOE_PPE=256, MOE_MAX_PFNS=8192),  # files layout, 1 MiB experts
+    dict(MOE_POOL_DEV=254 << 20, MOE_N_EXPERTS=600, MOE_PPE=1, MOE_MAX_PFNS=4096),  # 4 KiB extents: 512 pieces per folio
+    # an older kernel: no activate, no folio order
+    dict(MOE_POOL_DEV=0, MOE_N_EXPERTS=7, MOE_PPE=100, MOE_HAVE_ACTIVATE=0, MOE_HAVE_ORDER=0),
     dict(),  # no pool: everything unattributed (the declaration's defaults)
 ]
 
@@ -145,7 +146,7 @@ def _common_checks(doc: dict) -> None:
     assert lost["lost_events"] == 0 and lost["unprocessed_pages"] == 0 and lost["join_update_failed"] == 0, lost
     assert doc["summaries"]["lru"]["drain"]["ok"] is True, doc["summaries"]["lru"]["drain"]
     assert set(doc["tables"]) >= {"lru", "lru_dwell_histogram"}
-    assert doc["knobs"]["lru"]["HAVE_ACTIVATE"] == 1
+    assert doc["knobs"]["lru"]["MOE_HAVE_ACTIVATE"] == 1
 
 
 #: pressure: 3 layers x 32 experts x 1 MiB = 96 MiB through a cache of ~32 MiB (test_record_pressure)

@@ -3,7 +3,7 @@
 No-kernel tier: the locked-range model (an interval set per process, page-rounded like
 do_mlock) against a brute-force page set, and against hand-computed call sequences; the
 ring record layout. Probe-build tier: mlock.c compiles, loads and detaches with the
-recorder's knobs and with every optional group off; its kprobe programs (compiled out on
+recorder's knobs and with every optional group off; its kprobe programs (switched off on
 this kernel) pass the verifier when compiled in. Live tier: a ctypes child's VmLck after
 each of its calls is the probe's locked bytes after that call (a forked grandchild
 included); `moetrace record --probes mlock -- replay --mode pinned` puts the replay's own

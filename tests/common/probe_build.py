@@ -54,13 +54,14 @@ def globals_of(src: str) -> dict[str, int]:
 
 KNOB_SETS = [
     # files layout, 1 MiB experts
-    dict(POOL_DEV=254 << 20, N_EXPERTS=23, PPE=256, WPE=4),
+    dict(MOE_POOL_DEV=254 << 20, MOE_N_EXPERTS=23, MOE_PPE=256, MOE_WPE=4),
     # pool file of 4 KiB extents: one folio spans up to 512 experts
-    dict(POOL_DEV=254 << 20, N_EXPERTS=600, PPE=1, WPE=1),
+    dict(MOE_POOL_DEV=254 << 20, MOE_N_EXPERTS=600, MOE_PPE=1, MOE_WPE=1),
     # odd extent, per-page stream on
-    dict(POOL_DEV=0, N_EXPERTS=7, PPE=100, WPE=2, STREAM_EVENTS=1),
+    dict(MOE_POOL_DEV=0, MOE_N_EXPERTS=7, MOE_PPE=100, MOE_WPE=2, MOE_STREAM_EVENTS=1),
     # an older kernel: no folio order, no read tracking, no fork following
-    dict(POOL_DEV=0, N_EXPERTS=1, PPE=4096, WPE=64, HAVE_ORDER=0, TRACK_READS=0, FOLLOW_FORKS=0),
+    dict(MOE_POOL_DEV=0, MOE_N_EXPERTS=1, MOE_PPE=4096, MOE_WPE=64, MOE_HAVE_ORDER=0, MOE_TRACK_READS=0,
+         MOE_FOLLOW_FORKS=0),
 ]
 
 

@@ -57,7 +57,7 @@ def test_bpf_stats_count_each_probe_and_switch_off_again(live, tmp_path):
     doc = json.loads((tmp_path / "run" / "manifest.json").read_text())
     rt = doc["bpf_runtime"]
     assert rt["stats_enabled"] is True and rt["total_run_time_ns"] > 0
-    add = rt["programs"]["pagecache"]["tracepoint__filemap__mm_filemap_add_to_page_cache"]
+    add = rt["programs"]["pagecache"]["tp_mm_filemap_add_to_page_cache"]
     # the program runs from attach to detach; it counts (add_events) only while armed. It is
     # attached system-wide until detach, so other processes' adds run it while the maps are read
     # (a CI run with a concurrent job measured run_cnt 1248 before the read, add_runs 1261):

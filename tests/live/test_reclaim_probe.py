@@ -35,7 +35,7 @@ def test_memcg_reclaim_matches_vmstat(live, io_lock, file_set):
     chk = res.vmstat_check()
     m = res.kind("memcg")
     print(f"\nreader {passes} x 256 MiB in a {limit >> 20} MiB scope: {took:.1f} s, peak {peak} | "
-          f"compile+load {res.compile_s:.2f} s attach {res.attach_s * 1e3:.1f} ms")
+          f"compile+load {res.load_s:.2f} s attach {res.attach_s * 1e3:.1f} ms")
     print(pk[["invocations", "completed", "scanned_pages", "reclaimed_pages", "scan_to_steal",
               "duration_ns_sum", "end_reclaimed_pages", "scanned_file_pages", "inactive_calls",
               "active_calls", "active_taken_pages", "isolate_calls", "isolate_taken_pages"]].to_string())

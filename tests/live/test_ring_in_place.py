@@ -40,7 +40,8 @@ def test_ring_read_in_place_wraps_and_accounts_for_every_record(live, pools):
     feats = Features("/")
     require_tracefs(feats)
     ctx = RecordContext(features=feats, plan=resolve(PROBES["pagecache"], feats), pmap=pool_map(open_pool(pool)),
-                        stream=True, gated=True, knobs={"TRACK_READS": 0, "FOLLOW_FORKS": 0, "RING_PAGES": 1})
+                        stream=True, gated=True,
+                        knobs={"MOE_TRACK_READS": 0, "MOE_FOLLOW_FORKS": 0, "MOE_RING_PAGES": 1})
     files = sorted(pool.rglob("*.bin"))
     with io_lock():
         rec = PagecacheRecorder(ctx).open()

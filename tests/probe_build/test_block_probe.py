@@ -25,7 +25,7 @@ def test_block_probe_loads_and_detaches(live, bytes_tp):
         assert sorted(rec.probe.tracepoints) == sorted(rec.attach.values())
     finally:
         res = rec.close()
-    print(f"\nblock probe ({bytes_tp}): load {rec.compile_s:.3f} s, attach {rec.attach_s * 1e3:.1f} ms, "
+    print(f"\nblock probe ({bytes_tp}): load {rec.load_s:.3f} s, attach {rec.attach_s * 1e3:.1f} ms, "
           f"open() {took:.2f} s")
     assert not any(_prog_exists(i) for i in ids), "programs still loaded after close()"
     assert res is not None and res.lost_events == 0

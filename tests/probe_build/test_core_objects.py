@@ -69,7 +69,7 @@ def test_object_loads_attaches_and_detaches(live, name):
               if e.candidate.kind != "debugfs"]
     probe = load_core(name, knobs, attach, spec.map_sizes(knobs) if spec.map_sizes else None, gated=True)
     try:
-        assert probe.compile_s < 5  # no compiler: libbpf's relocations and the verifier only
+        assert probe.load_s < 5  # no compiler: libbpf's relocations and the verifier only
         ids = [prog_info(fd)["id"] for fd in probe.prog_fds().values()]
         assert len(ids) == len(attach) and all(prog_id_exists(i) for i in ids)
         assert sorted(probe.tracepoints) == sorted(t for _p, k, t in attach if k == "tracepoint")

@@ -49,7 +49,7 @@ def test_read_array_reads_a_prefix_and_the_epoch_mark(live):
     from moetrace.record.probes.pagecache import EXPERT_COUNTS_DTYPE
 
     spec = PROBES["pagecache"]
-    knobs = {k: int(v) for k, v in spec.knob_values(N_EXPERTS=7, EPOCHS=100).items()}
+    knobs = {k: int(v) for k, v in spec.knob_values(MOE_N_EXPERTS=7, MOE_EPOCHS=100).items()}
     with loaded_object(spec, knobs, ()) as o:
         t = o.map("epoch_counts")
         assert len(t) == 100 * 8

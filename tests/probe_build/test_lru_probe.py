@@ -21,15 +21,15 @@ def test_lru_loads_attaches_and_detaches(live, knobs):
         tps = set(probe.tracepoints)
         assert {"filemap:mm_filemap_add_to_page_cache", "filemap:mm_filemap_delete_from_page_cache",
                 "pagemap:mm_lru_insertion"} <= tps
-        assert ("pagemap:mm_lru_activate" in tps) == bool(full["HAVE_ACTIVATE"])
-        assert len(probe.table("counts")) == full["N_EXPERTS"] + 1
+        assert ("pagemap:mm_lru_activate" in tps) == bool(full["MOE_HAVE_ACTIVATE"])
+        assert len(probe.table("counts")) == full["MOE_N_EXPERTS"] + 1
         assert len(probe.table("hist")) == len(HISTOGRAMS) * HIST_SLOTS
         assert len(probe.table("stats")) == len(SPEC.stats)
         ids = [prog_info(fd)["id"] for fd in probe.prog_fds().values()]
         assert len(ids) == len(tps) and all(prog_id_exists(i) for i in ids)
     finally:
         probe.close()
-    print(f"\nlru {knobs}: load+attach {probe.compile_attach_s:.3f} s")
+    print(f"\nlru {knobs}: load+attach {probe.load_attach_s:.3f} s")
     assert not any(prog_id_exists(i) for i in ids), "programs still loaded after close()"
 
 

@@ -19,10 +19,10 @@ def test_pagecache_loads_and_detaches(live, knobs):
     try:
         tps = set(probe.tracepoints)
         assert {"filemap:mm_filemap_add_to_page_cache", "filemap:mm_filemap_delete_from_page_cache"} <= tps
-        assert ("syscalls:sys_exit_preadv" in tps) == bool(full["TRACK_READS"])
-        assert ("task:task_newtask" in tps) == bool(full["FOLLOW_FORKS"])
-        assert len(probe.table("counts")) == full["N_EXPERTS"] + 1
-        assert len(probe.table("evicted_bm")) == full["N_EXPERTS"] * full["WPE"]
+        assert ("syscalls:sys_exit_preadv" in tps) == bool(full["MOE_TRACK_READS"])
+        assert ("task:task_newtask" in tps) == bool(full["MOE_FOLLOW_FORKS"])
+        assert len(probe.table("counts")) == full["MOE_N_EXPERTS"] + 1
+        assert len(probe.table("evicted_bm")) == full["MOE_N_EXPERTS"] * full["MOE_WPE"]
         assert len(probe.table("stats")) == len(PAGECACHE.stats)
         ids = [prog_info(fd)["id"] for fd in probe.prog_fds().values()]
         assert ids and all(prog_id_exists(i) for i in ids)

@@ -32,7 +32,7 @@ def test_reads_loads_attaches_and_detaches(live, name):
         assert len(ids) == len(tps) and all(prog_id_exists(i) for i in ids)
     finally:
         probe.close()
-    print(f"\nreads {name}: load+attach {probe.compile_attach_s:.3f} s")
+    print(f"\nreads {name}: load+attach {probe.load_attach_s:.3f} s")
     assert not any(prog_id_exists(i) for i in ids), "programs still loaded after close()"
 
 

@@ -20,7 +20,7 @@ def test_reclaim_probe_loads_and_detaches(live, bucket_ns):
         assert list(snap.per_kind["kind"]) == list(KINDS)
     finally:
         res = rec.close()
-    print(f"\nreclaim probe (bucket_ns={bucket_ns}): load {rec.compile_s:.3f} s, "
+    print(f"\nreclaim probe (bucket_ns={bucket_ns}): load {rec.load_s:.3f} s, "
           f"attach {rec.attach_s * 1e3:.1f} ms, open() {took:.2f} s; attached {sorted(rec.attach)}; "
           f"unavailable {rec.unavailable}")
     assert not any(_prog_exists(i) for i in ids), "programs still loaded after close()"

@@ -390,8 +390,8 @@ def test_registry_is_well_formed():
 
 def test_knob_values():
     spec = PROBES["pagecache"]
-    assert spec.knob_values(STREAM_EVENTS=1)["STREAM_EVENTS"] == 1
-    assert spec.knob_values(PPE=256)["PPE"] == 256 and spec.knob_values()["RING_PAGES"] == 256
+    assert spec.knob_values(MOE_STREAM_EVENTS=1)["MOE_STREAM_EVENTS"] == 1
+    assert spec.knob_values(MOE_PPE=256)["MOE_PPE"] == 256 and spec.knob_values()["MOE_RING_PAGES"] == 256
     with pytest.raises(ValueError, match="unknown knob"):
         spec.knob_values(NOPE=1)
     with pytest.raises(ValueError):
@@ -435,7 +435,7 @@ def test_resolve_61_lab_kernel(tmp_path):
                                kprobes=True, mglru="0x0000", debugfs=True))
     plans = resolve_all(feats)
     pc = plans["pagecache"]
-    assert pc.status == "yes" and pc.knobs == {"TRACK_READS": 1, "FOLLOW_FORKS": 1, "HAVE_ORDER": 1,
+    assert pc.status == "yes" and pc.knobs == {"MOE_TRACK_READS": 1, "MOE_FOLLOW_FORKS": 1, "MOE_HAVE_ORDER": 1,
                                                "MOE_CTX_WRITE": 1, "MOE_CTX_INVALIDATE": 1, "MOE_CTX_RECLAIM": 1}
     blk = plans["block"].entry("bytes")
     assert blk.candidate.target == "block:block_bio_queue" and blk.tried == []
@@ -510,8 +510,8 @@ def test_resolve_does_not_need_the_c_file(tmp_path):
 
 
 def test_pagecache_knobs_from_format_files(tmp_path):
-    """The kernel decides the pagecache knobs: no folio `order` -> HAVE_ORDER=0; one absent read
-    exit -> TRACK_READS=0 and its siblings "compiled out"; no task_newtask -> FOLLOW_FORKS=0; a
+    """The kernel decides the pagecache knobs: no folio `order` -> MOE_HAVE_ORDER=0; one absent read
+    exit -> MOE_TRACK_READS=0 and its siblings "switched off"; no task_newtask -> MOE_FOLLOW_FORKS=0; a
     format lacking a field the C reads rejects the candidate (and a required group: the probe)."""
     no_order = ADD_TO_PAGE_CACHE_FORMAT.replace("\tfield:unsigned char order;\toffset:36;\tsize:1;\tsigned:0;\n", "")
     ev = {c: list(e) for c, e in EVENTS_618.items() if c != "task"}
@@ -520,14 +520,14 @@ def test_pagecache_knobs_from_format_files(tmp_path):
         "mm_filemap_add_to_page_cache": no_order,
         "mm_filemap_delete_from_page_cache": no_order.replace("add_to", "delete_from")}))
     pc = resolve(PROBES["pagecache"], feats)
-    assert pc.knobs == {"TRACK_READS": 0, "FOLLOW_FORKS": 0, "HAVE_ORDER": 0,
+    assert pc.knobs == {"MOE_TRACK_READS": 0, "MOE_FOLLOW_FORKS": 0, "MOE_HAVE_ORDER": 0,
                         "MOE_CTX_WRITE": 1, "MOE_CTX_INVALIDATE": 1, "MOE_CTX_RECLAIM": 1}
     assert pc.status == "degraded" and pc.entry("add").attached and pc.entry("delete").attached
     assert "no tracepoint syscalls:sys_exit_preadv2" in pc.entry("exit_preadv2").reason
     e = pc.entry("exit_pread64")
-    assert not e.attached and e.reason == "compiled out (TRACK_READS=0: exit_preadv2 unavailable)"
+    assert not e.attached and e.reason == "switched off (MOE_TRACK_READS=0: exit_preadv2 unavailable)"
     assert not pc.entry("newtask").attached
-    assert pc.to_dict()["knobs"]["HAVE_ORDER"] == 0
+    assert pc.to_dict()["knobs"]["MOE_HAVE_ORDER"] == 0
     assert {x.group for x in pc.attached if not x.group.startswith("ctx_")} == {"add", "delete"}
     assert {x.group for x in pc.attached if x.group.startswith("ctx_")} == {
         g.name for g in PROBES["pagecache"].attach if g.name.startswith("ctx_")}  # every evictor context
@@ -535,14 +535,14 @@ def test_pagecache_knobs_from_format_files(tmp_path):
     feats = Features(make_tree(tmp_path / "b", formats={"mm_filemap_add_to_page_cache": bad}))
     pc = resolve(PROBES["pagecache"], feats)
     assert pc.status == "no" and "lacks i_ino" in pc.entry("add").reason
-    assert pc.knobs["HAVE_ORDER"] == 1  # from delete's format only: add was not chosen
+    assert pc.knobs["MOE_HAVE_ORDER"] == 1  # from delete's format only: add was not chosen
     with pytest.raises(ValueError, match="must be optional"):
         AttachGroup("x", (AttachCandidate("tracepoint", "a:b", "f"),), required=True, knob="K")
 
 
 def test_block_and_reclaim_knobs_follow_the_kernel(tmp_path):
     """No block_bio_queue: bytes fall back to io_start (MOE_BYTES_TP=1); no kswapd_sleep and a
-    shrink_active format without nr_referenced: their knobs are 0, kswapd_wake is compiled out."""
+    shrink_active format without nr_referenced: their knobs are 0, kswapd_wake is switched off."""
     ev = {c: [e for e in evs if e not in ("block_bio_queue", "mm_vmscan_kswapd_sleep")]
           for c, evs in EVENTS_618.items()}
     fmt = {"mm_vmscan_lru_shrink_active": VMSCAN_FORMAT.replace(" nr_referenced;", " nr_other;")}
@@ -552,7 +552,7 @@ def test_block_and_reclaim_knobs_follow_the_kernel(tmp_path):
     rc = resolve(PROBES["reclaim"], feats)
     assert rc.knobs == {"MOE_HAVE_DIRECT": 1, "MOE_HAVE_KSWAPD": 0, "MOE_HAVE_SHRINK_ACTIVE": 0, "MOE_HAVE_ISOLATE": 1,
                         "MOE_CTX_WRITE": 1}
-    assert rc.status == "degraded" and rc.entry("kswapd_wake").reason.startswith("compiled out")
+    assert rc.status == "degraded" and rc.entry("kswapd_wake").reason.startswith("switched off")
     assert "lacks nr_referenced" in rc.entry("shrink_active").reason
     assert rc.entry("shrink_inactive").attached
 

@@ -20,7 +20,7 @@ def test_c_field_and_histogram_indices_match_python():
 def test_declaration():
     groups = {g.name: g for g in SPEC.attach}
     assert set(groups) == {"add", "delete", "insertion", "activate"}
-    assert groups["activate"].knob == "HAVE_ACTIVATE" and not groups["activate"].required
+    assert groups["activate"].knob == "MOE_HAVE_ACTIVATE" and not groups["activate"].required
     assert all(groups[g].required for g in ("add", "delete", "insertion"))
     assert groups["insertion"].candidates[0].fields == ("pfn", "lru", "flags")
     assert SPEC.enrichment and set(SPEC.tables()) == {"lru", "lru_dwell_histogram"}
@@ -37,16 +37,16 @@ def test_anon_flag_from_the_format_file():
 
 
 def test_knobs_from_plan_and_pool():
-    k = lru_knobs({"HAVE_ORDER": 1, "HAVE_ACTIVATE": 0, "MOE_BYTES_TP": 2}, _pmap(96, 256), mem_pages=10 ** 7,
+    k = lru_knobs({"MOE_HAVE_ORDER": 1, "MOE_HAVE_ACTIVATE": 0, "MOE_BYTES_TP": 2}, _pmap(96, 256), mem_pages=10 ** 7,
                   ncpus=2, anon_flag=2)
     assert set(k) == {x.name for x in SPEC.knobs}
-    assert (k["POOL_DEV"], k["N_EXPERTS"], k["PPE"], k["HAVE_ACTIVATE"]) == ((8 << 20) | 1, 96, 256, 0)
+    assert (k["MOE_POOL_DEV"], k["MOE_N_EXPERTS"], k["MOE_PPE"], k["MOE_HAVE_ACTIVATE"]) == ((8 << 20) | 1, 96, 256, 0)
     # one join entry per folio: at most the pool's pages, plus the LRU hash's per-CPU slack
-    assert k["MAX_PFNS"] == 96 * 256 + 2 * 256 + 1024 and k["MAX_INODES"] == 96 + 16
+    assert k["MOE_MAX_PFNS"] == 96 * 256 + 2 * 256 + 1024 and k["MOE_MAX_INODES"] == 96 + 16
     # never more than memory holds
-    assert lru_knobs(None, _pmap(10 ** 6, 256), mem_pages=1000, ncpus=1)["MAX_PFNS"] == 1000 + 256 + 1024
+    assert lru_knobs(None, _pmap(10 ** 6, 256), mem_pages=1000, ncpus=1)["MOE_MAX_PFNS"] == 1000 + 256 + 1024
     # and never more than the recorder's cap (224 MiB of preallocated entries)
-    assert lru_knobs(None, _pmap(10 ** 6, 256), mem_pages=10 ** 9, ncpus=1)["MAX_PFNS"] == lrurec.MAX_PFNS_CAP
+    assert lru_knobs(None, _pmap(10 ** 6, 256), mem_pages=10 ** 9, ncpus=1)["MOE_MAX_PFNS"] == lrurec.MAX_PFNS_CAP
     # no pool: the declaration's defaults (every page unattributed)
     k0 = lru_knobs()
     assert k0 == {x.name: x.default for x in SPEC.knobs}
@@ -111,6 +111,6 @@ def test_one_piece_loop_and_map_sizes():
     """probes/lru.bpf.c: the piece split is one bpf_loop over a staged per-CPU charge; the map
     sizes come from the knobs."""
     assert SRC.count("bpf_loop(") == 1 and "MOE_PERCPU_ARRAY(scratch, struct charge_ctx)" in SRC
-    k = {x.name: x.default for x in SPEC.knobs} | {"N_EXPERTS": 23, "MAX_PFNS": 8192}
+    k = {x.name: x.default for x in SPEC.knobs} | {"MOE_N_EXPERTS": 23, "MOE_MAX_PFNS": 8192}
     assert SPEC.map_sizes(k) == {"inodes": 65536, "pfns": 8192, "upfns": 16384, "counts": 24,
                                  "hist": len(HISTOGRAMS) * HIST_SLOTS, "stats": len(SPEC.stats)}

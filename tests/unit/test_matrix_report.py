@@ -224,14 +224,13 @@ def test_the_pgpgin_oracle_allows_the_probe_runs_the_kernel_skipped_and_counted(
     """Measured on 7.2: 60 skipped adds, the device bytes 57 pages above the added pages, pgpgin =
     the block probe's bytes: not exact, within the skipped runs' bound; the same gap with no
     skipped run is a failure."""
-    def run(add_miss):
-        d = tmp_path / f"r{add_miss}"
+    def run(add_miss, prog="tp_mm_filemap_add_to_page_cache"):
+        d = tmp_path / f"r{add_miss}{prog[:2]}"
         d.mkdir()
         (d / "manifest.json").write_text(json.dumps({
             "totals": {"experts_added_pages": 1000, "experts_device_read_bytes": 1057 * 4096,
                        "unattributed_device_read_bytes": 0},
-            "lost": {"pagecache": {"counters_recursion_misses": {
-                "tracepoint__filemap__mm_filemap_add_to_page_cache": add_miss}},
+            "lost": {"pagecache": {"counters_recursion_misses": {prog: add_miss}},
                 "block": {"recursion_misses": {"bytes": 0}}}}))
         (d / "snapshots.json").write_text(json.dumps({"pre": {"vmstat": {"pgpgin": 0}},
                                                       "post": {"vmstat": {"pgpgin": 1057 * 4}}}))
@@ -241,6 +240,8 @@ def test_the_pgpgin_oracle_allows_the_probe_runs_the_kernel_skipped_and_counted(
     # merged into a matrix row: none of its keys may shadow the row's own (the measured device_bytes)
     assert o["recording_device_bytes"] == 1057 * 4096 and "device_bytes" not in o
     assert run(0)["added_pages_within_skipped_runs"] is False
+    old = run(60, "tracepoint__filemap__mm_filemap_add_to_page_cache")  # an older run: bcc's program name
+    assert old["skipped_add_runs"] == 60 and old["added_pages_within_skipped_runs"] is True
     s = R.summarize([row("on", "cgroup", 1e6, added_pages_equal_pgpgin=True),
                      row("on", "cgroup", 1e6, added_pages_equal_pgpgin=False, added_pages_within_skipped_runs=True)])
     assert "| 1/2 (+1 within skipped runs) |" in R.summary_markdown(s)

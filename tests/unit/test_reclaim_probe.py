@@ -55,7 +55,7 @@ def test_knobs_are_checked():
         ReclaimRecorder(max_buckets=0)
 
 
-def test_unavailable_optional_groups_are_compiled_out(monkeypatch):
+def test_unavailable_optional_groups_are_switched_off(monkeypatch):
     """kswapd_sleep missing: both kswapd groups go (a wake without sleep only leaves
     windows open); a missing required group is an error naming it."""
     from moetrace.record import spec as probespec
@@ -77,7 +77,7 @@ def test_unavailable_optional_groups_are_compiled_out(monkeypatch):
     attached, missing, have = resolve_attach()
     assert have == {"MOE_HAVE_DIRECT": 1, "MOE_HAVE_KSWAPD": 0, "MOE_HAVE_SHRINK_ACTIVE": 1, "MOE_HAVE_ISOLATE": 0,
                     "MOE_CTX_WRITE": 1}
-    assert "kswapd_wake" not in attached and missing["kswapd_wake"].startswith("compiled out")
+    assert "kswapd_wake" not in attached and missing["kswapd_wake"].startswith("switched off")
     assert missing["kswapd_sleep"] == "no format file"
     assert attached["shrink_inactive"] == spec.group("shrink_inactive").candidates[0].target
     monkeypatch.setattr(probespec, "resolve", fake_resolve({"memcg_end"}))

@@ -45,7 +45,7 @@ def record(ctx, probes, knob_items, out, pool_dir, missing_probes, stream_events
     """Run COMMAND with probes attached; write a run directory; exit with COMMAND's status.
 
     \b
-    Probes are compiled and attached first, then COMMAND starts (no event of it
+    Probes are loaded and attached first, then COMMAND starts (no event of it
     is missed) with MOETRACE_RUN_DIR=<RUN_DIR>/replay, so a replay's iteration
     log lands beside the probe tables. The pagecache probe counts, per expert
     and in the kernel, pages added (misses), evicted and re-added (exact, per

@@ -131,10 +131,10 @@ class CoreProbe:
 
     name: str
     obj: Any
-    compile_attach_s: float
+    load_attach_s: float
     tracepoints: list[str] = field(default_factory=list)
     closed: bool = False
-    compile_s: float = 0.0  # open + load (libbpf relocations, verifier): no compiler
+    load_s: float = 0.0  # open + load (libbpf relocations, verifier): no compiler
     attach_s: float = 0.0
     attached: dict[str, str] = field(default_factory=dict)  # program -> "kind target"
     _rings: list = field(default_factory=list)
@@ -303,7 +303,7 @@ def load_core(name: str, knobs: dict[str, int | bool], attach: list[tuple[str, s
         obj.close()
         raise
     t2 = time.perf_counter()
-    return CoreProbe(name, obj, t2 - t0, sorted(tps), compile_s=t1 - t0, attach_s=t2 - t1, attached=done)
+    return CoreProbe(name, obj, t2 - t0, sorted(tps), load_s=t1 - t0, attach_s=t2 - t1, attached=done)
 
 
 def prog_fdinfo(fd: int) -> dict[str, int]:

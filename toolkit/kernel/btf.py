@@ -342,7 +342,7 @@ _VMLINUX_LOCK = threading.Lock()
 
 def vmlinux(path: str = "/sys/kernel/btf/vmlinux") -> Btf | None:
     """The running kernel's BTF, parsed once per process (several probes read it; the recorder
-    parses it in a thread while the first probes compile); None when the kernel has none.
+    parses it in a thread while the first probes load); None when the kernel has none.
     A second caller waits for the first one's parse."""
     with _VMLINUX_LOCK:
         if path not in _VMLINUX:

@@ -88,8 +88,9 @@ def added_pages_oracle(run_dir: Path) -> dict[str, Any]:
         pgpgin = int(snaps["post"]["vmstat"]["pgpgin"]) - int(snaps["pre"]["vmstat"]["pgpgin"])
         dev = int(t["experts_device_read_bytes"]) + int(t["unattributed_device_read_bytes"])
         lost = man.get("lost") or {}
-        add_miss = int(((lost.get("pagecache") or {}).get("counters_recursion_misses") or {}).get(
-            "tracepoint__filemap__mm_filemap_add_to_page_cache") or 0)
+        misses = (lost.get("pagecache") or {}).get("counters_recursion_misses") or {}
+        add_miss = int(misses.get("tp_mm_filemap_add_to_page_cache")  # the program (older runs: bcc's name)
+                       or misses.get("tracepoint__filemap__mm_filemap_add_to_page_cache") or 0)
         bio_miss = int(((lost.get("block") or {}).get("recursion_misses") or {}).get("bytes") or 0)
     except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError):
         return {}

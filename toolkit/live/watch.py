@@ -58,7 +58,7 @@ class WatchOptions:
 
 def _knobs(name: str, opts: WatchOptions) -> dict[str, int]:
     """Knobs of watch's probes: no per-epoch counters; the reads stream's ring sized for polls."""
-    return {"pagecache": {"EPOCHS": 0}, "reads": {"MOE_RINGBUF_PAGES": opts.ring_pages}}.get(name, {})
+    return {"pagecache": {"MOE_EPOCHS": 0}, "reads": {"MOE_RINGBUF_PAGES": opts.ring_pages}}.get(name, {})
 
 
 class Watcher:

@@ -7,7 +7,7 @@ attach groups, knobs, tables, and the name of its recorder) and its recorder, a
 one the same way::
 
     rec = cls(ctx)            # ctx: RecordContext (features, attach plan, pool map, ...)
-    rec.open()                # compile (MOE_GATED=1), load, attach: counts nothing yet
+    rec.open()                # load (MOE_GATED=1), attach: counts nothing yet
     rec.describe(manifest)    # manifest sections known at attach time
     ... every probe open ...
     rec.arm(True)             # all probes, microseconds apart: counting starts
@@ -45,7 +45,7 @@ class RecordContext:
     """What a probe recorder may use.
 
     features: :class:`moetrace.kernel.features.Features` of the live kernel. plan: this probe's
-    resolved :class:`AttachPlan` (attach what it says, compile out what it does not).
+    resolved :class:`AttachPlan` (attach what it says, switch off what it does not).
     pmap: :class:`moetrace.record.poolmap.PoolMap` (inode -> expert, pool device, pages per
     expert) or None when no pool was named. run_dir: the run directory (0700).
     log_dir: where the command's replay log lands (replay.json, iterations.parquet).
@@ -65,7 +65,7 @@ class RecordContext:
     stream_max_records: int = 5_000_000
     #: ``record --knob PROBE.NAME=V`` for this probe: {NAME: V}
     knobs: dict[str, int] = field(default_factory=dict)
-    #: compile with MOE_GATED=1: count nothing until :meth:`ProbeRecorder.arm` (the recorder
+    #: load with MOE_GATED=1: count nothing until :meth:`ProbeRecorder.arm` (the recorder
     #: arms every probe at once after all attached, and disarms them together)
     gated: bool = False
     #: every probe of this recording (e.g. pagecache leaves read calls to reads when both run)
@@ -89,10 +89,10 @@ class ProbeRecorder:
 
     def __init__(self, ctx: RecordContext):
         self.ctx = ctx
-        self.compiled_out: dict[str, str] = {}
+        self.switched_off: dict[str, str] = {}
         self.probe = None  # moetrace.kernel.bpf.CoreProbe, when BPF is used
         self.knobs: dict[str, int] = {}
-        self.compile_attach_s: float | None = None
+        self.load_attach_s: float | None = None
         self.closed = False
         self.armed = False
         #: set by close() once the kernel's data was read: write() runs only then
@@ -144,7 +144,7 @@ class ProbeRecorder:
         return False
 
     def gated(self) -> bool:
-        """Whether the probe counts only while armed (compiled with MOE_GATED=1)."""
+        """Whether the probe counts only while armed (loaded with MOE_GATED=1)."""
         return bool(self.ctx.gated)
 
     def arm(self, on: bool = True) -> None:
@@ -274,7 +274,7 @@ class ProbeRecorder:
 
     def load_planned(self, knobs: dict[str, int]):
         """Load the probe's CO-RE object with ``knobs`` and attach what its plan says (groups
-        whose knob is on). Sets ``probe`` and ``compile_attach_s``; detaches everything on
+        whose knob is on). Sets ``probe`` and ``load_attach_s``; detaches everything on
         failure."""
         from moetrace.kernel.bpf import load_core
 
@@ -287,7 +287,7 @@ class ProbeRecorder:
             self.probe = load_core(self.name, knobs, attach, sizes, gated=self.ctx.gated)
         except ProbeError as e:
             raise self.error(e.message) from None
-        self.compile_attach_s = self.probe.compile_attach_s
+        self.load_attach_s = self.probe.load_attach_s
         for e in self.ctx.plan.attached:
             if e.candidate.kind in ("kprobe", "kretprobe", "fentry", "fexit") and e.group not in off:
                 self.kprobes[e.group] = e.candidate.target
@@ -300,12 +300,15 @@ class ProbeRecorder:
 
         declared = {k.name for k in self.spec.knobs}
         out = dict(knobs)
-        for k, v in self.ctx.knobs.items():
+        for given, v in self.ctx.knobs.items():
+            k, deprecated = self.spec.knob_named(given)
+            if deprecated:
+                self.ctx.say(deprecated)
             if k not in declared:
                 raise UsageError(f"--knob {self.name}.{k}: probe {self.name} has no knob {k}",
                                  hint=f"its knobs: {', '.join(sorted(declared))} (moetrace doctor --json lists them)")
             if self.ctx.plan.knobs.get(k) == 0 and int(v) != 0:
-                raise UsageError(f"--knob {self.name}.{k}={v}: this kernel compiles it out "
+                raise UsageError(f"--knob {self.name}.{k}={v}: this kernel leaves it switched off "
                                  f"({self.ctx.plan.reason or 'its attach group is unavailable'})")
             out[k] = int(v)
         return out

@@ -407,18 +407,18 @@ class _Recording:
         manifest = self.manifest
         self.recorders.append(rec)
         self.attach_plan[name]["recorded"] = True
-        if getattr(rec, "compiled_out", None):
-            self.attach_plan[name]["compiled_out"] = dict(rec.compiled_out)
-        if rec.compile_attach_s is not None:
-            manifest["timings"][f"{name}_compile_attach_s"] = round(rec.compile_attach_s, 4)
+        if getattr(rec, "switched_off", None):
+            self.attach_plan[name]["switched_off"] = dict(rec.switched_off)
+        if rec.load_attach_s is not None:
+            manifest["timings"][f"{name}_load_attach_s"] = round(rec.load_attach_s, 4)
         core = getattr(rec, "probe", None)  # the object's own split: load (verifier, JIT) and attach
-        if getattr(core, "attach_s", None) is not None and getattr(core, "compile_s", None) is not None:
-            manifest["timings"][f"{name}_load_s"] = round(core.compile_s, 4)
+        if getattr(core, "attach_s", None) is not None and getattr(core, "load_s", None) is not None:
+            manifest["timings"][f"{name}_load_s"] = round(core.load_s, 4)
             manifest["timings"][f"{name}_attach_s"] = round(core.attach_s, 4)
         manifest.setdefault("knobs", {})[name] = dict(rec.knobs)
         self.attach_plan[name]["loader"] = _loader_of(rec)
         rec.describe(manifest)
-        self.say(f"attached {name}" + (f" in {rec.compile_attach_s:.2f} s" if rec.compile_attach_s else ""))
+        self.say(f"attached {name}" + (f" in {rec.load_attach_s:.2f} s" if rec.load_attach_s else ""))
 
     def arm_all(self, on: bool) -> None:
         """Every probe at once, microseconds apart: the probes of one recording count over the
@@ -585,7 +585,7 @@ class _Recording:
                                              for c in PROBES["pagecache"].schema + PROBES["block"].schema}
             if pc is not None:
                 manifest["totals"] = experts_totals(result_df, req_p is not None,
-                                                    pc.stats["read_bytes"] if pc.knobs.get("TRACK_READS") else None)
+                                                    pc.stats["read_bytes"] if pc.knobs.get("MOE_TRACK_READS") else None)
             if blk is not None:
                 e = result_df[result_df["kind"] == "expert"]
                 u = result_df[result_df["kind"] == "unattributed"].iloc[0]

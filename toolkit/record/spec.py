@@ -19,6 +19,7 @@ number) and returns an :class:`AttachPlan`: per group the candidate that will be
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal
@@ -44,7 +45,7 @@ class AttachCandidate:
     rejects the candidate. field_knobs: (field, knob) pairs: the knob is 1 when the
     chosen candidate's format has the field, else 0 (e.g. folio ``order``).
     sets: (knob, value) pairs set when this candidate is the one chosen (which of
-    several implementations the C file compiles, e.g. block's ``MOE_BYTES_TP``)."""
+    several implementations of the C file runs, e.g. block's ``MOE_BYTES_TP``)."""
 
     kind: Kind
     target: str
@@ -77,7 +78,7 @@ class AttachGroup:
     unavailable); an optional group only degrades the probe.
     knob: the knob that turns the group on (optional groups only; its programs load only
     when it is 1). Groups sharing a knob go together: when one is unavailable the knob is 0
-    and the others are "unavailable: compiled out" (a plan never says "attached" for a
+    and the others are "unavailable: switched off" (a plan never says "attached" for a
     program that is not there)."""
 
     name: str
@@ -110,11 +111,14 @@ class Struct:
 @dataclass(frozen=True)
 class Knob:
     """A read-only global of the probe's object (``const volatile``, its name in lower case),
-    with its default; set before load."""
+    with its default; set before load. Every knob's name starts with ``MOE_``; ``was``: the
+    name it had before (without the prefix), still accepted from a user with a deprecation
+    notice (:meth:`ProbeSpec.knob_named`)."""
 
     name: str
     default: int | str
     help: str = ""
+    was: str = ""
 
 
 @dataclass(frozen=True)
@@ -184,6 +188,15 @@ class ProbeSpec:
         if self.derived is not None:
             out.update(self.derived(out))
         return out
+
+    def knob_named(self, name: str) -> tuple[str, str]:
+        """The knob a user's ``name`` means, and a one-line deprecation notice when ``name`` is
+        the one it had before (:attr:`Knob.was`), else ""; other names come back as given."""
+        for k in self.knobs:
+            if k.was and name == k.was:
+                return k.name, (f"knob {self.name}.{name} is deprecated: it is now {self.name}.{k.name} "
+                                f"(the old name stops working in a later version)")
+        return name, ""
 
     def struct(self, name: str) -> Struct:
         for st in self.structs:
@@ -358,7 +371,7 @@ def resolve(spec: ProbeSpec, feats: "Features | None" = None) -> AttachPlan:
 
 def _derive_knobs(spec: ProbeSpec, entries: list[PlanEntry], feats: "Features") -> dict[str, int]:
     """Knobs the kernel decides: group knobs (1 only when every group of the knob is
-    attached; the attached siblings of an unavailable one become "compiled out"), the
+    attached; the attached siblings of an unavailable one are "switched off"), the
     chosen candidates' ``sets`` and field knobs (1 only when every chosen format has
     the field)."""
     knobs: dict[str, int] = {}
@@ -372,7 +385,7 @@ def _derive_knobs(spec: ProbeSpec, entries: list[PlanEntry], feats: "Features") 
     for e in entries:
         k = by_group[e.group].knob
         if e.attached and k in off:
-            e.tried.append((e.candidate, f"compiled out ({k}=0: {', '.join(off[k])} unavailable)"))
+            e.tried.append((e.candidate, f"switched off ({k}=0: {', '.join(off[k])} unavailable)"))
             e.status, e.reason, e.candidate = "unavailable", e.tried[-1][1], None
     for e in entries:
         if e.attached:
@@ -392,22 +405,39 @@ def _derive_knobs(spec: ProbeSpec, entries: list[PlanEntry], feats: "Features") 
 
 # -- helpers of the declarations (record/probes/<name>.py) -----------------------------------
 
-def tp_cand(target: str, fn: str | None = None, note: str = "", fields: tuple[str, ...] = (),
+#: a program's name in the probe's object: the prefix of its kind, then the tracepoint's or
+#: perf event's event, or the kernel symbol, with "." and "-" as "_" (tp_sys_enter_read,
+#: kp_inc_max_seq_constprop_0, fe_folio_inc_gen, pe_cpu_clock); a debugfs sampler has none.
+#: A test reads every program of every object and checks it against this.
+PROGRAM_PREFIX: dict[str, str] = {"tracepoint": "tp_", "raw_tracepoint": "raw_", "kprobe": "kp_",
+                                  "kretprobe": "kret_", "fentry": "fe_", "fexit": "fx_", "perf_event": "pe_"}
+
+
+def program_name(kind: Kind, target: str) -> str:
+    """The program (C function) that attaches as ``kind`` to ``target``: :data:`PROGRAM_PREFIX`
+    + the event or symbol ("" for debugfs, which loads no program)."""
+    if kind == "debugfs":
+        return ""
+    return PROGRAM_PREFIX[kind] + re.sub(r"[^A-Za-z0-9_]", "_", target.rpartition(":")[2])
+
+
+def tp_cand(target: str, note: str = "", fields: tuple[str, ...] = (),
+            field_knobs: tuple[tuple[str, str], ...] = (),
             sets: tuple[tuple[str, int], ...] = ()) -> AttachCandidate:
-    return AttachCandidate("tracepoint", target, fn or "tp_" + target.split(":", 1)[1], note,
-                           fields=fields, sets=sets)
+    """A tracepoint "category:event", its program tp_<event>."""
+    return AttachCandidate("tracepoint", target, program_name("tracepoint", target), note,
+                           fields=fields, field_knobs=field_knobs, sets=sets)
 
 
-def kp_cand(sym: str, fn: str | None = None, note: str = "", kind: Kind = "kprobe") -> AttachCandidate:
-    fn = fn or ("kp_" if kind == "kprobe" else "kret_") + sym.replace(".", "_")
-    return AttachCandidate(kind, sym, fn, note)
+def kp_cand(sym: str, note: str = "", kind: Kind = "kprobe") -> AttachCandidate:
+    """A kprobe (or kretprobe) on ``sym``, its program kp_<sym> (kret_<sym>)."""
+    return AttachCandidate(kind, sym, program_name(kind, sym), note)
 
 
 def fn_cands(sym: str, note: str = "") -> tuple[AttachCandidate, AttachCandidate]:
     """A kernel function hook: fentry (BPF trampoline: no kprobe machinery, a direct call) where
     the kernel allows it, else a kprobe; programs fe_<sym> / kp_<sym> of the probe's C."""
-    return (AttachCandidate("fentry", sym, "fe_" + sym.replace(".", "_"), note),
-            AttachCandidate("kprobe", sym, "kp_" + sym.replace(".", "_"), note))
+    return (AttachCandidate("fentry", sym, program_name("fentry", sym), note), kp_cand(sym, note))
 
 
 def group(name: str, *cands: AttachCandidate, required: bool = True, note: str = "",
@@ -415,13 +445,5 @@ def group(name: str, *cands: AttachCandidate, required: bool = True, note: str =
     return AttachGroup(name, tuple(cands), required, note, knob)
 
 
-#: a folio event's `order` field decides HAVE_ORDER (pages = 1 << order, else one page per event)
-FOLIO_ORDER = (("order", "HAVE_ORDER"),)
-
-
-def named_tp(target: str, note: str = "", fields: tuple[str, ...] = (),
-             field_knobs: tuple[tuple[str, str], ...] = ()) -> AttachCandidate:
-    """A tracepoint whose program is named tracepoint__<cat>__<event> (the probes' convention)."""
-    cat, ev = target.split(":", 1)
-    return AttachCandidate("tracepoint", target, f"tracepoint__{cat}__{ev}", note, fields=fields,
-                           field_knobs=field_knobs)
+#: a folio event's `order` field decides MOE_HAVE_ORDER (pages = 1 << order, else one page per event)
+FOLIO_ORDER = (("order", "MOE_HAVE_ORDER"),)

@@ -169,7 +169,42 @@ def read_manifest(run_dir: str | os.PathLike) -> dict[str, Any]:
     if int(ver) > RUN_SCHEMA_VERSION:
         raise InputError(f"run schema version {ver} is newer than this moetrace reads ({RUN_SCHEMA_VERSION})",
                          path=str(path), hint="upgrade moetrace")
+    upgrade_renamed_keys(doc)
     check_manifest(doc, str(path))
+    return doc
+
+
+#: manifest keys an older moetrace wrote under another name: {old: new} per section
+#: ("timings": the suffix of ``<probe>_...``); nothing is compiled at record time, so the
+#: compile_* names went (issue 33)
+RENAMED_KEYS: dict[str, dict[str, str]] = {
+    "timings": {"_compile_attach_s": "_load_attach_s"},
+    "attach_plan.*": {"compiled_out": "switched_off"},
+    "summaries.block": {"compile_s": "load_s"},
+    "summaries.reclaim": {"compile_s": "load_s"},
+    "summaries.reads": {"compile_attach_s": "load_attach_s"},
+}
+
+
+def upgrade_renamed_keys(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` (a run manifest, changed in place) with the keys of :data:`RENAMED_KEYS` under
+    their current names, so that every reader sees one vocabulary in old and new runs alike."""
+    def rename(d: Any, pairs: dict[str, str], suffix: bool = False) -> None:
+        if not isinstance(d, dict):
+            return
+        for key in list(d):
+            for old, new in pairs.items():
+                if (key.endswith(old) if suffix else key == old):
+                    renamed = key[: len(key) - len(old)] + new
+                    d.setdefault(renamed, d[key])
+                    del d[key]
+    rename(doc.get("timings"), RENAMED_KEYS["timings"], suffix=True)
+    plans = doc.get("attach_plan") if isinstance(doc.get("attach_plan"), dict) else {}
+    for plan in plans.values():
+        rename(plan, RENAMED_KEYS["attach_plan.*"])
+    summaries = doc.get("summaries") if isinstance(doc.get("summaries"), dict) else {}
+    for probe in ("block", "reclaim", "reads"):
+        rename(summaries.get(probe), RENAMED_KEYS[f"summaries.{probe}"])
     return doc
 
 

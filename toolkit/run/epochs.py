@@ -3,13 +3,13 @@ count lands in the iteration that caused it.
 
 ``moetrace record`` hands the command an inherited file descriptor of the probe's
 one-entry ``epoch_now`` BPF map (``MOETRACE_EPOCH_MAP_FD``) and the number of epoch
-slots the probe was compiled with (``MOETRACE_EPOCHS``). The replay
+slots the probe was loaded with (``MOETRACE_EPOCHS``). The replay
 (:class:`EpochWriter`) writes the epoch number into the map with one
 ``bpf(BPF_MAP_UPDATE_ELEM)`` before each iteration's timed interval begins — a
 synchronous syscall of a few microseconds, so the switch is exact and costs no round
 trip — and logs which epoch was which in its replay.json (``epochs.assigned``).
 
-How finely epochs are kept depends on the slots (fixed when the probe compiles):
+How finely epochs are kept depends on the slots (fixed when the probe loads):
 ``iteration`` (one epoch per replayed iteration), else ``pass`` (one per warm-up /
 measured pass), else ``phase`` (setup, warmup, measured, after). Epoch 0 is
 ``setup`` (pool open, arena preload: everything before the first iteration); the

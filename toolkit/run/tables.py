@@ -135,7 +135,7 @@ TABLES: dict[str, tuple[Column, ...]] = {
         _lru_pages("inserted_other_pages", "... onto another list (anon lists: swap-backed file pages)"),
         _lru_pages("reinserted_pages", "insertions again without a new add: putbacks (folio_putback_lru) of "
                                        "isolated pages that were not freed (reclaim_pages, failed migration)"),
-        _lru_pages("activated_pages", "inactive -> active moves (mm_lru_activate; NA when not compiled)",
+        _lru_pages("activated_pages", "inactive -> active moves (mm_lru_activate; NA when not loaded)",
                    check="n?"),
         Column("activation_dwell_ns_sum", "Int64", "ns",
                "LRU insertion -> activation, summed over activated pages whose insertion was seen"),

@@ -135,7 +135,7 @@ class BlockResult:
     start_s: float
     duration_s: float
     knobs: dict[str, int] = field(default_factory=dict)
-    compile_s: float = 0.0
+    load_s: float = 0.0
     attach_s: float = 0.0
     #: False when no extent index was given: nothing could be attributed (count only)
     index_used: bool = True
@@ -152,7 +152,7 @@ class BlockResult:
                 "lost_events": self.lost_events,
                 "recursion_misses": dict(self.recursion_misses), "inflight_left": self.inflight_left,
                 "stats": dict(self.stats), "attach": dict(self.attach), "knobs": dict(self.knobs),
-                "compile_s": self.compile_s, "attach_s": self.attach_s, "index_used": self.index_used,
+                "load_s": self.load_s, "attach_s": self.attach_s, "index_used": self.index_used,
                 "start_s": self.start_s,
                 "duration_s": self.duration_s}
 
@@ -233,7 +233,7 @@ class BlockRecorder:
         #: the loaded probe (moetrace.kernel.bpf.CoreProbe) while attached, else None
         self.probe = None
         self.result: BlockResult | None = None
-        self.compile_s = 0.0
+        self.load_s = 0.0
         self.attach_s = 0.0
         self._chunks: list[bytes] = []
         self._nbuf = 0
@@ -284,7 +284,7 @@ class BlockRecorder:
         except Exception as e:
             self._cleanup()
             raise ProbeError(f"cannot open the block probe's ring: {e}") from None
-        self.compile_s, self.attach_s = self.probe.compile_s, self.probe.attach_s
+        self.load_s, self.attach_s = self.probe.load_s, self.probe.attach_s
         self._t0 = time.time()
         if self.stream:
             self._thread = threading.Thread(target=self._poll_loop, name="moetrace-block-ring", daemon=True)
@@ -410,7 +410,7 @@ class BlockRecorder:
                            stats=st, recursion_misses=misses, inflight_left=inflight_left,
                            attach=dict(self.attach), dev=self.dev, start_s=self._t0,
                            duration_s=time.time() - self._t0, knobs=dict(self.knobs),
-                           compile_s=self.compile_s, attach_s=self.attach_s, index_used=self.index is not None)
+                           load_s=self.load_s, attach_s=self.attach_s, index_used=self.index is not None)
 
 
 # -- the probe interface (moetrace record) -----------------------------------------------------
@@ -453,7 +453,7 @@ class BlockProbe(EngineProbe):
                                     arm_at_open=not self.ctx.gated).open()
         self.probe = self.engine.probe  # the handle: prog_fds / prog_ids and the manifest's loader
         self.knobs = dict(self.engine.knobs)
-        self.compile_attach_s = self.engine.compile_s + self.engine.attach_s
+        self.load_attach_s = self.engine.load_s + self.engine.attach_s
         if self.disk is not None:
             self.pool_disk = {"disk": self.disk}
         return self

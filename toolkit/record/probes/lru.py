@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 from moetrace.lazyimport import pandas as pd
 
-from moetrace.record.spec import FOLIO_ORDER, Knob, ProbeSpec, Struct, named_tp, group
+from moetrace.record.spec import FOLIO_ORDER, Knob, ProbeSpec, Struct, tp_cand, group
 from moetrace.run.tables import TABLES, named_tables
 from moetrace.errors import ProbeError
 from moetrace.kernel.syscalls import SYS_MIGRATE_PAGES, libc
@@ -70,30 +70,39 @@ LRU = ProbeSpec(
     description="classic LRU per expert: list at LRU insertion, activations, dwell from insertion to "
                 "activation / eviction (LRU events joined to pool pages on the pfn), in the kernel",
     attach=(
-        group("add", named_tp("filemap:mm_filemap_add_to_page_cache", fields=_LRU_FOLIO, field_knobs=FOLIO_ORDER,
+        group("add", tp_cand("filemap:mm_filemap_add_to_page_cache", fields=_LRU_FOLIO, field_knobs=FOLIO_ORDER,
                           note="opens the join: pfn -> (expert, page, folio pages = 1 << order, add time)")),
-        group("delete", named_tp("filemap:mm_filemap_delete_from_page_cache", fields=_LRU_FOLIO, field_knobs=FOLIO_ORDER,
+        group("delete", tp_cand("filemap:mm_filemap_delete_from_page_cache", fields=_LRU_FOLIO, field_knobs=FOLIO_ORDER,
                              note="closes the join: an eviction; dwell = now - LRU insertion time")),
-        group("insertion", named_tp("pagemap:mm_lru_insertion", fields=("pfn", "lru", "flags"),
+        group("insertion", tp_cand("pagemap:mm_lru_insertion", fields=("pfn", "lru", "flags"),
                                 note="lru_add() moving a batched new folio onto its list (once per folio, no "
                                      "size: charged with the joined folio's pages); takes a folio since the folio "
                                      "conversion (5.16); the C file includes <linux/mmzone.h> for enum lru_list")),
-        group("activate", named_tp("pagemap:mm_lru_activate", fields=("pfn",),
+        group("activate", tp_cand("pagemap:mm_lru_activate", fields=("pfn",),
                                note="lru_activate(): the inactive -> active move PGACTIVATE counts (reclaim's "
                                     "activate_locked counts PGACTIVATE without it); folio-based since 5.16"),
-           required=False, knob="HAVE_ACTIVATE"),
+           required=False, knob="MOE_HAVE_ACTIVATE"),
     ),
     knobs=(
-        Knob("POOL_DEV", 0, "s_dev of the pool's filesystem, kernel encoding (major << 20) | minor; 0: every device"),
-        Knob("N_EXPERTS", 0, "experts in the pool (counters have N_EXPERTS + 1 slots: the last is unattributed)"),
-        Knob("PPE", 1, "pages per expert (the extent, in pages)"),
-        Knob("HAVE_ORDER", 1, "1: the add/delete formats carry the folio order (set from the format files)"),
-        Knob("HAVE_ACTIVATE", 1, "1: compile the mm_lru_activate program (activate group)"),
-        Knob("MAX_FOLIO_PAGES", 512, "largest folio split into expert pieces in full; the rest is unprocessed"),
-        Knob("MAX_INODES", 65536, "entries of the inode -> expert map"),
-        Knob("MAX_PFNS", 65536, "pfn -> expert-page join entries (LRU hash; the recorder sizes it to the pool)"),
-        Knob("MAX_UNATTR_PFNS", 16384, "pfn -> join entries of pool-device pages of no expert (LRU hash)"),
-        Knob("ANON_FLAG", 2, "the anonymous bit of mm_lru_insertion's flags (PAGEMAP_ANONYMOUS, from the format)"),
+        Knob("MOE_POOL_DEV", 0,
+             "s_dev of the pool's filesystem, kernel encoding (major << 20) | minor; 0: every device",
+             was="POOL_DEV"),
+        Knob("MOE_N_EXPERTS", 0,
+             "experts in the pool (counters have MOE_N_EXPERTS + 1 slots: the last is unattributed)",
+             was="N_EXPERTS"),
+        Knob("MOE_PPE", 1, "pages per expert (the extent, in pages)", was="PPE"),
+        Knob("MOE_HAVE_ORDER", 1, "1: the add/delete formats carry the folio order (set from the format files)",
+             was="HAVE_ORDER"),
+        Knob("MOE_HAVE_ACTIVATE", 1, "1: load the mm_lru_activate program (activate group)", was="HAVE_ACTIVATE"),
+        Knob("MOE_MAX_FOLIO_PAGES", 512, "largest folio split into expert pieces in full; the rest is unprocessed",
+             was="MAX_FOLIO_PAGES"),
+        Knob("MOE_MAX_INODES", 65536, "entries of the inode -> expert map", was="MAX_INODES"),
+        Knob("MOE_MAX_PFNS", 65536, "pfn -> expert-page join entries (LRU hash; the recorder sizes it to the pool)",
+             was="MAX_PFNS"),
+        Knob("MOE_MAX_UNATTR_PFNS", 16384, "pfn -> join entries of pool-device pages of no expert (LRU hash)",
+             was="MAX_UNATTR_PFNS"),
+        Knob("MOE_ANON_FLAG", 2, "the anonymous bit of mm_lru_insertion's flags (PAGEMAP_ANONYMOUS, from the format)",
+             was="ANON_FLAG"),
     ),
     table="lru",
     schema=TABLES["lru"],
@@ -141,8 +150,8 @@ _ANON_RE = re.compile(r"REC->flags\s*&\s*(0x[0-9a-fA-F]+)u?\s*\)?\s*\?\s*\"a\"")
 
 def _map_sizes(k: dict[str, int]) -> dict[str, int]:
     """The CO-RE object's map sizes from its knobs (probes/lru.bpf.c names the maps)."""
-    return {"inodes": int(k["MAX_INODES"]), "pfns": int(k["MAX_PFNS"]), "upfns": int(k["MAX_UNATTR_PFNS"]),
-            "counts": int(k["N_EXPERTS"]) + 1, "hist": len(HISTOGRAMS) * HIST_SLOTS, "stats": len(SPEC.stats)}
+    return {"inodes": int(k["MOE_MAX_INODES"]), "pfns": int(k["MOE_MAX_PFNS"]), "upfns": int(k["MOE_MAX_UNATTR_PFNS"]),
+            "counts": int(k["MOE_N_EXPERTS"]) + 1, "hist": len(HISTOGRAMS) * HIST_SLOTS, "stats": len(SPEC.stats)}
 
 
 def anon_flag_from_format(text: str | None) -> int | None:
@@ -166,8 +175,8 @@ def _mem_total_pages(root: str | os.PathLike = "/") -> int | None:
 def lru_knobs(plan_knobs: dict[str, int] | None = None, pmap=None, mem_pages: int | None = None,
               ncpus: int | None = None, anon_flag: int | None = None) -> dict[str, int]:
     """Every knob of the lru probe: the declaration's defaults, then what the attach plan
-    decided (HAVE_ORDER, HAVE_ACTIVATE), then the pool's (POOL_DEV, N_EXPERTS, PPE,
-    MAX_INODES) and the join map's size: one entry per folio, so at most the pool's pages,
+    decided (MOE_HAVE_ORDER, MOE_HAVE_ACTIVATE), then the pool's (MOE_POOL_DEV, MOE_N_EXPERTS, MOE_PPE,
+    MOE_MAX_INODES) and the join map's size: one entry per folio, so at most the pool's pages,
     and never more than the machine's memory holds, plus the BPF LRU hash's per-CPU slack
     (it may evict before it is full), never above :data:`MAX_PFNS_CAP`."""
     over: dict[str, int] = {k: int(v) for k, v in (plan_knobs or {}).items() if k in {k.name for k in SPEC.knobs}}
@@ -175,10 +184,11 @@ def lru_knobs(plan_knobs: dict[str, int] | None = None, pmap=None, mem_pages: in
         pool_pages = int(pmap.n_total) * int(pmap.pages_per_expert)
         want = pool_pages if mem_pages is None else min(pool_pages, int(mem_pages))
         slack = _LRU_SLACK_PER_CPU * int(ncpus or os.cpu_count() or 1) + 1024
-        over.update(POOL_DEV=int(pmap.dev), N_EXPERTS=int(pmap.n_total), PPE=int(pmap.pages_per_expert),
-                    MAX_INODES=max(16, len(pmap.inodes) + 16), MAX_PFNS=min(max(want + slack, 1024), MAX_PFNS_CAP))
+        over.update(MOE_POOL_DEV=int(pmap.dev), MOE_N_EXPERTS=int(pmap.n_total), MOE_PPE=int(pmap.pages_per_expert),
+                    MOE_MAX_INODES=max(16, len(pmap.inodes) + 16),
+                    MOE_MAX_PFNS=min(max(want + slack, 1024), MAX_PFNS_CAP))
     if anon_flag is not None:
-        over["ANON_FLAG"] = int(anon_flag)
+        over["MOE_ANON_FLAG"] = int(anon_flag)
     return {k: int(v) for k, v in SPEC.knob_values(**over).items()}
 
 
@@ -235,7 +245,7 @@ def lru_tables(counts: np.ndarray, hist: np.ndarray, n_experts: int, experts_per
     counts: (n_experts + 1, len(FIELDS)) int64, the last row unattributed; hist:
     (len(HISTOGRAMS), HIST_SLOTS) pages per log2 slot. Activation columns (and
     evicted_activated_pages, which needs them) are NA when the activate program was not
-    compiled; means are NA without pages."""
+    loaded; means are NA without pages."""
     c = np.asarray(counts, dtype=np.int64).reshape(n_experts + 1, len(FIELDS))
     col = {f: c[:, i] for i, f in enumerate(FIELDS)}
     n = n_experts
@@ -363,7 +373,7 @@ class LruRecorder(ProbeRecorder):
             return None
 
     def open(self) -> "LruRecorder":
-        """Compile with the plan's and the pool's knobs, load, attach, fill the inode map."""
+        """Load with the plan's and the pool's knobs, attach, fill the inode map."""
         plan = self.ctx.plan
         if plan.status == "no":
             raise ProbeError(f"probe lru cannot attach: {plan.reason}",
@@ -374,7 +384,7 @@ class LruRecorder(ProbeRecorder):
                                   "using PAGEMAP_ANONYMOUS = 0x2")
         pmap = self.ctx.pmap
         self.knobs = self.with_user_knobs(lru_knobs(plan.knobs, pmap, _mem_total_pages(), os.cpu_count(), anon))
-        self.have_activate = bool(self.knobs["HAVE_ACTIVATE"])
+        self.have_activate = bool(self.knobs["MOE_HAVE_ACTIVATE"])
         if not self.have_activate:
             self.ctx.notes.append("lru: mm_lru_activate unavailable: activation columns are NA")
         if pmap is None:
@@ -416,7 +426,7 @@ class LruRecorder(ProbeRecorder):
 
         if not self.collect(read):
             return
-        n = self.knobs["N_EXPERTS"]
+        n = self.knobs["MOE_N_EXPERTS"]
         E = self.ctx.pmap.n_experts if self.ctx.pmap is not None else 1
         self.table, self.histogram = lru_tables(got["counts"], got["hist"].reshape(len(HISTOGRAMS), HIST_SLOTS), n, E,
                                                 self.have_activate)

@@ -8,7 +8,7 @@ birth time and anon / file pages (``lru_gen.parquet``). A generation born during
 recording shows up as a new seq; its birth_ns is when aging created it.
 
 The kprobes of probes/mglru.bpf.c (aging attempts as ring records, eviction / isolation /
-look-around / workingset counters, the generation a promoted folio leaves) are compiled
+look-around / workingset counters, the generation a promoted folio leaves) are loaded
 only for the groups the attach plan has (kprobes exist only in the lab kernels); where
 none is available no BPF is loaded at all.
 
@@ -74,14 +74,14 @@ MGLRU = ProbeSpec(
         _mglru_kp("workingset_refault", "MOE_HAVE_WS_REFAULT", *fn_cands("workingset_refault")),
     ),
     knobs=(
-        Knob("MOE_HAVE_EVICT_FOLIOS", 0, "1: compile the evict_folios kprobe (set from the attach plan)"),
-        Knob("MOE_HAVE_ISOLATE_FOLIOS", 0, "1: compile the isolate_folios kprobe"),
-        Knob("MOE_HAVE_SHOULD_RUN_AGING", 0, "1: compile the should_run_aging kprobe"),
-        Knob("MOE_HAVE_INC_MAX_SEQ", 0, "1: compile the aging kprobes (+ the aging ring)"),
+        Knob("MOE_HAVE_EVICT_FOLIOS", 0, "1: load the evict_folios kprobe (set from the attach plan)"),
+        Knob("MOE_HAVE_ISOLATE_FOLIOS", 0, "1: load the isolate_folios kprobe"),
+        Knob("MOE_HAVE_SHOULD_RUN_AGING", 0, "1: load the should_run_aging kprobe"),
+        Knob("MOE_HAVE_INC_MAX_SEQ", 0, "1: load the aging kprobes (+ the aging ring)"),
         Knob("MOE_HAVE_FOLIO_INC_GEN", 0, "1: load the folio_inc_gen hook"),
-        Knob("MOE_HAVE_LOOK_AROUND", 0, "1: compile the lru_gen_look_around kprobe"),
-        Knob("MOE_HAVE_WS_EVICTION", 0, "1: compile the workingset_eviction kprobe"),
-        Knob("MOE_HAVE_WS_REFAULT", 0, "1: compile the workingset_refault kprobe"),
+        Knob("MOE_HAVE_LOOK_AROUND", 0, "1: load the lru_gen_look_around kprobe"),
+        Knob("MOE_HAVE_WS_EVICTION", 0, "1: load the workingset_eviction kprobe"),
+        Knob("MOE_HAVE_WS_REFAULT", 0, "1: load the workingset_refault kprobe"),
         Knob("MOE_RINGBUF_PAGES", 16, "aging ring size in pages (power of two)"),
         Knob("MOE_LRU_GEN_PERIOD_MS", 1000, "lru_gen sampling period (the Python sampler; also one sample at "
                                             "open and one at close)"),
@@ -240,7 +240,7 @@ class MglruRecorder(ProbeRecorder):
         pgoff, why = lru_gen_layout()
         if pgoff is None:
             k["MOE_HAVE_FOLIO_INC_GEN"] = 0
-            self.compiled_out["folio_inc_gen"] = f"the generation field's position is unknown: {why}"
+            self.switched_off["folio_inc_gen"] = f"the generation field's position is unknown: {why}"
             self.ctx.notes.append(f"mglru: folio_inc_gen not loaded: {why}")
             return
         k["MOE_LRU_GEN_PGOFF"] = pgoff

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 from moetrace.lazyimport import pandas as pd
 
-from moetrace.record.spec import Knob, ProbeSpec, Struct, named_tp, group, fn_cands
+from moetrace.record.spec import Knob, ProbeSpec, Struct, tp_cand, group, fn_cands
 from moetrace.run.tables import TABLES, named_tables
 from moetrace.errors import ProbeError
 from moetrace.record.probe import ProbeRecorder
@@ -87,19 +87,19 @@ MLOCK = ProbeSpec(
                 "time per process, exact (an interval set per tgid, page-rounded like the kernel)",
     attach=tuple(
         group(f"{sc}_{side}",
-           named_tp(f"syscalls:sys_{side}_{sc}", fields=fields if side == "enter" else ("ret",),
+           tp_cand(f"syscalls:sys_{side}_{sc}", fields=fields if side == "enter" else ("ret",),
                    note=_MLOCK_NOTES.get(sc, "")),
            required=knob is None, knob=knob)
         for sc, fields, knob in _MLOCK_CALLS for side in ("enter", "exit")
     ) + (
-        group("newtask", named_tp("task:task_newtask", fields=("pid", "clone_flags"),
+        group("newtask", tp_cand("task:task_newtask", fields=("pid", "clone_flags"),
                               note="follow the command's child processes (VM_LOCKED is not inherited)"),
            required=False, knob="MOE_FOLLOW_FORKS"),
-        group("exit", named_tp("sched:sched_process_exit", field_knobs=(("group_dead", "MOE_EXIT_GROUP_DEAD"),),
+        group("exit", tp_cand("sched:sched_process_exit", field_knobs=(("group_dead", "MOE_EXIT_GROUP_DEAD"),),
                            note="a process's end releases its locks; group_dead is newer than 6.12 (without "
                                 "it the leader's exit stands for the group's)"),
            required=False, knob="MOE_TRACK_EXIT"),
-        group("exec", named_tp("sched:sched_process_exec", note="execve gives the process a new mm: nothing locked"),
+        group("exec", tp_cand("sched:sched_process_exec", note="execve gives the process a new mm: nothing locked"),
            required=False, knob="MOE_TRACK_EXEC"),
         group("kp_mlock_folio", *fn_cands("mlock_folio",
                                           note="a folio mlocked (reads folio->flags for PG_head); mlock_page "
@@ -114,18 +114,18 @@ MLOCK = ProbeSpec(
               knob="MOE_KP_MUNLOCK"),
     ),
     knobs=(
-        Knob("MOE_HAVE_MLOCK2", 1, "1: compile mlock2 enter/exit (set from the attach plan)"),
-        Knob("MOE_HAVE_MLOCKALL", 1, "1: compile mlockall/munlockall enter/exit (set from the attach plan)"),
-        Knob("MOE_TRACK_MUNMAP", 1, "1: compile munmap enter/exit (a locked range unmapped)"),
-        Knob("MOE_TRACK_MMAP", 1, "1: compile mmap enter/exit (MAP_LOCKED, MAP_FIXED over a locked range)"),
-        Knob("MOE_TRACK_MREMAP", 1, "1: compile mremap enter/exit (a locked mapping moved or resized)"),
+        Knob("MOE_HAVE_MLOCK2", 1, "1: load mlock2 enter/exit (set from the attach plan)"),
+        Knob("MOE_HAVE_MLOCKALL", 1, "1: load mlockall/munlockall enter/exit (set from the attach plan)"),
+        Knob("MOE_TRACK_MUNMAP", 1, "1: load munmap enter/exit (a locked range unmapped)"),
+        Knob("MOE_TRACK_MMAP", 1, "1: load mmap enter/exit (MAP_LOCKED, MAP_FIXED over a locked range)"),
+        Knob("MOE_TRACK_MREMAP", 1, "1: load mremap enter/exit (a locked mapping moved or resized)"),
         Knob("MOE_FOLLOW_FORKS", 1, "1: a followed tgid's new processes are followed too (newtask group)"),
-        Knob("MOE_TRACK_EXIT", 1, "1: compile sched_process_exit (a process's end releases its locks)"),
+        Knob("MOE_TRACK_EXIT", 1, "1: load sched_process_exit (a process's end releases its locks)"),
         Knob("MOE_EXIT_GROUP_DEAD", 1, "1: sched_process_exit carries group_dead (set from the format file)"),
-        Knob("MOE_TRACK_EXEC", 1, "1: compile sched_process_exec (execve: a new mm, nothing locked)"),
-        Knob("MOE_KP_MLOCK_FOLIO", 0, "1: compile the mlock_folio kprobe (set from the plan)"),
-        Knob("MOE_KP_MLOCK_NEW", 0, "1: compile the mlock_new_folio / mlock_new_page kprobe"),
-        Knob("MOE_KP_MUNLOCK", 0, "1: compile the munlock_folio / munlock_page kprobe"),
+        Knob("MOE_TRACK_EXEC", 1, "1: load sched_process_exec (execve: a new mm, nothing locked)"),
+        Knob("MOE_KP_MLOCK_FOLIO", 0, "1: load the mlock_folio kprobe (set from the plan)"),
+        Knob("MOE_KP_MLOCK_NEW", 0, "1: load the mlock_new_folio / mlock_new_page kprobe"),
+        Knob("MOE_KP_MUNLOCK", 0, "1: load the munlock_folio / munlock_page kprobe"),
         Knob("MOE_PG_HEAD", -1, "PG_head's bit in folio->flags (6 on 6.12, 16 on 6.1); -1: the running "
                                 "kernel's own (its enum pageflags, through BTF)"),
         Knob("MOE_MAX_TASKS", 4096, "tid -> call in flight entries"),
@@ -414,8 +414,8 @@ def empty_calls() -> pd.DataFrame:
 class MlockRecorder(ProbeRecorder):
     """``record --probes mlock``: attach probes/mlock.bpf.c, follow the command, stream its calls.
 
-    open() compiles with the attach plan's knobs (optional groups the kernel lacks are
-    compiled out; the function hooks only where fentry or kprobes exist), poll()
+    open() loads with the attach plan's knobs (optional groups the kernel lacks are
+    switched off; the function hooks only where fentry or kprobes exist), poll()
     drains the ring, close() drains the rest, reads the stats slots and detaches, then
     rebuilds the locked ranges (:func:`apply_calls`)."""
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from moetrace.lazyimport import pandas as pd
 
-from moetrace.record.spec import FOLIO_ORDER, AttachGroup, Knob, ProbeSpec, Struct, named_tp, group
+from moetrace.record.spec import FOLIO_ORDER, AttachGroup, Knob, ProbeSpec, Struct, tp_cand, group
 from moetrace.run.tables import EXPERTS_PAGECACHE, named_tables
 from moetrace.errors import ProbeError
 from moetrace.record.probe import ProbeRecorder, schema_doc
@@ -31,18 +31,18 @@ _CTX_INVALIDATE = ("fadvise64", "truncate", "ftruncate", "fallocate", "unlink", 
 
 def _ctx_groups() -> tuple[AttachGroup, ...]:
     """The evictor-context groups of pagecache: syscall and reclaim-window entry/exit pairs."""
-    out = [group(f"ctx_{d}_write", named_tp(f"syscalls:sys_{d}_write", fields=("count",) if d == "enter" else (),
+    out = [group(f"ctx_{d}_write", tp_cand(f"syscalls:sys_{d}_write", fields=("count",) if d == "enter" else (),
                                         note="a write(2) in flight: drop_caches, or memory.reclaim when small"),
               required=False, knob="MOE_CTX_WRITE") for d in ("enter", "exit")]
     for sc in _CTX_INVALIDATE:
         for d in ("enter", "exit"):
             fields = ("behavior",) if (sc == "madvise" and d == "enter") else ()
-            out.append(group(f"ctx_{d}_{sc}", named_tp(f"syscalls:sys_{d}_{sc}", fields=fields,
+            out.append(group(f"ctx_{d}_{sc}", tp_cand(f"syscalls:sys_{d}_{sc}", fields=fields,
                                                     note="an invalidating syscall in flight (evictor class)"),
                           required=False, knob="MOE_CTX_INVALIDATE"))
     for w in ("direct", "memcg"):
         for d in ("begin", "end"):
-            out.append(group(f"ctx_{w}_{d}", named_tp(f"vmscan:mm_vmscan_{w}_reclaim_{d}",
+            out.append(group(f"ctx_{w}_{d}", tp_cand(f"vmscan:mm_vmscan_{w}_reclaim_{d}",
                                                    note=f"a {w} reclaim window open on the task (evictor class)"),
                           required=False, knob="MOE_CTX_RECLAIM"))
     return tuple(out)
@@ -57,39 +57,49 @@ PAGECACHE = ProbeSpec(
     description="per-expert added (miss) / evicted / re-added (exact, per page) pages in the kernel; "
                 "requested pages from the replay's accounting, hits = requested - added",
     attach=(
-        group("add", named_tp("filemap:mm_filemap_add_to_page_cache", fields=_FOLIO_FIELDS, field_knobs=FOLIO_ORDER,
+        group("add", tp_cand("filemap:mm_filemap_add_to_page_cache", fields=_FOLIO_FIELDS, field_knobs=FOLIO_ORDER,
                           note="a folio added to the page cache: a miss (readahead included); stable "
                                "tracepoint (pfn, i_ino, index, s_dev); `order` since large folios "
                                "(6.x): pages = 1 << order, else one page per event")),
-        group("delete", named_tp("filemap:mm_filemap_delete_from_page_cache", fields=_FOLIO_FIELDS,
+        group("delete", tp_cand("filemap:mm_filemap_delete_from_page_cache", fields=_FOLIO_FIELDS,
                              field_knobs=FOLIO_ORDER, note="a folio deleted from the page cache: an eviction "
                                                       "(or truncation); carries order like add")),
     ) + tuple(
-        group(f"exit_{sc}", named_tp(f"syscalls:sys_exit_{sc}", fields=("ret",),
+        group(f"exit_{sc}", tp_cand(f"syscalls:sys_exit_{sc}", fields=("ret",),
                                  note="read bytes of the followed processes (a cross-check of the replay's "
                                       "accounting; fd -> inode would need kernel structs)"),
-           required=False, knob="TRACK_READS")
+           required=False, knob="MOE_TRACK_READS")
         for sc in _READ_EXITS
     ) + (
-        group("newtask", named_tp("task:task_newtask", fields=("pid", "clone_flags"),
+        group("newtask", tp_cand("task:task_newtask", fields=("pid", "clone_flags"),
                               note="follow the command's child processes (threads share the tgid)"),
-           required=False, knob="FOLLOW_FORKS"),
+           required=False, knob="MOE_FOLLOW_FORKS"),
     ) + _ctx_groups(),
     knobs=(
-        Knob("POOL_DEV", 0, "s_dev of the pool's filesystem, kernel encoding (major << 20) | minor; 0: every device"),
-        Knob("N_EXPERTS", 0, "experts in the pool (counts has N_EXPERTS + 1 slots: the last is unattributed)"),
-        Knob("PPE", 1, "pages per expert (the extent, in pages)"),
-        Knob("WPE", 1, "64-bit bitmap words per expert = ceil(PPE / 64)"),
-        Knob("HAVE_ORDER", 1, "1: the add/delete formats carry the folio order (set from the format files)"),
-        Knob("MAX_FOLIO_PAGES", 512, "largest folio handled in full; pages beyond it count as unprocessed"),
-        Knob("MAX_SEGS", 514, "derived: expert pieces one folio may span = MAX_FOLIO_PAGES / PPE + 2"),
-        Knob("MAX_WPS", 10, "derived: bitmap words one piece may span = min(PPE, MAX_FOLIO_PAGES) / 64 + 2"),
-        Knob("TRACK_READS", 1, "1: count read-syscall bytes of the followed tgids (exit_* groups)"),
-        Knob("FOLLOW_FORKS", 1, "1: a followed tgid's new processes are followed too (newtask group)"),
-        Knob("STREAM_EVENTS", 0, "1: one ring record per (event, expert piece): the per-page stream"),
-        Knob("RING_PAGES", 256, "ring buffer size in pages (power of two) when streaming"),
-        Knob("EPOCHS", 0, "0: totals only; > 0: per-epoch counters too (EPOCHS x (N_EXPERTS + 1) slots; "
-                          "the replay writes one epoch per iteration into epoch_now)"),
+        Knob("MOE_POOL_DEV", 0,
+             "s_dev of the pool's filesystem, kernel encoding (major << 20) | minor; 0: every device",
+             was="POOL_DEV"),
+        Knob("MOE_N_EXPERTS", 0, "experts in the pool (counts has MOE_N_EXPERTS + 1 slots: the last is unattributed)",
+             was="N_EXPERTS"),
+        Knob("MOE_PPE", 1, "pages per expert (the extent, in pages)", was="PPE"),
+        Knob("MOE_WPE", 1, "64-bit bitmap words per expert = ceil(MOE_PPE / 64)", was="WPE"),
+        Knob("MOE_HAVE_ORDER", 1, "1: the add/delete formats carry the folio order (set from the format files)",
+             was="HAVE_ORDER"),
+        Knob("MOE_MAX_FOLIO_PAGES", 512, "largest folio handled in full; pages beyond it count as unprocessed",
+             was="MAX_FOLIO_PAGES"),
+        Knob("MOE_MAX_SEGS", 514, "derived: expert pieces one folio may span = MOE_MAX_FOLIO_PAGES / MOE_PPE + 2",
+             was="MAX_SEGS"),
+        Knob("MOE_MAX_WPS", 10, "derived: bitmap words one piece may span = min(MOE_PPE, MOE_MAX_FOLIO_PAGES) / 64 + 2",
+             was="MAX_WPS"),
+        Knob("MOE_TRACK_READS", 1, "1: count read-syscall bytes of the followed tgids (exit_* groups)",
+             was="TRACK_READS"),
+        Knob("MOE_FOLLOW_FORKS", 1, "1: a followed tgid's new processes are followed too (newtask group)",
+             was="FOLLOW_FORKS"),
+        Knob("MOE_STREAM_EVENTS", 0, "1: one ring record per (event, expert piece): the per-page stream",
+             was="STREAM_EVENTS"),
+        Knob("MOE_RING_PAGES", 256, "ring buffer size in pages (power of two) when streaming", was="RING_PAGES"),
+        Knob("MOE_EPOCHS", 0, "0: totals only; > 0: per-epoch counters too (MOE_EPOCHS x (MOE_N_EXPERTS + 1) slots; "
+                          "the replay writes one epoch per iteration into epoch_now)", was="EPOCHS"),
         Knob("MOE_CTX_WRITE", 1, "1: the write(2) evictor context (drop_caches; memory.reclaim when small)"),
         Knob("MOE_CTX_INVALIDATE", 1, "1: the fadvise64 / truncate-family / madvise evictor contexts"),
         Knob("MOE_CTX_RECLAIM", 1, "1: the direct / memcg reclaim windows (evictor context)"),
@@ -118,17 +128,17 @@ MAX_TGIDS = 1024
 
 def _derived(k: dict) -> dict[str, int]:
     """The loop bounds (the verifier tracks no division, so the loader computes them)."""
-    ppe, mfp = max(1, int(k["PPE"])), int(k["MAX_FOLIO_PAGES"])
-    return {"MAX_SEGS": mfp // ppe + 2, "MAX_WPS": min(ppe, mfp) // 64 + 2}
+    ppe, mfp = max(1, int(k["MOE_PPE"])), int(k["MOE_MAX_FOLIO_PAGES"])
+    return {"MOE_MAX_SEGS": mfp // ppe + 2, "MOE_MAX_WPS": min(ppe, mfp) // 64 + 2}
 
 
 def _map_sizes(k: dict[str, int]) -> dict[str, int]:
     """The CO-RE object's map sizes from its knobs (probes/pagecache.bpf.c names the maps)."""
-    n, ev = int(k["N_EXPERTS"]), 9  # 9: N_EVICTORS (moetrace.bpf.h; EVICTORS here)
-    eps = int(k["EPOCHS"])
-    return {"inodes": n + 16, "counts": n + 1, "evicted_bm": max(1, n * int(k["WPE"])), "stats": len(SPEC.stats),
+    n, ev = int(k["MOE_N_EXPERTS"]), 9  # 9: N_EVICTORS (moetrace.bpf.h; EVICTORS here)
+    eps = int(k["MOE_EPOCHS"])
+    return {"inodes": n + 16, "counts": n + 1, "evicted_bm": max(1, n * int(k["MOE_WPE"])), "stats": len(SPEC.stats),
             "tgids": MAX_TGIDS, "evictors": (n + 1) * ev, "task_ctx": int(k["MOE_MAX_TASKS"]),
-            "events": 4096 * (int(k["RING_PAGES"]) if k["STREAM_EVENTS"] else 1), "epoch_now": 1,
+            "events": 4096 * (int(k["MOE_RING_PAGES"]) if k["MOE_STREAM_EVENTS"] else 1), "epoch_now": 1,
             "epoch_counts": max(1, eps * (n + 1)), "epoch_evictors": max(1, eps * ev)}
 PAGE_EVENT_DTYPE = SPEC.struct("page_event").dtype()
 EXPERT_COUNTS_DTYPE = SPEC.struct("expert_counts").dtype()
@@ -143,11 +153,11 @@ def pagecache_knobs(plan_knobs: dict[str, int], pmap, stream: bool, reads_record
 
     over: dict[str, int] = dict(plan_knobs)
     if pmap is not None:
-        over.update(POOL_DEV=pmap.dev, N_EXPERTS=pmap.n_total, PPE=pmap.pages_per_expert,
-                    WPE=pmap.words_per_expert, EPOCHS=epochs_for(pmap.n_total + 1))
-    over["STREAM_EVENTS"] = int(stream)
+        over.update(MOE_POOL_DEV=pmap.dev, MOE_N_EXPERTS=pmap.n_total, MOE_PPE=pmap.pages_per_expert,
+                    MOE_WPE=pmap.words_per_expert, MOE_EPOCHS=epochs_for(pmap.n_total + 1))
+    over["MOE_STREAM_EVENTS"] = int(stream)
     if reads_recorded:
-        over["TRACK_READS"] = 0  # the reads probe counts every read call: not twice
+        over["MOE_TRACK_READS"] = 0  # the reads probe counts every read call: not twice
     over.update(user or {})
     return {k: int(v) for k, v in SPEC.knob_values(**over).items()}
 
@@ -179,12 +189,12 @@ class PagecacheRecorder(ProbeRecorder):
         knobs = pagecache_knobs(plan.knobs, self.ctx.pmap, self.ctx.stream,
                                 reads_recorded="reads" in self.ctx.recording, user=self.with_user_knobs({}))
         self.knobs = knobs
-        if not knobs["HAVE_ORDER"]:
+        if not knobs["MOE_HAVE_ORDER"]:
             self.ctx.notes.append("add/delete tracepoints carry no folio order: every event counts one page")
         self.load_planned(knobs)
         off = {g.name for g in SPEC.attach if g.knob is not None and not knobs.get(g.knob, 1)}
-        if off and not knobs["TRACK_READS"]:
-            self.compiled_out = {g: "TRACK_READS=0: the reads probe times every read call"
+        if off and not knobs["MOE_TRACK_READS"]:
+            self.switched_off = {g: "MOE_TRACK_READS=0: the reads probe times every read call"
                                  for g in sorted(off) if g.startswith("exit_")}
         pmap = self.ctx.pmap
         if pmap is not None:
@@ -194,7 +204,7 @@ class PagecacheRecorder(ProbeRecorder):
             self.stream = EventStream(self.probe, "events", PAGE_EVENT_DTYPE.itemsize,
                                       kernel_lost=self.stat_reader("ring_drops"),
                                       max_records=self.ctx.stream_max_records)
-        if knobs.get("EPOCHS"):
+        if knobs.get("MOE_EPOCHS"):
             # the replay writes the epoch itself (moetrace.replay.epochs.EpochWriter): an inherited
             # fd of the one-entry epoch_now map, not a round trip per iteration
             self.epoch_fd = os.dup(self.probe.table("epoch_now").fd)
@@ -207,7 +217,7 @@ class PagecacheRecorder(ProbeRecorder):
             return {}
         from moetrace.run.epochs import EPOCH_MAP_FD_ENV, EPOCHS_ENV
 
-        return {EPOCH_MAP_FD_ENV: str(self.epoch_fd), EPOCHS_ENV: str(self.knobs["EPOCHS"])}
+        return {EPOCH_MAP_FD_ENV: str(self.epoch_fd), EPOCHS_ENV: str(self.knobs["MOE_EPOCHS"])}
 
     def child_started(self) -> None:
         """The command has the epoch fd; ours is not needed any more."""
@@ -256,12 +266,12 @@ class PagecacheRecorder(ProbeRecorder):
                 self.intervals = self.stream.intervals
             self.counts = read_array(self.probe.table("counts"), EXPERT_COUNTS_DTYPE)
             self.evictors = read_array(self.probe.table("evictors"), U64).astype(np.int64).reshape(-1, len(EVICTORS))
-            if self.knobs.get("EPOCHS"):  # as far as the counts reached (~100 MB for every slot)
+            if self.knobs.get("MOE_EPOCHS"):  # as far as the counts reached (~100 MB for every slot)
                 # epoch_hi is a plain max from every CPU (a raise can lose a race to a lower one):
                 # the replay's last epoch bounds it too
                 last = int(read_array(self.probe.table("epoch_now"), np.uint32)[0])
-                reached = max(self.probe.obj.load_u32("epoch_hi"), min(last, int(self.knobs["EPOCHS"]) - 1)) + 1
-                slots = int(self.knobs["N_EXPERTS"]) + 1
+                reached = max(self.probe.obj.load_u32("epoch_hi"), min(last, int(self.knobs["MOE_EPOCHS"]) - 1)) + 1
+                slots = int(self.knobs["MOE_N_EXPERTS"]) + 1
                 self.epoch_counts = read_array(self.probe.table("epoch_counts"), EXPERT_COUNTS_DTYPE,
                                                n=reached * slots)
                 self.epoch_evictors = read_array(self.probe.table("epoch_evictors"), U64,
@@ -313,7 +323,7 @@ class PagecacheRecorder(ProbeRecorder):
             self.ctx.notes.append(f"{st['dev_mismatch_events']} events hit pool inodes on another device than "
                                   f"s_dev {pool.get('s_dev_text')}: check the pool's filesystem")
         tables = manifest.setdefault("tables", {})
-        if self.knobs.get("EPOCHS") and self.ctx.pmap is not None:
+        if self.knobs.get("MOE_EPOCHS") and self.ctx.pmap is not None:
             rdoc = read_replay_summary(self.ctx.log_dir)
             eps = epochs_from_replay(rdoc, self.ctx.command_start_ns, self.ctx.command_end_ns)
             epoch_df = meta = None
@@ -323,7 +333,7 @@ class PagecacheRecorder(ProbeRecorder):
                     rd.write_table(run_dir, tname, tdf)
                     tables[tname] = schema_doc(SPEC, tname)
             ep_doc = (rdoc or {}).get("epochs") or {}
-            manifest["epochs"] = {"mode": ep_doc.get("mode"), "slots": self.knobs["EPOCHS"],
+            manifest["epochs"] = {"mode": ep_doc.get("mode"), "slots": self.knobs["MOE_EPOCHS"],
                                   "epochs": len(eps) if eps else 0,
                                   "errors": [ep_doc["error"]] if ep_doc.get("error") else [],
                                   "source": "the replay's epoch writes (replay.json epochs.assigned)" if eps

@@ -71,7 +71,7 @@ from typing import Any
 import numpy as np
 from moetrace.lazyimport import pandas as pd
 
-from moetrace.record.spec import Knob, ProbeSpec, Struct, named_tp, group
+from moetrace.record.spec import Knob, ProbeSpec, Struct, tp_cand, group
 from moetrace.run.tables import TABLES, named_tables
 from moetrace.errors import MoetraceError, ProbeError
 from moetrace.kernel.syscalls import kernel_dev
@@ -101,7 +101,7 @@ READS = ProbeSpec(
                 "to experts in user space (/proc/<tgid>/fd + the first added page's inode)",
     attach=tuple(
         g for sc in _READ_SYSCALLS for g in (
-            group(f"{sc}_enter", named_tp(f"syscalls:sys_enter_{sc}", fields=_READ_ENTER[sc][0],
+            group(f"{sc}_enter", tp_cand(f"syscalls:sys_enter_{sc}", fields=_READ_ENTER[sc][0],
                                       note="fd, file position and requested bytes of the call"
                                            + (" (bytes summed from the user iovec array; pos_h is ignored by "
                                               "64-bit kernels)" if "vec" in _READ_ENTER[sc][0] else "")
@@ -110,31 +110,31 @@ READS = ProbeSpec(
                                            + (" (since 4.6; Python's os.preadv, the replay's read call, "
                                               "issues preadv2)" if sc == "preadv2" else "")),
                required=sc == "pread64", knob=_READ_ENTER[sc][1]),
-            group(f"{sc}_exit", named_tp(f"syscalls:sys_exit_{sc}", fields=("ret",),
+            group(f"{sc}_exit", tp_cand(f"syscalls:sys_exit_{sc}", fields=("ret",),
                                      note="ret: bytes read or -errno; the call's latency ends here"),
                required=sc == "pread64", knob=_READ_ENTER[sc][1]))
     ) + (
-        group("add", named_tp("filemap:mm_filemap_add_to_page_cache", fields=("i_ino", "index", "s_dev"),
+        group("add", tp_cand("filemap:mm_filemap_add_to_page_cache", fields=("i_ino", "index", "s_dev"),
                           field_knobs=(("order", "MOE_HAVE_ORDER"),),
                           note="a folio added while the task has a read call in flight: the call missed; "
                                "pages = 1 << order (large folios), the first add tells the call's inode")),
-        group("close", named_tp("syscalls:sys_enter_close", fields=("fd",),
+        group("close", tp_cand("syscalls:sys_enter_close", fields=("fd",),
                             note="a closed fd number starts a new fd identity (gen + 1)"),
            required=False, knob="MOE_TRACK_CLOSE"),
-        group("close_range", named_tp("syscalls:sys_enter_close_range",
+        group("close_range", tp_cand("syscalls:sys_enter_close_range",
                                   note="close_range (5.9+): a new epoch for every fd of the process"),
            required=False, knob="MOE_TRACK_CLOSE_RANGE"),
-        group("exec", named_tp("sched:sched_process_exec",
+        group("exec", tp_cand("sched:sched_process_exec",
                            note="exec closes O_CLOEXEC fds without close(): a new epoch"),
            required=False, knob="MOE_TRACK_EXEC"),
-        group("newtask", named_tp("task:task_newtask", fields=("pid", "clone_flags"),
+        group("newtask", tp_cand("task:task_newtask", fields=("pid", "clone_flags"),
                               note="follow the command's child processes (threads share the tgid)"),
            required=False, knob="MOE_FOLLOW_FORKS"),
     ),
     knobs=(
-        Knob("MOE_HAVE_PREADV", 1, "1: compile sys_enter/exit_preadv (set from the attach plan)"),
-        Knob("MOE_HAVE_PREADV2", 1, "1: compile sys_enter/exit_preadv2 (set from the attach plan)"),
-        Knob("MOE_HAVE_READ", 1, "1: compile sys_enter/exit_read (set from the attach plan)"),
+        Knob("MOE_HAVE_PREADV", 1, "1: load sys_enter/exit_preadv (set from the attach plan)"),
+        Knob("MOE_HAVE_PREADV2", 1, "1: load sys_enter/exit_preadv2 (set from the attach plan)"),
+        Knob("MOE_HAVE_READ", 1, "1: load sys_enter/exit_read (set from the attach plan)"),
         Knob("MOE_TRACK_CLOSE", 1, "1: close() starts a new fd identity (close group)"),
         Knob("MOE_TRACK_CLOSE_RANGE", 1, "1: close_range() starts a new epoch (close_range group)"),
         Knob("MOE_TRACK_EXEC", 1, "1: exec starts a new epoch (exec group)"),
@@ -755,7 +755,7 @@ class ReadsRecorder(ProbeRecorder):
         summary["attach"] = {e.group: e.candidate.target for e in plan.attached}
         summary["unavailable"] = {e.group: e.reason for e in plan.entries if not e.attached}
         summary["knobs"] = dict(self.knobs)
-        summary["compile_attach_s"] = self.compile_attach_s
+        summary["load_attach_s"] = self.load_attach_s
         st = self.col.stats
         misses = self._misses
         self.write_sections(manifest, st, {

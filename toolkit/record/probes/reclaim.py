@@ -97,11 +97,11 @@ RECLAIM = ProbeSpec(
         group("ctx_exit_write", tp_cand("syscalls:sys_exit_write"), required=False, knob="MOE_CTX_WRITE"),
     ),
     knobs=(
-        Knob("MOE_HAVE_DIRECT", 1, "1: compile direct_reclaim_begin/end (set from the attach plan)"),
-        Knob("MOE_HAVE_KSWAPD", 1, "1: compile kswapd_wake/sleep (set from the attach plan)"),
-        Knob("MOE_HAVE_SHRINK_ACTIVE", 1, "1: compile lru_shrink_active (set from the attach plan)"),
-        Knob("MOE_HAVE_ISOLATE", 1, "1: compile lru_isolate (set from the attach plan)"),
-        Knob("MOE_CTX_WRITE", 1, "1: compile sys_enter/exit_write: the small-write context that makes a memcg "
+        Knob("MOE_HAVE_DIRECT", 1, "1: load direct_reclaim_begin/end (set from the attach plan)"),
+        Knob("MOE_HAVE_KSWAPD", 1, "1: load kswapd_wake/sleep (set from the attach plan)"),
+        Knob("MOE_HAVE_SHRINK_ACTIVE", 1, "1: load lru_shrink_active (set from the attach plan)"),
+        Knob("MOE_HAVE_ISOLATE", 1, "1: load lru_isolate (set from the attach plan)"),
+        Knob("MOE_CTX_WRITE", 1, "1: load sys_enter/exit_write: the small-write context that makes a memcg "
                                  "window proactive (memory.reclaim; set from the attach plan)"),
         Knob("MOE_MAX_TASKS", 16384, "tid -> open reclaim window entries (and tid -> write context entries)"),
         Knob("MOE_BUCKET_NS", 0, "per-time-bucket counters: bucket width in ns (0: off)"),
@@ -170,7 +170,7 @@ def resolve_attach(features=None, plan=None) -> tuple[dict[str, str], dict[str, 
     """(attached {group: "category:event"}, unavailable {group: reason}, MOE_HAVE_* knobs)
     from the ``reclaim`` declaration on this kernel. Raises :class:`ProbeError` when
     a required group is unavailable. An optional group sharing a knob with an unavailable
-    one is compiled out with it (begin without end would only leave windows open)."""
+    one is switched off with it (begin without end would only leave windows open)."""
     from moetrace.record import spec as probespec
 
     if plan is None:
@@ -197,7 +197,7 @@ def resolve_attach(features=None, plan=None) -> tuple[dict[str, str], dict[str, 
             have[k] = min(have[k], int(plan.knobs[k]))
     for g, (_fn, knob) in GROUPS.items():
         if knob is not None and have[knob] == 0 and g in attached:
-            missing[g] = f"compiled out ({knob}=0)"
+            missing[g] = f"switched off ({knob}=0)"
             del attached[g]
     return attached, missing, have
 
@@ -228,7 +228,7 @@ class ReclaimResult:
     knobs: dict[str, int]
     vmstat: dict[str, int]
     bucket_ns: int
-    compile_s: float
+    load_s: float
     attach_s: float
     start_s: float
     duration_s: float
@@ -291,7 +291,7 @@ class ReclaimResult:
                 "recursion_misses": dict(self.recursion_misses), "stats": dict(self.stats),
                 "attach": dict(self.attach), "unavailable": dict(self.unavailable), "knobs": dict(self.knobs),
                 "bucket_ns": self.bucket_ns, "t0_ns": self.t0_ns, "vmstat_delta": dict(self.vmstat),
-                "vmstat_check": self.vmstat_check(), "compile_s": self.compile_s, "attach_s": self.attach_s,
+                "vmstat_check": self.vmstat_check(), "load_s": self.load_s, "attach_s": self.attach_s,
                 "start_s": self.start_s, "duration_s": self.duration_s}
 
 
@@ -327,7 +327,7 @@ class ReclaimRecorder:
         #: the loaded probe (moetrace.kernel.bpf.CoreProbe) while attached, else None
         self.probe = None
         self.result: ReclaimResult | None = None
-        self.compile_s = 0.0
+        self.load_s = 0.0
         self.attach_s = 0.0
         self._t0_ns = 0
         self._t0 = 0.0
@@ -348,7 +348,7 @@ class ReclaimRecorder:
         attach = [(c.fn_name, c.kind, c.target) for g, target in self.attach.items()
                   for c in SPEC.group(g).candidates if c.target == target]
         self.probe = load_core("reclaim", self.knobs, attach, _map_sizes(self.knobs), gated=self.gated)
-        self.compile_s, self.attach_s = self.probe.compile_s, self.probe.attach_s
+        self.load_s, self.attach_s = self.probe.load_s, self.probe.attach_s
         self._vm0 = read_vmstat(self.vmstat_root)
         self._vm1 = None
         self._t0 = time.time()
@@ -458,7 +458,7 @@ class ReclaimRecorder:
         return ReclaimResult(per_kind=per_kind, histogram=histogram, timeline=timeline, stats=st,
                              open_windows=open_windows, recursion_misses=misses, attach=dict(self.attach),
                              unavailable=dict(self.unavailable), knobs=dict(self.knobs), vmstat=vm,
-                             bucket_ns=self.bucket_ns, compile_s=self.compile_s, attach_s=self.attach_s,
+                             bucket_ns=self.bucket_ns, load_s=self.load_s, attach_s=self.attach_s,
                              start_s=self._t0, duration_s=time.time() - self._t0, t0_ns=self._t0_ns)
 
     def _timeline(self) -> pd.DataFrame:
@@ -499,7 +499,7 @@ class ReclaimProbe(EngineProbe):
                                       gated=self.ctx.gated).open()
         self.probe = self.engine.probe  # the handle: prog_fds / prog_ids and the manifest's loader
         self.knobs = dict(self.engine.knobs)
-        self.compile_attach_s = self.engine.compile_s + self.engine.attach_s
+        self.load_attach_s = self.engine.load_s + self.engine.attach_s
         return self
 
     def write(self, run_dir: Path, manifest: dict[str, Any]) -> None:

@@ -28,7 +28,7 @@ No raw address is written (:func:`moetrace.kernel.symbolize.find_kernel_addresse
 directory for kernel addresses).
 
 Why 99 Hz by default: a sample of a followed task costs one hrtimer interrupt plus two
-stack walks; measured here (BPF_ENABLE_STATS run time of on_cpu_clock, 2 vCPUs, a replay of
+stack walks; measured here (BPF_ENABLE_STATS run time of pe_cpu_clock, 2 vCPUs, a replay of
 hot preads) 5-15 us per followed sample and ~0.3 us per other tick, so 99 Hz on both CPUs
 costs ~0.15 % of the machine (999 Hz: ~0.5 %), far inside the default probe set's 3 %
 budget, while a replay of one CPU-second still yields ~100 samples (49 Hz would halve
@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 from moetrace.lazyimport import pandas as pd
 
-from moetrace.record.spec import AttachCandidate, Knob, ProbeSpec, Struct, named_tp, group
+from moetrace.record.spec import AttachCandidate, Knob, ProbeSpec, Struct, group, program_name, tp_cand
 from moetrace.run.tables import TABLES
 from moetrace.atomic import atomic_write
 from moetrace.run import directory as rd
@@ -76,10 +76,11 @@ STACKS = ProbeSpec(
     description="perf cpu-clock samples of the command's processes and kswapd, kernel + user stacks counted in "
                 "the kernel, symbolized in user space (stacks.folded, stacks.parquet)",
     attach=(
-        group("cpu_clock", AttachCandidate("perf_event", "software:cpu-clock", "on_cpu_clock",
-                                        "PERF_COUNT_SW_CPU_CLOCK, an hrtimer per CPU: no hardware PMU needed "
-                                        "in a VM; sample_freq becomes a fixed period of 1e9 / MOE_SAMPLE_HZ ns")),
-        group("newtask", named_tp("task:task_newtask", fields=("pid", "clone_flags"),
+        group("cpu_clock", AttachCandidate("perf_event", "software:cpu-clock",
+                                           program_name("perf_event", "software:cpu-clock"),
+                                           "PERF_COUNT_SW_CPU_CLOCK, an hrtimer per CPU: no hardware PMU needed "
+                                           "in a VM; sample_freq becomes a fixed period of 1e9 / MOE_SAMPLE_HZ ns")),
+        group("newtask", tp_cand("task:task_newtask", fields=("pid", "clone_flags"),
                               note="follow the command's child processes (threads share the tgid)"),
            required=False, knob="MOE_FOLLOW_FORKS"),
     ),
@@ -296,7 +297,7 @@ class StacksRecorder(ProbeRecorder):
                 self.probe.close()
                 raise ProbeError(f"stacks: cannot add the kswapd threads to the task map: {e}",
                                      hint="raise MOE_MAX_TASKS") from None
-        self.compile_attach_s = time.perf_counter() - t0
+        self.load_attach_s = time.perf_counter() - t0
         self._t_open = time.monotonic()
         return self
 
