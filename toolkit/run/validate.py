@@ -1,6 +1,6 @@
 """Types of the values analyses read from a run's JSON files: manifest.json, cell.json,
-replay.json and the /proc snapshots, checked once where they are read (read_manifest,
-moetrace.run.handle), so that a damaged or hand-edited file fails with an InputError that
+replay.json and the /proc snapshots, checked once where they are read (read_manifest and the
+readers of moetrace.run.metadata), so that a damaged or hand-edited file fails with an InputError that
 names the file and the key instead of a TypeError deep in an analysis.
 
 Only keys that a reader uses are checked, and only when present: every reader treats a
@@ -19,6 +19,7 @@ import math
 from typing import Any, Iterable, Mapping
 
 from moetrace.errors import InputError
+from moetrace.run.documents import Manifest
 from moetrace.run.tables import TABLES, checks
 
 _MAX_COUNT = 2**53
@@ -125,7 +126,8 @@ def check_types(doc: Mapping[str, Any], spec: Mapping[str, str], path: str) -> N
                              hint="the file was damaged or edited; moetrace writes it")
 
 
-def _check_geometry(doc: Mapping[str, Any], path: str) -> None:
+def check_geometry(doc: Mapping[str, Any], path: str) -> None:
+    """The geometry of ``pool.geometry`` or ``plan`` within what moetrace records."""
     for where in ("pool.geometry", "plan"):
         g: Any = doc
         for k in where.split("."):
@@ -136,26 +138,10 @@ def _check_geometry(doc: Mapping[str, Any], path: str) -> None:
                              f"pool moetrace records ({MAX_EXPERTS} experts)", path=path)
 
 
-def check_manifest(doc: Mapping[str, Any], path: str) -> None:
+def check_manifest(doc: Manifest | Mapping[str, Any], path: str) -> None:
     """A run manifest's values, where analyses read them."""
     check_types(doc, MANIFEST_SPEC, path)
-    _check_geometry(doc, path)
-
-
-def check_side_file(doc: Mapping[str, Any], path: str) -> None:
-    """cell.json, replay.json, snapshots.json or snapshots/<label>.json, by file name."""
-    from pathlib import Path
-
-    p = Path(path)
-    if p.name == "cell.json":
-        check_types(doc, CELL_SPEC, path)
-    elif p.name == "replay.json":
-        check_types(doc, REPLAY_SPEC, path)
-        _check_geometry(doc, path)
-    elif p.name == "snapshots.json":
-        check_types(doc, SNAPSHOTS_SPEC, path)
-    elif p.parent.name == "snapshots":
-        check_types(doc, SNAPSHOT_SPEC, path)
+    check_geometry(doc, path)
 
 
 #: results.parquet columns the sweep report and check read, with the pandas kinds they may have
@@ -207,16 +193,16 @@ _KINDS = {"n": "iuf", "i": "iu", "s": "OSU", "b": "b"}
 _KIND_WHAT = {"n": "a number", "i": "an integer", "s": "a string", "b": "a boolean"}
 
 
-def _geometry_of(manifest: Mapping[str, Any] | None) -> tuple[int, int] | None:
-    m = manifest or {}
-    g = (m.get("pool") or {}).get("geometry") if isinstance(m.get("pool"), dict) else None
-    for d in (g, m.get("plan")):
+def _geometry_of(manifest: Manifest | None) -> tuple[int, int] | None:
+    """(layers, experts) of the manifest's pool, else of its plan (read_manifest checked their types)."""
+    pool = (manifest or {}).get("pool")
+    for d in (pool.get("geometry") if pool else None, (manifest or {}).get("plan")):
         if isinstance(d, dict) and isinstance(d.get("n_layers"), int) and isinstance(d.get("n_experts"), int):
             return d["n_layers"], d["n_experts"]
     return None
 
 
-def check_table(name: str, df, path: str, manifest: Mapping[str, Any] | None = None) -> None:
+def check_table(name: str, df, path: str, manifest: Manifest | None = None) -> None:
     """A run table as its readers need it: the columns its declaration checks, with their kinds, strings
     that are valid UTF-8, unique keys, and per-expert rows inside the manifest's geometry."""
     import numpy as np
