@@ -120,7 +120,6 @@ class ManifestPool(TypedDict, total=False):
 class KernelFacts(TypedDict, total=False):
     release: str
     btf: bool
-    mglru: MglruState | None  # a cell's kernel (cell.json); the manifest keeps it in `mglru`
 
 
 class Privileges(TypedDict, total=False):
@@ -277,10 +276,6 @@ class BpfRuntime(TypedDict, total=False):
     cpu_fraction_of_wall: float | None
     programs: dict[str, dict[str, dict[str, Any]]] | None  # probe -> program -> its fdinfo counters
     note: str
-
-
-class DetachTimings(TypedDict, total=False):
-    detach_release_wait_s: float
 
 
 class Detach(TypedDict, total=False):
@@ -581,9 +576,9 @@ class CellRecording(TypedDict, total=False):
     replay_pid: int
     complete: bool | None
     epochs_mode: str | None
-    measured_pages: PhasePages | None
-    warmup_pages: PhasePages | None
-    totals: Totals | None
+    measured_pages: Annotated[PhasePages | None, See("manifest.json")]  # its epochs.by_phase.measured
+    warmup_pages: Annotated[PhasePages | None, See("manifest.json")]
+    totals: Annotated[Totals | None, See("manifest.json")]
     lost: dict[str, dict[str, Any]] | None
     measured_re_added_pages_per_iteration: float
     measured_added_pages_per_iteration: float
@@ -618,7 +613,11 @@ class Simulated(TypedDict, total=False):
     hit_rate: float | None
     scored_iterations: int
     miss_bytes_per_iteration: float
-    error: str
+
+
+class CellKernel(TypedDict, total=False):
+    release: str
+    mglru: MglruState | None  # at the cell's start
 
 
 class Cell(TypedDict, total=False):
@@ -632,7 +631,7 @@ class Cell(TypedDict, total=False):
     mode: Required[str]
     headroom_bytes: int
     arena_request_bytes: int | None
-    kernel: KernelFacts
+    kernel: CellKernel
     host: HostFacts
     scope: CellScope
     device: CellDevice
@@ -648,7 +647,7 @@ class Cell(TypedDict, total=False):
     replay_pid: int
     replay_exit: int
     record: CellRecording
-    watch: CellRecording
+    watch: Annotated[CellRecording, See("cell.json")]  # the keys of `record`
     loop_entry: LoopEntry
     mem_available_at_loop_entry_bytes: int | None
     anon_at_loop_entry_bytes: int | None
@@ -842,6 +841,39 @@ class MatrixCellDoc(TypedDict, total=False):
     dir: str
 
 
+class MatrixSpecDoc(TypedDict, total=False):
+    """moetrace.lab.matrix.MatrixSpec.canonical: the spec as resolved."""
+
+    kernels: list[str]
+    mglru: list[str]
+    mechanisms: list[str]
+    capacities: list[list[Any]]  # [label, bytes]
+    plan: str
+    pool: str
+    repeats: int
+    mode: str
+    seed: int
+    headroom: int
+    warmup: int
+    passes: int
+    threads: int
+    guest_base: int
+    cgroup_guest_memory: int
+    balloon_reserve: int
+    timeout: float
+    kernel_modules: dict[str, str]  # kernel -> its modules_install directory
+
+
+class MatrixMeta(TypedDict, total=False):
+    """matrix.json."""
+
+    schema: Required[str]
+    digest: Required[str]
+    spec: Required[MatrixSpecDoc]
+    spec_file: str | None
+    cells: Required[list[MatrixCellDoc]]
+
+
 class MatrixRow(TypedDict, total=False):
     """A matrix cell's done.json (a row of the matrix): the cell, what its guest said, its
     outcome and its cell.json."""
@@ -859,7 +891,8 @@ class MatrixRow(TypedDict, total=False):
 DOCUMENTS: dict[str, type] = {
     "manifest.json": Manifest, "snapshots.json": Snapshots, "snapshots/<label>.json": Snapshot,
     "replay.json": ReplaySummary, "cell.json": Cell, "sweep.json": SweepMeta, "jobs/<C>-r<i>.json": Job,
-    "jobs/<C>-r<i>.ran.json": Ran, "jobs/attempts.jsonl": Attempt, "lab.json": Lab, "done.json": MatrixRow,
+    "jobs/<C>-r<i>.ran.json": Ran, "jobs/attempts.jsonl": Attempt, "lab.json": Lab, "matrix.json": MatrixMeta,
+    "done.json": MatrixRow,
 }
 
 #: keys moetrace wrote before and no longer writes: accepted in older directories (the golden

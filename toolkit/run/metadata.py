@@ -110,6 +110,17 @@ def write_lab(path: str | os.PathLike, doc: D.Lab) -> None:
     write_json(path, doc)
 
 
+def read_matrix_meta(path: str | os.PathLike) -> D.MatrixMeta:
+    """A matrix directory's matrix.json (``path``: the file, or the directory)."""
+    p = Path(path)
+    p = p / "matrix.json" if p.is_dir() else p
+    return cast(D.MatrixMeta, read_object(p, D.MatrixMeta, "matrix.json", D.MATRIX_SCHEMA))
+
+
+def write_matrix_meta(path: str | os.PathLike, doc: D.MatrixMeta) -> None:
+    write_json(path, doc)
+
+
 def read_matrix_row(path: str | os.PathLike) -> D.MatrixRow:
     """A matrix cell's done.json."""
     doc = read_object(path, D.MatrixRow, "done.json")
@@ -124,8 +135,9 @@ def write_matrix_row(path: str | os.PathLike, doc: D.MatrixRow) -> None:
 
 #: the readers by the file they read (a snapshot of a cell: by its directory's name)
 READERS = {"cell.json": read_cell, "replay.json": read_replay, "snapshots.json": read_snapshots,
-           "sweep.json": read_sweep_meta, "lab.json": read_lab, "done.json": read_matrix_row}
+           "sweep.json": read_sweep_meta, "lab.json": read_lab, "matrix.json": read_matrix_meta,
+           "done.json": read_matrix_row}
 
-__all__ = ["READERS", "check_schema", "read_cell", "read_lab", "read_matrix_row", "read_object",
+__all__ = ["READERS", "check_schema", "read_cell", "read_lab", "read_matrix_meta", "read_matrix_row", "read_object",
            "read_ran", "read_replay", "read_snapshot", "read_snapshots", "read_sweep_meta", "write_cell",
-           "write_lab", "write_matrix_row", "write_ran", "write_sweep_meta"]
+           "write_lab", "write_matrix_meta", "write_matrix_row", "write_ran", "write_sweep_meta"]

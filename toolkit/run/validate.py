@@ -34,7 +34,7 @@ MANIFEST_SPEC: dict[str, str] = {
     "plan.expert_bytes": "count", "plan.iterations": "count",
     "pool": "obj", "pool.geometry": "obj", **{f"pool.geometry.{k}": v for k, v in _GEOMETRY.items()},
     "pool.pages_per_expert": "count", "pool.extent_bytes": "count", "pool.root": "str", "pool.layout": "str",
-    "kernel": "kernel", "kernel.release": "str", "kernel.mglru": "obj", "kernel.mglru.on": "bool",
+    "kernel": "kernel", "kernel.release": "str",
     "mglru": "obj", "mglru.on": "bool",
     "lost": "obj", "lost.*": "obj", "lost.*.stream": "obj", "lost.*.stream.*": "count",
     "attach_plan": "obj",
@@ -65,7 +65,7 @@ _SNAPSHOT = {"monotonic_ns": "num", "realtime_ns": "num", "vmstat": "obj", "vmst
              "diskstats": "obj", "meminfo": "obj", "psi": "obj", "psi.*": "obj", "psi.*.*": "obj",
              "psi.*.*.total_us": "num", "vmlck_bytes": "obj", "scope": "obj"}
 SNAPSHOT_SPEC: dict[str, str] = dict(_SNAPSHOT)
-SNAPSHOTS_SPEC: dict[str, str] = {"*": "obj", **{f"{label}.{k}": v for label in ("pre", "post", "loop_entry")
+SNAPSHOTS_SPEC: dict[str, str] = {"*": "obj", **{f"{label}.{k}": v for label in ("pre", "post")
                                                  for k, v in _SNAPSHOT.items()}}
 
 
