@@ -107,10 +107,10 @@ def _is_object(t) -> bool:
 
     from moetrace.run import documents as D
 
-    t, see = D._strip(t)  # noqa: SLF001 - the test reads the declaration's own unwrapping
+    t, see = D.unwrap(t)
     if see is not None:
         return False
-    if D._is_typeddict(t):  # noqa: SLF001
+    if D.is_declaration(t):
         return True
     args = typing.get_args(t)
     return typing.get_origin(t) in (dict, list) and bool(args) and _is_object(args[-1])

@@ -163,7 +163,8 @@ class FakeGuest:
             return LabResult("ok", 137, dict(doc, exit_status=137))
         Path(out, "cell").mkdir()
         Path(out, "cell", "cell.json").write_text(json.dumps(
-            {"retained": True, "reasons": [], "capacity_bytes": 1, "mechanism": "cgroup", "mode": "mmap",
+            {"schema": "moetrace.cell/1", "complete": True, "retained": True, "reasons": [], "capacity_bytes": 1,
+             "mechanism": "cgroup", "mode": "mmap",
              "amplification": 1.5, "mem_available_at_loop_entry_bytes": 123}))
         return LabResult("ok", 0, doc)
 

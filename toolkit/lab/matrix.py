@@ -38,14 +38,15 @@ import re
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from moetrace.atomic import atomic_write
 from moetrace.capacity.scope import RESERVE_ENV
 from moetrace.errors import InputError, MoetraceError, UsageError
 from moetrace.jsonutil import write_json
-
-SCHEMA = "moetrace.matrix/1"
+from moetrace.run import metadata
+from moetrace.run.documents import MATRIX_SCHEMA as SCHEMA
+from moetrace.run.documents import Cell, Lab, LabSummary, MatrixRow
 MGLRU_STATES = ("on", "off")
 MODES = ("pagecache", "mmap")
 REQUIRED = ("kernels", "mechanisms", "capacities", "plan", "pool")
@@ -277,12 +278,9 @@ def check_matrix_dir(out: str | os.PathLike, spec: MatrixSpec) -> None:
 
 
 def _same_spec(meta: Path, spec: MatrixSpec, out) -> None:
-    try:
-        old = json.loads(meta.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise InputError(f"unreadable: {e}", path=str(meta)) from None
-    if old.get("digest") != spec.digest():
-        was = old.get("spec") or {}
+    old = metadata.read_matrix_meta(meta)
+    if old["digest"] != spec.digest():
+        was: dict[str, Any] = dict(old["spec"])
         diff = sorted(k for k in set(was) | set(spec.canonical()) if was.get(k) != spec.canonical().get(k))
         raise UsageError(f"{out} holds a matrix of another spec (differs in: {', '.join(diff) or 'its digest'})",
                          hint="resume with the spec it was started with, or give another --out")
@@ -306,8 +304,8 @@ def prepare(out: str | os.PathLike, spec: MatrixSpec, resume: bool) -> Work:
         if out.exists() and any(out.iterdir()):
             raise UsageError(f"{out} is not empty", hint="give a new or empty directory as --out")
         out.mkdir(parents=True, exist_ok=True)
-        write_json(meta, {"schema": SCHEMA, "digest": spec.digest(), "spec": spec.canonical(),
-                           "spec_file": spec.source, "cells": [c.as_dict() for c in cells]})
+        metadata.write_matrix_meta(meta, {"schema": SCHEMA, "digest": spec.digest(), "spec": spec.canonical(),
+                                          "spec_file": spec.source, "cells": [c.as_dict() for c in cells]})
     work = Work([], [], [])
     for c in cells:
         d = out / c.rel_dir
@@ -322,22 +320,17 @@ def prepare(out: str | os.PathLike, spec: MatrixSpec, resume: bool) -> Work:
 
 
 def mark_done(out: str | os.PathLike, cell: MatrixCell, result: dict[str, Any]) -> Path:
-    """The cell is finished: its result in done.json, written atomically and last."""
+    """The cell is finished: its result (:func:`cell_outcome`) in done.json, written atomically and last."""
     path = Path(out) / cell.rel_dir / DONE
-    write_json(path, {"cell": cell.as_dict(), **result})
+    metadata.write_matrix_row(path, cast(MatrixRow, {"cell": cell.as_dict(), **result}))
     return path
 
 
-def finished(out: str | os.PathLike) -> list[dict[str, Any]]:
+def finished(out: str | os.PathLike) -> list[MatrixRow]:
     """Every finished cell's done.json, in the matrix's order."""
     out = Path(out)
-    meta = json.loads((out / "matrix.json").read_text())
-    docs = []
-    for c in meta["cells"]:
-        p = out / c["dir"] / DONE
-        if p.exists():
-            docs.append(json.loads(p.read_text()))
-    return docs
+    meta = metadata.read_matrix_meta(out / "matrix.json")
+    return [metadata.read_matrix_row(out / c["dir"] / DONE) for c in meta["cells"] if (out / c["dir"] / DONE).exists()]
 
 
 # ---------------------------------------------------------------------------
@@ -377,9 +370,8 @@ def cell_command(cell: MatrixCell, spec: MatrixSpec, curve_path: str | None = No
             "--timeout", str(int(spec.timeout)), "--out", GUEST_CELL_DIR, "--json"]
 
 
-#: lab.json fields kept in each cell's done.json
-LAB_KEYS = ("status", "exit_status", "kernel", "release", "mglru", "mglru_requested", "accel", "cpus", "memory", "kernel_cmdline",
-            "host_wall_s", "cmd_start_uptime_s", "end_uptime_s", "boot_failures")
+#: lab.json fields kept in each cell's done.json (declared once: moetrace.run.documents.LabSummary)
+LAB_KEYS = tuple(LabSummary.__annotations__)
 
 
 def ensure_miss_curve(out: Path, spec: MatrixSpec) -> Path:
@@ -390,7 +382,7 @@ def ensure_miss_curve(out: Path, spec: MatrixSpec) -> Path:
     return ensure(Path(out) / "miss_curve.npz", spec.plan, spec.warmup, spec.passes)
 
 
-def cell_outcome(lab: dict[str, Any], cell_json: dict[str, Any] | None, console: str = "") -> dict[str, Any]:
+def cell_outcome(lab: Lab | dict[str, Any], cell_json: Cell | None, console: str = "") -> dict[str, Any]:
     """done.json's body from the guest's lab.json and the cell's cell.json (None: none came back).
     A guest that died (out of memory, a panic, the timeout) is a cell not retained, with why."""
     out: dict[str, Any] = {"lab": {k: lab.get(k) for k in LAB_KEYS if k in lab}}
@@ -402,12 +394,12 @@ def cell_outcome(lab: dict[str, Any], cell_json: dict[str, Any] | None, console:
         elif "Kernel panic" in console:
             why += ": the guest's kernel panicked"
         return {**out, "retained": False, "reasons": [why], "result": None}
-    reasons = list(cell_json.get("reasons") or [])
+    reasons = list(cell_json["reasons"])
     extra = []
     want, end = lab.get("mglru_requested"), lab.get("mglru")
     if want in MGLRU_STATES and end not in (None, "none") and (end != "0x0000") != (want == "on"):
         extra.append(f"MGLRU was {end} at the end, not {want}")
-    return {**out, "retained": bool(cell_json.get("retained")) and not extra, "reasons": reasons + extra,
+    return {**out, "retained": bool(cell_json["retained"]) and not extra, "reasons": reasons + extra,
             "result": cell_json}
 
 
@@ -428,8 +420,8 @@ def run_one(out: Path, spec: MatrixSpec, cell: MatrixCell, curve: Path, run_gues
         doc = {"status": "error", "error": e.format_message()}
     cj = d / "cell" / "cell.json"
     try:
-        cell_json = json.loads(cj.read_text()) if cj.exists() else None
-    except (OSError, json.JSONDecodeError):
+        cell_json = metadata.read_cell(cj) if cj.exists() else None
+    except InputError:  # a guest that died writing it: no cell result
         cell_json = None
     console = (d / "console.log").read_text(errors="replace") if (d / "console.log").exists() else ""
     result = cell_outcome(doc, cell_json, console)
@@ -511,9 +503,9 @@ def run_matrix_job(doc: dict[str, Any], where: str, phase) -> dict[str, Any]:
     DIR/matrix.json (its digest checked), the cell by its directory, a stopped attempt's
     leftovers cleared, then :func:`run_one`."""
     out = Path(doc["out"])
-    meta = json.loads((out / "matrix.json").read_text())
-    spec = spec_from_canonical(meta["spec"])
-    if spec.digest() != meta.get("digest"):
+    meta = metadata.read_matrix_meta(out / "matrix.json")
+    spec = spec_from_canonical(dict(meta["spec"]))
+    if spec.digest() != meta["digest"]:
         raise InputError("matrix.json's spec does not match its digest", path=str(out / "matrix.json"))
     cell = next((c for c in spec.cells() if c.rel_dir == doc.get("dir")), None)
     if cell is None:
@@ -537,11 +529,11 @@ def matrix_rows(out: str | os.PathLike) -> list[dict[str, Any]]:
     curve = _saved_curve(out)
     rows = []
     for doc in finished(out):
-        c, lab, res = doc["cell"], doc.get("lab") or {}, doc.get("result") or {}
+        c, lab, res = doc["cell"], doc["lab"], doc["result"] or cast(Cell, {})
         row = {"condition": c["condition"], "kernel": c["kernel"], "release": lab.get("release"),
                "mglru": c["mglru"], "mechanism_spec": c["mechanism"], "guest_memory": lab.get("memory"),
                "accel": lab.get("accel")}
-        row.update(cell_row({**res, "retained": doc.get("retained"), "reasons": doc.get("reasons") or []},
+        row.update(cell_row({**res, "retained": doc["retained"], "reasons": doc["reasons"]},
                             c["capacity_label"], c["repeat"], c["order"], c["dir"]))
         row["mem_available_at_loop_entry_bytes"] = res.get("mem_available_at_loop_entry_bytes")
         row["file_capacity_at_loop_entry_bytes"] = res.get("file_capacity_at_loop_entry_bytes")
@@ -568,8 +560,8 @@ def _saved_curve(out: Path):
     meta, path = out / "matrix.json", out / "miss_curve.npz"
     if not path.exists() or not meta.exists():
         return None
-    spec = json.loads(meta.read_text()).get("spec") or {}
     try:
+        spec = metadata.read_matrix_meta(meta)["spec"]
         return load_miss_curve(path, spec["plan"], spec["warmup"], spec["passes"])
     except (InputError, KeyError, OSError):
         return None

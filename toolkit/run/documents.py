@@ -686,9 +686,29 @@ class Cell(TypedDict, total=False):
 
 # -- the sweep: sweep.json, jobs/<name>.json, jobs/<name>.ran.json ---------------------------------
 
-class SweepCellsSpec(CellInputs, total=False):
-    """The cells' common CellSpec in sweep.json (absolute paths), with the plan's content key."""
+class SweepCellsSpec(TypedDict, total=False):
+    """The cells' common CellSpec in sweep.json (absolute paths; every field but those that
+    differ per cell: capacity_bytes, name, python), with the plan's content key."""
 
+    plan: str
+    pool: str
+    mechanism: str
+    mode: str
+    headroom_bytes: int
+    threads: int
+    warmup: int
+    passes: int
+    arena_fraction: float | None
+    prefetch: str
+    fadvise_random: bool
+    freq_table: str | None
+    timeout_s: float
+    drop_caches: bool
+    record: bool
+    stream_events: bool
+    watch: bool
+    outside_evictions: str
+    miss_curve: str | None
     replay_argv: list[str] | None
     plan_key: str
 
@@ -744,7 +764,7 @@ class Ran(TypedDict, total=False):
     host: str
     job_id: str
     started_at: float
-    ended_at: float
+    ended_at: float | None  # null while running
     outcome: str
 
 
@@ -879,10 +899,10 @@ class MatrixRow(TypedDict, total=False):
     outcome and its cell.json."""
 
     cell: Required[MatrixCellDoc]
-    lab: LabSummary
+    lab: Required[LabSummary]  # {} when the job gave up before a guest ran
     retained: Required[bool]
     reasons: Required[list[str]]
-    result: Annotated[Cell | None, See("cell.json")]
+    result: Required[Annotated[Cell | None, See("cell.json")]]
 
 
 # -- the walk --------------------------------------------------------------------------------------
@@ -904,12 +924,13 @@ RETIRED: dict[str, frozenset[str]] = {
 }
 
 
-def _is_typeddict(t: Any) -> bool:
+def is_declaration(t: Any) -> bool:
+    """A TypedDict (a declared object)."""
     return isinstance(t, type) and issubclass(t, dict) and hasattr(t, "__annotations__") \
         and hasattr(t, "__total__")
 
 
-def _strip(t: Any) -> tuple[Any, See | None]:
+def unwrap(t: Any) -> tuple[Any, See | None]:
     """The type without None, Required/NotRequired and Annotated; the See of an Annotated."""
     see = None
     while True:
@@ -946,10 +967,10 @@ def key_paths(td: type, prefix: str = "", follow_see: bool = False) -> dict[str,
 
 
 def _below(t: Any, path: str, out: dict[str, Any], follow_see: bool) -> None:
-    t, see = _strip(t)
+    t, see = unwrap(t)
     if see is not None and not follow_see:
         return
-    if _is_typeddict(t):
+    if is_declaration(t):
         out.update(key_paths(t, path + ".", follow_see))
         return
     origin, args = typing.get_origin(t), typing.get_args(t)
@@ -957,16 +978,16 @@ def _below(t: Any, path: str, out: dict[str, Any], follow_see: bool) -> None:
         out[path + ".*"] = args[1]
         _below(args[1], path + ".*", out, follow_see)
     elif origin is list and args:
-        inner, _ = _strip(args[0])
-        if _is_typeddict(inner) or typing.get_origin(inner) is dict:
+        inner, _ = unwrap(args[0])
+        if is_declaration(inner) or typing.get_origin(inner) is dict:
             _below(args[0], path + "[]", out, follow_see)
 
 
 def undeclared(doc: Any, td: Any, prefix: str = "") -> list[str]:
     """The key paths of the document ``doc`` that its declaration ``td`` does not declare
     (free-form maps accept any key; ``Any`` anything below)."""
-    t, _ = _strip(td)
-    if _is_typeddict(t):
+    t, _ = unwrap(td)
+    if is_declaration(t):
         if not isinstance(doc, dict):
             return []
         decl = fields(t)
@@ -992,7 +1013,7 @@ def missing_required(doc: Any, td: type, prefix: str = "") -> list[str]:
         return []
     out = [f"{prefix}{k}" for k in sorted(td.__required_keys__) if k not in doc]
     for k, t in fields(td).items():
-        inner, _ = _strip(t)
-        if k in doc and _is_typeddict(inner):
+        inner, _ = unwrap(t)
+        if k in doc and is_declaration(inner):
             out += missing_required(doc[k], inner, f"{prefix}{k}.")
     return out

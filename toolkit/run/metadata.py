@@ -76,6 +76,10 @@ def read_snapshot(path: str | os.PathLike) -> D.Snapshot:
     return cast(D.Snapshot, read_object(path, D.Snapshot, Path(path).name, None, SNAPSHOT_SPEC))
 
 
+def write_snapshot(path: str | os.PathLike, doc: D.Snapshot) -> None:
+    write_json(path, doc, indent=2)
+
+
 def read_snapshots(path: str | os.PathLike) -> D.Snapshots:
     """A run's snapshots.json."""
     return cast(D.Snapshots, read_object(path, D.Snapshots, "snapshots.json", None, SNAPSHOTS_SPEC))
@@ -139,5 +143,5 @@ READERS = {"cell.json": read_cell, "replay.json": read_replay, "snapshots.json":
            "done.json": read_matrix_row}
 
 __all__ = ["READERS", "check_schema", "read_cell", "read_lab", "read_matrix_meta", "read_matrix_row", "read_object",
-           "read_ran", "read_replay", "read_snapshot", "read_snapshots", "read_sweep_meta", "write_cell",
+           "read_ran", "read_replay", "read_snapshot", "read_snapshots", "read_sweep_meta", "write_cell", "write_snapshot",
            "write_lab", "write_matrix_meta", "write_matrix_row", "write_ran", "write_sweep_meta"]
