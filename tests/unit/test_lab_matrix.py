@@ -73,8 +73,8 @@ def test_resume_redoes_no_finished_cell_and_clears_a_stopped_one(tmp_path):
     work = M.prepare(out, spec, resume=False)
     assert not work.done and work.todo == spec.cells() and (out / "matrix.json").exists()
     first, second, third = work.todo[:3]
-    M.mark_done(out, first, {"retained": True})
-    M.mark_done(out, second, {"retained": False, "reasons": ["oom"]})
+    M.mark_done(out, first, {"lab": {}, "retained": True, "reasons": [], "result": None})
+    M.mark_done(out, second, {"lab": {}, "retained": False, "reasons": ["oom"], "result": None})
     (out / third.rel_dir).mkdir(parents=True)
     (out / third.rel_dir / "lab.json").write_text("{}")  # stopped part-way: no done.json
     with pytest.raises(UsageError, match="holds a matrix already"):
@@ -111,7 +111,7 @@ def test_any_set_of_finished_and_stopped_cells_resumes_to_exactly_the_rest(tmp_p
     out = tmp / "m"
     cells = M.prepare(out, spec, resume=False).todo
     for i in done_i:
-        M.mark_done(out, cells[i], {})
+        M.mark_done(out, cells[i], {"lab": {}, "retained": False, "reasons": [], "result": None})
     for i in stopped_i - done_i:
         (out / cells[i].rel_dir).mkdir(parents=True)
     work = M.prepare(out, spec, resume=True)

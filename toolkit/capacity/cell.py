@@ -690,7 +690,7 @@ class _Cell:
         s = self.snap("loop_entry", self.pids)
         # what the page cache could still grow into, whatever the mechanism (the effective
         # capacity beside nominal C: a guest's RAM or a balloon is never exactly C)
-        result["mem_available_at_loop_entry_bytes"] = (s.get("meminfo") or {}).get("MemAvailable_bytes")
+        result["mem_available_at_loop_entry_bytes"] = s["meminfo"].get("MemAvailable_bytes")
         st = (s.get("scope") or {}).get("stat", {})
         anon = st.get("rss", st.get("anon"))
         result["anon_at_loop_entry_bytes"] = anon

@@ -346,13 +346,13 @@ class ScopeCounters(TypedDict, total=False):
 class Snapshot(TypedDict, total=False):
     """One /proc snapshot (a cell's snapshots/<label>.json; a run's snapshots.json by label)."""
 
-    label: str
-    monotonic_ns: int
-    realtime_ns: int
-    diskstats: dict[str, Any]
-    vmstat: dict[str, int]
-    meminfo: dict[str, int]
-    psi: dict[str, dict[str, dict[str, float]]]  # resource -> some|full -> avg10 ... total_us
+    label: Required[str]
+    monotonic_ns: Required[int]
+    realtime_ns: Required[int]
+    diskstats: Required[dict[str, Any]]
+    vmstat: Required[dict[str, int]]
+    meminfo: Required[dict[str, int]]
+    psi: Required[dict[str, dict[str, dict[str, float]]]]  # resource -> some|full -> avg10 ... total_us
     lru_gen: dict[str, Any] | None
     vmlck_bytes: dict[str, int | None]
     scope: ScopeCounters | None
@@ -1007,11 +1007,24 @@ def undeclared(doc: Any, td: Any, prefix: str = "") -> list[str]:
     return []
 
 
+def required_keys(td: type) -> frozenset[str]:
+    """The keys of ``td`` every writer writes (``Required``, or not ``NotRequired`` in a total one).
+    (``__required_keys__`` misses them here: the annotations are strings when the class is made.)"""
+    out = set()
+    for k, t in typing.get_type_hints(td, include_extras=True).items():
+        while typing.get_origin(t) is Annotated:
+            t = t.__origin__
+        origin = typing.get_origin(t)
+        if origin is Required or (origin is not NotRequired and td.__total__):
+            out.add(k)
+    return frozenset(out)
+
+
 def missing_required(doc: Any, td: type, prefix: str = "") -> list[str]:
     """The Required keys of ``td`` (at every level of ``doc``'s objects) that ``doc`` lacks."""
     if not isinstance(doc, dict):
         return []
-    out = [f"{prefix}{k}" for k in sorted(td.__required_keys__) if k not in doc]
+    out = [f"{prefix}{k}" for k in sorted(required_keys(td)) if k not in doc]
     for k, t in fields(td).items():
         inner, _ = unwrap(t)
         if k in doc and is_declaration(inner):
