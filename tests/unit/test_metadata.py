@@ -78,3 +78,28 @@ def test_every_document_has_a_reader_and_its_schema_constant():
     from moetrace.replay.harness import REPLAY_SCHEMA
 
     assert JOB_SCHEMA is D.JOB_SCHEMA and REPLAY_SCHEMA is D.REPLAY_SCHEMA
+
+
+def test_the_writers_build_what_is_declared(tmp_path, monkeypatch):
+    """The dicts the writers build from their dataclasses hold declared keys only, every one."""
+    from moetrace.capacity.sweep import sweep_doc
+    from moetrace.lab import matrix as Mx
+    from moetrace.run.documents import key_paths, undeclared
+
+    (tmp_path / "spec.toml").write_text('kernels = ["6.1"]\nmechanisms = ["cgroup", "balloon:0.81"]\n'
+                                        'capacities = ["192MiB"]\nplan = "plan.bin"\npool = "/var/tmp/pool"\n'
+                                        'kernel_modules = {"6.1" = "/var/tmp/mods"}\n')
+    spec = Mx.load_spec(tmp_path / "spec.toml")
+    cell = spec.cells()[0]
+    assert set(cell.as_dict()) == set(D.MatrixCellDoc.__annotations__)
+    assert not undeclared(spec.canonical(), D.MatrixSpecDoc)
+    assert not undeclared(Mx.MatrixJob(cell, str(tmp_path)).as_dict(), D.Job)
+    from moetrace.capacity.cell import CellSpec
+    from moetrace.capacity.jobs import CellJob
+
+    cs = CellSpec(plan="p", pool="q", capacity_bytes=1 << 20)
+    job = CellJob("1MiB-r0", "1MiB", 0, 0, cs, str(tmp_path), None, None)
+    assert not undeclared(job.as_dict(), D.Job)
+    assert set(job.as_dict()["spec"]) == {p for p in key_paths(D.JobSpec)}
+    monkeypatch.setattr("moetrace.capacity.cell.plan_key", lambda *a: "key")  # no plan file here
+    assert not undeclared(sweep_doc({"1MiB": cs}, [("1MiB", 1 << 20)], 1, 1), D.SweepSpec)

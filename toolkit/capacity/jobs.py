@@ -33,7 +33,7 @@ from moetrace.errors import CellInterrupted, InputError
 from moetrace.jsonutil import write_json
 from moetrace.run import metadata
 from moetrace.run.directory import read_json
-from moetrace.run.documents import CELL_SCHEMA, JOB_SCHEMA, Cell, Ran
+from moetrace.run.documents import CELL_SCHEMA, JOB_SCHEMA, Cell, Job, Ran
 
 
 @dataclass
@@ -70,7 +70,7 @@ class CellJob:
         doc["reasons"] = [*doc["reasons"], why]
         metadata.write_cell(self.cell_dir / "cell.json", doc)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> Job:
         return {"schema": JOB_SCHEMA, "kind": "sweep-cell", "name": self.name, "label": self.label, "repeat": self.repeat,
                 "order": self.order, "out": self.out, "curve": self.curve, "stage_pool": self.stage_pool,
                 "spec": asdict(self.spec)}
@@ -228,7 +228,7 @@ def run_job(job_path: str, on_phase: Callable[[str], None] | None = None) -> dic
     return {"name": doc["name"], "retained": bool(res["retained"]), "reasons": res["reasons"], "host": ran["host"]}
 
 
-def run_cell_job(doc: dict[str, Any], where: str, phase: Callable[[str], None]) -> dict[str, Any]:
+def run_cell_job(doc: Job, where: str, phase: Callable[[str], None]) -> Cell:
     """A sweep's cell: the pool staged when asked, the saved miss curve loaded, run_cell into the
     cell directory (cleared first: a stopped attempt's leftovers). A cell whose setup fails is a
     cell.json that is not retained, with the reason (the job succeeds)."""

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from moetrace.errors import CellInterrupted
-from moetrace.run.documents import SWEEP_SCHEMA, Cell
+from moetrace.run.documents import SWEEP_SCHEMA, Cell, SweepSpec
 
 CELL_COLUMNS = ["capacity", "capacity_bytes", "repeat", "order", "cell_dir", "mechanism", "mode", "retained",
                 "reasons", "iteration_time_median_ns", "iteration_time_spread", "measured_iterations",
@@ -78,7 +78,7 @@ def effective_capacity(res: Cell) -> int | None:
     return res.get("mem_available_at_loop_entry_bytes")
 
 
-def sweep_doc(specs: dict[str, Any], caps: list[tuple[str, int]], repeats: int, seed: int) -> dict[str, Any]:
+def sweep_doc(specs: dict[str, Any], caps: list[tuple[str, int]], repeats: int, seed: int) -> SweepSpec:
     """What identifies a sweep: the cells' common inputs (absolute paths, the plan's key), the
     capacities, repeats and seed; a directory holds the cells of one such sweep."""
     from moetrace.capacity.cell import plan_key
@@ -119,7 +119,7 @@ def prepare_sweep(out: Path, specs: dict[str, Any], caps: list[tuple[str, int]],
 
         old = read_sweep_meta(meta)
         if old["digest"] != digest:
-            was: dict[str, Any] = dict(old["spec"])
+            was = old["spec"]
             diff = sorted(k for k in set(was) | set(doc) if was.get(k) != doc.get(k))
             raise UsageError(f"{out} holds another sweep (differs in: {', '.join(diff) or 'its digest'})",
                              hint="re-run with the options it was started with, or give another --out")

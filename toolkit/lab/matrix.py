@@ -46,7 +46,7 @@ from moetrace.errors import InputError, MoetraceError, UsageError
 from moetrace.jsonutil import write_json
 from moetrace.run import metadata
 from moetrace.run.documents import MATRIX_SCHEMA as SCHEMA
-from moetrace.run.documents import Cell, Lab, LabSummary, MatrixRow
+from moetrace.run.documents import JOB_SCHEMA, Cell, Job, Lab, LabSummary, MatrixCellDoc, MatrixRow, MatrixSpecDoc
 MGLRU_STATES = ("on", "off")
 MODES = ("pagecache", "mmap")
 REQUIRED = ("kernels", "mechanisms", "capacities", "plan", "pool")
@@ -102,11 +102,11 @@ class MatrixCell:
     def rel_dir(self) -> str:
         return f"cells/{self.condition}/{self.name}"
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> MatrixCellDoc:
         d = asdict(self)
         d["mechanism"] = self.mechanism.label
         d.update(condition=self.condition, name=self.name, dir=self.rel_dir)
-        return d
+        return cast(MatrixCellDoc, d)
 
 
 def _safe(text: str) -> str:
@@ -144,7 +144,7 @@ class MatrixSpec:
     kernel_modules: tuple[tuple[str, str], ...] = ()
     source: str | None = field(default=None, compare=False)
 
-    def canonical(self) -> dict[str, Any]:
+    def canonical(self) -> MatrixSpecDoc:
         """The spec as resolved (what the cells depend on), for matrix.json and the digest."""
         return {"kernels": list(self.kernels), "mglru": list(self.mglru),
                 "mechanisms": [m.label for m in self.mechanisms],
@@ -280,7 +280,7 @@ def check_matrix_dir(out: str | os.PathLike, spec: MatrixSpec) -> None:
 def _same_spec(meta: Path, spec: MatrixSpec, out) -> None:
     old = metadata.read_matrix_meta(meta)
     if old["digest"] != spec.digest():
-        was: dict[str, Any] = dict(old["spec"])
+        was = old["spec"]
         diff = sorted(k for k in set(was) | set(spec.canonical()) if was.get(k) != spec.canonical().get(k))
         raise UsageError(f"{out} holds a matrix of another spec (differs in: {', '.join(diff) or 'its digest'})",
                          hint="resume with the spec it was started with, or give another --out")
@@ -466,8 +466,7 @@ class MatrixJob:
     def job_path(self) -> Path:
         return Path(self.out) / "jobs" / f"{self.name}.json"
 
-    def as_dict(self) -> dict[str, Any]:
-        from moetrace.capacity.jobs import JOB_SCHEMA
+    def as_dict(self) -> Job:
 
         return {"schema": JOB_SCHEMA, "kind": "matrix-cell", "name": self.name, "out": self.out,
                 "dir": self.cell.rel_dir}
@@ -479,7 +478,7 @@ class MatrixJob:
             mark_done(self.out, self.cell, {"lab": {}, "retained": False, "reasons": [why], "result": None})
 
 
-def spec_from_canonical(doc: dict[str, Any]) -> MatrixSpec:
+def spec_from_canonical(doc: MatrixSpecDoc) -> MatrixSpec:
     """matrix.json's spec back as a MatrixSpec (:meth:`MatrixSpec.canonical` inverted)."""
     d = dict(doc)
     mods = tuple(sorted((d.pop("kernel_modules", None) or {}).items()))
@@ -498,13 +497,13 @@ def matrix_jobs(out: str | os.PathLike, work: Work) -> list[MatrixJob]:
     return jobs
 
 
-def run_matrix_job(doc: dict[str, Any], where: str, phase) -> dict[str, Any]:
+def run_matrix_job(doc: Job, where: str, phase) -> dict[str, Any]:
     """The job function of a matrix cell (moetrace.capacity.jobs.KINDS): the spec from
     DIR/matrix.json (its digest checked), the cell by its directory, a stopped attempt's
     leftovers cleared, then :func:`run_one`."""
     out = Path(doc["out"])
     meta = metadata.read_matrix_meta(out / "matrix.json")
-    spec = spec_from_canonical(dict(meta["spec"]))
+    spec = spec_from_canonical(meta["spec"])
     if spec.digest() != meta["digest"]:
         raise InputError("matrix.json's spec does not match its digest", path=str(out / "matrix.json"))
     cell = next((c for c in spec.cells() if c.rel_dir == doc.get("dir")), None)
@@ -567,7 +566,7 @@ def _saved_curve(out: Path):
         return None
 
 
-def at_effective_capacity(res: dict[str, Any], eff: int | None, curve) -> dict[str, Any]:
+def at_effective_capacity(res: Cell, eff: int | None, curve) -> dict[str, Any]:
     """Miss demand and amplification at the capacity the cell really had (nominal C's are the
     cell's own): a vm-memory guest or a balloon never leaves exactly C."""
     from moetrace.capacity.cell import simulated_miss
@@ -582,7 +581,7 @@ def at_effective_capacity(res: dict[str, Any], eff: int | None, curve) -> dict[s
             "amplification_at_effective": (dev / m) if (dev is not None and m) else None}
 
 
-def locked_fraction(res: dict[str, Any]) -> float | None:
+def locked_fraction(res: Cell) -> float | None:
     """What a balloon cell really locked (its balloon and top-up VmLck) over the guest's MemTotal."""
     b = res.get("balloon") or {}
     if not b.get("vmlck_bytes") or not b.get("mem_total_bytes"):
