@@ -124,7 +124,7 @@ def _owner(path: str) -> tuple[str, str]:
     return parent, key
 
 
-def _free(path: str, decl: dict[str, object]) -> bool:
+def free_form(path: str, decl: dict[str, object]) -> bool:
     """``path`` lies below a free-form map of values (its keys are names, not declared)."""
     parts = path.split(".")
     prefixes = [".".join(parts[:i + 1]) for i in range(len(parts)) if parts[i] == "*"]
@@ -144,13 +144,13 @@ def json_section_problems(doc: RunDirectoryDoc, section: str, td: type) -> list[
         owner, key = _owner(path)
         if owner in rows and key in _KEY.findall(rows[owner]):
             continue
-        if owner == "" or not _free(path, decl):
+        if owner == "" or not free_form(path, decl):
             problems.append(f"{section}: `{path.replace('*', '<key>')}` is declared but not documented")
     for name, meaning in rows.items():
-        if name not in decl and not _free(name, decl):
+        if name not in decl and not free_form(name, decl):
             problems.append(f"{section}: `{name}` is documented but not declared (no writer writes it)")
             continue
-        if _free(name + ".*", decl) or not _is_object(decl.get(name)):
+        if free_form(name + ".*", decl) or not _is_object(decl.get(name)):
             continue  # a free-form map or a value: its backticked names are examples, not keys
         children = {_owner(p)[1] for p in decl if _owner(p)[0] == name}
         for key in _KEY.findall(meaning):

@@ -100,7 +100,7 @@ def _declared(key: str, decl: dict) -> bool:
     for path in decl:
         d = path.split(".")
         if len(d) <= len(parts) and all(a == b or "*" in (a, b) for a, b in zip(d, parts)):
-            if len(d) == len(parts) or D._free(path + ".*", decl):  # noqa: SLF001
+            if len(d) == len(parts) or D.free_form(path + ".*", decl):
                 return True
     return False
 

@@ -223,6 +223,10 @@ def test_run_cells_marks_each_cell_and_a_killed_matrix_resumes_where_it_stopped(
     assert docs[0]["retained"] and docs[0]["result"]["amplification"] == 1.5
     assert not docs[1]["retained"] and "did not reach COMMAND" in docs[1]["reasons"][0]
     assert not docs[2]["retained"] and docs[2]["reasons"][0].endswith("the guest ran out of memory")
+    from moetrace.run.documents import MatrixMeta, MatrixRow, undeclared  # every key declared (and documented)
+
+    assert not [p for d in docs for p in undeclared(d, MatrixRow)]
+    assert not undeclared(json.loads((out / "matrix.json").read_text()), MatrixMeta)
     # resume: the four finished cells are kept, the stopped fifth is run again, then the rest
     work = M.prepare(out, spec, resume=True)
     assert work.cleared == [cells[4].rel_dir] and len(work.done) == 4
