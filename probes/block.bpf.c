@@ -42,18 +42,22 @@ const volatile u32 moe_stream_bios = 1;    // 1: one ring record per read bio
 const volatile u32 moe_max_inflight = 65536;  // (dev, sector) -> issue time entries (sizes `inflight`)
 
 // stats slots (toolkit/record/probes/block.py STATS names them in this order)
-#define STAT_READ_BYTES 0        // bytes group: read bytes on moe_dev
-#define STAT_READ_BIOS 1         // bytes group: read events on moe_dev
-#define STAT_RING_LOST 2         // ring reserve failed: bio records lost
-#define STAT_ISSUES 3            // rq_issue reads on moe_dev
-#define STAT_ISSUE_BYTES 4
-#define STAT_REQUEUES 5          // rq_requeue reads on moe_dev
-#define STAT_REQUEUE_BYTES 6
-#define STAT_COMPLETES 7         // rq_complete reads on moe_dev
-#define STAT_COMPLETE_MATCHED 8  // ... that found their issue time
-#define STAT_INFLIGHT_FULL 9     // issue entries not stored (map full)
-#define STAT_LATENCY_NS 10       // sum of matched issue -> complete ns
-#define N_STATS 11
+enum moe_stat {  // the `stats` map's slots, in the declaration's order (SPEC.stats)
+    STAT_READ_BYTES,             // bytes group: read bytes on moe_dev
+    STAT_READ_BIOS,              // bytes group: read events on moe_dev
+    STAT_RING_LOST,              // ring reserve failed: bio records lost
+    STAT_ISSUES,                 // rq_issue reads on moe_dev
+    STAT_ISSUE_BYTES,
+    STAT_REQUEUES,               // rq_requeue reads on moe_dev
+    STAT_REQUEUE_BYTES,
+    STAT_COMPLETES,              // rq_complete reads on moe_dev
+    STAT_COMPLETE_MATCHED,       // ... that found their issue time
+    STAT_INFLIGHT_FULL,          // issue entries not stored (map full)
+    STAT_LATENCY_NS,             // sum of matched issue -> complete ns
+    N_STATS
+};
+MOE_STAT_BTF;
+
 #define HIST_SLOTS 64
 #define RWBS_SCAN 8              // rwbs is char[8] (6.1, 6.12) or char[10] (6.18): 8 suffice
 

@@ -98,24 +98,27 @@ const volatile u32 anon_flag = 2;        // PAGEMAP_ANONYMOUS
 #define HIST_SLOTS 64
 
 // stats slots (moetrace/record/probes/lru.py LRU.stats names them, in order)
-#define STAT_ADD_EVENTS 0
-#define STAT_POOL_DEV_ADD_EVENTS 1
-#define STAT_INSERT_EVENTS 2
-#define STAT_INSERT_JOINED 3
-#define STAT_INSERT_REPEATED 4
-#define STAT_INSERT_ANON_STALE 5
-#define STAT_ACTIVATE_EVENTS 6
-#define STAT_ACTIVATE_JOINED 7
-#define STAT_ACTIVATE_UNINSERTED 8
-#define STAT_DELETE_EVENTS 9
-#define STAT_POOL_DEV_DELETE_EVENTS 10
-#define STAT_DELETE_JOINED 11
-#define STAT_DELETE_UNJOINED 12
-#define STAT_DELETE_STALE 13
-#define STAT_ADD_STALE 14
-#define STAT_UNPROCESSED_PAGES 15
-#define STAT_JOIN_UPDATE_FAILED 16
-#define N_STATS 17
+enum moe_stat {  // the `stats` map's slots, in the declaration's order (SPEC.stats)
+    STAT_ADD_EVENTS,
+    STAT_POOL_DEV_ADD_EVENTS,
+    STAT_INSERT_EVENTS,
+    STAT_INSERT_JOINED,
+    STAT_INSERT_REPEATED,
+    STAT_INSERT_ANON_STALE,
+    STAT_ACTIVATE_EVENTS,
+    STAT_ACTIVATE_JOINED,
+    STAT_ACTIVATE_UNINSERTED,
+    STAT_DELETE_EVENTS,
+    STAT_POOL_DEV_DELETE_EVENTS,
+    STAT_DELETE_JOINED,
+    STAT_DELETE_UNJOINED,
+    STAT_DELETE_STALE,
+    STAT_ADD_STALE,
+    STAT_UNPROCESSED_PAGES,
+    STAT_JOIN_UPDATE_FAILED,
+    N_STATS
+};
+MOE_STAT_BTF;
 
 // per-slot counters, in pages (ns for the *_ns sums): F_* index these fields
 struct lru_counts {

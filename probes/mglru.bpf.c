@@ -56,18 +56,21 @@ const volatile s32 moe_lru_gen_pgoff = -1;
 #define SEQ_UNKNOWN 0xffffffffffffffffULL
 
 // stats slots (moetrace/record/probes/mglru.py SPEC.stats names them, in order)
-#define STAT_EVICT_FOLIOS 0
-#define STAT_ISOLATE_FOLIOS 1
-#define STAT_SHOULD_RUN_AGING 2
-#define STAT_INC_MAX_SEQ 3       // aging attempts (whichever inc_max_seq candidate is attached)
-#define STAT_FOLIO_INC_GEN 4
-#define STAT_LOOK_AROUND 5
-#define STAT_WORKINGSET_EVICTION 6
-#define STAT_WORKINGSET_REFAULT 7
-#define STAT_RING_LOST 8         // aging records the ring had no room for
-#define STAT_EVICT_LOST 9        // pool eviction records the ring had no room for
-#define STAT_EVICT_POOL 10       // pool folios evicted (a record each, or counted lost)
-#define N_STATS 11
+enum moe_stat {  // the `stats` map's slots, in the declaration's order (SPEC.stats)
+    STAT_EVICT_FOLIOS,
+    STAT_ISOLATE_FOLIOS,
+    STAT_SHOULD_RUN_AGING,
+    STAT_INC_MAX_SEQ,            // aging attempts (whichever inc_max_seq candidate is attached)
+    STAT_FOLIO_INC_GEN,
+    STAT_LOOK_AROUND,
+    STAT_WORKINGSET_EVICTION,
+    STAT_WORKINGSET_REFAULT,
+    STAT_RING_LOST,              // aging records the ring had no room for
+    STAT_EVICT_LOST,             // pool eviction records the ring had no room for
+    STAT_EVICT_POOL,             // pool folios evicted (a record each, or counted lost)
+    N_STATS
+};
+MOE_STAT_BTF;
 
 // MAX_NR_GENS is 4 on every MGLRU kernel so far; slot 0 counts folios not on an MGLRU list
 #define GEN_SLOTS 5

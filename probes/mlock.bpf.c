@@ -78,16 +78,19 @@ const volatile u32 moe_ringbuf_pages = 16;
 #define TG_LOCKED 2
 
 // stats slots (toolkit/record/probes/mlock.py MLOCK.stats names them, in order)
-#define STAT_CALLS 0            // ring records submitted
-#define STAT_RING_LOST 1        // records the ring had no room for (lost calls)
-#define STAT_PENDING_FULL 2     // enter not stored (tid map full): the call is lost
-#define STAT_UNMATCHED_EXITS 3  // mlock-family exit of a followed tgid with no stored enter
-#define STAT_TGID_MAP_FULL 4    // a child process not followed (tgids map full)
-#define STAT_KP_MLOCK_FOLIO 5   // mlock_folio events of followed tgids
-#define STAT_KP_MLOCK_NEW 6     // mlock_new_folio / mlock_new_page events
-#define STAT_KP_MUNLOCK 7       // munlock_folio / munlock_page events
-#define STAT_KP_LARGE 8         // ... of those, large folios (PG_head)
-#define N_STATS 9
+enum moe_stat {  // the `stats` map's slots, in the declaration's order (SPEC.stats)
+    STAT_CALLS,                 // ring records submitted
+    STAT_RING_LOST,             // records the ring had no room for (lost calls)
+    STAT_PENDING_FULL,          // enter not stored (tid map full): the call is lost
+    STAT_UNMATCHED_EXITS,       // mlock-family exit of a followed tgid with no stored enter
+    STAT_TGID_MAP_FULL,         // a child process not followed (tgids map full)
+    STAT_KP_MLOCK_FOLIO,        // mlock_folio events of followed tgids
+    STAT_KP_MLOCK_NEW,          // mlock_new_folio / mlock_new_page events
+    STAT_KP_MUNLOCK,            // munlock_folio / munlock_page events
+    STAT_KP_LARGE,              // ... of those, large folios (PG_head)
+    N_STATS
+};
+MOE_STAT_BTF;
 
 struct pending {
     u64 ts_ns;

@@ -35,6 +35,14 @@ char LICENSE[] SEC("license") = "GPL";
 #define MOE_RINGBUF(name) \
     struct { __uint(type, BPF_MAP_TYPE_RINGBUF); __uint(max_entries, 4096); } name SEC(".maps")
 
+// -- the probe's own counters ------------------------------------------------------------------
+// Each probe counts its events and failures in a u64 array map `stats`, one slot per
+// `enum moe_stat { STAT_..., N_STATS }` enumerator, in the order of its declaration's SPEC.stats
+// (the manifest's `stats`). Enumerators alone leave no trace in the object's BTF: MOE_STAT_BTF, a
+// .bss variable of the enum's type, keeps the type there, where tests/probe_build compares it with
+// the declaration.
+#define MOE_STAT_BTF enum moe_stat moe_stat_btf
+
 // -- one recording, one interval --------------------------------------------------------------
 // gated = 1 (moetrace record): a probe counts only while `armed` holds 1. The recorder attaches
 // every probe first, then arms them all (one store each into the mmapped .bss, no syscall) and

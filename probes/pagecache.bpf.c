@@ -55,19 +55,22 @@ const volatile u32 moe_max_tasks = 16384;
 #define SMALL_WRITE 64  // a write(2) of at most this many bytes: "1G" to memory.reclaim
 
 // stats slots (moetrace/record/probes/pagecache.py SPEC.stats names them, in order)
-#define STAT_ADD_EVENTS 0
-#define STAT_DELETE_EVENTS 1
-#define STAT_POOL_DEV_ADD_EVENTS 2
-#define STAT_POOL_DEV_DELETE_EVENTS 3
-#define STAT_UNPROCESSED_PAGES 4
-#define STAT_READ_BYTES 5
-#define STAT_READ_CALLS 6
-#define STAT_TGID_FULL 7
-#define STAT_RING_DROPS 8
-#define STAT_BITMAP_MISS 9
-#define STAT_DEV_MISMATCH 10
-#define STAT_ADD_RUNS 11       // every run of the add program, armed or not (= its BPF run count)
-#define N_STATS 12
+enum moe_stat {  // the `stats` map's slots, in the declaration's order (SPEC.stats)
+    STAT_ADD_EVENTS,
+    STAT_DELETE_EVENTS,
+    STAT_POOL_DEV_ADD_EVENTS,
+    STAT_POOL_DEV_DELETE_EVENTS,
+    STAT_UNPROCESSED_PAGES,
+    STAT_READ_BYTES,
+    STAT_READ_CALLS,
+    STAT_TGID_MAP_FULL,
+    STAT_RING_DROPS,
+    STAT_BITMAP_MISSES,
+    STAT_DEV_MISMATCH_EVENTS,
+    STAT_ADD_RUNS,             // every run of the add program, armed or not (= its BPF run count)
+    N_STATS
+};
+MOE_STAT_BTF;
 
 struct expert_counts {
     u64 added_pages;
@@ -210,7 +213,7 @@ static __always_inline u64 bitmap_update(u32 eid, u64 pstart, u64 pend, u32 kind
         u32 key = eid * wpe + (u32)wi;
         u64 *w = bpf_map_lookup_elem(&evicted_bm, &key);
         if (!w) {
-            stat_add(STAT_BITMAP_MISS, 1);
+            stat_add(STAT_BITMAP_MISSES, 1);
             continue;
         }
         if (kind == 0) {
@@ -298,7 +301,7 @@ static __always_inline int account(u64 ino, u64 index, u64 npages, u32 kind, u32
 static __always_inline int other_dev(u64 ino)
 {
     if (bpf_map_lookup_elem(&inodes, &ino))
-        stat_add(STAT_DEV_MISMATCH, 1);
+        stat_add(STAT_DEV_MISMATCH_EVENTS, 1);
     return 0;
 }
 
@@ -364,7 +367,7 @@ int tracepoint__task__task_newtask(struct trace_event_raw_task_newtask *ctx)
     u32 child = ctx->pid;
     u8 one = 1;
     if (bpf_map_update_elem(&tgids, &child, &one, BPF_ANY))
-        stat_add(STAT_TGID_FULL, 1);
+        stat_add(STAT_TGID_MAP_FULL, 1);
     return 0;
 }
 

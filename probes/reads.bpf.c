@@ -87,29 +87,32 @@ const volatile u32 moe_ident_ring_pages = 16;
 #define HIST_SLOTS 40
 
 // stats slots (moetrace/record/probes/reads.py READS.stats names them, in order)
-#define STAT_CALLS_PREAD64 0
-#define STAT_CALLS_PREADV 1
-#define STAT_CALLS_PREADV2 2
-#define STAT_CALLS_READ 3
-#define STAT_NESTED_ENTERS 4            // an enter while the tid had a call in flight (overwritten)
-#define STAT_INFLIGHT_FULL 5            // call not timed: the in-flight map was full
-#define STAT_EXIT_WITHOUT_ENTER 6       // attached mid-call, or an enter lost
-#define STAT_ADD_EVENTS_IN_CALLS 7
-#define STAT_PAGES_ADDED_OUTSIDE_CALLS 8  // by followed tasks, not in a read call (faults, fadvise)
-#define STAT_FD_MAP_FULL 9              // calls counted in fd_overflow instead of per fd
-#define STAT_RING_DROPS 10
-#define STAT_TGID_FULL 11
-#define STAT_IOV_TRUNCATED 12           // preadv with more than moe_max_iov entries: count partial
-#define STAT_IOV_READ_ERRORS 13
-#define STAT_CLOSES 14
-#define STAT_EPOCH_BUMPS 15
-#define STAT_FDGEN_FULL 16              // (tgid, fd) not tracked: a reuse of that fd number is ambiguous
-#define STAT_IDENT_DROPS 17             // idents ring full: the periodic /proc scan must find the fd
-#define STAT_RETIRE_FAILED 18           // a closed identity's counters could not move to `fds` (full):
+enum moe_stat {  // the `stats` map's slots, in the declaration's order (SPEC.stats)
+    STAT_CALLS_PREAD64,
+    STAT_CALLS_PREADV,
+    STAT_CALLS_PREADV2,
+    STAT_CALLS_READ,
+    STAT_NESTED_ENTERS,                 // an enter while the tid had a call in flight (overwritten)
+    STAT_INFLIGHT_FULL,                 // call not timed: the in-flight map was full
+    STAT_EXIT_WITHOUT_ENTER,            // attached mid-call, or an enter lost
+    STAT_ADD_EVENTS_IN_CALLS,
+    STAT_PAGES_ADDED_OUTSIDE_CALLS,       // by followed tasks, not in a read call (faults, fadvise)
+    STAT_FD_MAP_FULL,                   // calls counted in fd_overflow instead of per fd
+    STAT_RING_DROPS,
+    STAT_TGID_FULL,
+    STAT_IOV_TRUNCATED,                 // preadv with more than moe_max_iov entries: count partial
+    STAT_IOV_READ_ERRORS,
+    STAT_CLOSES,
+    STAT_EPOCH_BUMPS,
+    STAT_FDGEN_FULL,                    // (tgid, fd) not tracked: a reuse of that fd number is ambiguous
+    STAT_IDENT_DROPS,                   // idents ring full: the periodic /proc scan must find the fd
+    STAT_RETIRE_FAILED,                 // a closed identity's counters could not move to `fds` (full):
                                         // its counters land in the fd_map_full row, its histogram is lost
-#define STAT_FD_INODE_UNREAD 19         // an identity's file could not be read from the task's fd table
+    STAT_FD_INODE_UNREAD,               // an identity's file could not be read from the task's fd table
                                         // (closed by another thread meanwhile): its first added page tells
-#define N_STATS 20
+    N_STATS
+};
+MOE_STAT_BTF;
 
 struct class_counts {
     u64 calls;

@@ -106,12 +106,15 @@ const volatile u64 moe_t0_ns = 0;
 #define N_FIELDS 27
 
 // stats slots (toolkit/record/probes/reclaim.py STATS names them in this order)
-#define STAT_NESTED_BEGINS 0     // a begin while the task had an open window
-#define STAT_UNMATCHED_ENDS 1    // an end with no open window (attached mid-way)
-#define STAT_KIND_MISMATCH 2     // an end of another kind than the open window
-#define STAT_TASK_MAP_FULL 3     // window not stored: its events count as OTHER
-#define STAT_TIMELINE_OVERFLOW 4 // events past the last bucket (counted in it)
-#define N_STATS 5
+enum moe_stat {  // the `stats` map's slots, in the declaration's order (SPEC.stats)
+    STAT_NESTED_BEGINS,          // a begin while the task had an open window
+    STAT_UNMATCHED_ENDS,         // an end with no open window (attached mid-way)
+    STAT_KIND_MISMATCH,          // an end of another kind than the open window
+    STAT_TASK_MAP_FULL,          // window not stored: its events count as OTHER
+    STAT_TIMELINE_OVERFLOW,      // events past the last bucket (counted in it)
+    N_STATS
+};
+MOE_STAT_BTF;
 
 // timeline fields per (bucket, kind)
 #define T_SCANNED 0

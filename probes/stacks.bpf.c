@@ -44,19 +44,22 @@ const volatile u32 moe_follow_forks = 1;
 #define MOE_STACK_DEPTH 127  // PERF_MAX_STACK_DEPTH: the frames of one stack-trace map value
 
 // stats slots (moetrace/record/probes/stacks.py STACKS.stats names them, in order)
-#define STAT_TICKS 0
-#define STAT_IDLE_TICKS 1
-#define STAT_SAMPLES 2
-#define STAT_KSWAPD_SAMPLES 3
-#define STAT_USER_STACK_EEXIST 4
-#define STAT_USER_STACK_EFAULT 5
-#define STAT_USER_STACK_OTHER_ERR 6
-#define STAT_KERNEL_STACK_EEXIST 7
-#define STAT_KERNEL_STACK_EFAULT 8
-#define STAT_KERNEL_STACK_OTHER_ERR 9
-#define STAT_KEYS_FULL 10
-#define STAT_TASKS_FULL 11
-#define N_STATS 12
+enum moe_stat {  // the `stats` map's slots, in the declaration's order (SPEC.stats)
+    STAT_TICKS,
+    STAT_IDLE_TICKS,
+    STAT_SAMPLES,
+    STAT_KSWAPD_SAMPLES,
+    STAT_USER_STACK_EEXIST,
+    STAT_USER_STACK_EFAULT,
+    STAT_USER_STACK_OTHER_ERR,
+    STAT_KERNEL_STACK_EEXIST,
+    STAT_KERNEL_STACK_EFAULT,
+    STAT_KERNEL_STACK_OTHER_ERR,
+    STAT_KEYS_FULL,
+    STAT_TASKS_FULL,
+    N_STATS
+};
+MOE_STAT_BTF;
 
 struct stack_key {
     u32 tgid;

@@ -52,7 +52,8 @@ stamp="$VENV/.moetrace-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   log "installing moetrace (editable) and its dependencies"
   plog="$VENV/pip-install.log"
-  if ! { "$VENV/bin/python" -m pip install -q --upgrade pip &&
+  # setuptools too (pyproject's build requirement): the wheel test builds with --no-build-isolation, offline
+  if ! { "$VENV/bin/python" -m pip install -q --upgrade pip 'setuptools>=77' &&
          "$VENV/bin/python" -m pip install -q -e '.[test]'; } >"$plog" 2>&1; then
     cat "$plog" >&2
     log "pip install failed (log above, also in $plog)"; exit 1

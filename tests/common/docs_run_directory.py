@@ -42,6 +42,10 @@ class RunDirectoryDoc:
     sections: dict[str, set[str]] = field(default_factory=dict)
     #: specified file -> its rows: name (``<...>`` as ``*``) -> the meaning (the row's last cell)
     rows: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: section -> {column or key: the row's other cells (dtype, unit, meaning for a table)}
+    cells: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    #: directory kind -> {entry path: its "written by" cell}
+    writers: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def columns(self, table: str) -> set[str]:
         """The documented columns of a table (by name: ``experts``, ``iterations``)."""
@@ -62,7 +66,7 @@ def _pattern(entry: str) -> re.Pattern:
 
 
 def parse(text: str) -> RunDirectoryDoc:
-    doc = RunDirectoryDoc({k: [] for k in KINDS})
+    doc = RunDirectoryDoc({k: [] for k in KINDS}, writers={k: {} for k in KINDS})
     by_heading = {v: k for k, v in KINDS.items()}
     kind = section = None
     for line in text.splitlines():
@@ -80,11 +84,14 @@ def parse(text: str) -> RunDirectoryDoc:
         m = _ROW.match(line)
         if m is None:
             continue
+        rest = [c.strip() for c in line.strip().strip("|").split("|")][1:]
         if section is not None:
             doc.sections[section].add(m.group(1))
             doc.rows[section][re.sub(r"<[^>]+>", "*", m.group(1))] = line.strip().strip("|").split("|")[-1]
+            doc.cells.setdefault(section, {})[m.group(1)] = rest
         elif kind is not None:
             doc.layouts[kind].append(m.group(1))
+            doc.writers[kind][m.group(1)] = rest[0] if rest else ""
     return doc
 
 

@@ -30,8 +30,14 @@ PAGECACHE = PROBES["pagecache"]
 SRC = bpf.core_source("pagecache").read_text()
 
 
-#: probes whose STAT_* names are exactly the declaration's stats names (lower-cased)
-EXACT_STAT_NAMES = {"block", "reclaim", "lru", "reads", "stacks"}
+
+
+def stat_enum(src: str) -> list[str]:
+    """The enumerators of a probe C file's ``enum moe_stat`` (its STAT_* slots, N_STATS last)."""
+    body = re.search(r"^enum moe_stat \{(.*?)^\};", src, re.M | re.S)
+    assert body, "no enum moe_stat in the C file"
+    text = re.sub(r"//[^\n]*", "", body.group(1))
+    return [e.strip() for e in text.split(",") if e.strip()]
 
 
 #: every declared probe that has its C file (a probe without one is declared only: doctor resolves it)
@@ -58,5 +64,5 @@ KNOB_SETS = [
 ]
 
 
-__all__ = ['EXACT_STAT_NAMES', 'KNOB_SETS', 'PAGECACHE', 'PAGE_EVENT_DTYPE', 'PROBES', 'SRC', 'WITH_SOURCE',
-           'bpf', 'globals_of', 'prog_id_exists', 'prog_info', 'pytest', 're']
+__all__ = ['KNOB_SETS', 'PAGECACHE', 'PAGE_EVENT_DTYPE', 'PROBES', 'SRC', 'WITH_SOURCE',
+           'bpf', 'globals_of', 'stat_enum', 'prog_id_exists', 'prog_info', 'pytest', 're']

@@ -64,7 +64,10 @@ def test_cold_pass_misses_then_hot_pass_hits(live, pools, layout, tmp_path):
     assert e["added_pages"].tolist() == pc["added_pages"].tolist()
     chk = doc["summaries"]["reads"]["replay_check"]
     assert chk["calls_match"] is True and chk["bytes_match"] is True
-    assert doc["tables"]["reads"] == {c.name: {"dtype": c.dtype, "unit": c.unit, "doc": c.doc} for c in SPEC.schema}
+    from moetrace.record.probe import schema_doc
+
+    assert doc["tables"]["reads"] == schema_doc(SPEC, "reads")  # dtype, unit, doc (and the readers' check)
+    assert doc["tables"]["reads"]["bytes"] == {"dtype": "Int64", "unit": "bytes", "doc": "sum of ret > 0", "check": "n"}
     assert doc["attach_plan"]["reads"]["recorded"] is True
     # the hit path is cheaper than the miss path (summed: one preempted call must not decide)
     assert int(e["hit_only_latency_ns_sum"].sum()) < int(e["miss_latency_ns_sum"].sum())

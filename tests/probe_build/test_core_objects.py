@@ -7,6 +7,7 @@ Python declaration, read from the object itself (its BTF), not from C text:
   sizes: the numpy dtypes read map values and ring records with these);
 - every program an attach candidate names is in the object, and every program is named by one;
 - every map the loader sizes exists;
+- the object's ``enum moe_stat`` (its ``stats`` slots) is the declaration's ``stats``, in order;
 - with root, the object loads on this kernel with its default knobs and every program the
   attach plan can attach, and detaches (no program left loaded).
 """
@@ -75,3 +76,34 @@ def test_object_loads_attaches_and_detaches(live, name):
     finally:
         probe.close()
     assert not any(prog_id_exists(i) for i in ids), "programs still loaded after close()"
+
+
+def _btf_enum(path, name: str) -> list[tuple[str, int]] | None:
+    """[(enumerator, value)] of ``enum name`` in an object's BTF, read by bpftool (the build's tool)."""
+    import json
+    import shutil
+    import subprocess
+
+    tool = shutil.which("bpftool")
+    if tool is None:
+        pytest.skip("no bpftool (the probes' build tool): cannot read the objects' BTF enums")
+    out = subprocess.run([tool, "btf", "dump", "file", str(path), "-j"], check=True, capture_output=True, text=True)
+    for t in json.loads(out.stdout)["types"]:
+        if t["kind"] == "ENUM" and t["name"] == name:
+            return [(v["name"], v["val"]) for v in t["values"]]
+    return None
+
+
+@pytest.mark.parametrize("name", CORE)
+def test_object_stats_enum_is_the_declarations(name):
+    """STAT_* slots as the object's BTF has them (enum moe_stat, kept by MOE_STAT_BTF): the
+    declaration's ``stats`` in slot order, N_STATS last; the stats map the loader sizes to it."""
+    spec = PROBES[name]
+    why = bpf.stale_object(name)
+    assert why is None, why
+    got = _btf_enum(bpf.object_path(name), "moe_stat")
+    assert got is not None, f"{name}.bpf.o: no enum moe_stat in its BTF (MOE_STAT_BTF missing?)"
+    want = [(f"STAT_{s.upper()}", i) for i, s in enumerate(spec.stats)] + [("N_STATS", len(spec.stats))]
+    assert got == want
+    if spec.map_sizes is not None and "stats" in spec.map_sizes({k: int(v) for k, v in spec.knob_values().items()}):
+        assert spec.map_sizes({k: int(v) for k, v in spec.knob_values().items()})["stats"] == len(spec.stats)

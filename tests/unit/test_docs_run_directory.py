@@ -181,3 +181,53 @@ def test_the_check_sees_what_is_not_documented(doc, tmp_path):
                         "manifest.json: `surprise` is not declared for `manifest.json` (moetrace.run.documents)",
                         "mystery.parquet: not listed in the `## Run directory` layout",
                         "replay/notes.txt: not listed in the `## Run directory` layout"], problems
+
+
+def _probe_tables() -> dict[str, tuple[str, list]]:
+    """{table: (probe, columns)} of every table a probe's declaration names."""
+    from moetrace.record.probes import PROBES
+
+    return {t: (name, list(cols)) for name, spec in PROBES.items() for t, cols in spec.tables().items()}
+
+
+def test_each_probe_table_agrees_with_its_declaration_column_by_column(doc):
+    """A ProbeSpec's tables, their declared columns and docs/run-directory.md agree both ways: the
+    same columns (none documented that no declaration writes), the same dtype and unit, and the run
+    layout names the probe as the table's writer. Tables the recorder merges from two probes
+    (experts) are checked by the test above and the golden run."""
+    from moetrace.run.tables import TABLES
+
+    problems = []
+    for table, (probe, cols) in sorted(_probe_tables().items()):
+        if table in TABLES and len(TABLES[table]) != len(cols):
+            continue  # experts: pagecache + block columns, merged by the recorder
+        section = f"{table}.parquet"
+        if section not in doc.sections:
+            problems.append(f"{table} ({probe}): no `### `{section}`` section")
+            continue
+        declared = {c.name: c for c in cols}
+        extra = sorted(doc.columns(table) - set(declared))
+        if extra:
+            problems.append(f"{table}: documented but not declared by {probe}: {extra}")
+        for c in cols:
+            row = doc.cells[section].get(c.name)
+            if row is None:
+                problems.append(f"{table}.{c.name}: declared by {probe}, not documented")
+                continue
+            unit = c.unit or "-"
+            if row[:2] != [c.dtype, unit]:
+                problems.append(f"{table}.{c.name}: docs say dtype {row[0]!r} unit {row[1]!r}, "
+                                f"{probe} declares {c.dtype!r} {unit!r}")
+        writer = doc.writers["run"].get(section, "")
+        if probe not in writer:
+            problems.append(f"{section}: the run layout says it is written by {writer!r}, not {probe}")
+    assert not problems, "docs/run-directory.md and the probes' declarations disagree:\n" + "\n".join(problems)
+
+
+def test_the_agreement_check_sees_a_disagreement(doc):
+    """The check above, on a doc with one unit changed and one column added: both reported."""
+    text = D.DOC.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| `dwell_ns_sum` |"))
+    bad = D.parse(text.replace(row, row.replace("| ns |", "| ms |") + "\n| `ghost_pages` | Int64 | pages | - |"))
+    cols = bad.cells["lru.parquet"]
+    assert cols["dwell_ns_sum"][1] == "ms" and "ghost_pages" in bad.columns("lru")

@@ -372,7 +372,7 @@ def test_btf_mglru_cgroup_psi(tmp_path):
 # -- probespec --------------------------------------------------------------------------------
 
 def test_registry_is_well_formed():
-    assert set(PROBES) == {"pagecache", "lru", "reclaim", "mlock", "block", "reads", "stacks", "mglru"}
+    assert {"pagecache", "lru", "reclaim", "mlock", "block", "reads", "stacks", "mglru"} <= set(PROBES)
     for name, spec in PROBES.items():
         assert spec.source_path.name == f"{name}.bpf.c" and spec.source_path.parent.name == "probes"
         groups = [g.name for g in spec.attach]

@@ -105,8 +105,17 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def _graph(top_level_only: bool) -> dict[str, set[str]]:
-    # a package imports its own submodules by being their parent: not an arrow of its own
-    return {m: {d for d in imports(m, top_level_only) if not d.startswith(m + ".")} for m in MODULES}
+    # every import is an arrow, a package's of its own submodules too (moetrace.__getattr__ imports
+    # run.handle: were anything under it to import `moetrace` for its version, that is a cycle)
+    return {m: imports(m, top_level_only) for m in MODULES}
+
+
+def test_the_cycle_check_counts_a_package_importing_its_own_submodule():
+    """No allowance: moetrace's lazy __getattr__ importing run.handle is an arrow, so anything under
+    run.handle importing `moetrace` (for its version: moetrace.version is the leaf to import) is a cycle."""
+    g = _graph(False)
+    assert "moetrace.run.handle" in g["moetrace"] and "moetrace.version" in g["moetrace"]
+    assert _cycles({**g, "moetrace.run.directory": g["moetrace.run.directory"] | {"moetrace"}}) != []
 
 
 def test_no_import_cycles_at_module_level():

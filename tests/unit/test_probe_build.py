@@ -24,11 +24,9 @@ def test_declaration_matches_c_source(name):
             assert glob[k.name.lower()] == k.default, (k.name, glob[k.name.lower()], k.default)
     assert set(glob) <= {k.name.lower() for k in spec.knobs}, sorted(set(glob) - {k.name.lower() for k in spec.knobs})
     assert not any(re.search(r"^#if(def|ndef)? %s\b" % k.name, src, re.M) for k in spec.knobs)
-    slots = re.findall(r"#define STAT_(\w+) (\d+)", src)
-    assert [int(i) for _, i in slots] == list(range(len(slots)))
-    assert int(re.search(r"#define N_STATS (\d+)", src).group(1)) == len(spec.stats) == len(slots)
-    if name in EXACT_STAT_NAMES:
-        assert [n.lower() for n, _ in slots] == list(spec.stats)
+    assert stat_enum(src) == [f"STAT_{s.upper()}" for s in spec.stats] + ["N_STATS"], "enum moe_stat"
+    assert not re.search(r"^#define (STAT_\w+|N_STATS)\b", src, re.M), "STAT_* slots are the enum's, not #defines"
+    assert re.search(r"^MOE_STAT_BTF;", src, re.M), "MOE_STAT_BTF keeps enum moe_stat in the object's BTF"
     for g in spec.attach:  # a chosen candidate's `sets` name declared knobs
         for c in g.candidates:
             assert {k for k, _v in c.sets} <= {k.name for k in spec.knobs}, c
@@ -41,10 +39,10 @@ def test_declaration_matches_c_source(name):
 
 
 def test_pagecache_specifics():
-    slots = re.findall(r"#define STAT_(\w+) (\d+)", SRC)
-    assert [n.lower() for n, _ in slots][:4] == ["add_events", "delete_events", "pool_dev_add_events",
-                                                  "pool_dev_delete_events"]
-    assert slots[PAGECACHE.stats.index("ring_drops")][0] == "RING_DROPS"
+    slots = stat_enum(SRC)
+    assert [n.lower() for n in slots][:4] == ["stat_add_events", "stat_delete_events", "stat_pool_dev_add_events",
+                                               "stat_pool_dev_delete_events"]
+    assert slots[PAGECACHE.stats.index("ring_drops")] == "STAT_RING_DROPS"
     assert PAGE_EVENT_DTYPE == PAGECACHE.struct("page_event").dtype() and PAGE_EVENT_DTYPE.itemsize == 40
     counted = {f for f, _t in PAGECACHE.struct("expert_counts").fields}
     assert counted <= {c.name for c in PAGECACHE.schema}

@@ -53,7 +53,7 @@ def test_recorder_uses_the_one_declaration():
     from moetrace.record import probes as probe_registry
     from moetrace.record import recorder
 
-    from moetrace.record.probe import recorder_class
+    from moetrace.record.probes import recorder_class
 
     assert recorder_class("pagecache").spec is probe_registry.PROBES["pagecache"]
     assert not hasattr(recorder, "ProbeDecl") and not hasattr(recorder, "resolve_attach")

@@ -9,12 +9,12 @@ from moetrace.cli.common import emit_json, exit_now
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "ignore_unknown_options": True})
 @click.option("--probes", default=None, metavar="LIST",
-              help="Comma-separated probes to attach (default: every probe: pagecache, lru, reclaim, mlock, "
-                   "block, reads, stacks, mglru; one this kernel cannot attach is skipped with the reason "
-                   "`moetrace doctor` gives, or is an error for pagecache, reclaim, block under "
-                   "--missing-probes error).")
+              help="Comma-separated probes to attach (default: pagecache, lru, reclaim, mlock, block, reads, "
+                   "stacks, mglru; `moetrace doctor` lists every probe); one this kernel cannot attach is skipped with "
+                   "the reason it gives, or is an error for pagecache, reclaim, block, reads under "
+                   "--missing-probes error.")
 @click.option("--knob", "knob_items", multiple=True, metavar="PROBE.NAME=V",
-              help="Set a -D knob of lru, mlock, reads, stacks or mglru, e.g. stacks.MOE_SAMPLE_HZ=999 "
+              help="Set a knob of lru, mlock, reads, stacks or mglru, e.g. stacks.MOE_SAMPLE_HZ=999 "
                    "(repeatable; `moetrace doctor --json` lists each probe's knobs).")
 @click.option("--out", type=click.Path(file_okay=False), metavar="RUN_DIR",
               help="Run directory to create, owner-only (default: runs/<UTC time>-<pid>).")

@@ -24,7 +24,7 @@ import numpy as np
 
 from moetrace.errors import PrivilegeError, ProbeError
 
-from moetrace.probes import PROBES_DIR  # noqa: E402
+from moetrace.probes import BUILD_SCRIPT, PROBES_DIR  # noqa: E402
 
 
 def require_privileges(privs: dict[str, bool]) -> None:
@@ -101,10 +101,12 @@ def stale_object(name: str) -> str | None:
     """Why probes/build/<name>.bpf.o cannot be used as it is (missing, older than its sources),
     with the command that builds it; None when it is current."""
     obj = object_path(name)
-    fix = "build it: bash scripts/build-probes.sh (make setup runs it)"
+    fix = ("build it: bash scripts/build-probes.sh (make setup runs it)" if BUILD_SCRIPT else
+           "this installation lacks it: reinstall moetrace from a wheel built after the probes were "
+           "(scripts/build-probes.sh in a checkout), or set MOETRACE_PROBE_OBJECTS to a directory of objects")
     if not obj.exists():
         return f"no compiled object {obj}; {fix}"
-    if os.environ.get("MOETRACE_PROBE_OBJECTS"):
+    if os.environ.get("MOETRACE_PROBE_OBJECTS") or BUILD_SCRIPT is None:  # installed: nothing to rebuild
         return None
     t = obj.stat().st_mtime
     for src in (core_source(name), PROBES_DIR / "moetrace.bpf.h"):

@@ -11,6 +11,10 @@ another kernel gets a file of its own: in ``MOETRACE_BTF_CACHE`` when set, else
 /var/cache/moetrace/btf (root), else a per-user directory under the temporary directory. The lab
 makes the file for the kernel it boots on the host, before the boot (:func:`ensure` with that
 kernel's BTF); the guest finds it through the host's root.
+
+What it reads: the probe objects (probes/build/*.bpf.o, which a wheel carries) and the kernel's
+BTF; no header, vmlinux.h or C source. bpftool is the one tool it runs, and it is optional: where
+there is none (a wheel installed without it), libbpf parses the kernel's whole BTF as above.
 """
 
 from __future__ import annotations

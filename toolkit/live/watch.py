@@ -99,8 +99,8 @@ class Watcher:
     def open(self) -> "Watcher":
         """Check the scope, map the pool, load and attach every probe, take the first reading."""
         from moetrace.kernel.features import Features
-        from moetrace.record.probe import RecordContext, recorder_class
-        from moetrace.record.probes import PROBES
+        from moetrace.record.probe import RecordContext
+        from moetrace.record.probes import PROBES, recorder_class
         from moetrace.record.poolmap import pool_map
         from moetrace.record.recorder import check_can_record
         from moetrace.record.spec import resolve

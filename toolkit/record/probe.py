@@ -1,9 +1,9 @@
 """The one interface every probe of ``moetrace record`` implements.
 
 One probe = one C file in probes/ (sharing probes/moetrace.bpf.h) + one module in
-moetrace/record/probes/ holding its recorder, a :class:`ProbeRecorder` subclass named in
-:data:`RECORDERS` (its declaration, attach groups, knobs and tables, is its ProbeSpec in
-:mod:`moetrace.record.spec`). The recorder (:mod:`moetrace.record.recorder`) drives every
+moetrace/record/probes/ holding its declaration ``SPEC`` (a :class:`moetrace.record.spec.ProbeSpec`:
+attach groups, knobs, tables, and the name of its recorder) and its recorder, a
+:class:`ProbeRecorder` subclass (:func:`moetrace.record.probes.recorder_class` finds it). The recorder (:mod:`moetrace.record.recorder`) drives every
 one the same way::
 
     rec = cls(ctx)            # ctx: RecordContext (features, attach plan, pool map, ...)
@@ -31,8 +31,6 @@ raw kernel address (the KASLR offset): symbolize, or drop.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,6 +83,9 @@ class ProbeRecorder:
     spec: ProbeSpec
     #: True when poll() must be called while the command runs (rings, samplers)
     needs_poll: bool = False
+    #: /proc/vmstat counters this probe's oracle compares with, read when counting starts and
+    #: stops (:meth:`arm`): :meth:`vmstat_delta` is over the same interval as the probe's counts
+    vmstat_keys: tuple[str, ...] = ()
 
     def __init__(self, ctx: RecordContext):
         self.ctx = ctx
@@ -96,6 +97,7 @@ class ProbeRecorder:
         self.armed = False
         #: set by close() once the kernel's data was read: write() runs only then
         self.collected = False
+        self._vmstat: list[dict[str, int] | None] = [None, None]
 
     # -- lifecycle --------------------------------------------------------------------------
     def open(self) -> "ProbeRecorder":
@@ -147,10 +149,34 @@ class ProbeRecorder:
 
     def arm(self, on: bool = True) -> None:
         """Start (on) or stop counting; the recorder arms every probe at once after all are
-        attached and disarms them together before reading any (the same interval)."""
+        attached and disarms them together before reading any (the same interval). The
+        :attr:`vmstat_keys` are read just before counting starts and just after it stops."""
+        if on:
+            self.mark_vmstat(0)
         if self.probe is not None and not self.probe.closed:
             self.probe.arm(on)
         self.armed = on
+        if not on:
+            self.mark_vmstat(1)
+
+    def mark_vmstat(self, end: int) -> None:
+        """Read :attr:`vmstat_keys` as the oracle's start (0) or end (1); a probe used ungated marks
+        its start at open."""
+        if self.vmstat_keys:
+            from moetrace.kernel.procfs import read_vmstat
+
+            self._vmstat[end] = read_vmstat("/", self.vmstat_keys, refresh=True)
+
+    def vmstat_delta(self) -> dict[str, int] | None:
+        """{counter: end - start} of :attr:`vmstat_keys` (the end read now when counting never
+        stopped); None without keys or a start."""
+        v0 = self._vmstat[0]
+        if not self.vmstat_keys or v0 is None:
+            return None
+        if self._vmstat[1] is None:
+            self.mark_vmstat(1)
+        v1 = self._vmstat[1] or {}
+        return {k: v1[k] - v0[k] for k in v1 if k in v0}
 
     def counters(self) -> dict[str, Any] | None:
         """The probe's cumulative counts so far, read while it stays attached (``moetrace watch``
@@ -180,6 +206,63 @@ class ProbeRecorder:
     # -- helpers ----------------------------------------------------------------------------
     #: the MoetraceError subclass this probe raises (set by subclasses)
     error: type = MoetraceError
+
+    def read_stats(self) -> dict[str, int]:
+        """{slot name: count} of the probe's ``stats`` array map (the C file's ``enum moe_stat``,
+        named by the declaration's ``stats`` in slot order)."""
+        import numpy as np
+
+        from moetrace.kernel.bpf import read_array
+
+        vals = read_array(self.probe.table("stats"), np.dtype("<u8")).astype(np.int64).tolist()
+        return dict(zip(self.spec.stats, vals))
+
+    def stat_reader(self, slot: str) -> Callable[[], int]:
+        """A reader of one ``stats`` slot while the probe runs (an event stream's kernel-lost count)."""
+        import numpy as np
+
+        from moetrace.kernel.bpf import read_array
+
+        i, table = self.spec.stats.index(slot), self.probe.table("stats")
+        return lambda: int(read_array(table, np.dtype("<u8"))[i])
+
+    def collect(self, read: Callable[[], None]) -> bool:
+        """The close guard: run ``read`` (the kernel's data, once), then detach whatever happened,
+        and mark the probe closed. False when there was nothing to read (closed already, or never
+        opened). A failure to read is this probe's error, naming it (the probe is detached)."""
+        if self.closed:
+            return False
+        if self.probe is None or self.probe.closed:
+            self.closed = True
+            return False
+        try:
+            read()
+        except MoetraceError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a read failure must still detach
+            raise self.error(f"reading the {self.name} probe's maps failed: {type(e).__name__}: {e}") from None
+        finally:
+            self.probe.close()
+            self.closed = True
+        return True
+
+    def write_tables(self, run_dir: Path, manifest: dict[str, Any], tables: dict[str, Any]) -> None:
+        """Each of ``tables`` ({declared table: DataFrame}) into the run directory, and its manifest
+        ``tables`` entry from the declaration; refuses before close() collected anything."""
+        from moetrace.run import directory as rd
+
+        if not self.collected:
+            raise self.error(f"{self.name}: nothing collected (close() did not read the kernel's data)")
+        for name, df in tables.items():
+            rd.write_table(run_dir, name, df)
+            manifest.setdefault("tables", {})[name] = schema_doc(self.spec, name)
+
+    def write_sections(self, manifest: dict[str, Any], stats: dict[str, int], lost: dict[str, Any],
+                       summary: dict[str, Any]) -> None:
+        """The probe's manifest sections: ``stats``, ``lost`` (never omitted) and ``summaries``."""
+        manifest.setdefault("stats", {})[self.name] = dict(stats)
+        manifest.setdefault("lost", {})[self.name] = lost
+        manifest.setdefault("summaries", {})[self.name] = summary
 
     def require_plan(self) -> AttachPlan:
         """The attach plan, or this probe's error when the kernel cannot run it."""
@@ -289,36 +372,22 @@ class EngineProbe(ProbeRecorder):
 
 
 def schema_doc(spec, table: str) -> dict[str, dict[str, str]]:
-    """The manifest's ``tables[table]`` entry from a declaration's columns."""
-    return {c.name: {"dtype": c.dtype, "unit": c.unit, "doc": c.doc} for c in spec.tables()[table]}
+    """The manifest's ``tables[table]`` entry from a declaration's columns: dtype, unit, doc and,
+    for a column its readers rely on, the ``check`` run/ validates the table with."""
+    return {c.name: {"dtype": c.dtype, "unit": c.unit, "doc": c.doc, **({"check": c.check} if c.check else {})}
+            for c in spec.tables()[table]}
 
 
-#: probe name -> "module:Class" of its recorder (imported only when the probe is recorded)
-RECORDERS: dict[str, str] = {
-    "pagecache": "moetrace.record.probes.pagecache:PagecacheRecorder",
-    "block": "moetrace.record.probes.block:BlockProbe",
-    "reclaim": "moetrace.record.probes.reclaim:ReclaimProbe",
-    "lru": "moetrace.record.probes.lru:LruRecorder",
-    "mlock": "moetrace.record.probes.mlock:MlockRecorder",
-    "reads": "moetrace.record.probes.reads:ReadsRecorder",
-    "stacks": "moetrace.record.probes.stacks:StacksRecorder",
-    "mglru": "moetrace.record.probes.mglru:MglruRecorder",
-}
+def log2_bounds(slots) -> tuple["np.ndarray", "np.ndarray"]:
+    """(lo, hi) in the histogram's unit of the log2 slots ``slots``, as uint64 arrays: the decode of
+    probes/moetrace.bpf.h ``moe_log2l`` (bcc's bpf_log2l, floor(log2(v)) + 1, 0 and 1 both 1): slot
+    s holds [2^(s-1), 2^s), slot 1 also 0 (lo 0), slot 0 none ([0, 1)). The one decode of every
+    probe's log2 histogram (tests/probe_build/test_log2.py evaluates the C macro at these bounds)."""
+    import numpy as np
 
-
-def available() -> dict[str, str]:
-    """{probe: "module:Class"} of the recorders whose module is installed."""
-    out = {}
-    for name, target in RECORDERS.items():
-        mod = target.split(":", 1)[0]
-        if importlib.util.find_spec(mod) is not None:
-            out[name] = target
-    return out
-
-
-def recorder_class(name: str) -> type[ProbeRecorder]:
-    target = RECORDERS.get(name)
-    if target is None:
-        raise MoetraceError(f"probe {name} has no recorder")
-    mod, cls = target.split(":", 1)
-    return getattr(importlib.import_module(mod), cls)
+    s = np.asarray(slots, dtype=np.int64)
+    if s.size and (s.min() < 0 or s.max() > 63):
+        raise ValueError(f"log2 slot out of [0, 63]: {int(s.min())}..{int(s.max())}")
+    hi = np.left_shift(np.uint64(1), s.astype(np.uint64))
+    lo = np.where(s <= 1, np.uint64(0), hi // np.uint64(2)).astype(np.uint64)
+    return lo, hi.astype(np.uint64)

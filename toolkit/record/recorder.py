@@ -20,8 +20,8 @@ Order of a recording (:func:`record`):
    (``complete`` true only when nothing was interrupted), return the child's
    exit status.
 
-Probe declarations (one per probe C file: attach groups, knobs, schema) are
-:data:`moetrace.record.spec.PROBES`; the attach plan the recorder loads is
+Probe declarations (one per probe C file: recorder, attach groups, knobs, tables) are
+:data:`moetrace.record.probes.PROBES`; the attach plan the recorder loads is
 :func:`moetrace.record.spec.resolve`'s, the same one ``moetrace doctor`` shows, and
 its ``to_dict()`` is written to the manifest's ``attach_plan``.
 """
@@ -43,9 +43,9 @@ from moetrace.lazyimport import pandas as pd
 from moetrace.atomic import atomic_write
 from moetrace.run import directory as rd
 from moetrace.errors import MoetraceError, UsageError
-from moetrace.record.probe import ProbeRecorder, RecordContext, available as available_recorders, recorder_class
+from moetrace.record.probe import ProbeRecorder, RecordContext
 from moetrace.record.spec import resolve
-from moetrace.record.probes import DEFAULT_PROBES, PROBES
+from moetrace.record.probes import DEFAULT_PROBES, DERIVED_KNOBS, EXPERTS_PROBES, PROBES, RECORDED, recorder_class
 from moetrace.run.replaylog import read_replay_summary, requested_from_replay
 from moetrace.kernel.syscalls import set_pdeathsig
 from moetrace.record.poolmap import pool_map
@@ -61,16 +61,11 @@ POLL_ROUND_STREAM_MS = 100
 
 
 # ---------------------------------------------------------------------------
-# probes: one declaration each (moetrace.record.spec) and one recorder each
-# (moetrace.record.probes.<name>, a moetrace.record.probe.ProbeRecorder)
+# probes: one module each (moetrace.record.probes.<name>: its ProbeSpec and its recorder, a
+# moetrace.record.probe.ProbeRecorder); RECORDED, DERIVED_KNOBS, EXPERTS_PROBES come from the specs
 
-#: probes this version records: every one whose recorder module is installed (the rest are
-#: declared and resolved by doctor, and listed in the manifest's attach plan as not recorded)
-RECORDED: tuple[str, ...] = tuple(available_recorders())
 #: what `record` attaches without --probes: the declared default set, as far as it is recorded
 DEFAULT_RECORD: tuple[str, ...] = tuple(p for p in DEFAULT_PROBES if p in RECORDED)
-#: probes whose knobs come from the pool and the kernel only (no --knob)
-DERIVED_KNOBS = ("pagecache", "block", "reclaim")
 #: struct page_event of probes/pagecache.bpf.c (from the declaration)
 PAGE_EVENT_DTYPE = PROBES["pagecache"].struct("page_event").dtype()
 
@@ -133,10 +128,6 @@ class RecordResult:
 class _State:
     child: int | None = None
     signals: list[int] = field(default_factory=list)
-
-
-#: probes whose counts go into the experts table (written with it, after the replay log is read)
-EXPERTS_PROBES = ("pagecache", "block")
 
 
 def _exit_status(status: int) -> int:

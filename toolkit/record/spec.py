@@ -1,15 +1,20 @@
-"""Probe declarations: attach candidates as data, resolved once against the kernel.
+"""Probe declarations: the one registry of a probe, and its attach candidates resolved once
+against the kernel.
 
-One probe = one CO-RE C file (``probes/<name>.bpf.c``, compiled once by
-scripts/build-probes.sh; configured only by read-only globals set before load) + one
-module ``moetrace/record/probes/<name>.py`` holding its :class:`ProbeSpec` (``SPEC``) and
-its recorder (docs/architecture.md). A spec lists its logical attach points
-(:class:`AttachGroup`), each an ordered list of :class:`AttachCandidate` (first available
-wins), each citing the kernel change that made it necessary. :func:`resolve` asks a
-:class:`moetrace.kernel.features.Features` (never a version number) and returns an
-:class:`AttachPlan`: per group the candidate that will be attached, or "unavailable:
-reason". Resolving never needs the C file to exist. The registry of every declared probe
-is :data:`moetrace.record.probes.PROBES`.
+One probe = one CO-RE C file (``probes/<name>.bpf.c``, built once by scripts/build-probes.sh;
+configured only by read-only globals set before load) + one module
+``moetrace/record/probes/<name>.py`` holding its :class:`ProbeSpec` (``SPEC``) and its
+recorder (docs/architecture.md). The spec is everything else knows of the probe: its recorder
+class, its place in the default set and in a recording's order, whether a recording needs it,
+its knobs (docs and defaults), its tables (columns), its ``STAT_*`` slots and C structs, its
+attach candidates. :mod:`moetrace.record.probes` finds the modules (no list to edit) and
+derives the registry :data:`moetrace.record.probes.PROBES` and the default set from them.
+
+A spec lists its logical attach points (:class:`AttachGroup`), each an ordered list of
+:class:`AttachCandidate` (first available wins), each citing the kernel change that made it
+necessary. :func:`resolve` asks a :class:`moetrace.kernel.features.Features` (never a version
+number) and returns an :class:`AttachPlan`: per group the candidate that will be attached, or
+"unavailable: reason". Resolving never needs the C file to exist.
 """
 
 from __future__ import annotations
@@ -24,8 +29,7 @@ if TYPE_CHECKING:
 Kind = Literal["tracepoint", "raw_tracepoint", "kprobe", "kretprobe", "fentry", "fexit", "perf_event", "debugfs"]
 KINDS = ("tracepoint", "raw_tracepoint", "kprobe", "kretprobe", "fentry", "fexit", "perf_event", "debugfs")
 from moetrace.probes import PROBES_DIR  # noqa: E402
-# a table's columns are the run directory's contract, declared in run/ (record imports run)
-from moetrace.run.tables import EXPERT_COLS, I64, Column  # noqa: E402,F401  (re-exported to the probes)
+from moetrace.run.tables import Column  # noqa: E402  (a table's column: the run directory's contract)
 
 
 @dataclass(frozen=True)
@@ -115,18 +119,27 @@ class Knob:
 
 @dataclass(frozen=True)
 class ProbeSpec:
-    """A probe: its C source, attach groups, knobs, schema.
+    """A probe: its recorder, C source, attach groups, knobs, tables.
 
-    default: part of ``record``'s default set. enrichment: a missing
-    enrichment probe warns; a missing non-enrichment probe is an error under
-    ``--missing-probes error``. table: the run-directory table ``schema`` describes (its
-    columns declared once, in :mod:`moetrace.run.tables`, the run directory's contract).
-    stats: names of the C file's ``STAT_*`` slots in slot order. structs: C structs
-    shared with Python (:class:`Struct`). more_tables: further run-directory tables
-    the probe writes, as (name, columns) pairs."""
+    recorder: the name of its :class:`moetrace.record.probe.ProbeRecorder` subclass in the
+    probe's module ("": declared and resolved by doctor, not recorded). order: its place in
+    a recording (the manifest's ``probes``, doctor's rows), ascending. default: part of
+    ``record``'s default set. enrichment: a missing enrichment probe warns; a missing
+    required one (:attr:`required`) is an error under ``--missing-probes error``.
+    user_knobs: ``record --knob PROBE.NAME=V`` may set its knobs (False: the pool and the
+    kernel decide them all). experts: its counts go into experts.parquet (written with it,
+    after the replay log is read). table: the run-directory table ``schema`` describes.
+    more_tables: further run-directory tables the probe writes, as (name, columns) pairs.
+    A table's columns are declared once: in the probe's module, or for the run's core
+    tables (experts, epochs, ...) in :mod:`moetrace.run.tables`; the manifest's ``tables``
+    section carries them (with the readers' checks) to run/. stats: names of the C file's
+    ``STAT_*`` slots in slot order (its ``enum`` of them: a test checks the object's BTF).
+    structs: C structs shared with Python (:class:`Struct`)."""
 
     name: str
     attach: tuple[AttachGroup, ...]
+    recorder: str = ""
+    order: int = 100
     knobs: tuple[Knob, ...] = ()
     schema: tuple[Column, ...] = ()
     description: str = ""
@@ -142,6 +155,13 @@ class ProbeSpec:
     map_sizes: Callable[[dict[str, int]], dict[str, int]] | None = None
     #: knobs computed from the others ({knob: value}), applied by :meth:`knob_values` last
     derived: Callable[[dict[str, Any]], dict[str, int]] | None = None
+    user_knobs: bool = True
+    experts: bool = False
+
+    @property
+    def required(self) -> bool:
+        """A recording that cannot attach it fails under ``--missing-probes error``."""
+        return not self.enrichment
 
     def tables(self) -> dict[str, tuple[Column, ...]]:
         """{run-directory table: its columns}: ``table``/``schema`` first, then ``more_tables``."""
@@ -397,10 +417,6 @@ def group(name: str, *cands: AttachCandidate, required: bool = True, note: str =
 
 #: a folio event's `order` field decides HAVE_ORDER (pages = 1 << order, else one page per event)
 FOLIO_ORDER = (("order", "HAVE_ORDER"),)
-COMMON_KNOBS = (
-    Knob("MOE_MAX_INODES", 65536, "entries of the inode -> expert map"),
-    Knob("MOE_MAX_EXPERTS", 65536, "per-expert counter slots"),
-)
 
 
 def named_tp(target: str, note: str = "", fields: tuple[str, ...] = (),

@@ -256,6 +256,7 @@ class ColumnDoc(TypedDict, total=False):
     dtype: str
     unit: str
     doc: str
+    check: str  # how readers validate the column (n, i, s, b; ? optional)
 
 
 class BlockDevice(TypedDict, total=False):

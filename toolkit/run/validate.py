@@ -178,22 +178,48 @@ def check_sweep_tables(results, capacity, sweep_dir) -> None:
 
 # -- tables ----------------------------------------------------------------------------------------
 # The columns each table's readers index, with the kinds they may have, are the ``check`` of the
-# table's one declaration (moetrace.run.tables). Parquet pages carry no checksums: a damaged file
-# may still decode, with a column renamed or retyped, or values out of range, so the readers
-# check what the analyses rely on (ids inside the geometry, unique keys).
+# table's one declaration: in moetrace.run.tables for the tables declared there, else in the probe's
+# module (moetrace.record.probes.<name>, which run/ never imports), from where the recorder writes
+# it into the manifest's ``tables`` section beside dtype, unit and doc (run/ reads it back there).
+# Parquet pages carry no checksums: a damaged file may still decode, with a column renamed or
+# retyped, or values out of range, so the readers check what the analyses rely on (ids inside the
+# geometry, unique keys).
 
-#: {table: {column: check}}: the columns the readers rely on, from the tables' declaration
+#: {table: {column: check}}: the columns the readers rely on, of the tables run/ declares
 TABLE_SPEC: dict[str, dict[str, str]] = {name: checks(name) for name in TABLES if checks(name)}
-#: columns that identify a row: no two rows may share them
+#: columns that identify a row: no two rows may share them (and every per-expert table, one that
+#: checks kind, layer, expert and expert_id: one row per (expert_id, kind))
 TABLE_KEYS: dict[str, tuple[str, ...]] = {
     "experts": ("expert_id", "kind"), "expert_epochs": ("epoch", "expert_id", "kind"), "epochs": ("epoch",),
-    "iterations": ("phase", "repeat", "iteration"), "lru": ("expert_id", "kind"), "reads": ("expert_id", "kind"),
+    "iterations": ("phase", "repeat", "iteration"),
 }
+_PER_EXPERT = {"kind", "layer", "expert", "expert_id"}
 _KINDS = {"n": "iuf", "i": "iu", "s": "OSU", "b": "b"}
 _KIND_WHAT = {"n": "a number", "i": "an integer", "s": "a string", "b": "a boolean"}
 
 
-def _geometry_of(manifest: Manifest | None) -> tuple[int, int] | None:
+def table_checks(name: str, manifest: Mapping[str, Any] | None = None, path: str = "") -> dict[str, str]:
+    """{column: check} of a table: run/'s own declaration, else the one the manifest's ``tables``
+    section carries (written from the probe's declaration; an older run's manifest has none: its
+    table is read unchecked). InputError for a check that is not one (a damaged manifest)."""
+    if name in TABLES:
+        return TABLE_SPEC.get(name, {})
+    doc = (manifest or {}).get("tables") if isinstance(manifest, Mapping) else None
+    cols = doc.get(name) if isinstance(doc, dict) else None
+    out: dict[str, str] = {}
+    for c, d in (cols.items() if isinstance(cols, dict) else ()):
+        k = d.get("check") if isinstance(d, dict) else None
+        if k is None or k == "":
+            continue
+        if not isinstance(k, str) or k.rstrip("?") not in _KINDS or k.count("?") > 1:
+            raise InputError(f"manifest key 'tables.{name}.{c}.check' is {_short(k)}, not a column check "
+                             f"(n, i, s or b, optionally followed by ?)", path=path,
+                             hint="the run's manifest.json was damaged or edited; moetrace writes it")
+        out[c] = k
+    return out
+
+
+def _geometry_of(manifest: Manifest | Mapping[str, Any] | None) -> tuple[int, int] | None:
     """(layers, experts) of the manifest's pool, else of its plan (read_manifest checked their types)."""
     pool = (manifest or {}).get("pool")
     for d in (pool.get("geometry") if pool else None, (manifest or {}).get("plan")):
@@ -216,8 +242,8 @@ def check_table(name: str, df, path: str, manifest: Manifest | None = None) -> N
                 a.validate(full=True)
             except (pa.ArrowException, TypeError, ValueError) as e:
                 raise InputError(f"table {name!r}: column {c!r} holds invalid strings ({e})", path=path) from None
-    spec = TABLE_SPEC.get(name)
-    if spec is None:
+    spec = table_checks(name, manifest, path)
+    if not spec:
         return
     for c, k in spec.items():
         optional = k.endswith("?")
@@ -232,7 +258,7 @@ def check_table(name: str, df, path: str, manifest: Manifest | None = None) -> N
             raise InputError(f"table {name!r}: column {c!r} has type {df[c].dtype}, not {_KIND_WHAT[k]}", path=path)
         if k in "in" and kind in "iu" and len(df) and (df[c].dropna().abs() > 2**62).any():
             raise InputError(f"table {name!r}: column {c!r} holds a value beyond 2**62", path=path)
-    key = TABLE_KEYS.get(name)
+    key = TABLE_KEYS.get(name) or (("expert_id", "kind") if _PER_EXPERT <= set(spec) else None)
     rows = df[df["kind"] == "expert"] if "layer" in spec else df  # per-expert tables: their expert rows
     if key and len(rows):
         if rows[list(key)].isna().any().any():

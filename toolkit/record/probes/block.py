@@ -34,13 +34,12 @@ from typing import Any
 import numpy as np
 from moetrace.lazyimport import pandas as pd
 
-from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
-                                  AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, group, kp_cand, tp_cand)
+from moetrace.record.spec import AttachCandidate, Knob, ProbeSpec, Struct, group, tp_cand
 from moetrace.run.tables import EXPERTS_BLOCK, named_tables
 from moetrace.errors import ProbeError
 from moetrace.kernel.extents import SECTOR, ExpertExtents
 
-from moetrace.record.probe import EngineProbe, schema_doc
+from moetrace.record.probe import EngineProbe, log2_bounds, schema_doc
 
 # -- the declaration: attach candidates, knobs, stats slots, ring record (the C agrees:
 # tests/unit/test_block_probe.py, tests/probe_build/test_core_objects.py)
@@ -51,6 +50,10 @@ _BIO_FIELDS = ("dev", "sector", "nr_sector", "rwbs")
 #: in user space (FIEMAP extents, moetrace.kernel.extents).
 BLOCK = ProbeSpec(
     name="block",
+    recorder="BlockProbe",
+    order=50,
+    user_knobs=False,
+    experts=True,
     description="device read bytes per expert via FIEMAP extents (one ring record per bio); request "
                 "latency issue -> complete net of requeues, per device",
     attach=(
@@ -390,9 +393,8 @@ class BlockRecorder:
         by_fn = recursion_misses(self.probe.prog_fds(), 0)
         misses = {g: by_fn[self._fns[g]] for g in self.attach if self._fns[g] in by_fn}
         slots = np.arange(HIST_SLOTS)
-        lat = pd.DataFrame({"slot": slots,
-                            "lo_ns": np.where(slots == 0, 0, 2.0 ** (slots - 1)).astype("uint64"),
-                            "hi_ns": (2.0 ** slots).astype("uint64"),
+        lo, hi = log2_bounds(slots)  # the slot is moe_log2l(delta) (moetrace.bpf.h)
+        lat = pd.DataFrame({"slot": slots, "lo_ns": lo, "hi_ns": hi,
                             "requests": np.array(hist, dtype=np.int64)})
         lat = lat[lat["requests"] > 0].reset_index(drop=True)
         n = len(self._by)

@@ -48,12 +48,11 @@ from typing import Any
 import numpy as np
 from moetrace.lazyimport import pandas as pd
 
-from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
-                                  AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, group, kp_cand, tp_cand)
+from moetrace.record.spec import FOLIO_ORDER, Knob, ProbeSpec, Struct, named_tp, group
 from moetrace.run.tables import TABLES, named_tables
 from moetrace.errors import ProbeError
 from moetrace.kernel.syscalls import SYS_MIGRATE_PAGES, libc
-from moetrace.record.probe import ProbeRecorder, schema_doc
+from moetrace.record.probe import ProbeRecorder, log2_bounds
 
 # -- the declaration: attach candidates, knobs, tables (probes/lru.bpf.c and probes/lru.bpf.c agree:
 # tests/probe_build/test_core_objects.py)
@@ -66,6 +65,8 @@ _LRU_FOLIO = ("pfn", "i_ino", "index", "s_dev")
 #: (the page-cache add gives pfn -> (inode, index, order)); aggregated per expert in the kernel.
 LRU = ProbeSpec(
     name="lru",
+    recorder="LruRecorder",
+    order=20,
     description="classic LRU per expert: list at LRU insertion, activations, dwell from insertion to "
                 "activation / eviction (LRU events joined to pool pages on the pfn), in the kernel",
     attach=(
@@ -221,17 +222,6 @@ def drain_lru_batches(root: str | os.PathLike = "/") -> tuple[bool, str]:
     return True, f"migrate_pages(self, nodes {nodes} -> same) drained the per-CPU LRU batches in {dt * 1e3:.1f} ms"
 
 
-# -- vmstat -----------------------------------------------------------------------------------
-
-def read_vmstat(root: str | os.PathLike = "/", keys: tuple[str, ...] = VMSTAT_KEYS) -> dict[str, int]:
-    """The counters ``keys`` of <root>/proc/vmstat (per-CPU node-stat deltas folded first via
-    /proc/sys/vm/stat_refresh when writable: workingset_* are node stats; pgactivate is an
-    event counter, summed over CPUs at every read)."""
-    from moetrace.kernel.procfs import read_vmstat as _read
-
-    return _read(root, keys, refresh=True)
-
-
 # -- tables -----------------------------------------------------------------------------------
 
 def _ia(x, dtype: str = "Int64"):
@@ -294,14 +284,12 @@ def lru_tables(counts: np.ndarray, hist: np.ndarray, n_experts: int, experts_per
         h = h.copy()
         h[HISTOGRAMS.index("insertion_to_activation")] = 0
     ki, sl = np.nonzero(h)
-    # bcc's bpf_log2l(d) is floor(log2(d)) + 1 (0 and 1 both give 1): slot s holds
-    # [2**(s-1), 2**s) ns, slot 1 also 0 (bcc's print_log2_hist convention, as reclaim)
-    hi = np.left_shift(np.uint64(1), sl.astype(np.uint64))
+    lo, hi = log2_bounds(sl)
     hdf = pd.DataFrame({
         "kind": _ia([HISTOGRAMS[i] for i in ki], "string"),
         "slot": sl.astype("int32"),
-        "lo_ns": np.where(sl <= 1, np.uint64(0), hi // np.uint64(2)).astype("uint64"),
-        "hi_ns": hi.astype("uint64"),
+        "lo_ns": lo,
+        "hi_ns": hi,
         "pages": h[ki, sl].astype("int64"),
     })
     hdf = hdf[[cc.name for cc in SPEC.tables()["lru_dwell_histogram"]]]
@@ -351,6 +339,7 @@ class LruRecorder(ProbeRecorder):
     spec = SPEC
     error = ProbeError
     needs_poll = False
+    vmstat_keys = VMSTAT_KEYS
 
     def __init__(self, ctx, drain: bool = True):
         super().__init__(ctx)
@@ -362,8 +351,6 @@ class LruRecorder(ProbeRecorder):
         self.stats: dict[str, int] = {}
         self.misses: dict[str, int | None] = {}
         self.vmstat: dict[str, int] | None = None
-        self._vm0: dict[str, int] | None = None
-        self._vm1: dict[str, int] | None = None
         self._t_open = 0.0
 
     def _format_text(self) -> str | None:
@@ -400,18 +387,9 @@ class LruRecorder(ProbeRecorder):
         if pmap is not None:
             for ino, (base, n) in pmap.inodes.items():
                 self.probe.put("inodes", struct.pack("<Q", ino), struct.pack("<II", base, n))
-        self._vm0 = read_vmstat()
+        self.mark_vmstat(0)
         self._t_open = time.monotonic()
         return self
-
-    def arm(self, on: bool = True) -> None:
-        """Counting starts / stops: the vmstat oracle's window is the same interval."""
-        if on:
-            self._vm0 = read_vmstat()
-            super().arm(True)
-        else:
-            super().arm(False)
-            self._vm1 = read_vmstat()
 
     def settle(self) -> None:
         """Drain the per-CPU LRU batches while the probes still count (their insertions
@@ -422,32 +400,25 @@ class LruRecorder(ProbeRecorder):
     def close(self) -> None:
         """Drain the LRU batches, read counters, histograms, stats and recursion misses,
         then detach (idempotent; safe after a failed open)."""
-        if self.closed:
-            return
-        if self.probe is None or self.probe.closed:
-            self.closed = True
-            return
         from moetrace.kernel.bpf import read_array
 
-        try:
+        got: dict[str, Any] = {}
+
+        def read() -> None:
             if self.drain and self.drained is None:
                 self.drained = drain_lru_batches()
-            vm1 = self._vm1 if self._vm1 is not None else read_vmstat()
-            self.vmstat = {k: vm1[k] - self._vm0[k] for k in vm1 if self._vm0 and k in self._vm0}
+            self.vmstat = self.vmstat_delta()
             vals = read_array(self.probe.table("counts"), LRU_COUNTS_DTYPE)
-            counts = np.stack([vals[f] for f in FIELDS], axis=1).astype(np.int64)
-            hist = read_array(self.probe.table("hist"), U64).astype(np.int64)
-            self.stats = dict(zip(SPEC.stats, read_array(self.probe.table("stats"), U64).astype(np.int64).tolist()))
+            got["counts"] = np.stack([vals[f] for f in FIELDS], axis=1).astype(np.int64)
+            got["hist"] = read_array(self.probe.table("hist"), U64).astype(np.int64)
+            self.stats = self.read_stats()
             self.misses = self.recursion_misses()
-        except Exception as e:  # noqa: BLE001 - a read failure must still detach
-            self.probe.close()
-            self.closed = True
-            raise ProbeError(f"reading the lru probe's maps failed: {e}") from None
-        self.probe.close()
-        self.closed = True
+
+        if not self.collect(read):
+            return
         n = self.knobs["N_EXPERTS"]
         E = self.ctx.pmap.n_experts if self.ctx.pmap is not None else 1
-        self.table, self.histogram = lru_tables(counts, hist.reshape(len(HISTOGRAMS), HIST_SLOTS), n, E,
+        self.table, self.histogram = lru_tables(got["counts"], got["hist"].reshape(len(HISTOGRAMS), HIST_SLOTS), n, E,
                                                 self.have_activate)
         self.collected = True
 
@@ -476,17 +447,8 @@ class LruRecorder(ProbeRecorder):
 
     def write(self, run_dir: Path, manifest: dict[str, Any]) -> None:
         """lru.parquet, lru_dwell_histogram.parquet and this probe's manifest sections."""
-        from moetrace.run import directory as rd
-
-        if not self.collected:
-            raise ProbeError("lru: nothing collected (close() did not read the maps)")
-        rd.write_table(run_dir, SPEC.table, self.table)
-        rd.write_table(run_dir, "lru_dwell_histogram", self.histogram)
-        manifest.setdefault("tables", {})[SPEC.table] = schema_doc(SPEC, SPEC.table)
-        manifest["tables"]["lru_dwell_histogram"] = schema_doc(SPEC, "lru_dwell_histogram")
-        manifest.setdefault("stats", {})[self.name] = dict(self.stats)
-        manifest.setdefault("lost", {})[self.name] = self.lost()
-        manifest.setdefault("summaries", {})[self.name] = self.summary()
+        self.write_tables(run_dir, manifest, {SPEC.table: self.table, "lru_dwell_histogram": self.histogram})
+        self.write_sections(manifest, self.stats, self.lost(), self.summary())
         if self.drained is not None and not self.drained[0]:
             manifest.setdefault("notes", []).append(
                 f"lru: the per-CPU LRU batches were not drained at close ({self.drained[1]}): folios still "

@@ -28,13 +28,11 @@ from typing import Any
 import numpy as np
 from moetrace.lazyimport import pandas as pd
 
-from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
-                                  AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, fn_cands, group, kp_cand,
-                                  tp_cand)
+from moetrace.record.spec import AttachCandidate, AttachGroup, Knob, ProbeSpec, Struct, group, kp_cand, fn_cands
 from moetrace.run.tables import TABLES, named_tables
 from moetrace.kernel import lru_gen
 from moetrace.errors import InputError, ProbeError
-from moetrace.record.probe import ProbeRecorder, schema_doc
+from moetrace.record.probe import ProbeRecorder
 
 # -- the declaration: attach candidates, knobs, tables (probes/mglru.bpf.c agrees: tests/probe_build/test_core_objects.py)
 
@@ -45,6 +43,8 @@ def _mglru_kp(name: str, knob: str, *cands: AttachCandidate) -> AttachGroup:
 #: probes/mglru.bpf.c (kprobes, lab only) + the lru_gen sampler (moetrace.record.probes.mglru, moetrace.kernel.lru_gen).
 MGLRU = ProbeSpec(
     name="mglru",
+    recorder="MglruRecorder",
+    order=80,
     description="MGLRU generations over time from <debugfs>/lru_gen (a sampler, no BPF: birth times, ages, "
                 "sizes per memcg / node / generation); where kprobes exist, aging attempts (a ring record "
                 "each), eviction / isolation / look-around / workingset counts and the generation a "
@@ -202,7 +202,7 @@ class MglruRecorder(ProbeRecorder):
         return self
 
     def _open_bpf(self) -> None:
-        from moetrace.kernel.bpf import EventStream, read_array
+        from moetrace.kernel.bpf import EventStream
 
         self._plan_evictions()
         self._plan_inc_gen()
@@ -211,15 +211,12 @@ class MglruRecorder(ProbeRecorder):
         except ProbeError:
             self.probe = None
             raise
-        st = self.probe.table("stats")
-        lost = lambda slot: (lambda: int(read_array(st, np.uint64)[slot]))  # noqa: E731
         if self.knobs["MOE_HAVE_INC_MAX_SEQ"]:
-            self.stream = EventStream(self.probe, "aging", AGING_DTYPE.itemsize,
-                                      kernel_lost=lost(STATS.index("ring_lost")),
+            self.stream = EventStream(self.probe, "aging", AGING_DTYPE.itemsize, kernel_lost=self.stat_reader("ring_lost"),
                                       max_records=min(self.ctx.stream_max_records, 1_000_000))
         if self.knobs["MOE_EVICT_EVENTS"]:
             self.evict_stream = EventStream(self.probe, "evictions", EVICT_DTYPE.itemsize,
-                                            kernel_lost=lost(STATS.index("evict_lost")),
+                                            kernel_lost=self.stat_reader("evict_lost"),
                                             max_records=self.ctx.stream_max_records)
 
     def _plan_evictions(self) -> None:
@@ -296,7 +293,7 @@ class MglruRecorder(ProbeRecorder):
                 if self.evict_stream is not None:
                     self.evict_stream.finish()
                     self.evict_raw = self.evict_stream.records()
-                self.stats = dict(zip(STATS, read_array(self.probe.table("stats"), np.uint64).astype(np.int64).tolist()))
+                self.stats = self.read_stats()
                 if self.knobs["MOE_HAVE_FOLIO_INC_GEN"]:
                     self.inc_gen = read_array(self.probe.table("inc_gen_from"), np.uint64).astype(np.int64).tolist()
         finally:
@@ -365,30 +362,20 @@ class MglruRecorder(ProbeRecorder):
                                      {"recorded": False, "why_not": self.evict_why_not})}
 
     def write(self, run_dir: Path, manifest: dict[str, Any]) -> None:
-        from moetrace.run import directory as rd
-
-        tables = manifest.setdefault("tables", {})
-        rd.write_table(run_dir, SPEC.table, self.generations())
-        tables[SPEC.table] = schema_doc(SPEC, SPEC.table)
+        tables = {SPEC.table: self.generations()}
         if self.full:
-            rd.write_table(run_dir, "lru_gen_tiers", lru_gen.tiers_frame(self.samples))
-            tables["lru_gen_tiers"] = schema_doc(SPEC, "lru_gen_tiers")
-            rd.write_table(run_dir, "lru_gen_walk", lru_gen.walk_frame(self.samples))
-            tables["lru_gen_walk"] = schema_doc(SPEC, "lru_gen_walk")
+            tables.update(lru_gen_tiers=lru_gen.tiers_frame(self.samples), lru_gen_walk=lru_gen.walk_frame(self.samples))
         if self.stream is not None:
-            rd.write_table(run_dir, "mglru_aging", self.aging())
-            tables["mglru_aging"] = schema_doc(SPEC, "mglru_aging")
+            tables["mglru_aging"] = self.aging()
         if self.evict_stream is not None:
-            rd.write_table(run_dir, "mglru_evictions", self.evictions())
-            tables["mglru_evictions"] = schema_doc(SPEC, "mglru_evictions")
+            tables["mglru_evictions"] = self.evictions()
         if self.inc_gen:
-            rd.write_table(run_dir, "mglru_inc_gen", pd.DataFrame({
+            tables["mglru_inc_gen"] = pd.DataFrame({
                 "from_gen": pd.array([pd.NA] + list(range(len(self.inc_gen) - 1)), dtype="Int32"),
-                "folios": np.asarray(self.inc_gen, np.int64)}))
-            tables["mglru_inc_gen"] = schema_doc(SPEC, "mglru_inc_gen")
-        manifest.setdefault("stats", {})[self.name] = dict(self.stats)
+                "folios": np.asarray(self.inc_gen, np.int64)})
+        self.write_tables(run_dir, manifest, tables)
         st = self.stream
-        manifest.setdefault("lost", {})[self.name] = {
+        self.write_sections(manifest, self.stats, {
             "failed_samples": len(self.failed),
             "errors": self.failed[:5],
             "ring_lost_aging_events": int(st.lost_kernel) if st else 0,
@@ -396,8 +383,7 @@ class MglruRecorder(ProbeRecorder):
             "ring_lost_eviction_records": int(self.evict_stream.lost_kernel) if self.evict_stream else 0,
             "user_lost_eviction_records": int(self.evict_stream.lost_user) if self.evict_stream else 0,
             "note": "a failed sample is missing from lru_gen.parquet (the rest of the recording is intact)",
-        }
-        manifest.setdefault("summaries", {})[self.name] = self.summary()
+        }, self.summary())
 
 
 __all__ = ["MglruRecorder", "ProbeError", "AGING_KINDS"]

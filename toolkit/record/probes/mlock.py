@@ -49,12 +49,10 @@ from typing import Any
 import numpy as np
 from moetrace.lazyimport import pandas as pd
 
-from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
-                                  AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, fn_cands, group, kp_cand,
-                                  tp_cand)
+from moetrace.record.spec import Knob, ProbeSpec, Struct, named_tp, group, fn_cands
 from moetrace.run.tables import TABLES, named_tables
 from moetrace.errors import ProbeError
-from moetrace.record.probe import ProbeRecorder, schema_doc
+from moetrace.record.probe import ProbeRecorder
 
 # -- the declaration: attach candidates, knobs, tables (probes/mlock.bpf.c agrees: tests/probe_build/test_core_objects.py)
 
@@ -83,6 +81,8 @@ _MLOCK_NOTES = {
 #: (calls are rare), locked ranges rebuilt exactly in user space (moetrace.record.probes.mlock).
 MLOCK = ProbeSpec(
     name="mlock",
+    recorder="MlockRecorder",
+    order=40,
     description="every mlock-family call of the command (ring, bounded, lost counted); locked bytes over "
                 "time per process, exact (an interval set per tgid, page-rounded like the kernel)",
     attach=tuple(
@@ -436,16 +436,13 @@ class MlockRecorder(ProbeRecorder):
         self.pending_left = 0
 
     def open(self) -> "MlockRecorder":
-        from moetrace.kernel.bpf import EventStream, read_array
+        from moetrace.kernel.bpf import EventStream
 
         plan = self.require_plan()
         knobs = {k: int(v) for k, v in SPEC.knob_values(**plan.knobs).items()}
         self.knobs = self.with_user_knobs(knobs)
         self.load_planned(self.knobs)
-        stats_t = self.probe.table("stats")
-        slot = STATS.index("ring_lost")
-        self.stream = EventStream(self.probe, "events", EVENT_DTYPE.itemsize,
-                                  kernel_lost=lambda: int(read_array(stats_t, np.uint64)[slot]),
+        self.stream = EventStream(self.probe, "events", EVENT_DTYPE.itemsize, kernel_lost=self.stat_reader("ring_lost"),
                                   max_records=min(self.ctx.stream_max_records, MAX_RECORDS))
         return self
 
@@ -460,20 +457,19 @@ class MlockRecorder(ProbeRecorder):
             self.stream.poll(max(0, int(timeout_ms)))
 
     def close(self) -> None:
-        if self.closed or self.probe is None:
-            self.closed = True
-            return
-        from moetrace.kernel.bpf import entry_count, read_array
+        from moetrace.kernel.bpf import entry_count
 
-        try:
+        got: dict[str, Any] = {}
+
+        def read() -> None:
             self.stream.finish()
-            self.stats = dict(zip(STATS, read_array(self.probe.table("stats"), np.uint64).astype(np.int64).tolist()))
+            self.stats = self.read_stats()
             self.pending_left = entry_count(self.probe.table("pending_calls"))
-            raw = self.stream.records()
-        finally:
-            self.probe.close()
-            self.closed = True
-        calls = records_to_calls(raw)
+            got["raw"] = self.stream.records()
+
+        if not self.collect(read):
+            return
+        calls = records_to_calls(got["raw"])
         self.calls, self.timeline, self.per_tgid = apply_calls(calls)
         self.collected = True
 
@@ -541,18 +537,12 @@ class MlockRecorder(ProbeRecorder):
         }
 
     def write(self, run_dir: Path, manifest: dict[str, Any]) -> None:
-        from moetrace.run import directory as rd
-
         cols = [c.name for c in SPEC.schema]
         calls = self.calls if self.calls is not None else apply_calls(empty_calls())[0]
-        rd.write_table(run_dir, SPEC.table, table_rows(calls)[cols])
-        manifest.setdefault("tables", {})[SPEC.table] = schema_doc(SPEC, SPEC.table)
         tl = self.timeline if self.timeline is not None else _timeline([])
-        rd.write_table(run_dir, "mlock_timeline", tl)
-        manifest["tables"]["mlock_timeline"] = schema_doc(SPEC, "mlock_timeline")
-        manifest.setdefault("stats", {})[self.name] = dict(self.stats)
+        self.write_tables(run_dir, manifest, {SPEC.table: table_rows(calls)[cols], "mlock_timeline": tl})
         st = self.stream
-        manifest.setdefault("lost", {})[self.name] = {
+        self.write_sections(manifest, self.stats, {
             "ring_lost_calls": int(st.lost_kernel) if st else 0,
             "user_lost_calls": int(st.lost_user) if st else 0,
             "pending_full_calls": int(self.stats.get("pending_full", 0)),
@@ -560,8 +550,7 @@ class MlockRecorder(ProbeRecorder):
             "in_flight_at_close": int(self.pending_left),
             "intervals": [vars(i) for i in st.intervals] if st else [],
             "note": "a lost call makes the locked bytes of its process inexact from then on",
-        }
-        manifest.setdefault("summaries", {})[self.name] = self.summary()
+        }, self.summary())
 
 
 __all__ = ["RangeSet", "apply_calls", "table_rows", "locked_bytes_at", "records_to_calls", "MlockRecorder", "CALLS"]

@@ -16,8 +16,7 @@ from typing import Any
 import numpy as np
 from moetrace.lazyimport import pandas as pd
 
-from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
-                                  AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, group, kp_cand, tp_cand)
+from moetrace.record.spec import FOLIO_ORDER, AttachGroup, Knob, ProbeSpec, Struct, named_tp, group
 from moetrace.run.tables import EXPERTS_PAGECACHE, named_tables
 from moetrace.errors import ProbeError
 from moetrace.record.probe import ProbeRecorder, schema_doc
@@ -51,6 +50,10 @@ def _ctx_groups() -> tuple[AttachGroup, ...]:
 #: probes/pagecache.bpf.c. Reads only tracepoint arguments.
 PAGECACHE = ProbeSpec(
     name="pagecache",
+    recorder="PagecacheRecorder",
+    order=10,
+    user_knobs=False,
+    experts=True,
     description="per-expert added (miss) / evicted / re-added (exact, per page) pages in the kernel; "
                 "requested pages from the replay's accounting, hits = requested - added",
     attach=(
@@ -129,7 +132,6 @@ def _map_sizes(k: dict[str, int]) -> dict[str, int]:
             "epoch_counts": max(1, eps * (n + 1)), "epoch_evictors": max(1, eps * ev)}
 PAGE_EVENT_DTYPE = SPEC.struct("page_event").dtype()
 EXPERT_COUNTS_DTYPE = SPEC.struct("expert_counts").dtype()
-RING_DROPS_SLOT = SPEC.stats.index("ring_drops")
 U64 = np.dtype("<u8")
 
 
@@ -171,7 +173,7 @@ class PagecacheRecorder(ProbeRecorder):
         return self.stream is not None
 
     def open(self) -> "PagecacheRecorder":
-        from moetrace.kernel.bpf import EventStream, read_array
+        from moetrace.kernel.bpf import EventStream
 
         plan = self.require_plan()
         knobs = pagecache_knobs(plan.knobs, self.ctx.pmap, self.ctx.stream,
@@ -189,9 +191,8 @@ class PagecacheRecorder(ProbeRecorder):
             for ino, (base, n) in pmap.inodes.items():
                 self.probe.put("inodes", struct.pack("<Q", ino), struct.pack("<II", base, n))
         if self.ctx.stream:
-            stats_t = self.probe.table("stats")
             self.stream = EventStream(self.probe, "events", PAGE_EVENT_DTYPE.itemsize,
-                                      kernel_lost=lambda: int(read_array(stats_t, U64)[RING_DROPS_SLOT]),
+                                      kernel_lost=self.stat_reader("ring_drops"),
                                       max_records=self.ctx.stream_max_records)
         if knobs.get("EPOCHS"):
             # the replay writes the epoch itself (moetrace.replay.epochs.EpochWriter): an inherited
@@ -234,7 +235,7 @@ class PagecacheRecorder(ProbeRecorder):
         else:
             c = read_array(self.probe.table("counts"), EXPERT_COUNTS_DTYPE)
             ev = read_array(self.probe.table("evictors"), U64).astype(np.int64).reshape(-1, len(EVICTORS))
-            st = dict(zip(SPEC.stats, read_array(self.probe.table("stats"), U64).astype(np.int64).tolist()))
+            st = self.read_stats()
         return {"added_pages": c["added_pages"].astype(np.int64), "evicted_pages": c["evicted_pages"].astype(np.int64),
                 "re_added_pages": c["re_added_pages"].astype(np.int64), "evicted_by": ev.copy(),
                 "read_bytes": int(st["read_bytes"]), "read_calls": int(st["read_calls"])}
@@ -265,7 +266,7 @@ class PagecacheRecorder(ProbeRecorder):
                                                n=reached * slots)
                 self.epoch_evictors = read_array(self.probe.table("epoch_evictors"), U64,
                                                  n=reached * len(EVICTORS)).astype(np.int64).reshape(-1, len(EVICTORS))
-            self.stats = dict(zip(SPEC.stats, read_array(self.probe.table("stats"), U64).astype(np.int64).tolist()))
+            self.stats = self.read_stats()
             self.misses = self.recursion_misses()
         except Exception as e:  # noqa: BLE001 - a read failure must still detach
             self.abort()

@@ -71,13 +71,12 @@ from typing import Any
 import numpy as np
 from moetrace.lazyimport import pandas as pd
 
-from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
-                                  AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, group, kp_cand, tp_cand)
+from moetrace.record.spec import Knob, ProbeSpec, Struct, named_tp, group
 from moetrace.run.tables import TABLES, named_tables
 from moetrace.errors import MoetraceError, ProbeError
 from moetrace.kernel.syscalls import kernel_dev
 from moetrace.record.poolmap import PoolMap
-from moetrace.record.probe import ProbeRecorder, RecordContext, schema_doc
+from moetrace.record.probe import ProbeRecorder, RecordContext, log2_bounds
 from moetrace.record.spec import AttachPlan
 
 # -- the declaration: attach candidates, knobs, tables (probes/reads.bpf.c and probes/reads.bpf.c agree:
@@ -95,6 +94,8 @@ _READ_ENTER = {"pread64": (("fd", "pos", "count"), None), "preadv": (("fd", "vec
 #: (moetrace.record.probes.reads).
 READS = ProbeSpec(
     name="reads",
+    recorder="ReadsRecorder",
+    order=60,
     description="per read call of the followed processes: latency, bytes, pages added during the call -> "
                 "hit-only / miss / error, aggregated per class and per fd identity in the kernel, attributed "
                 "to experts in user space (/proc/<tgid>/fd + the first added page's inode)",
@@ -458,14 +459,6 @@ def experts_table(files: pd.DataFrame, overflow: dict[str, int], pool: PoolMap |
     return df[[c.name for c in SPEC.schema]]
 
 
-def _slot_bounds(slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    # bcc's bpf_log2l(d) is floor(log2(d)) + 1 (0 and 1 both give 1): slot s holds
-    # [2**(s-1), 2**s) ns, slot 1 also 0 (the convention of bcc's print_log2_hist)
-    hi = np.left_shift(np.uint64(1), slots.astype(np.uint64))
-    lo = np.where(slots <= 1, np.uint64(0), hi // np.uint64(2)).astype("uint64")
-    return lo, hi
-
-
 def latency_table(col: Collected, pool_idents: set[Ident]) -> pd.DataFrame:
     """reads_latency: per scope (all / pool / not_pool) and class, the nonzero log2 slots.
 
@@ -484,7 +477,7 @@ def latency_table(col: Collected, pool_idents: set[Ident]) -> pd.DataFrame:
     parts = []
     for scope, h in (("all", allh), ("pool", pool), ("not_pool", allh - pool)):
         ci, sl = np.nonzero(h)
-        lo, hi = _slot_bounds(sl)
+        lo, hi = log2_bounds(sl)
         parts.append(pd.DataFrame({
             "scope": pd.array([scope] * len(ci), dtype="string"),
             "class": pd.array([CLASSES[i] for i in ci], dtype="string"),
@@ -756,22 +749,16 @@ class ReadsRecorder(ProbeRecorder):
                       "inode_unread": self.col.stats["fd_inode_unread"]})
 
     def write(self, run_dir: Path, manifest: dict[str, Any]) -> None:
-        from moetrace.run import directory as rd
-
         tables, summary = self.tables()
-        for name, df in tables.items():
-            rd.write_table(run_dir, name, df)
-            manifest.setdefault("tables", {})[name] = schema_doc(SPEC, name)
+        self.write_tables(run_dir, manifest, tables)
         plan = self.ctx.plan
         summary["attach"] = {e.group: e.candidate.target for e in plan.attached}
         summary["unavailable"] = {e.group: e.reason for e in plan.entries if not e.attached}
         summary["knobs"] = dict(self.knobs)
         summary["compile_attach_s"] = self.compile_attach_s
-        manifest.setdefault("summaries", {})[self.name] = summary
-        manifest.setdefault("stats", {})[self.name] = dict(self.col.stats)
         st = self.col.stats
         misses = self._misses
-        manifest.setdefault("lost", {})[self.name] = {
+        self.write_sections(manifest, st, {
             "counters_recursion_misses": misses,
             "counters_lost_events": sum(v for v in misses.values() if v) if misses else None,
             "inflight_full_calls": st["inflight_full"], "exit_without_enter": st["exit_without_enter"],
@@ -783,7 +770,7 @@ class ReadsRecorder(ProbeRecorder):
             "note": "per-class and per-fd counters are aggregated in the kernel; calls missing from them are "
                     "counted here (inflight_full; fd_map_full lands in the fd_map_full row; retire_failed: a "
                     "closed identity whose counters landed in the fd_map_full row, its histogram in not_pool)",
-        }
+        }, summary)
 
 
 def build(col: Collected, paths: dict[Ident, str], pool: PoolMap | None, extent: int,

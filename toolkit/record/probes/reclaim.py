@@ -46,13 +46,12 @@ from typing import Any
 import numpy as np
 from moetrace.lazyimport import pandas as pd
 
-from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
-                                  AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, group, kp_cand, tp_cand)
+from moetrace.record.spec import Knob, ProbeSpec, group, tp_cand
 from moetrace.run.tables import TABLES, named_tables
 from moetrace.kernel import procfs
 from moetrace.kernel.procfs import delta as vmstat_delta
 
-from moetrace.record.probe import EngineProbe, schema_doc
+from moetrace.record.probe import EngineProbe, log2_bounds, schema_doc
 
 #: the one declaration of probes/reclaim.bpf.c (attach groups, knobs, stats
 #: slots, schema)
@@ -66,6 +65,9 @@ _SHRINK_INACTIVE_FIELDS = ("nr_scanned", "nr_reclaimed", "nr_dirty", "nr_writeba
 #: kernel (no stream).
 RECLAIM = ProbeSpec(
     name="reclaim",
+    recorder="ReclaimProbe",
+    order=30,
+    user_knobs=False,
     description="who reclaimed (memcg limit, direct, kswapd, damon, proactive = memory.reclaim, other), "
                 "scan/steal, shrink_active, isolate, invocation durations; all aggregated in the kernel",
     attach=(
@@ -442,14 +444,12 @@ class ReclaimRecorder:
             cols[f + "_pages"] = t[f]
         per_kind = pd.DataFrame(cols)[[c.name for c in SPEC.schema]]  # the declared table, in order
 
-        # the slot is moe_log2l(d) (moetrace.bpf.h; bcc's bpf_log2l), floor(log2(d)) + 1 (0 and 1
-        # both give 1): slot s holds [2**(s-1), 2**s) ns, slot 1 also 0 (bcc's print_log2_hist)
         ki, sl = np.nonzero(hist)
-        hi = np.left_shift(np.uint64(1), sl.astype(np.uint64))
+        lo, hi = log2_bounds(sl)  # the slot is moe_log2l(d) (moetrace.bpf.h)
         histogram = pd.DataFrame({
             "kind": pd.array([KINDS[i] for i in ki], dtype="string"),
             "slot": sl.astype("int32"),
-            "lo_ns": np.where(sl <= 1, np.uint64(0), hi // np.uint64(2)).astype("uint64"),
+            "lo_ns": lo,
             "hi_ns": hi,
             "invocations": hist[ki, sl].astype("int64"),
         })

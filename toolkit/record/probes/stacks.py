@@ -55,13 +55,12 @@ from typing import Any
 import numpy as np
 from moetrace.lazyimport import pandas as pd
 
-from moetrace.record.spec import (COMMON_KNOBS, EXPERT_COLS, FOLIO_ORDER, I64, AttachCandidate,  # noqa: F401
-                                  AttachGroup, Column, Knob, ProbeSpec, Struct, named_tp, group, kp_cand, tp_cand)
+from moetrace.record.spec import AttachCandidate, Knob, ProbeSpec, Struct, named_tp, group
 from moetrace.run.tables import TABLES
 from moetrace.atomic import atomic_write
 from moetrace.run import directory as rd
-from moetrace.errors import MoetraceError, ProbeError, UsageError
-from moetrace.record.probe import ProbeRecorder, RecordContext, schema_doc
+from moetrace.errors import ProbeError, UsageError
+from moetrace.record.probe import ProbeRecorder, RecordContext
 from moetrace.kernel.symbolize import Kallsyms, ProcMaps, Symbolizer, find_kernel_addresses  # noqa: F401 (re-export)
 
 # -- the declaration: attach candidates, knobs, tables (probes/stacks.bpf.c and probes/stacks.bpf.c agree:
@@ -72,6 +71,8 @@ from moetrace.kernel.symbolize import Kallsyms, ProcMaps, Symbolizer, find_kerne
 #: (moetrace.record.probes.stacks, moetrace.kernel.symbolize).
 STACKS = ProbeSpec(
     name="stacks",
+    recorder="StacksRecorder",
+    order=70,
     description="perf cpu-clock samples of the command's processes and kswapd, kernel + user stacks counted in "
                 "the kernel, symbolized in user space (stacks.folded, stacks.parquet)",
     attach=(
@@ -362,29 +363,23 @@ class StacksRecorder(ProbeRecorder):
 
     def close(self) -> None:
         """Read the counters and stacks, detach, then symbolize (idempotent)."""
-        if self.closed:
-            return
-        self.closed = True
-        if self.probe is None or self.probe.closed:
-            return
-        self.snapshot_maps()  # processes still alive (the command's leftovers)
-        from moetrace.kernel.bpf import read_array
+        got: dict[str, Any] = {}
 
-        try:
-            self.stats = dict(zip(SPEC.stats, read_array(self.probe.table("stats"), U64).astype(np.int64).tolist()))
+        def read() -> None:
+            self.snapshot_maps()  # processes still alive (the command's leftovers)
+            self.stats = self.read_stats()
             keys, vals = self.probe.items("counts", STACK_KEY_DTYPE, U64)
             raw = [(int(k["tgid"]), int(k["user_stack_id"]), int(k["kernel_stack_id"]),
                     bytes(k["comm"]).split(b"\0", 1)[0].decode("utf-8", "replace"), int(v))
                    for k, v in zip(keys, vals)]
             ids = {sid for _t, u, k, _c, _n in raw for sid in (u, k) if sid >= 0}
-            traces = {sid: self._stack(sid) for sid in ids}
+            got.update(raw=raw, traces={sid: self._stack(sid) for sid in ids})
             self._misses = self.recursion_misses()
-        except (OSError, ValueError) as e:
-            raise MoetraceError(f"stacks: reading the kernel's counters failed: {e}") from None
-        finally:
-            self.probe.close()
+
+        if not self.collect(read):
+            return
         self._t_close = time.monotonic()
-        self._symbolize(raw, traces)
+        self._symbolize(got["raw"], got["traces"])
         self.collected = True
 
     def _stack(self, stack_id: int) -> list[int]:
@@ -456,14 +451,9 @@ class StacksRecorder(ProbeRecorder):
 
     # -- output -----------------------------------------------------------------------------
     def write(self, run_dir: Path, manifest: dict[str, Any]) -> None:
-        if not self.collected or self.df is None:
-            raise MoetraceError("stacks: write() before close() collected the samples")
         run_dir = Path(run_dir)
-        rd.write_table(run_dir, SPEC.table, self.df)
+        self.write_tables(run_dir, manifest, {SPEC.table: self.df})
         text = folded_text(self.df)
         with atomic_write(run_dir / FOLDED, mode=rd.FILE_MODE) as tmp:
             tmp.write_text(text)
-        manifest.setdefault("stats", {})[self.name] = dict(self.stats)
-        manifest.setdefault("lost", {})[self.name] = dict(self.lost)
-        manifest.setdefault("summaries", {})[self.name] = dict(self.summary)
-        manifest.setdefault("tables", {})[SPEC.table] = schema_doc(SPEC, SPEC.table)
+        self.write_sections(manifest, self.stats, dict(self.lost), dict(self.summary))
