@@ -58,8 +58,8 @@ from numba import njit
 from moetrace.errors import UsageError
 from moetrace.inputs.trace import Accesses
 from moetrace.analyses.belady import BeladyTimes
-from moetrace.analyses.stackdist import (SCOPES, StackPass, Window, normalize_scope, scope_shape, warm_iterations,
-                                         window)
+from moetrace.analyses.stackdist import (SCOPES, StackPass, Window, first_at, normalize_scope, scope_shape,
+                                         warm_iterations, window)
 
 POLICIES = ("lru", "lfu", "static", "belady")
 
@@ -598,7 +598,7 @@ class ArraySource:
         self.n_iterations, self.n_accesses = int(acc.n_iterations), len(acc)
 
     def start(self, iteration: int) -> int:
-        return int(np.searchsorted(self.acc.iteration, iteration, side="left"))
+        return first_at(self.acc.iteration, iteration)
 
     def ranges(self) -> list[tuple[int, int]]:
         return [(0, self.n_iterations)] if self.n_accesses else []

@@ -79,13 +79,21 @@ def warm_iterations(warm_fraction: float, n_iterations: int) -> int:
     return int(math.floor(round(wf * int(n_iterations), 9)))
 
 
+def first_at(iteration: np.ndarray, it: int) -> int:
+    """The stream index of iteration ``it``'s first access (``iteration`` sorted). The key is
+    given in the array's dtype: numpy casts an array to int64 for a Python int key, a copy
+    of the whole stream (~10 ms per 10 M accesses) for one binary search."""
+    if iteration.dtype.kind in "iu" and np.iinfo(iteration.dtype).min <= it <= np.iinfo(iteration.dtype).max:
+        it = iteration.dtype.type(it)
+    return int(np.searchsorted(iteration, it, side="left"))
+
+
 def window(acc: Accesses, warm_fraction: float = 0.6) -> Window:
     """Split ``acc`` into a warm window (first ``floor(warm_fraction * n_iterations)``
     iterations) and a scored window (the rest)."""
     n_it = int(acc.n_iterations)
     warm = warm_iterations(warm_fraction, n_it)
-    cut = int(np.searchsorted(acc.iteration, warm, side="left"))
-    return Window(n_it, warm, cut, len(acc))
+    return Window(n_it, warm, first_at(acc.iteration, warm), len(acc))
 
 
 def scope_shape(n_layers: int, n_experts: int, scope: str) -> tuple[bool, int, int]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moetrace.analyses.stackdist import StackPass, _stack_state, lru_stack_curve, stack_distances
+from moetrace.analyses.stackdist import StackPass, _stack_state, first_at, lru_stack_curve, stack_distances
 from moetrace.inputs.trace import Accesses
 
 
@@ -87,3 +87,12 @@ def test_chunks_equal_one_pass(scope):
     assert np.array_equal(np.bincount(one, minlength=sp.hist.size), sp.hist)
     curve = lru_stack_curve(acc, scope, 0.0)
     assert np.array_equal(curve.cum_hits, sp.cum_hits())
+
+
+@pytest.mark.parametrize("dtype", [np.int16, np.int32, np.int64, np.uint32])
+def test_first_at_equals_searchsorted(dtype):
+    it = np.repeat(np.arange(0, 300, 3), 4).astype(dtype)
+    for key in (0, 1, 3, 4, 150, 297, 298, 10**6, 2**40, -5):
+        if key < 0 and it.dtype.kind == "u":
+            continue
+        assert first_at(it, key) == int(np.searchsorted(it.astype(np.int64), key, side="left")), key
