@@ -59,11 +59,9 @@ def report(path, out_dir, only, cell, cell_reports, plan_path, force, as_json):
             b.update(1)
 
         if (Path(path) / "matrix.json").is_file():
-            from moetrace.lab.matrix import matrix_report_inputs
-            from moetrace.reports.report import build_matrix_report
+            from moetrace.lab.matrix import report_matrix
 
-            doc = build_matrix_report(matrix_report_inputs(path, cell), Path(out_dir or Path(path) / "report"),
-                                      sections=sections, force=force, progress=step)
+            doc = report_matrix(path, out_dir, cell, sections=sections, force=force, progress=step)
         else:
             doc = build_report(path, out_dir, sections=sections, cell=cell, plan=plan_path, force=force,
                                progress=step, cell_reports=cell_reports)
