@@ -1,6 +1,6 @@
 """moetrace: what does the kernel do with MoE expert weights served from the page cache?"""
 
-__version__ = "0.1.0"
+from moetrace.version import __version__
 
 
 def __getattr__(name: str):

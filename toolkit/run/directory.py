@@ -48,7 +48,7 @@ from typing import Any
 
 from moetrace.lazyimport import pandas as pd
 
-from moetrace import __version__
+from moetrace.version import __version__
 from moetrace.atomic import atomic_write
 from moetrace.errors import InputError, UsageError
 from moetrace.jsonutil import json_default
