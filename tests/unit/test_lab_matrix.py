@@ -331,7 +331,7 @@ def test_kernel_modules_of_an_own_build_reach_its_guests(tmp_path):
 
 
 def test_kernel_pairs_are_checked_against_the_first_kernel(tmp_path):
-    from moetrace.lab.matrix_report import pair_checks
+    from moetrace.reports.matrix import pair_checks
 
     make_plan(tmp_path / "plan.bin")
     text = (SPEC.replace('mglru = ["on", "off"]', 'mglru = ["on"]').replace(

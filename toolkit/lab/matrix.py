@@ -36,11 +36,12 @@ import os
 import random
 import re
 import shutil
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from moetrace.atomic import atomic_write
 from moetrace.capacity.scope import RESERVE_ENV
 from moetrace.errors import InputError, MoetraceError, UsageError
 from moetrace.jsonutil import write_json
@@ -519,10 +520,10 @@ def run_matrix_job(doc: Job, where: str, phase) -> dict[str, Any]:
 def matrix_rows(out: str | os.PathLike) -> list[dict[str, Any]]:
     """One row per finished cell: its place in the matrix, the guest, and the cell's figures
     (sweep's columns), with the capacity it really had at loop entry beside nominal C, and what
-    its kernel did in the measured window (matrix_report.cell_window: reclaim, generations,
+    its kernel did in the measured window (reports.matrix.cell_window: reclaim, generations,
     eviction ages)."""
     from moetrace.capacity.sweep import cell_row, effective_capacity
-    from moetrace.lab.matrix_report import cell_window
+    from moetrace.reports.matrix import cell_window
 
     out = Path(out)
     curve = _saved_curve(out)
@@ -590,33 +591,22 @@ def locked_fraction(res: Cell) -> float | None:
 
 
 def write_table(out: str | os.PathLike, rows: list[dict[str, Any]] | None = None, pairs=None) -> Path:
-    """matrix_cells.csv: :func:`matrix_rows` (written aside, then moved into place), and the
-    summary over repeats beside it (matrix_summary.csv / .md, matrix_fig3.png)."""
-    import csv
+    """matrix_cells.csv (:func:`matrix_rows`, unless given) and the summary over repeats beside it
+    (matrix_summary.csv / .md, matrix_fig3.png): reports.matrix.write_tables. Returns the cells'
+    table."""
+    from moetrace.reports.matrix import write_tables
 
-    from moetrace.lab.matrix_report import write_summary
-
-    out = Path(out)
-    rows = matrix_rows(out) if rows is None else rows
-    write_summary(out, rows, pairs)
-    path = out / "matrix_cells.csv"
-    cols = list(dict.fromkeys(k for r in rows for k in r)) or ["condition"]
-    with atomic_write(path) as tmp, open(tmp, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=cols)
-        w.writeheader()
-        w.writerows(rows)
-    return path
+    return write_tables(out, matrix_rows(out) if rows is None else rows, pairs)["cells"]
 
 
 def matrix_report_inputs(out: str | os.PathLike, cell: str | None = None):
-    """What `moetrace report DIR` shows of a matrix (reports.report.MatrixInputs): its tables
+    """What `moetrace report DIR` shows of a matrix (reports.matrix.MatrixInputs): its tables
     written afresh, the summary, the findings, Fig. 3, and the recorded cell to detail (``cell``:
     its directory under cells/, e.g. 6.12-mglru-on/balloon0.81-320MiB-r0; default: the retained
     cell with the highest amplification)."""
     import pandas as pd
 
-    from moetrace.lab.matrix_report import fig3_png, matrix_findings, pair_checks, summarize
-    from moetrace.reports.report import MatrixInputs
+    from moetrace.reports.matrix import MatrixInputs, fig3_png, matrix_findings, pair_checks, summarize
 
     out = Path(out)
     rows, pairs = matrix_rows(out), pair_checks(out)
@@ -634,3 +624,89 @@ def matrix_report_inputs(out: str | os.PathLike, cell: str | None = None):
         detail = out / best["cell_dir"] / "cell" if best else None
     return MatrixInputs(out, pd.DataFrame(rows), pd.DataFrame(summary), matrix_findings(summary),
                         fig3_png(summary) if summary else None, detail, pd.DataFrame(pairs))
+
+
+def report_matrix(out: str | os.PathLike, report_dir: str | os.PathLike | None = None, cell: str | None = None,
+                  **kw: Any) -> dict[str, Any]:
+    """`moetrace report MATRIX_DIR`: the matrix's report page in ``report_dir`` (default
+    OUT/report), from :func:`matrix_report_inputs` (``cell``: the recorded cell to detail);
+    ``kw``: sections, force, progress of :func:`moetrace.reports.matrix.build_matrix_report`."""
+    from moetrace.reports.matrix import build_matrix_report
+
+    return build_matrix_report(matrix_report_inputs(out, cell), Path(report_dir or Path(out) / "report"), **kw)
+
+
+# ---------------------------------------------------------------------------
+# `lab matrix`: run the cells, or write the tables of those finished
+
+
+@dataclass
+class MatrixResult:
+    """A matrix's finished cells (``rows``: :func:`matrix_rows`) and their summary over repeats,
+    the table written (matrix_cells.csv, the summary and Fig. 3 beside it), and why a run
+    stopped early (None: every cell ended)."""
+
+    out: Path
+    n_cells: int
+    rows: list[dict[str, Any]]
+    summary: list[dict[str, Any]]
+    table: Path
+    stopped: Any = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """What `lab matrix --json` prints."""
+        return {"schema": SCHEMA, "out": str(self.out), "cells": self.rows, "summary": self.summary}
+
+
+def matrix_tables(out: str | os.PathLike, spec: MatrixSpec, stopped: Any = None) -> MatrixResult:
+    """`lab matrix --report`: boot nothing; ``out``'s tables, summary and Fig. 3 written from the
+    cells finished so far (also while the matrix runs elsewhere)."""
+    from moetrace.reports.matrix import summarize, write_tables
+
+    check_matrix_dir(out, spec)
+    rows = matrix_rows(out)
+    summary = summarize(rows)
+    table = write_tables(out, rows, summary=summary)["cells"]
+    return MatrixResult(Path(out), len(spec.cells()), rows, summary, table, stopped)
+
+
+def run_matrix(out: str | os.PathLike, spec: MatrixSpec, resume: bool = False, executor: str = "local",
+               slurm: dict[str, Any] | None = None, on_event: Callable[[str], None] | None = None) -> MatrixResult:
+    """`lab matrix`: start the matrix in ``out`` (or continue it, ``resume``), run the cells still
+    to run as jobs on ``executor`` (local, or slurm with make_executor's ``slurm`` keywords), then
+    write its tables. ``on_event`` hears what a person follows: the cells finished before, each
+    failure and resubmission, and a line per cell as it ends (its outcome, the time left). Ctrl-C
+    / SIGTERM: the running jobs clean up, the tables are written, ``stopped`` says so."""
+    from moetrace.capacity.cell import interrupt_handlers
+    from moetrace.capacity.dispatch import dispatch, make_executor
+
+    say = on_event or (lambda text: None)
+    out, n_cells = Path(out), len(spec.cells())
+    work = prepare(out, spec, resume)
+    if work.done:
+        say(f"{len(work.done)} of {n_cells} cells finished before; running {len(work.todo)}"
+            + (f" ({len(work.cleared)} stopped part-way, run again)" if work.cleared else ""))
+    ensure_miss_curve(out, spec)
+    jobs = matrix_jobs(out, work)
+    t0, ended = time.monotonic(), [0]
+
+    def on_end(sub) -> None:
+        ended[0] += 1
+        eta = (time.monotonic() - t0) / ended[0] * (n_cells - len(work.done) - ended[0])
+        say(cell_line(out, sub.job.cell, len(work.done) + ended[0], n_cells, eta))
+
+    ex = make_executor(executor, out, **(slurm or {}))
+    with interrupt_handlers():
+        res = dispatch(jobs, ex, on_event=say, on_end=on_end)
+    return matrix_tables(out, spec, res.stopped)
+
+
+def cell_line(out: Path, cell: MatrixCell, done: int, n_cells: int, eta_s: float) -> str:
+    """A finished cell in a line: [done/N], its place, retained or why not, its amplification,
+    the time left."""
+    doc = json.loads((out / cell.rel_dir / DONE).read_text())
+    amp = (doc.get("result") or {}).get("amplification")
+    return (f"[{done}/{n_cells}] {cell.rel_dir[len('cells/'):]}: "
+            + ("retained" if doc.get("retained") else f"not retained ({'; '.join(doc.get('reasons') or [])})")
+            + (f", amplification {amp:.2f}" if isinstance(amp, (int, float)) else "")
+            + f"; about {eta_s / 60:.0f} min left")
