@@ -57,8 +57,9 @@ from numba import njit
 
 from moetrace.errors import UsageError
 from moetrace.inputs.trace import Accesses
-from moetrace.analyses.stackdist import (SCOPES, StackPass, Window, normalize_scope, scope_shape, warm_iterations,
-                                         window)
+from moetrace.analyses.belady import BeladyTimes
+from moetrace.analyses.stackdist import (SCOPES, StackPass, Window, first_at, normalize_scope, scope_shape,
+                                         warm_iterations, window)
 
 POLICIES = ("lru", "lfu", "static", "belady")
 
@@ -276,10 +277,10 @@ def _belady_state(n_groups: int, n_total: int, budget: int) -> tuple:
 
 
 @njit(cache=True, nogil=True)
-def _belady_start(n_groups, n_items, budget, n, lastw, forced, first_next, heap, pos,
-                  size):  # pragma: no cover - numba
-    """The best post-warm state: each group's forced expert, then the warm experts whose
-    next use (first_next[x], the first scored access) is soonest."""
+def _belady_warm(n_items, budget, n, lastw, forced, first_next, chosen, count):  # pragma: no cover - numba
+    """The experts of the best post-warm state: each group's forced expert, then the warm
+    experts whose next use (first_next[x], the first scored access) is soonest, into
+    chosen[g * budget + j], j < count[g]."""
     N = lastw.shape[0]
     m = 0
     for x in range(N):
@@ -295,18 +296,26 @@ def _belady_start(n_groups, n_items, budget, n, lastw, forced, first_next, heap,
             ckey[j] = (x // n_items) * (n + 1) + first_next[x]
             j += 1
     order = np.argsort(ckey)
-    for g in range(n_groups):
-        x = forced[g]
-        if x >= 0 and budget > 0:
-            _max_up(heap, pos, g * (budget + _ARITY), 0, (np.int64(first_next[x]) << _ID_BITS) | x)
-            size[g] = 1
+    for g in range(count.shape[0]):
+        if forced[g] >= 0 and budget > 0:
+            chosen[g * budget] = forced[g]
+            count[g] = 1
     for t in range(m):
         x = cand[order[t]]
         g = x // n_items
-        if size[g] < budget and pos[x] < 0:
-            k = size[g]
-            size[g] = k + 1
+        if count[g] < budget and x != forced[g]:
+            chosen[g * budget + count[g]] = x
+            count[g] += 1
+
+
+@njit(cache=True, nogil=True)
+def _belady_start(budget, first_next, chosen, count, heap, pos, size):  # pragma: no cover - numba
+    """The heaps of the post-warm state (see :func:`_belady_warm`)."""
+    for g in range(count.shape[0]):
+        for k in range(count[g]):
+            x = chosen[g * budget + k]
             _max_up(heap, pos, g * (budget + _ARITY), k, (np.int64(first_next[x]) << _ID_BITS) | x)
+        size[g] = count[g]
 
 
 @njit(cache=True, nogil=True)
@@ -338,18 +347,43 @@ def _check_belady_length(n: int) -> None:
                          hint="simulate Belady on a part of the stream (fewer iterations), or the other policies")
 
 
-def _belady_run(acc: Accesses, grouped: bool, n_groups: int, n_items: int, budget: int, cut: int,
-                nxt: np.ndarray) -> int:
+class _BeladyCache:
+    """MIN at one budget of a scope, from the best post-warm state, fed the scored window in
+    order: the global scope's one cache as a set of next-use times (:class:`BeladyTimes`,
+    its bitmap from ``scratch``), per_layer's caches as heaps. ``first_next[x]``: the first
+    scored access of expert x (n when none)."""
+
+    def __init__(self, shape: tuple[bool, int, int], n_total: int, budget: int, win: Window, lastw: np.ndarray,
+                 forced: np.ndarray, first_next: np.ndarray, scratch=None):
+        self.grouped, ng, ni = shape
+        self.budget, self.cut = budget, win.cut
+        chosen, count = np.zeros(ng * budget, np.int64), np.zeros(ng, np.int64)
+        _belady_warm(ni, budget, win.n_accesses, lastw, forced, first_next, chosen, count)
+        if self.grouped:
+            self.heap = _belady_state(ng, n_total, budget)
+            _belady_start(budget, first_next, chosen, count, *self.heap)
+        else:
+            self.times = BeladyTimes(win.scored_accesses, budget, scratch)
+            self.times.start(first_next[chosen[:count[0]]] - win.cut)
+
+    def feed(self, layer: np.ndarray, expert: np.ndarray, n_experts: int, nxt: np.ndarray) -> int:
+        """Hits of the next scored accesses (nxt: their next uses as stream indices)."""
+        if self.grouped:
+            return int(_belady_chunk(layer, expert, n_experts, True, self.budget, nxt, *self.heap))
+        return self.times.feed(nxt, self.cut)
+
+
+def _belady_run(acc: Accesses, shape: tuple[bool, int, int], budget: int, win: Window, nxt: np.ndarray) -> int:
     """MIN over acc's scored window from the best post-warm state; nxt over the whole stream."""
     _check_belady_length(len(acc))
     N = acc.n_layers * acc.n_experts
+    cut = win.cut
     lastw = np.full(N, -1, np.int64)
-    forced = np.full(n_groups, -1, np.int64)
-    _warm_last(acc.layer[:cut], acc.expert[:cut], acc.n_experts, grouped, 0, lastw, forced)
+    forced = np.full(shape[1], -1, np.int64)
+    _warm_last(acc.layer[:cut], acc.expert[:cut], acc.n_experts, shape[0], 0, lastw, forced)
     first_next = np.where(lastw >= 0, nxt[np.maximum(lastw, 0)], 0)
-    st = _belady_state(n_groups, N, budget)
-    _belady_start(n_groups, n_items, budget, len(acc), lastw, forced, first_next, *st)
-    return int(_belady_chunk(acc.layer[cut:], acc.expert[cut:], acc.n_experts, grouped, budget, nxt[cut:], *st))
+    cache = _BeladyCache(shape, N, budget, win, lastw, forced, first_next)
+    return cache.feed(acc.layer[cut:], acc.expert[cut:], acc.n_experts, nxt[cut:])
 
 
 # ---------------------------------------------------------------------------
@@ -401,10 +435,10 @@ def belady_hits(acc: Accesses, budget: int, scope: str = "per_layer", warm_fract
     ``nxt`` may pass a precomputed :func:`next_use` array to share it across budgets."""
     budget = _check_budget(budget)
     win = window(acc, warm_fraction)
-    grouped, ng, ni = scope_shape(acc.n_layers, acc.n_experts, scope)
+    shape = scope_shape(acc.n_layers, acc.n_experts, scope)
     if nxt is None:
         nxt = next_use(acc)
-    return _belady_run(acc, grouped, ng, ni, min(budget, ni), win.cut, nxt)
+    return _belady_run(acc, shape, min(budget, shape[2]), win, nxt)
 
 
 def _counts(acc: Accesses, start: int = 0, stop: int | None = None) -> np.ndarray:
@@ -554,8 +588,9 @@ class ArraySource:
     geometry (n_layers, n_experts, n_iterations, n_accesses), ``start(it)`` (the
     stream index of iteration it's first read), ``ranges()`` (iteration ranges
     [a, b) in stream order), ``chunk(a, b)`` (the global index of its first read and
-    its :class:`Accesses`) and ``scratch(n)`` (an int64 array of n elements for
-    Belady's next uses: in memory here, a memory-mapped file for a plan)."""
+    its :class:`Accesses`) and ``scratch(n)`` (n zeroed int64 for Belady's
+    next uses and the global scope's bitmaps of next-use times: in memory here, a
+    memory-mapped file for a plan)."""
 
     def __init__(self, acc: Accesses):
         self.acc = acc
@@ -563,7 +598,7 @@ class ArraySource:
         self.n_iterations, self.n_accesses = int(acc.n_iterations), len(acc)
 
     def start(self, iteration: int) -> int:
-        return int(np.searchsorted(self.acc.iteration, iteration, side="left"))
+        return first_at(self.acc.iteration, iteration)
 
     def ranges(self) -> list[tuple[int, int]]:
         return [(0, self.n_iterations)] if self.n_accesses else []
@@ -577,7 +612,7 @@ class ArraySource:
                            acc.n_experts, b, acc.order)
 
     def scratch(self, n: int) -> np.ndarray:
-        return np.empty(n, np.int64)
+        return np.zeros(n, np.int64)
 
 
 class _Simulation:
@@ -637,19 +672,18 @@ class _Simulation:
         # seen[x] is now each expert's first scored access: the next use of its last warm access
         runs = []
         for sc, (bs, _) in self.plan.items():
-            grouped, ng, ni = self.shape[sc]
             for b in bs:
-                st = _belady_state(ng, self.N, min(b, ni))
-                _belady_start(ng, ni, min(b, ni), n, self.lastw, self.forced[sc], seen, *st)
-                runs.append((sc, b, grouped, min(b, ni), st))
+                bb = min(b, self.shape[sc][2])
+                runs.append((sc, b, _BeladyCache(self.shape[sc], self.N, bb, self.win, self.lastw, self.forced[sc],
+                                                 seen, src.scratch)))
                 self.belady_hits[(sc, b)] = 0
         for a, b in scored:
             base, acc = src.chunk(a, b)
             lc = max(0, cut - base)
             lay, ex = acc.layer[lc:], acc.expert[lc:]
             nx = np.asarray(nxt[base + lc - cut:base + len(acc) - cut])
-            for sc, b_, grouped, bb, st in runs:
-                self.belady_hits[(sc, b_)] += int(_belady_chunk(lay, ex, self.E, grouped, bb, nx, *st))
+            for sc, b_, cache in runs:
+                self.belady_hits[(sc, b_)] += cache.feed(lay, ex, self.E, nx)
 
     def rows(self, static_table: str | Accesses, static_table_name: str) -> list[tuple]:
         """(policy, scope, budget, budget_total, hits, static_table) per policy x scope x budget."""

@@ -15,7 +15,8 @@ whose every kernel carries its state between chunks (O(experts), not O(reads)):
   window writes them to a memory-mapped file (8 bytes per scored read, in
   ``TMPDIR``, removed when the source closes); the warm state comes from the
   forward pass; a last forward pass over the scored window runs MIN at every
-  budget at once.
+  budget at once (the global scope's caches as bitmaps of next-use times, a bit
+  per scored read and budget, in such files too).
 
 Memory: one chunk of accesses plus the kernels' state and the plan's index
 (8 bytes per iteration).
@@ -103,7 +104,9 @@ class PlanSource:
         return int(self.offsets[a]), acc
 
     def scratch(self, n: int) -> np.ndarray:
-        """n int64 in a memory-mapped file in TMPDIR (8 bytes per scored read), removed on close."""
+        """n zeroed int64 in a memory-mapped file in TMPDIR, removed on close: Belady's next uses
+        (8 bytes per scored read) and the global scope's bitmaps of next-use times (a bit per
+        scored read and budget)."""
         fd, tmp = tempfile.mkstemp(prefix="moetrace-nextuse-", suffix=".i64")
         os.close(fd)
         self._spills.append(tmp)

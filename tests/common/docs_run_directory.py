@@ -5,6 +5,12 @@ The doc's shape (stated at its top): a `## ` heading per directory kind whose ta
 directory's entries (first cell: the backticked path, `<...>` one path component, a trailing
 `/` a subdirectory); a `### ` heading per specified file (the backticked file name) whose table
 lists its columns (Parquet) or keys (JSON, dotted), the backticked name in the first cell.
+
+JSON documents are checked key by key at every level against their declarations
+(moetrace.run.documents): an object's keys are rows of their own (`plan.n_layers`; `<probe>` for a
+key of a free-form map, arrays of objects transparent: `attach_plan.<probe>.entries.status`) or
+named in backticks in the meaning of the object's row. Below a free-form map of values (per-probe
+counters, /proc files) anything goes.
 """
 
 from __future__ import annotations
@@ -17,10 +23,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "run-directory.md"
 #: directory kind -> its `## ` heading in the doc
-KINDS = {"run": "Run directory", "cell": "Cell directory", "sweep": "Sweep directory"}
+KINDS = {"run": "Run directory", "cell": "Cell directory", "sweep": "Sweep directory", "lab": "Lab directory",
+         "matrix": "Matrix directory"}
 #: subdirectories that are directories of another kind: (kind, entry) -> the kind inside
-NESTED = {("cell", "run/"): "run", ("cell", "watch/"): "run", ("sweep", "cells/<C>-r<i>/"): "cell"}
+NESTED = {("cell", "run/"): "run", ("cell", "watch/"): "run", ("sweep", "cells/<C>-r<i>/"): "cell",
+          ("lab", "cell/"): "cell", ("matrix", "cells/<condition>/<cell>/"): "lab"}
 _ROW = re.compile(r"^\|\s*`([^`]+)`\s*\|")
+#: a backticked name in a meaning cell that is a key (lowercase identifier); other code spans are values
+_KEY = re.compile(r"`([a-z_][a-z0-9_]*)`")
 
 
 @dataclass
@@ -30,6 +40,8 @@ class RunDirectoryDoc:
     #: specified file (its `### ` heading, e.g. "experts.parquet", "snapshots/<label>.json") ->
     #: the column or key names its table lists
     sections: dict[str, set[str]] = field(default_factory=dict)
+    #: specified file -> its rows: name (``<...>`` as ``*``) -> the meaning (the row's last cell)
+    rows: dict[str, dict[str, str]] = field(default_factory=dict)
     #: section -> {column or key: the row's other cells (dtype, unit, meaning for a table)}
     cells: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     #: directory kind -> {entry path: its "written by" cell}
@@ -43,11 +55,8 @@ class RunDirectoryDoc:
         """The `### ` section that specifies the file at ``rel`` (matched on its path relative to
         its directory, or on its base name)."""
         base = rel.rsplit("/", 1)[-1]
-        for name in self.sections:
-            pat = _pattern(name)
-            if pat.fullmatch(rel) or pat.fullmatch(base):
-                return name
-        return None
+        hits = [name for name in self.sections if _pattern(name).fullmatch(rel) or _pattern(name).fullmatch(base)]
+        return max(hits, key=len) if hits else None  # jobs/<C>-r<i>.ran.json before jobs/<C>-r<i>.json
 
 
 def _pattern(entry: str) -> re.Pattern:
@@ -70,6 +79,7 @@ def parse(text: str) -> RunDirectoryDoc:
                 section = m.group(1) if level == 3 and m else None
                 if section is not None:
                     doc.sections.setdefault(section, set())
+                    doc.rows.setdefault(section, {})
             continue
         m = _ROW.match(line)
         if m is None:
@@ -77,6 +87,7 @@ def parse(text: str) -> RunDirectoryDoc:
         rest = [c.strip() for c in line.strip().strip("|").split("|")][1:]
         if section is not None:
             doc.sections[section].add(m.group(1))
+            doc.rows[section][re.sub(r"<[^>]+>", "*", m.group(1))] = line.strip().strip("|").split("|")[-1]
             doc.cells.setdefault(section, {})[m.group(1)] = rest
         elif kind is not None:
             doc.layouts[kind].append(m.group(1))
@@ -86,6 +97,84 @@ def parse(text: str) -> RunDirectoryDoc:
 
 def load() -> RunDirectoryDoc:
     return parse(DOC.read_text())
+
+
+# -- JSON documents, key by key --------------------------------------------------------------------
+
+def doc_paths(td: type) -> dict[str, object]:
+    """A declaration's key paths as the doc writes them (arrays of objects transparent)."""
+    from moetrace.run.documents import key_paths
+
+    return {p.replace("[]", ""): t for p, t in key_paths(td).items()}
+
+
+def _is_object(t) -> bool:
+    """A declared value that has declared keys below it (a TypedDict, or a map or array of them)."""
+    import typing
+
+    from moetrace.run import documents as D
+
+    t, see = D.unwrap(t)
+    if see is not None:
+        return False
+    if D.is_declaration(t):
+        return True
+    args = typing.get_args(t)
+    return typing.get_origin(t) in (dict, list) and bool(args) and _is_object(args[-1])
+
+
+def _owner(path: str) -> tuple[str, str]:
+    """(the row that names the key at ``path`` in its meaning, the key): ``a.*.b`` -> (``a``, ``b``)."""
+    parent, _, key = path.rpartition(".")
+    while parent.endswith(".*"):
+        parent = parent[:-2]
+    return parent, key
+
+
+def free_form(path: str, decl: dict[str, object]) -> bool:
+    """``path`` lies below a free-form map of values (its keys are names, not declared)."""
+    parts = path.split(".")
+    prefixes = [".".join(parts[:i + 1]) for i in range(len(parts)) if parts[i] == "*"]
+    return any(p in decl and not _is_object(decl[p]) for p in prefixes)
+
+
+def json_section_problems(doc: RunDirectoryDoc, section: str, td: type) -> list[str]:
+    """Every key of the declaration ``td`` at every level is documented in ``section`` (a row, or
+    named in its object's row), and every documented key (rows, and keys named in a row's
+    meaning) is declared."""
+    rows = doc.rows.get(section, {})
+    decl = doc_paths(td)
+    problems = []
+    for path in decl:
+        if path.endswith(".*") or path in rows:
+            continue
+        owner, key = _owner(path)
+        if owner in rows and key in _KEY.findall(rows[owner]):
+            continue
+        if owner == "" or not free_form(path, decl):
+            problems.append(f"{section}: `{path.replace('*', '<key>')}` is declared but not documented")
+    for name, meaning in rows.items():
+        if name not in decl and not free_form(name, decl):
+            problems.append(f"{section}: `{name}` is documented but not declared (no writer writes it)")
+            continue
+        if free_form(name + ".*", decl) or not _is_object(decl.get(name)):
+            continue  # a free-form map or a value: its backticked names are examples, not keys
+        children = {_owner(p)[1] for p in decl if _owner(p)[0] == name}
+        for key in _KEY.findall(meaning):
+            if key not in children:
+                problems.append(f"{section}: `{name}` names `{key}`, which is not one of its declared keys")
+    return problems
+
+
+def _json_problems(rel: str, section: str, docs: list, retired_ok: bool) -> list[str]:
+    from moetrace.run.documents import DOCUMENTS, RETIRED, undeclared
+
+    td = DOCUMENTS.get(section)
+    if td is None:
+        return []
+    retired = RETIRED.get(section, frozenset()) if retired_ok else frozenset()
+    bad = sorted({p for d in docs for p in undeclared(d, td) if p not in retired})
+    return [f"{rel}: `{p}` is not declared for `{section}` (moetrace.run.documents)" for p in bad]
 
 
 def _entry_of(doc: RunDirectoryDoc, kind: str, rel: str) -> str | None:
@@ -102,8 +191,9 @@ def _entry_of(doc: RunDirectoryDoc, kind: str, rel: str) -> str | None:
     return None
 
 
-def _file_problems(doc: RunDirectoryDoc, rel: str, path: Path) -> list[str]:
-    """A specified file's columns (Parquet, CSV) or top-level keys (JSON) missing from its section."""
+def _file_problems(doc: RunDirectoryDoc, rel: str, path: Path, retired_ok: bool) -> list[str]:
+    """A specified file's columns (Parquet, CSV) missing from its section, or (JSON) its keys at
+    every level that its declaration lacks (keys older versions wrote allowed with ``retired_ok``)."""
     import pyarrow.parquet as pq
 
     if path.suffix == ".csv":  # a CSV twin of a Parquet table: the same columns
@@ -112,11 +202,14 @@ def _file_problems(doc: RunDirectoryDoc, rel: str, path: Path) -> list[str]:
     elif path.suffix == ".parquet":
         section = doc.section_for(rel)
         names = pq.read_schema(path).names
-    elif path.suffix == ".json":
+    elif path.suffix in (".json", ".jsonl"):
         section = doc.section_for(rel)
         if section is None:
             return []  # a JSON file the contract does not specify key by key
-        names = list(json.loads(path.read_text()))
+        text = path.read_text()
+        docs = [json.loads(line) for line in text.splitlines() if line.strip()] if path.suffix == ".jsonl" \
+            else [json.loads(text)]
+        return _json_problems(rel, section, docs, retired_ok)
     else:
         return []
     if section is None:
@@ -125,9 +218,12 @@ def _file_problems(doc: RunDirectoryDoc, rel: str, path: Path) -> list[str]:
     return [f"{rel}: `{n}` is not in the section `{section}`" for n in names if n not in known]
 
 
-def check_directory(doc: RunDirectoryDoc, top: Path, kind: str, where: str = "") -> list[str]:
-    """Every file under ``top`` (a ``kind`` directory), its tables' columns and its JSON documents'
-    top-level keys, against the doc: the problems found (empty: all documented)."""
+def check_directory(doc: RunDirectoryDoc, top: Path, kind: str, where: str = "", retired_ok: bool = False) -> list[str]:
+    """Every file under ``top`` (a ``kind`` directory), its tables' columns against the doc and its
+    JSON documents' keys at every level against their declarations (which the doc documents key
+    by key: :func:`json_section_problems`): the problems found (empty: all documented).
+    ``retired_ok``: a directory an older moetrace wrote (the golden ones) may hold keys it no
+    longer writes (moetrace.run.documents.RETIRED)."""
     problems: list[str] = []
     nested = {entry: inner for (k, entry), inner in NESTED.items() if k == kind}
     for path in sorted(p for p in top.rglob("*") if p.is_file()):
@@ -140,11 +236,11 @@ def check_directory(doc: RunDirectoryDoc, top: Path, kind: str, where: str = "")
             continue
         if entry.endswith("/"):
             continue  # outside the contract (report/)
-        problems += [where + p for p in _file_problems(doc, rel, path)]
+        problems += [where + p for p in _file_problems(doc, rel, path, retired_ok)]
     for entry, inner in nested.items():
         pat = _pattern(entry)
         for d in sorted(p for p in top.rglob("*") if p.is_dir()):
             rel = d.relative_to(top).as_posix()
             if pat.fullmatch(rel):
-                problems += check_directory(doc, d, inner, f"{where}{rel}/")
+                problems += check_directory(doc, d, inner, f"{where}{rel}/", retired_ok)
     return problems

@@ -22,7 +22,8 @@ from click.testing import CliRunner
 from moetrace.kernel import features as F
 
 
-from moetrace.cli.doctor import doctor, doctor_report
+from moetrace.cli.doctor import doctor
+from moetrace.record.doctor import doctor as doctor_report
 
 
 from moetrace.record.probes import PROBES, resolve_all

@@ -1,6 +1,7 @@
 """docs/run-directory.md against a fresh recording (live tier): `moetrace record --stream-events`
 with every declared probe, and a one-cell `moetrace sweep --record --stream-events`; every file,
-table, column and top-level JSON key they wrote must be documented. The no-kernel twin,
+table and column they wrote must be documented, and every key of their JSON documents, at every
+level, declared (moetrace.run.documents; no key older versions wrote). The no-kernel twin,
 tests/unit/test_docs_run_directory.py, checks the writers' declarations and the golden
 directories."""
 

@@ -19,7 +19,7 @@ import pytest
 
 from common.lab import K61, K612, LAB_EXPERTS as EXPERTS, LAB_STEPS as STEPS, _lab, _need, lab_pool  # noqa: F401
 from common.lab import make_lab_pool
-from moetrace.lab.matrix_report import added_pages_oracle
+from moetrace.reports.matrix import added_pages_oracle
 from moetrace.record.recorder import DEFAULT_RECORD
 
 

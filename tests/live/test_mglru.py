@@ -25,7 +25,7 @@ def test_record_mglru_on_this_host(live, tmp_path):
         assert "lru_gen" not in tables and "lru_gen" not in doc["tables"]
         assert "mglru" not in doc.get("summaries", {}) and "mglru" not in doc["lost"]
         # doctor says the same, from the same declaration
-        from moetrace.cli.doctor import doctor_report
+        from moetrace.record.doctor import doctor as doctor_report
 
         plan = doctor_report(mount=True)["plans"]["mglru"]
         assert plan["status"] == "no" and plan["reason"] == ap["reason"]

@@ -85,7 +85,7 @@ def test_acceptance_cold_pass_then_all_hits(live, pools, layout, tmp_path):
     plan = doc["attach_plan"]["pagecache"]
     assert plan["recorded"] is True and plan["status"] == "yes" and plan["knobs"]["MOE_HAVE_ORDER"] == 1
     assert {e["group"]: e["status"] for e in plan["entries"]}["add"] == "attached"
-    from moetrace.cli.doctor import doctor_report
+    from moetrace.record.doctor import doctor as doctor_report
 
     # record unmounted the debugfs it mounted: let doctor mount tracefs (the session fixture unmounts it)
     assert doctor_report(mount=True)["plans"]["pagecache"]["entries"] == plan["entries"]

@@ -36,3 +36,12 @@ def test_expected_commands_exist():
                  "plan inspect", "sim", "demo", "pool create", "pool verify", "replay", "cell", "sweep",
                  "record", "doctor", "report", "flame"):
         assert name in flat
+
+
+def test_report_help_names_every_section():
+    """`report --only` defaults to every section of moetrace.reports.report.SECTIONS (the one list:
+    a new section is added there alone) and its help names them."""
+    from moetrace.reports.report import SECTIONS
+
+    r = CliRunner(env={"COLUMNS": "300"}).invoke(cli, ["report", "--help"], terminal_width=300)
+    assert f"(default: every one: {', '.join(SECTIONS)})" in r.output, r.output

@@ -87,6 +87,7 @@ def finish(job: CellJob, host: str, started: float) -> None:
     """What a job leaves: its cell.json (retained, on ``host``) and ran.json."""
     job.cell_dir.mkdir(parents=True, exist_ok=True)
     (job.cell_dir / "cell.json").write_text(json.dumps({
+        "schema": "moetrace.cell/1", "complete": True,
         "retained": True, "reasons": [], "capacity_bytes": job.spec.capacity_bytes, "mechanism": "cgroup",
         "mode": "pagecache", "device_bytes_per_iteration": 1000 + job.order, "host": {"name": host}}))
     (Path(job.out) / "jobs" / f"{job.name}.ran.json").write_text(json.dumps(

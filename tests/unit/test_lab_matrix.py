@@ -73,8 +73,8 @@ def test_resume_redoes_no_finished_cell_and_clears_a_stopped_one(tmp_path):
     work = M.prepare(out, spec, resume=False)
     assert not work.done and work.todo == spec.cells() and (out / "matrix.json").exists()
     first, second, third = work.todo[:3]
-    M.mark_done(out, first, {"retained": True})
-    M.mark_done(out, second, {"retained": False, "reasons": ["oom"]})
+    M.mark_done(out, first, {"lab": {}, "retained": True, "reasons": [], "result": None})
+    M.mark_done(out, second, {"lab": {}, "retained": False, "reasons": ["oom"], "result": None})
     (out / third.rel_dir).mkdir(parents=True)
     (out / third.rel_dir / "lab.json").write_text("{}")  # stopped part-way: no done.json
     with pytest.raises(UsageError, match="holds a matrix already"):
@@ -111,7 +111,7 @@ def test_any_set_of_finished_and_stopped_cells_resumes_to_exactly_the_rest(tmp_p
     out = tmp / "m"
     cells = M.prepare(out, spec, resume=False).todo
     for i in done_i:
-        M.mark_done(out, cells[i], {})
+        M.mark_done(out, cells[i], {"lab": {}, "retained": False, "reasons": [], "result": None})
     for i in stopped_i - done_i:
         (out / cells[i].rel_dir).mkdir(parents=True)
     work = M.prepare(out, spec, resume=True)
@@ -163,7 +163,8 @@ class FakeGuest:
             return LabResult("ok", 137, dict(doc, exit_status=137))
         Path(out, "cell").mkdir()
         Path(out, "cell", "cell.json").write_text(json.dumps(
-            {"retained": True, "reasons": [], "capacity_bytes": 1, "mechanism": "cgroup", "mode": "mmap",
+            {"schema": "moetrace.cell/1", "complete": True, "retained": True, "reasons": [], "capacity_bytes": 1,
+             "mechanism": "cgroup", "mode": "mmap",
              "amplification": 1.5, "mem_available_at_loop_entry_bytes": 123}))
         return LabResult("ok", 0, doc)
 
@@ -222,6 +223,10 @@ def test_run_cells_marks_each_cell_and_a_killed_matrix_resumes_where_it_stopped(
     assert docs[0]["retained"] and docs[0]["result"]["amplification"] == 1.5
     assert not docs[1]["retained"] and "did not reach COMMAND" in docs[1]["reasons"][0]
     assert not docs[2]["retained"] and docs[2]["reasons"][0].endswith("the guest ran out of memory")
+    from moetrace.run.documents import MatrixMeta, MatrixRow, undeclared  # every key declared (and documented)
+
+    assert not [p for d in docs for p in undeclared(d, MatrixRow)]
+    assert not undeclared(json.loads((out / "matrix.json").read_text()), MatrixMeta)
     # resume: the four finished cells are kept, the stopped fifth is run again, then the rest
     work = M.prepare(out, spec, resume=True)
     assert work.cleared == [cells[4].rel_dir] and len(work.done) == 4
@@ -326,7 +331,7 @@ def test_kernel_modules_of_an_own_build_reach_its_guests(tmp_path):
 
 
 def test_kernel_pairs_are_checked_against_the_first_kernel(tmp_path):
-    from moetrace.lab.matrix_report import pair_checks
+    from moetrace.reports.matrix import pair_checks
 
     make_plan(tmp_path / "plan.bin")
     text = (SPEC.replace('mglru = ["on", "off"]', 'mglru = ["on"]').replace(

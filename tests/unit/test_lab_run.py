@@ -52,6 +52,9 @@ def test_a_guest_that_panics_before_command_is_booted_again(fake, tmp_path, monk
     res = L.run_in_guest("6.12", ["true"], out, qemu=str(fake), timeout_s=30, accel="tcg")
     assert res.status == "ok" and res.exit_status == 5
     doc = json.loads((out / "lab.json").read_text())
+    from moetrace.run.documents import Lab, undeclared  # every key declared (and documented)
+
+    assert not undeclared(doc, Lab)
     assert (out / ".boots").read_text() == str(panics + 1)
     assert [f["attempt"] for f in doc["boot_failures"]] == list(range(1, panics + 1))
     for f in doc["boot_failures"]:

@@ -17,8 +17,11 @@ import moetrace
 
 def _modules() -> dict[str, Path]:
     import moetrace.analyses
+    import moetrace.probes
 
-    out = {"moetrace": Path(moetrace.__file__), "moetrace.analyses": Path(moetrace.analyses.__file__)}
+    # moetrace.probes (probes/: the objects' directory, a leaf) is a module of its own, not `moetrace`
+    out = {"moetrace": Path(moetrace.__file__), "moetrace.analyses": Path(moetrace.analyses.__file__),
+           "moetrace.probes": Path(moetrace.probes.__file__)}
     # moetrace.analyses lives in analyses/, beside toolkit/ (pyproject's package-dir): walked apart
     for path, prefix in ((moetrace.__path__, "moetrace."), (moetrace.analyses.__path__, "moetrace.analyses.")):
         for m in pkgutil.walk_packages(path, prefix):

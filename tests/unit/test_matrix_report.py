@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from moetrace.lab import matrix_report as R
+from moetrace.reports import matrix as R
 
 
 def snap(ns: int, vm: dict, gens: list[tuple[str, int, int]], psi_some: int = 0) -> dict:
@@ -118,11 +118,12 @@ def test_summary_takes_medians_over_retained_repeats_and_draws_fig3(tmp_path):
     md = R.summary_markdown(R.summarize(rows))
     assert len({line.count("|") for line in md.splitlines()}) == 1  # every row has the header's columns
     assert md.count("\n") == 2 + 4 and "| 6.12 | on | balloon0.81 | - | - | - | 2/3 | 8.50 (8.00-9.00) | 4.00 | 2.12" in md
-    paths = R.write_summary(tmp_path, rows)
+    paths = R.write_tables(tmp_path, rows)
     assert paths["fig3"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(pd.read_csv(paths["csv"])) == 4 and not list(tmp_path.glob("*.tmp*"))
+    assert len(pd.read_csv(paths["cells"])) == len(rows)
     (tmp_path / "empty").mkdir()
-    assert "fig3" not in R.write_summary(tmp_path / "empty", [])  # nothing finished yet: tables, no figure
+    assert "fig3" not in R.write_tables(tmp_path / "empty", [])  # nothing finished yet: tables, no figure
 
 
 def test_cell_window_says_why_pages_were_read_again_from_the_plan_and_the_log(tmp_path):

@@ -154,7 +154,8 @@ def fake_cell_jobs(monkeypatch, tmp_path, run=None):
         for p in ("clean", "drop caches", "scope", "warmup", "measured", "cleanup", "results"):
             if on_phase:
                 on_phase(p)
-        res = {"retained": True, "reasons": [], "capacity_bytes": spec.capacity_bytes,
+        res = {"schema": "moetrace.cell/1", "complete": True, "retained": True, "reasons": [],
+               "capacity_bytes": spec.capacity_bytes,
                "mechanism": spec.mechanism, "mode": spec.mode}
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         (Path(out_dir) / "cell.json").write_text(json.dumps(res))

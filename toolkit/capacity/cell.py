@@ -28,7 +28,6 @@ plan's accesses repeated warmup + passes times, scoring only the measured part.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import select
@@ -47,13 +46,12 @@ import numpy as np
 from moetrace.atomic import atomic_write
 from moetrace.capacity.scope import (PAGE, Balloon, Scope, balloon_size, find_memory_controller, remove_stale_scopes,
                                     safe_reserve_bytes)
-from moetrace.jsonutil import write_json
 from moetrace.kernel.syscalls import set_pdeathsig
 from moetrace.errors import CellInterrupted, InputError, MoetraceError, ScopeError, UsageError
 from moetrace.kernel.hostfacts import host_facts
 from moetrace.kernel.procfs import SECTOR_BYTES, KernelLog, device_of, read_meminfo, take_snapshot
-
-CELL_SCHEMA = "moetrace.cell/1"
+from moetrace.run import metadata
+from moetrace.run.documents import CELL_SCHEMA, Cell, MglruState, Simulated
 #: machine: no limit inside, the machine's own memory is the capacity (the paper's mem= boot: the
 #: lab sizes a guest's RAM for C)
 MECHANISMS = ("cgroup", "balloon", "machine")
@@ -293,7 +291,7 @@ def ensure_miss_curve(path: str | os.PathLike, plan: str | os.PathLike, warmup: 
     return save_miss_curve(miss_curve(plan, warmup, passes), path, plan, warmup, passes)
 
 
-def simulated_miss(curve, capacity_bytes: int, extent_bytes: int, expert_bytes: int) -> dict[str, Any]:
+def simulated_miss(curve, capacity_bytes: int, extent_bytes: int, expert_bytes: int) -> Simulated:
     """Miss demand at C from a :func:`miss_curve`: budget = floor(C / extent_bytes) experts."""
     budget = int(capacity_bytes // extent_bytes)
     hits = int(curve.hits_at(budget))
@@ -428,7 +426,7 @@ def iteration_stats(durations_ns: np.ndarray) -> dict[str, Any]:
             "measured_iterations": int(d.size)}
 
 
-def _mglru_now() -> dict[str, Any] | None:
+def _mglru_now() -> MglruState | None:
     from moetrace.kernel.features import mglru_state
 
     try:
@@ -445,7 +443,7 @@ RECORDER_ALLOWANCE = 320 << 20
 TOP_UP_MIN = 4 << 20
 
 
-def _top_up_balloon(spec: CellSpec, scope: Scope, bscope: Scope, result: dict) -> Balloon | None:
+def _top_up_balloon(spec: CellSpec, scope: Scope, bscope: Scope, result: Cell) -> Balloon | None:
     """At loop entry, with the recorder and the replay settled: lock what is available beyond
     C + headroom - the replay's anonymous memory (the file capacity a cgroup wall of C + headroom
     would leave) in a second balloon, so that the recorder's own memory does not come out of C;
@@ -477,7 +475,7 @@ def _top_up_balloon(spec: CellSpec, scope: Scope, bscope: Scope, result: dict) -
 
 
 def run_cell(spec: CellSpec, out_dir: str | os.PathLike, curve=None,
-             on_phase: Callable[[str], None] | None = None) -> dict[str, Any]:
+             on_phase: Callable[[str], None] | None = None) -> Cell:
     """Run one cell (Algorithm 1) into ``out_dir`` and return what cell.json holds.
 
     Bad inputs raise UsageError/InputError before anything is created. Failures
@@ -517,7 +515,7 @@ class _Cell:
         self.run_dir = out / "replay"
         self.scope = scope = Scope(spec.name, controller)
         self.bscope = Scope(f"{spec.name}.balloon", controller)
-        self.result: dict[str, Any] = {
+        self.result: Cell = {
             "schema": CELL_SCHEMA, "complete": False,
             "inputs": {k: v for k, v in asdict(spec).items() if k not in ("replay_argv",)},
             "capacity_bytes": int(spec.capacity_bytes), "mechanism": spec.mechanism, "mode": spec.mode,
@@ -546,7 +544,7 @@ class _Cell:
         self.pids: dict[str, int] = {}
         self.deadline = 0.0
 
-    def run(self, curve) -> dict[str, Any]:
+    def run(self, curve) -> Cell:
         """The steps in order; a failure becomes a reason, the clean-up always runs."""
         try:
             try:
@@ -593,7 +591,7 @@ class _Cell:
                           extra={"scope": scope.counters() if scope.exists() else None,
                                  "balloon_scope": bscope.counters() if bscope.exists() else None})
         self.snaps[label] = s
-        write_json(self.out / "snapshots" / f"{label}.json", s, indent=2)
+        metadata.write_snapshot(self.out / "snapshots" / f"{label}.json", s)
         return s
 
     # -- 1. a clean machine --------------------------------------------------------------------
@@ -692,7 +690,7 @@ class _Cell:
         s = self.snap("loop_entry", self.pids)
         # what the page cache could still grow into, whatever the mechanism (the effective
         # capacity beside nominal C: a guest's RAM or a balloon is never exactly C)
-        result["mem_available_at_loop_entry_bytes"] = (s.get("meminfo") or {}).get("MemAvailable_bytes")
+        result["mem_available_at_loop_entry_bytes"] = s["meminfo"].get("MemAvailable_bytes")
         st = (s.get("scope") or {}).get("stat", {})
         anon = st.get("rss", st.get("anon"))
         result["anon_at_loop_entry_bytes"] = anon
@@ -794,10 +792,10 @@ class _Cell:
             _recorded(result, out / "watch", key="watch")
         _outside_evictions(result, spec)
         _finish(result, spec, self.snaps, self.run_dir, self.pool, curve, self.balloon)
-        write_json(out / "cell.json", result, indent=2)
+        metadata.write_cell(out / "cell.json", result)
 
 
-def _recorded(result: dict, run: Path, key: str = "record") -> None:
+def _recorded(result: Cell, run: Path, key: str = "record") -> None:
     """The recording's per-phase page-cache counts (epochs): what the measured pass alone did."""
     rec = result.setdefault(key, {"run_dir": str(run)})
     try:
@@ -819,7 +817,7 @@ def _recorded(result: dict, run: Path, key: str = "record") -> None:
         rec["measured_added_pages_per_iteration"] = m["added_pages"] / n
 
 
-def _outside_evictions(result: dict, spec: CellSpec) -> None:
+def _outside_evictions(result: Cell, spec: CellSpec) -> None:
     """Pool pages evicted during the measured window by anyone but the cell's own capacity
     mechanism (from the recording's per-epoch evictor counts); a flag, or a reason to reject."""
     rec = result.get("record") or result.get("watch")
@@ -844,14 +842,14 @@ def _outside_evictions(result: dict, spec: CellSpec) -> None:
             result["reasons"].append(text)
 
 
-def _finish(result: dict, spec: CellSpec, snaps: dict, run_dir: Path, pool, curve, balloon) -> None:
+def _finish(result: Cell, spec: CellSpec, snaps: dict, run_dir: Path, pool, curve, balloon) -> None:
     """Derived figures (device bytes, iteration times, miss demand, amplification) and retention."""
     reasons = result["reasons"]
     # the replay's own files
     summary = None
     try:
-        summary = json.loads((run_dir / "replay.json").read_text())
-    except (OSError, ValueError):
+        summary = metadata.read_replay(run_dir / "replay.json")
+    except InputError:  # none (the replay did not start), or unreadable: the cell says so below
         pass
     result["replay_summary"] = summary
     durs = np.zeros(0)

@@ -31,9 +31,9 @@ from typing import Any, Callable
 from moetrace.atomic import atomic_write
 from moetrace.errors import CellInterrupted, InputError
 from moetrace.jsonutil import write_json
+from moetrace.run import metadata
 from moetrace.run.directory import read_json
-
-JOB_SCHEMA = "moetrace.job/1"
+from moetrace.run.documents import CELL_SCHEMA, JOB_SCHEMA, Cell, Job, Ran
 
 
 @dataclass
@@ -60,19 +60,17 @@ class CellJob:
     def finished(self) -> bool:
         """Nothing left to run: the cell was retained (a sweep runs the others again)."""
         doc = read_cell(self)
-        return bool(doc and doc.get("retained"))
+        return bool(doc and doc["retained"])
 
     def give_up(self, why: str) -> None:
         """The job failed for good: the cell is not retained, with why (its cell.json kept when
         the job wrote one, the reason added)."""
-        doc = read_cell(self) or {"schema": "moetrace.cell/1", "complete": False,
-                                  "capacity_bytes": self.spec.capacity_bytes, "mechanism": self.spec.mechanism,
-                                  "mode": self.spec.mode}
+        doc = read_cell(self) or failed_cell(self.spec, [])
         doc["retained"] = False
-        doc["reasons"] = [*(doc.get("reasons") or []), why]
-        write_json(self.cell_dir / "cell.json", doc)
+        doc["reasons"] = [*doc["reasons"], why]
+        metadata.write_cell(self.cell_dir / "cell.json", doc)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> Job:
         return {"schema": JOB_SCHEMA, "kind": "sweep-cell", "name": self.name, "label": self.label, "repeat": self.repeat,
                 "order": self.order, "out": self.out, "curve": self.curve, "stage_pool": self.stage_pool,
                 "spec": asdict(self.spec)}
@@ -120,22 +118,27 @@ def read_job(path: str | os.PathLike) -> CellJob:
     return job_from_dict(read_json(path, "job file"), str(path))
 
 
-def read_cell(job: CellJob) -> dict[str, Any] | None:
+def read_cell(job: CellJob) -> Cell | None:
     """The cell's cell.json (None: absent or unreadable, a cell that never finished)."""
     try:
-        doc = json.loads((job.cell_dir / "cell.json").read_text())
-    except (OSError, json.JSONDecodeError):
+        return metadata.read_cell(job.cell_dir / "cell.json")
+    except InputError:
         return None
-    return doc if isinstance(doc, dict) else None
 
 
-def last_run(out: str | os.PathLike, name: str) -> dict[str, Any]:
-    """Job NAME's DIR/jobs/NAME.ran.json (its last attempt: host, job id, times, outcome); {} when absent."""
+def failed_cell(spec, reasons: list[str]) -> Cell:
+    """The cell.json of a cell that did not run (its setup failed, or its job did twice)."""
+    return {"schema": CELL_SCHEMA, "complete": False, "capacity_bytes": spec.capacity_bytes,
+            "mechanism": spec.mechanism, "mode": spec.mode, "retained": False, "reasons": reasons}
+
+
+def last_run(out: str | os.PathLike, name: str) -> Ran | dict[str, Any]:
+    """Job NAME's DIR/jobs/NAME.ran.json (its last attempt: host, job id, times, outcome); {} when
+    absent or unreadable (a job not started yet)."""
     try:
-        doc = json.loads((Path(out) / "jobs" / f"{name}.ran.json").read_text())
-    except (OSError, json.JSONDecodeError):
+        return metadata.read_ran(Path(out) / "jobs" / f"{name}.ran.json")
+    except InputError:
         return {}
-    return doc if isinstance(doc, dict) else {}
 
 
 # -- the job itself: what runs on the node ---------------------------------------------------------
@@ -201,9 +204,9 @@ def run_job(job_path: str, on_phase: Callable[[str], None] | None = None) -> dic
         raise InputError(f"not a moetrace job (kind {kind!r})", path=str(job_path),
                          hint="job files are written by `moetrace sweep` and `moetrace lab matrix`")
     jobs = Path(doc["out"]) / "jobs"
-    ran = {"name": doc["name"], "host": socket.gethostname(), "job_id": job_id(), "started_at": time.time(),
-           "ended_at": None, "outcome": "running"}
-    write_json(jobs / f"{doc['name']}.ran.json", ran)
+    ran: Ran = {"name": doc["name"], "host": socket.gethostname(), "job_id": job_id(), "started_at": time.time(),
+                "ended_at": None, "outcome": "running"}
+    metadata.write_ran(jobs / f"{doc['name']}.ran.json", ran)
 
     def phase(name: str) -> None:
         with atomic_write(jobs / f"{doc['name']}.phase") as tmp:
@@ -215,24 +218,23 @@ def run_job(job_path: str, on_phase: Callable[[str], None] | None = None) -> dic
     try:
         with interrupt_handlers():
             res = getattr(importlib.import_module(module), func)(doc, str(job_path), phase)
-        ran["outcome"] = "retained" if res.get("retained") else "not retained"
+        ran["outcome"] = "retained" if res["retained"] else "not retained"
     except CellInterrupted as e:
         ran["outcome"] = str(e)
         raise
     finally:
         ran["ended_at"] = time.time()
-        write_json(jobs / f"{doc['name']}.ran.json", ran)
-    return {"name": doc["name"], "retained": bool(res.get("retained")), "reasons": res.get("reasons", []),
-            "host": ran["host"]}
+        metadata.write_ran(jobs / f"{doc['name']}.ran.json", ran)
+    return {"name": doc["name"], "retained": bool(res["retained"]), "reasons": res["reasons"], "host": ran["host"]}
 
 
-def run_cell_job(doc: dict[str, Any], where: str, phase: Callable[[str], None]) -> dict[str, Any]:
+def run_cell_job(doc: Job, where: str, phase: Callable[[str], None]) -> Cell:
     """A sweep's cell: the pool staged when asked, the saved miss curve loaded, run_cell into the
     cell directory (cleared first: a stopped attempt's leftovers). A cell whose setup fails is a
     cell.json that is not retained, with the reason (the job succeeds)."""
     import click
 
-    from moetrace.capacity.cell import CELL_SCHEMA, load_miss_curve, run_cell
+    from moetrace.capacity.cell import load_miss_curve, run_cell
 
     job = job_from_dict(doc, where)
     spec = job.spec
@@ -245,10 +247,8 @@ def run_cell_job(doc: dict[str, Any], where: str, phase: Callable[[str], None]) 
         curve = load_miss_curve(job.curve, spec.plan, spec.warmup, spec.passes) if job.curve else None
         return run_cell(spec, job.cell_dir, curve=curve, on_phase=phase)
     except click.ClickException as e:  # the cell could not be set up: recorded, not retained
-        res = {"schema": CELL_SCHEMA, "complete": False, "capacity_bytes": spec.capacity_bytes,
-               "mechanism": spec.mechanism, "mode": spec.mode, "retained": False,
-               "reasons": [f"error: {e.format_message()}"]}
-        write_json(job.cell_dir / "cell.json", res)
+        res = failed_cell(spec, [f"error: {e.format_message()}"])
+        metadata.write_cell(job.cell_dir / "cell.json", res)
         return res
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from moetrace.errors import CellInterrupted
+from moetrace.run.documents import SWEEP_SCHEMA, Cell, SweepSpec
 
 CELL_COLUMNS = ["capacity", "capacity_bytes", "repeat", "order", "cell_dir", "mechanism", "mode", "retained",
                 "reasons", "iteration_time_median_ns", "iteration_time_spread", "measured_iterations",
@@ -40,13 +41,14 @@ def parse_capacities(text: str) -> list[tuple[str, int]]:
     return out
 
 
-def cell_row(res: dict, label: str, repeat: int, order: int, cell_dir: str) -> dict:
-    """One results row from a cell's result (cell.json)."""
+def cell_row(res: Cell, label: str, repeat: int, order: int, cell_dir: str) -> dict:
+    """One results row from a cell's result (cell.json; a matrix cell whose guest brought none
+    back: only ``retained`` and ``reasons``)."""
     sim = res.get("simulated") or {}
     return {
         "capacity": label, "capacity_bytes": res.get("capacity_bytes"), "repeat": repeat, "order": order,
         "cell_dir": cell_dir, "mechanism": res.get("mechanism"), "mode": res.get("mode"),
-        "retained": bool(res.get("retained")), "reasons": "; ".join(res.get("reasons", [])),
+        "retained": bool(res.get("retained")), "reasons": "; ".join(res["reasons"]),
         "iteration_time_median_ns": res.get("iteration_time_median_ns"),
         "iteration_time_spread": res.get("iteration_time_spread"),
         "measured_iterations": res.get("measured_iterations"),
@@ -67,7 +69,7 @@ def cell_row(res: dict, label: str, repeat: int, order: int, cell_dir: str) -> d
     }
 
 
-def effective_capacity(res: dict) -> int | None:
+def effective_capacity(res: Cell) -> int | None:
     """What the pool's pages could occupy at loop entry, beside nominal C: under a cgroup wall the
     limit less the scope's anonymous memory; otherwise the machine's MemAvailable (free and
     reclaimable memory, the pool's cached pages included)."""
@@ -76,10 +78,7 @@ def effective_capacity(res: dict) -> int | None:
     return res.get("mem_available_at_loop_entry_bytes")
 
 
-SWEEP_SCHEMA = "moetrace.sweep/1"
-
-
-def sweep_doc(specs: dict[str, Any], caps: list[tuple[str, int]], repeats: int, seed: int) -> dict[str, Any]:
+def sweep_doc(specs: dict[str, Any], caps: list[tuple[str, int]], repeats: int, seed: int) -> SweepSpec:
     """What identifies a sweep: the cells' common inputs (absolute paths, the plan's key), the
     capacities, repeats and seed; a directory holds the cells of one such sweep."""
     from moetrace.capacity.cell import plan_key
@@ -106,8 +105,9 @@ def prepare_sweep(out: Path, specs: dict[str, Any], caps: list[tuple[str, int]],
     sweep, is refused."""
     from moetrace.capacity.cell import ensure_miss_curve
     from moetrace.capacity.jobs import CellJob
-    from moetrace.jsonutil import write_json
     from moetrace.errors import UsageError
+    from moetrace.jsonutil import write_json
+    from moetrace.run.metadata import write_sweep_meta
 
     out = Path(out).resolve()
     specs = {label: absolute(s) for label, s in specs.items()}
@@ -115,11 +115,11 @@ def prepare_sweep(out: Path, specs: dict[str, Any], caps: list[tuple[str, int]],
     digest = hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
     meta = out / "sweep.json"
     if meta.exists():
-        from moetrace.run.directory import read_json
+        from moetrace.run.metadata import read_sweep_meta
 
-        old = read_json(meta, "sweep.json")
-        if old.get("digest") != digest:
-            was = old.get("spec") or {}
+        old = read_sweep_meta(meta)
+        if old["digest"] != digest:
+            was = old["spec"]
             diff = sorted(k for k in set(was) | set(doc) if was.get(k) != doc.get(k))
             raise UsageError(f"{out} holds another sweep (differs in: {', '.join(diff) or 'its digest'})",
                              hint="re-run with the options it was started with, or give another --out")
@@ -133,7 +133,7 @@ def prepare_sweep(out: Path, specs: dict[str, Any], caps: list[tuple[str, int]],
     jobs = [CellJob(f"{label}-r{r}", label, r, i, specs[label], str(out), str(curve), stage_pool)
             for i, (label, r) in enumerate(order)]
     if not meta.exists():
-        write_json(meta, {"schema": SWEEP_SCHEMA, "digest": digest, "spec": doc,
+        write_sweep_meta(meta, {"schema": SWEEP_SCHEMA, "digest": digest, "spec": doc,
                           "cells": [{"name": j.name, "capacity": j.label, "repeat": j.repeat, "order": j.order,
                                      "dir": f"cells/{j.name}"} for j in jobs]})
     for j in jobs:
@@ -145,17 +145,16 @@ def merged_rows(out: str | os.PathLike) -> list[dict]:
     """One results row per cell that ran (cell.json present), in the sweep's order, whatever the
     order the jobs finished in; ``host_order`` is the order the cells started on their host."""
     from moetrace.capacity.jobs import last_run
-    from moetrace.run.directory import read_json
+    from moetrace.run.metadata import read_cell, read_sweep_meta
 
     out = Path(out)
-    meta = read_json(out / "sweep.json", "sweep.json")
+    meta = read_sweep_meta(out / "sweep.json")
     rows, started = [], {}
     for c in meta["cells"]:
-        cell_json = out / c["dir"] / "cell.json"
-        try:
-            res = json.loads(cell_json.read_text())
-        except (OSError, json.JSONDecodeError):
+        path = out / c["dir"] / "cell.json"
+        if not path.is_file():  # not run yet (or stopped before its cell.json)
             continue
+        res = read_cell(path)
         row = cell_row(res, c["capacity"], c["repeat"], c["order"], str(out / c["dir"]))
         ran = last_run(out, c["name"])
         row["host"] = row.get("host") or ran.get("host")

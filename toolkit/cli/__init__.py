@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from moetrace import __version__
+from moetrace.version import __version__
 
 
 class LazyGroup(click.Group):

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import click
 
-from moetrace.errors import MoetraceError
+from moetrace.reports.demo import (demo_markdown, fmt_gb, fmt_ratio, locality_headline, recorded_summary,
+                                   report_markdown, sim_table, watch_summary)
 
 
 def _run(args: list[str], json_out: Path | None = None) -> dict | None:
@@ -79,7 +80,7 @@ def demo(out_dir, preset, steps, seed, capacity):
 
     say(f"[3/{n}] trace stats")
     st = _run(["trace", "stats", out / "typed.parquet", "--json"], out / "stats.json")
-    summary = _first_summary(st)
+    summary = locality_headline(st)
     click.echo("      " + ", ".join(f"{k} {v}" for k, v in summary.items()))
 
     say(f"[4/{n}] plan compile --hints oracle; plan inspect")
@@ -88,12 +89,12 @@ def demo(out_dir, preset, steps, seed, capacity):
           "--json"], out / "plan-compile.json")
     ins = _run(["plan", "inspect", plan, "--json"], out / "plan.json")
     click.echo(f"      {plan}: {ins.get('iterations')} iterations, {ins.get('passes')} passes, "
-               f"{ins.get('reads')} reads, {_gb(ins.get('logical_bytes'))} logical")
+               f"{ins.get('reads')} reads, {fmt_gb(ins.get('logical_bytes'))} logical")
 
     say(f"[5/{n}] sim (fair windows: warm 60%, score 40%)")
     sim = _run(["sim", plan, "--budgets", "8,16,32,64", "--plot", out / "sim.png", "--json"], out / "sim.json")
     rows = sim["rows"] if isinstance(sim, dict) and "rows" in sim else sim
-    table = _sim_table(rows)
+    table = sim_table(rows)
     click.echo(table)
 
     sweep_md = ""
@@ -104,17 +105,10 @@ def demo(out_dir, preset, steps, seed, capacity):
         if (out / "sweep" / "results.parquet").is_file():
             say(f"[7/{n}] report: findings, Table 2, Fig. 2, amplification, hit path, age, reclaim, flame graph")
             report_doc = _report_step(out)
-            sweep_md += _report_md(out, report_doc)
+            sweep_md += report_markdown(out)
 
-    report = out / "REPORT.md"
-    report.write_text(
-        f"# moetrace demo ({preset}, {steps} steps, seed {seed})\n\n"
-        f"Accepted tokens: {acc['accepted_tokens']} over {acc['steps']} steps "
-        f"({sk['normal']} normal, {sk['spec_accept']} spec_accept, {sk['spec_fallback']} spec_fallback).\n\n"
-        "## Locality\n\n" + "\n".join(f"- {k}: {v}" for k, v in summary.items()) + "\n\n"
-        f"## Plan\n\n- {ins.get('iterations')} iterations, {ins.get('passes')} passes, {ins.get('reads')} reads, "
-        f"{_gb(ins.get('logical_bytes'))} logical bytes\n\n"
-        "## Fair-window hit rates (per layer)\n\n```\n" + table + "\n```\n\n![hit rates](sim.png)\n" + sweep_md)
+    (out / "REPORT.md").write_text(demo_markdown(f"moetrace demo ({preset}, {steps} steps, seed {seed})", acc,
+                                                 summary, ins, table, sweep_md))
     click.echo(f"done in {time.monotonic() - t0:.1f} s; artifacts in {out}/ (REPORT.md, sim.png, plan.bin, *.json)")
     if report_doc is not None:
         click.echo(f"report: {report_doc['html']}")
@@ -128,22 +122,13 @@ def _report_step(out: Path) -> dict:
     doc = build_report(out / "sweep", out / "report")
     s = doc["summary"]
     al = s.get("alarm") or {}
-    click.echo(f"      {doc['html']} (cell {s.get('detail_cell')}: amplification {_fmt(s.get('amplification'))}, "
-               f"scan-to-steal {_fmt(al.get('scan_to_steal'))}, alarm {al.get('alarm')})")
+    click.echo(f"      {doc['html']} (cell {s.get('detail_cell')}: amplification {fmt_ratio(s.get('amplification'))}, "
+               f"scan-to-steal {fmt_ratio(al.get('scan_to_steal'))}, alarm {al.get('alarm')})")
     return doc
 
 
-def _fmt(v) -> str:
-    return "NA" if v is None else f"{v:.2f}"
 
 
-def _report_md(out: Path, doc: dict) -> str:
-    """The sweep report's Markdown, its figure links made relative to OUT."""
-    md = (out / "report" / "REPORT.md").read_text()
-    md = md.replace("](figures/", "](report/figures/").replace("](flame.svg)", "](report/flame.svg)")
-    body = md.split("\n", 1)[1] if md.startswith("# ") else md
-    return ("\n## Sweep report (`moetrace report`)\n\nThe same as report/report.html (every figure embedded, "
-            "opens offline); tables in report/tables/.\n" + body.replace("\n### ", "\n#### ").replace("\n## ", "\n### "))
 
 
 def _capacity_step(out: Path, seed: int) -> str:
@@ -182,7 +167,7 @@ def _capacity_step(out: Path, seed: int) -> str:
                      f"{r['iteration_time_median_ns'] / 1e6:>8.1f} ms "
                      f"{(r['device_bytes_per_iteration'] or 0) / 2**20:>9.1f} MiB {(r['miss_bytes_per_iteration'] or 0) / 2**20:>7.1f} MiB "
                      f"{'NA' if amp is None else f'{amp:.2f}':>5}")
-    text = "\n".join(lines) + "\n" + _recorded_summary(out / "sweep")
+    text = "\n".join(lines) + "\n" + recorded_summary(out / "sweep")
     click.echo(text)
     try:
         watched = _watch_step(out, pool, plan)
@@ -225,78 +210,16 @@ def _watch_step(out: Path, pool: Path, plan: Path) -> str:
             w.kill()
             w.wait()
         scope.remove(kill=True)
-    return _watch_summary([json.loads(x) for x in (out / "watch.jsonl").read_text().splitlines() if x.strip()])
+    line, section = watch_summary([json.loads(x) for x in (out / "watch.jsonl").read_text().splitlines() if x.strip()])
+    click.echo(line)
+    return section
 
 
-def _watch_summary(figs: list[dict]) -> str:
-    """Totals of the watched intervals and the alarms they raised."""
-    tot = {k: sum(int(f["pool"].get(k) or 0) for f in figs)
-           for k in ("added_pages", "re_added_pages", "device_read_bytes", "computed_miss_bytes", "expert_accesses")}
-    raised: dict[str, int] = {}
-    for f in figs:
-        for name, a in (f.get("alarms") or {}).items():
-            if a.get("on"):
-                raised[name] = raised.get(name, 0) + 1
-    amp = tot["device_read_bytes"] / tot["computed_miss_bytes"] if tot["computed_miss_bytes"] else None
-    text = (f"      {len(figs)} intervals: {tot['expert_accesses']} expert accesses, added {tot['added_pages']} pages, "
-            f"re-added {tot['re_added_pages']}, device {tot['device_read_bytes'] / 2**20:.1f} MiB against computed "
-            f"misses {tot['computed_miss_bytes'] / 2**20:.1f} MiB (amplification {_fmt(amp)}); alarms raised: "
-            + (", ".join(f"{k} in {v} intervals" for k, v in raised.items()) or "none"))
-    click.echo(text)
-    return ("\n## Watched live (`moetrace watch`)\n\nThe same pool at 48 MiB, one more replay watched by cgroup "
-            "every 0.5 s (watch.jsonl: one object per interval):\n\n```\n" + text.strip() + "\n```\n")
 
 
-def _recorded_summary(sweep: Path) -> str:
-    """What `record` saw in the smallest-capacity cell: page-cache events per expert."""
-    import pandas as pd
-
-    runs = sorted(sweep.glob("cells/*/run/experts.parquet"),
-                  key=lambda p: int(json.loads((p.parent.parent / "cell.json").read_text())["capacity_bytes"]))
-    if not runs:
-        return "      (no recorded run found)"
-    df = pd.read_parquet(runs[0])
-    e = df[df["kind"] == "expert"]
-    top = e.sort_values("re_added_pages", ascending=False).head(3)
-    cell = runs[0].parent.parent.name
-    lines = [f"      recorded ({cell}, warm-up + measured): pages added {int(e['added_pages'].sum())}, "
-             f"evicted {int(e['evicted_pages'].sum())}, re-added {int(e['re_added_pages'].sum())}",
-             "      most re-read experts: " + ", ".join(
-                 f"L{int(r.layer)}/E{int(r.expert)} ({int(r.re_added_pages)} pages)" for r in top.itertuples())]
-    cj = json.loads((runs[0].parent.parent / "cell.json").read_text())
-    m = (cj.get("record") or {}).get("measured_pages")
-    if m is not None:
-        lines.append(f"      measured pass alone (per-iteration epochs): added {m['added_pages']}, "
-                     f"re-added {m['re_added_pages']} pages; /proc/vmstat workingset_refault_file over the "
-                     f"measured window {cj.get('refault_file_pages')}")
-    return "\n".join(lines)
 
 
-def _gb(n) -> str:
-    return "unknown" if n is None else f"{n / 1e9:.1f} GB"
 
 
-def _first_summary(st: dict) -> dict:
-    """Pick the headline numbers out of `trace stats --json` (one trace)."""
-    tr = st["traces"][0] if isinstance(st, dict) and "traces" in st else st
-    s = tr.get("summary", tr) if isinstance(tr, dict) else {}
-    keys = [("zipf_slope", "Zipf slope"), ("W1", "W1"), ("W8", "W8"), ("W64", "W64"),
-            ("top8_share_mean", "top-8 share"), ("coverage", "coverage")]
-    out = {}
-    for key, label in keys:
-        v = s.get(key)
-        if isinstance(v, float):
-            out[label] = f"{v:.3f}" if key == "zipf_slope" else f"{100 * v:.1f}%"
-    if not out:
-        raise MoetraceError("trace stats --json did not give the expected summary fields")
-    return out
 
 
-def _sim_table(rows: list[dict]) -> str:
-    pols = sorted({r["policy"] for r in rows}, key=["lru", "lfu", "static", "belady"].index)
-    budgets = sorted({r["budget"] for r in rows if r["scope"] == "per_layer"})
-    lines = ["      B/layer " + "".join(f"{p:>9}" for p in pols)]
-    for b in budgets:
-        cells = {r["policy"]: r["hit_rate"] for r in rows if r["budget"] == b and r["scope"] == "per_layer"}
-        lines.append(f"      {b:>7} " + "".join(f"{100 * cells[p]:>8.1f}%" for p in pols))
-    return "\n".join(lines)

@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import click
@@ -204,64 +202,22 @@ def matrix(spec_path, out_dir, resume, dry_run, report_only, as_json, executor, 
         n = len(spec.kernels) * len(spec.mglru)
         click.echo(f"{len(cells)} cells in {n} condition{'s' if n != 1 else ''}", err=True)
         return
+    say = lambda text: click.echo(f"matrix: {text}", err=True)  # noqa: E731
     if report_only:
-        M.check_matrix_dir(out_dir, spec)
-        _matrix_report(out_dir, len(cells), M.write_table(out_dir), as_json)
-        return
-    work = M.prepare(out_dir, spec, resume)
-    if work.done:
-        click.echo(f"matrix: {len(work.done)} of {len(cells)} cells finished before; running {len(work.todo)}"
-                   + (f" ({len(work.cleared)} stopped part-way, run again)" if work.cleared else ""), err=True)
-    table = _run_matrix_jobs(out_dir, spec, work, len(cells), executor,
-                             slurm_params(slurm_partition, slurm_time, slurm_exclusive, slurm_options, spec.timeout + 600,
-                                          executor))
-    _matrix_report(out_dir, len(cells), table, as_json)
-
-
-def _run_matrix_jobs(out_dir, spec, work, n_cells: int, executor: str, slurm: dict):
-    """The cells to run as jobs on the executor, a line for each as it ends; the table written
-    also when stopped (Ctrl-C: exit 130 after the running jobs cleaned up)."""
-    from moetrace.capacity.cell import interrupt_handlers
-    from moetrace.capacity.dispatch import dispatch, make_executor
-    from moetrace.lab import matrix as M
-
-    M.ensure_miss_curve(Path(out_dir), spec)
-    jobs = M.matrix_jobs(out_dir, work)
-    ex = make_executor(executor, out_dir, **slurm)
-    t0, ended = time.monotonic(), [0]
-
-    def on_end(sub) -> None:
-        ended[0] += 1
-        done = len(work.done) + ended[0]
-        doc = json.loads((Path(out_dir) / sub.job.cell.rel_dir / "done.json").read_text())
-        amp = ((doc.get("result") or {}).get("amplification"))
-        eta = (time.monotonic() - t0) / ended[0] * (n_cells - done)
-        click.echo(f"matrix: [{done}/{n_cells}] {sub.job.cell.rel_dir[len('cells/'):]}: "
-                   + ("retained" if doc.get("retained") else f"not retained ({'; '.join(doc.get('reasons') or [])})")
-                   + (f", amplification {amp:.2f}" if isinstance(amp, (int, float)) else "")
-                   + f"; about {eta / 60:.0f} min left", err=True)
-
-    with interrupt_handlers():
-        res = dispatch(jobs, ex, on_event=lambda t: click.echo(f"matrix: {t}", err=True), on_end=on_end)
-    table = M.write_table(out_dir)
-    if res.stopped is not None:
-        click.echo(f"matrix: {res.stopped}; --resume continues", err=True)
-        sys.exit(res.stopped.exit_code)
-    return table
-
-
-def _matrix_report(out_dir, n_cells: int, table, as_json: bool) -> None:
-    """The finished cells' rows and their summary: JSON, or the summary's Markdown table."""
-    from moetrace.lab import matrix as M
-    from moetrace.lab.matrix_report import summarize, summary_markdown
-
-    rows = M.matrix_rows(out_dir)
-    summary = summarize(rows)
+        res = M.matrix_tables(out_dir, spec)
+    else:
+        res = M.run_matrix(out_dir, spec, resume, executor, on_event=say, slurm=slurm_params(
+            slurm_partition, slurm_time, slurm_exclusive, slurm_options, spec.timeout + 600, executor))
+        if res.stopped is not None:
+            say(f"{res.stopped}; --resume continues")
+            sys.exit(res.stopped.exit_code)
     if as_json:
-        emit_json({"schema": M.SCHEMA, "out": str(out_dir), "cells": rows, "summary": summary})
+        emit_json(res.to_dict())
         return
-    kept = sum(1 for r in rows if r.get("retained"))
-    if summary:
-        click.echo(summary_markdown(summary), nl=False)
-    click.echo(f"matrix: {len(rows)} of {n_cells} cells finished, {kept} retained; {table} (summary: "
-               f"matrix_summary.md, Fig. 3: matrix_fig3.png)", err=True)
+    from moetrace.reports.matrix import summary_markdown
+
+    kept = sum(1 for r in res.rows if r.get("retained"))
+    if res.summary:
+        click.echo(summary_markdown(res.summary), nl=False)
+    say(f"{len(res.rows)} of {res.n_cells} cells finished, {kept} retained; {res.table} (summary: "
+        "matrix_summary.md, Fig. 3: matrix_fig3.png)")

@@ -84,8 +84,21 @@ def record(ctx, probes, knob_items, out, pool_dir, missing_probes, stream_events
     from moetrace.record.recorder import DEFAULT_RECORD
 
     plist = DEFAULT_RECORD if probes is None else tuple(p.strip() for p in probes.split(",") if p.strip())
+    opts = RecordOptions(command=cmd, out=out, probes=plist, pool=pool_dir, missing_probes=missing_probes,
+                         stream_events=stream_events, cgroup=cgroup, knobs=_knobs(knob_items), bpf_stats=bpf_stats,
+                         wait_detach=wait_detach)
+    res = do_record(opts, on_event=lambda s: click.echo(f"moetrace record: {s}", err=True))
+    if as_json:
+        emit_json(res.manifest)
+    else:
+        _echo_totals(res)
+    exit_now(ctx, res.exit_status)
+
+
+def _knobs(items) -> dict[str, dict[str, int]]:
+    """--knob PROBE.NAME=V items as {probe: {knob: value}}."""
     knobs: dict[str, dict[str, int]] = {}
-    for item in knob_items:
+    for item in items:
         name, eq, val = item.partition("=")
         probe, dot, knob = name.partition(".")
         try:
@@ -95,37 +108,34 @@ def record(ctx, probes, knob_items, out, pool_dir, missing_probes, stream_events
         except ValueError:
             raise click.BadParameter(f"{item!r}: expected PROBE.NAME=INTEGER, e.g. stacks.MOE_SAMPLE_HZ=999",
                                      param_hint="--knob") from None
-    opts = RecordOptions(command=cmd, out=out, probes=plist, pool=pool_dir, missing_probes=missing_probes,
-                         stream_events=stream_events, cgroup=cgroup, knobs=knobs, bpf_stats=bpf_stats,
-                         wait_detach=wait_detach)
-    res = do_record(opts, on_event=lambda s: click.echo(f"moetrace record: {s}", err=True))
-    if as_json:
-        emit_json(res.manifest)
-    else:
-        t = res.manifest.get("totals") or {}
-        tail = "" if res.complete else " (incomplete)"
-        click.echo(f"moetrace record: run directory {res.run_dir}{tail}; command exit status {res.exit_status}",
-                   err=True)
-        if "experts_added_pages" in t:
-            req = t["experts_requested_pages"]
-            if req is None:
-                why = (res.manifest.get("requested") or {}).get("source") or "no replay log"
-                req = f"NA ({why})"
-            click.echo(f"moetrace record: experts added {t['experts_added_pages']} pages, evicted "
-                       f"{t['experts_evicted_pages']}, re-added {t['experts_re_added_pages']}, requested "
-                       f"{req}; unattributed added {t['unattributed_added_pages']}", err=True)
-            by = {k: v for k, v in (t.get("experts_evicted_by") or {}).items() if v}
-            if by:
-                click.echo("moetrace record: pool pages evicted by " +
-                           ", ".join(f"{k} {v}" for k, v in sorted(by.items(), key=lambda kv: -kv[1])), err=True)
-        if "experts_device_read_bytes" in t:
-            click.echo(f"moetrace record: device read bytes: experts {t['experts_device_read_bytes']}, "
-                       f"unattributed {t['unattributed_device_read_bytes']}", err=True)
-        rs = (res.manifest.get("summaries") or {}).get("reclaim")
-        if rs:
-            click.echo(f"moetrace record: reclaim scanned {rs['scanned_pages']} pages, reclaimed "
-                       f"{rs['reclaimed_pages']}", err=True)
-    exit_now(ctx, res.exit_status)
+    return knobs
+
+
+def _echo_totals(res) -> None:
+    """The run directory, the command's status and the recording's totals, on stderr."""
+    t = res.manifest.get("totals") or {}
+    tail = "" if res.complete else " (incomplete)"
+    click.echo(f"moetrace record: run directory {res.run_dir}{tail}; command exit status {res.exit_status}",
+               err=True)
+    if "experts_added_pages" in t:
+        req = t["experts_requested_pages"]
+        if req is None:
+            why = (res.manifest.get("requested") or {}).get("source") or "no replay log"
+            req = f"NA ({why})"
+        click.echo(f"moetrace record: experts added {t['experts_added_pages']} pages, evicted "
+                   f"{t['experts_evicted_pages']}, re-added {t['experts_re_added_pages']}, requested "
+                   f"{req}; unattributed added {t['unattributed_added_pages']}", err=True)
+        by = {k: v for k, v in (t.get("experts_evicted_by") or {}).items() if v}
+        if by:
+            click.echo("moetrace record: pool pages evicted by " +
+                       ", ".join(f"{k} {v}" for k, v in sorted(by.items(), key=lambda kv: -kv[1])), err=True)
+    if "experts_device_read_bytes" in t:
+        click.echo(f"moetrace record: device read bytes: experts {t['experts_device_read_bytes']}, "
+                   f"unattributed {t['unattributed_device_read_bytes']}", err=True)
+    rs = (res.manifest.get("summaries") or {}).get("reclaim")
+    if rs:
+        click.echo(f"moetrace record: reclaim scanned {rs['scanned_pages']} pages, reclaimed "
+                   f"{rs['reclaimed_pages']}", err=True)
 
 
 if __name__ == "__main__":  # `python -m moetrace.cli.record` (what `moetrace cell --record` runs)

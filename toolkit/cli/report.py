@@ -11,12 +11,23 @@ import click
 from moetrace.cli.common import emit_json
 
 
+class SectionsOption(click.Option):
+    """`--only`, whose help names the report's sections (moetrace.reports.report.SECTIONS, the one
+    list) when it is shown: a new section is added there alone, and nothing loads pandas before."""
+
+    def get_help_record(self, ctx: click.Context):
+        from moetrace.reports.report import SECTIONS
+
+        record = super().get_help_record(ctx)
+        return None if record is None else (record[0], record[1].replace("{sections}", ", ".join(SECTIONS)))
+
+
 @click.command()
 @click.argument("path", type=click.Path(exists=True, file_okay=False))
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Report directory (default: PATH/report). An existing report there is replaced.")
-@click.option("--only", "only", default=",".join(("amp", "hitpath", "age", "reclaim", "flame", "timeline")),
-              show_default=True, help="Sections to build, comma-separated: amp, hitpath, age, reclaim, flame, timeline.")
+@click.option("--only", "only", default=None, metavar="SECTION,...", cls=SectionsOption,
+              help="Sections to build, comma-separated (default: every one: {sections}).")
 @click.option("--cell", default=None, help="Sweep only: the cell to detail (default: the most informative: the "
                                            "largest amplification when a cell amplifies, else the middle of the "
                                            "curve).")
@@ -51,7 +62,7 @@ def report(path, out_dir, only, cell, cell_reports, plan_path, force, as_json):
     from moetrace.progress import bar, progress_enabled
     from moetrace.reports.report import build_report
 
-    sections = [s for s in only.split(",") if s.strip()]
+    sections = {} if only is None else {"sections": [s for s in only.split(",") if s.strip()]}
     enabled = progress_enabled(as_json)
     with bar(None, desc="report", unit="section", enabled=enabled) as b:
         def step(name: str) -> None:
@@ -59,14 +70,12 @@ def report(path, out_dir, only, cell, cell_reports, plan_path, force, as_json):
             b.update(1)
 
         if (Path(path) / "matrix.json").is_file():
-            from moetrace.lab.matrix import matrix_report_inputs
-            from moetrace.reports.report import build_matrix_report
+            from moetrace.lab.matrix import report_matrix
 
-            doc = build_matrix_report(matrix_report_inputs(path, cell), Path(out_dir or Path(path) / "report"),
-                                      sections=sections, force=force, progress=step)
+            doc = report_matrix(path, out_dir, cell, force=force, progress=step, **sections)
         else:
-            doc = build_report(path, out_dir, sections=sections, cell=cell, plan=plan_path, force=force,
-                               progress=step, cell_reports=cell_reports)
+            doc = build_report(path, out_dir, cell=cell, plan=plan_path, force=force, progress=step,
+                               cell_reports=cell_reports, **sections)
     if as_json:
         emit_json(doc)
         return

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-import tempfile
+from pathlib import Path
 
 import click
 
@@ -68,131 +65,20 @@ def sim(trace_or_plan, policy_text, budget_text, scope, global_text, static_tabl
       moetrace sim plan.bin --policy lru,belady --budgets 8,16,32,64,128 --json
       moetrace sim prose.parquet --scope both --static-table code.parquet --plot fig1.png
     """
-    from moetrace.analyses.sim import compute_sim, parse_budgets, parse_policies
-    from moetrace.inputs.accesses import load_accesses, plan_expert_bytes
-    from moetrace.errors import UsageError
+    from moetrace.analyses.simrun import sim as simulate
 
-    policies = parse_policies(policy_text)
-    budgets = parse_budgets(budget_text)
-    gbudgets = parse_budgets(global_text, "--global-budgets") if global_text else None
-    if scope is None:
-        scopes = ["per_layer", "global"] if gbudgets else ["per_layer"]
-    elif scope == "both":
-        scopes = ["per_layer", "global"]
-    else:
-        scopes = [scope.replace("-", "_")]
-    if gbudgets and "global" not in scopes:
-        raise UsageError("--global-budgets needs --scope global or both")
-    geo = None
-    if geometry_name:
-        from moetrace.inputs.geometry import preset
-
-        geo = preset(geometry_name)
-    if expert_bytes is None and geo is not None:
-        expert_bytes = geo.expert_bytes or None
-    kw = dict(k=geo.k, n_layers=geo.n_layers, n_experts=geo.n_experts) if geo else {}
-    info: dict = {}
-    table, table_name = static_table, static_table
-    if "static" in policies and static_table not in ("oracle", "warm"):
-        table = load_accesses(static_table, **kw)
-    with _streamable(trace_or_plan, order, request, kw, info) as plan_path:
-        if plan_path is not None:
-            from moetrace.analyses.simstream import compute_sim_stream
-            from moetrace.inputs.plan import read_header
-
-            h = read_header(plan_path)
-            if expert_bytes is None:
-                expert_bytes = h.expert_bytes or None
-            if geo is not None and (h.n_layers, h.n_experts) != (geo.n_layers, geo.n_experts):
-                raise UsageError(f"{trace_or_plan} is {h.n_layers}x{h.n_experts} but --geometry {geo.name} "
-                                 f"is {geo.n_layers}x{geo.n_experts}")
-            if h.n_reads == 0:
-                raise UsageError(f"{trace_or_plan} holds no accesses to simulate")
-            df = compute_sim_stream(plan_path, policies, budgets, scopes, gbudgets, warm_fraction, expert_bytes,
-                                    table if "static" in policies else "oracle", table_name)
-            info.setdefault("order", h.order)
-        else:
-            acc = load_accesses(trace_or_plan, order=order, request=request, info=info, **kw)
-            if expert_bytes is None:
-                expert_bytes = plan_expert_bytes(trace_or_plan)
-            if geo is not None and (acc.n_layers, acc.n_experts) != (geo.n_layers, geo.n_experts):
-                raise UsageError(f"{trace_or_plan} is {acc.n_layers}x{acc.n_experts} but --geometry {geo.name} "
-                                 f"is {geo.n_layers}x{geo.n_experts}")
-            if len(acc) == 0:
-                raise UsageError(f"{trace_or_plan} holds no accesses to simulate")
-            df = compute_sim(acc, policies, budgets, scopes, gbudgets, warm_fraction, expert_bytes,
-                             table if "static" in policies else "oracle", table_name)
-            info.setdefault("order", acc.order)
+    res = simulate(trace_or_plan, policies=policy_text, budgets=budget_text, scope=scope, global_budgets=global_text,
+                   static_table=static_table, warm_fraction=warm_fraction, expert_bytes=expert_bytes,
+                   geometry=geometry_name, request=request, order=order)
     if plot_path:
-        import matplotlib
+        from moetrace.reports.figures import sim_png
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        from moetrace.analyses.sim import plot_sim
-
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        plot_sim(df, ax)
-        fig.tight_layout()
-        fig.savefig(plot_path, dpi=120)
-        plt.close(fig)
+        Path(plot_path).write_bytes(sim_png(res.table))
     if as_json:
-        rows = df.astype(object).where(df.notna(), None).to_dict(orient="records")
-        emit_json({"input": str(trace_or_plan), **df.attrs, **info, "static_table": table_name, "rows": rows})
+        emit_json(res.to_dict())
         return
-    click.echo(f"stream: {info.get('stream', 'as given')}; experts of a step in {info['order']} order")
-    _print_table(df, str(trace_or_plan), policies, table_name, plot_path)
-
-
-@contextlib.contextmanager
-def _streamable(path: str, order, request, kw: dict, info: dict):
-    """The plan to simulate in bounded memory, or None for the in-memory path.
-
-    A plan is streamed as it is (unless it must be re-ordered or split by
-    request, which a plan cannot); an engine JSONL trace larger than
-    MOETRACE_STREAM_BYTES (default 8 MiB) is compiled to a temporary plan first."""
-    from moetrace.inputs.accesses import is_plan
-
-    if not os.path.isfile(path):
-        yield None
-        return
-    if is_plan(path):
-        from moetrace.inputs.plan import read_header
-        from moetrace.inputs.trace import check_dense_pool
-
-        h = read_header(path)
-        # the simulators keep state per (layer, expert): a plan compiled from a trace with a stray id
-        # can name a pool of billions (its header says so; nothing is allocated before this)
-        check_dense_pool(h.n_layers, h.n_experts, path, "simulate")
-        if request is None and (order is None or order == h.order):
-            req = h.meta.get("request")
-            info.update(stream=f"the plan's stream ({'request ' + str(req) if req else 'as compiled'})",
-                        order=h.order)
-            yield path
-            return
-        yield None
-        return
-    from moetrace.inputs.stream import is_streamable
-
-    if not is_streamable(path):
-        yield None
-        return
-    from moetrace.inputs.plan import compile_plan
-
-    tmp = tempfile.mkdtemp(prefix="moetrace-sim-")
-    try:
-        out = os.path.join(tmp, "plan.bin")
-        h = compile_plan([path], out, k=kw.get("k"), n_layers=kw.get("n_layers"), n_experts=kw.get("n_experts"),
-                         request=request, order=order or "rank")
-        from moetrace.inputs.accesses import stream_sentence
-
-        n_req = (h.meta.get("requests") or [1])[0]
-        stream = stream_sentence(request, h.n_iterations, n_req)
-        info.update(stream=stream + " (compiled to a temporary plan, simulated in bounded memory)",
-                    order=h.order, requests=n_req)
-        yield out
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    click.echo(f"stream: {res.info.get('stream', 'as given')}; experts of a step in {res.info['order']} order")
+    _print_table(res.table, res.source, res.policies, res.static_table, plot_path)
 
 
 def _print_table(df, source, policies, table_name, plot_path) -> None:

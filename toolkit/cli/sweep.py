@@ -80,30 +80,37 @@ def sweep(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passe
     enabled = progress_enabled(as_json)
     total = len(caps) * repeats
     with interrupt_handlers(), bar(total, desc="sweep", unit="cell", enabled=enabled) as b:
-        shown = {"done": 0}
-
-        def on_status(st) -> None:
-            done = (total - st.total) + st.done + st.failed  # the cells retained before count as done
-            b.update(max(0, done - shown["done"]))
-            shown["done"] = max(done, shown["done"])
-            run = ", ".join(f"C={n} {p}".rstrip() for n, p in st.running.items())
-            b.set_postfix_str(f"pending {st.pending}" + (f", running {run}" if run else ""))
-
-        def on_event(text: str) -> None:
-            click.echo(f"moetrace sweep: {text}", err=True)
-
-        def on_end(sub) -> None:  # Slurm without a bar (a batch log): a line per cell as it ends
-            from moetrace.capacity.jobs import last_run
-
-            ran = last_run(sub.job.out, sub.job.name)
-            click.echo(f"moetrace sweep: cell {sub.job.name} {sub.state} (job {sub.job_id} on "
-                       f"{ran.get('host') or '?'}: {ran.get('outcome') or sub.error})", err=True)
-
+        on_status, on_event, on_end = _reporters(b, total)
         done = run_sweep(specs, caps, repeats, seed, out, executor=ex, on_status=on_status if enabled else None,
                          on_event=on_event, stage_pool=stage_pool,
                          on_end=on_end if executor == "slurm" and not enabled else None)
     _finish(done, out, as_json)
 
+
+def _reporters(b, total: int):
+    """What the sweep says as it runs: the bar's cells done and its postfix (pending, running with
+    the running cell's phase), each event on stderr, and (Slurm without a bar: a batch log) a
+    line per cell as it ends."""
+    shown = {"done": 0}
+
+    def on_status(st) -> None:
+        done = (total - st.total) + st.done + st.failed  # the cells retained before count as done
+        b.update(max(0, done - shown["done"]))
+        shown["done"] = max(done, shown["done"])
+        run = ", ".join(f"C={n} {p}".rstrip() for n, p in st.running.items())
+        b.set_postfix_str(f"pending {st.pending}" + (f", running {run}" if run else ""))
+
+    def on_event(text: str) -> None:
+        click.echo(f"moetrace sweep: {text}", err=True)
+
+    def on_end(sub) -> None:
+        from moetrace.capacity.jobs import last_run
+
+        ran = last_run(sub.job.out, sub.job.name)
+        click.echo(f"moetrace sweep: cell {sub.job.name} {sub.state} (job {sub.job_id} on "
+                   f"{ran.get('host') or '?'}: {ran.get('outcome') or sub.error})", err=True)
+
+    return on_status, on_event, on_end
 
 def _finish(done, out: Path, as_json: bool) -> None:
     """The results written from the cell directories, the table or JSON printed, the exit."""

@@ -95,7 +95,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
-from moetrace import __version__
+from moetrace.version import __version__
 from moetrace.jsonutil import json_default
 from moetrace.errors import InputError, PlanFormatError, UsageError
 from moetrace.inputs.geometry import Geometry, preset

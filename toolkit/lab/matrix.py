@@ -36,16 +36,18 @@ import os
 import random
 import re
 import shutil
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from moetrace.atomic import atomic_write
 from moetrace.capacity.scope import RESERVE_ENV
 from moetrace.errors import InputError, MoetraceError, UsageError
 from moetrace.jsonutil import write_json
-
-SCHEMA = "moetrace.matrix/1"
+from moetrace.run import metadata
+from moetrace.run.documents import MATRIX_SCHEMA as SCHEMA
+from moetrace.run.documents import JOB_SCHEMA, Cell, Job, Lab, LabSummary, MatrixCellDoc, MatrixRow, MatrixSpecDoc
 MGLRU_STATES = ("on", "off")
 MODES = ("pagecache", "mmap")
 REQUIRED = ("kernels", "mechanisms", "capacities", "plan", "pool")
@@ -101,11 +103,11 @@ class MatrixCell:
     def rel_dir(self) -> str:
         return f"cells/{self.condition}/{self.name}"
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> MatrixCellDoc:
         d = asdict(self)
         d["mechanism"] = self.mechanism.label
         d.update(condition=self.condition, name=self.name, dir=self.rel_dir)
-        return d
+        return cast(MatrixCellDoc, d)
 
 
 def _safe(text: str) -> str:
@@ -143,7 +145,7 @@ class MatrixSpec:
     kernel_modules: tuple[tuple[str, str], ...] = ()
     source: str | None = field(default=None, compare=False)
 
-    def canonical(self) -> dict[str, Any]:
+    def canonical(self) -> MatrixSpecDoc:
         """The spec as resolved (what the cells depend on), for matrix.json and the digest."""
         return {"kernels": list(self.kernels), "mglru": list(self.mglru),
                 "mechanisms": [m.label for m in self.mechanisms],
@@ -277,12 +279,9 @@ def check_matrix_dir(out: str | os.PathLike, spec: MatrixSpec) -> None:
 
 
 def _same_spec(meta: Path, spec: MatrixSpec, out) -> None:
-    try:
-        old = json.loads(meta.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise InputError(f"unreadable: {e}", path=str(meta)) from None
-    if old.get("digest") != spec.digest():
-        was = old.get("spec") or {}
+    old = metadata.read_matrix_meta(meta)
+    if old["digest"] != spec.digest():
+        was = old["spec"]
         diff = sorted(k for k in set(was) | set(spec.canonical()) if was.get(k) != spec.canonical().get(k))
         raise UsageError(f"{out} holds a matrix of another spec (differs in: {', '.join(diff) or 'its digest'})",
                          hint="resume with the spec it was started with, or give another --out")
@@ -306,8 +305,8 @@ def prepare(out: str | os.PathLike, spec: MatrixSpec, resume: bool) -> Work:
         if out.exists() and any(out.iterdir()):
             raise UsageError(f"{out} is not empty", hint="give a new or empty directory as --out")
         out.mkdir(parents=True, exist_ok=True)
-        write_json(meta, {"schema": SCHEMA, "digest": spec.digest(), "spec": spec.canonical(),
-                           "spec_file": spec.source, "cells": [c.as_dict() for c in cells]})
+        metadata.write_matrix_meta(meta, {"schema": SCHEMA, "digest": spec.digest(), "spec": spec.canonical(),
+                                          "spec_file": spec.source, "cells": [c.as_dict() for c in cells]})
     work = Work([], [], [])
     for c in cells:
         d = out / c.rel_dir
@@ -322,22 +321,17 @@ def prepare(out: str | os.PathLike, spec: MatrixSpec, resume: bool) -> Work:
 
 
 def mark_done(out: str | os.PathLike, cell: MatrixCell, result: dict[str, Any]) -> Path:
-    """The cell is finished: its result in done.json, written atomically and last."""
+    """The cell is finished: its result (:func:`cell_outcome`) in done.json, written atomically and last."""
     path = Path(out) / cell.rel_dir / DONE
-    write_json(path, {"cell": cell.as_dict(), **result})
+    metadata.write_matrix_row(path, cast(MatrixRow, {"cell": cell.as_dict(), **result}))
     return path
 
 
-def finished(out: str | os.PathLike) -> list[dict[str, Any]]:
+def finished(out: str | os.PathLike) -> list[MatrixRow]:
     """Every finished cell's done.json, in the matrix's order."""
     out = Path(out)
-    meta = json.loads((out / "matrix.json").read_text())
-    docs = []
-    for c in meta["cells"]:
-        p = out / c["dir"] / DONE
-        if p.exists():
-            docs.append(json.loads(p.read_text()))
-    return docs
+    meta = metadata.read_matrix_meta(out / "matrix.json")
+    return [metadata.read_matrix_row(out / c["dir"] / DONE) for c in meta["cells"] if (out / c["dir"] / DONE).exists()]
 
 
 # ---------------------------------------------------------------------------
@@ -377,9 +371,8 @@ def cell_command(cell: MatrixCell, spec: MatrixSpec, curve_path: str | None = No
             "--timeout", str(int(spec.timeout)), "--out", GUEST_CELL_DIR, "--json"]
 
 
-#: lab.json fields kept in each cell's done.json
-LAB_KEYS = ("status", "exit_status", "kernel", "release", "mglru", "mglru_requested", "accel", "cpus", "memory", "kernel_cmdline",
-            "host_wall_s", "cmd_start_uptime_s", "end_uptime_s", "boot_failures")
+#: lab.json fields kept in each cell's done.json (declared once: moetrace.run.documents.LabSummary)
+LAB_KEYS = tuple(LabSummary.__annotations__)
 
 
 def ensure_miss_curve(out: Path, spec: MatrixSpec) -> Path:
@@ -390,7 +383,7 @@ def ensure_miss_curve(out: Path, spec: MatrixSpec) -> Path:
     return ensure(Path(out) / "miss_curve.npz", spec.plan, spec.warmup, spec.passes)
 
 
-def cell_outcome(lab: dict[str, Any], cell_json: dict[str, Any] | None, console: str = "") -> dict[str, Any]:
+def cell_outcome(lab: Lab | dict[str, Any], cell_json: Cell | None, console: str = "") -> dict[str, Any]:
     """done.json's body from the guest's lab.json and the cell's cell.json (None: none came back).
     A guest that died (out of memory, a panic, the timeout) is a cell not retained, with why."""
     out: dict[str, Any] = {"lab": {k: lab.get(k) for k in LAB_KEYS if k in lab}}
@@ -402,12 +395,12 @@ def cell_outcome(lab: dict[str, Any], cell_json: dict[str, Any] | None, console:
         elif "Kernel panic" in console:
             why += ": the guest's kernel panicked"
         return {**out, "retained": False, "reasons": [why], "result": None}
-    reasons = list(cell_json.get("reasons") or [])
+    reasons = list(cell_json["reasons"])
     extra = []
     want, end = lab.get("mglru_requested"), lab.get("mglru")
     if want in MGLRU_STATES and end not in (None, "none") and (end != "0x0000") != (want == "on"):
         extra.append(f"MGLRU was {end} at the end, not {want}")
-    return {**out, "retained": bool(cell_json.get("retained")) and not extra, "reasons": reasons + extra,
+    return {**out, "retained": bool(cell_json["retained"]) and not extra, "reasons": reasons + extra,
             "result": cell_json}
 
 
@@ -428,8 +421,8 @@ def run_one(out: Path, spec: MatrixSpec, cell: MatrixCell, curve: Path, run_gues
         doc = {"status": "error", "error": e.format_message()}
     cj = d / "cell" / "cell.json"
     try:
-        cell_json = json.loads(cj.read_text()) if cj.exists() else None
-    except (OSError, json.JSONDecodeError):
+        cell_json = metadata.read_cell(cj) if cj.exists() else None
+    except InputError:  # a guest that died writing it: no cell result
         cell_json = None
     console = (d / "console.log").read_text(errors="replace") if (d / "console.log").exists() else ""
     result = cell_outcome(doc, cell_json, console)
@@ -474,8 +467,7 @@ class MatrixJob:
     def job_path(self) -> Path:
         return Path(self.out) / "jobs" / f"{self.name}.json"
 
-    def as_dict(self) -> dict[str, Any]:
-        from moetrace.capacity.jobs import JOB_SCHEMA
+    def as_dict(self) -> Job:
 
         return {"schema": JOB_SCHEMA, "kind": "matrix-cell", "name": self.name, "out": self.out,
                 "dir": self.cell.rel_dir}
@@ -487,7 +479,7 @@ class MatrixJob:
             mark_done(self.out, self.cell, {"lab": {}, "retained": False, "reasons": [why], "result": None})
 
 
-def spec_from_canonical(doc: dict[str, Any]) -> MatrixSpec:
+def spec_from_canonical(doc: MatrixSpecDoc) -> MatrixSpec:
     """matrix.json's spec back as a MatrixSpec (:meth:`MatrixSpec.canonical` inverted)."""
     d = dict(doc)
     mods = tuple(sorted((d.pop("kernel_modules", None) or {}).items()))
@@ -506,14 +498,14 @@ def matrix_jobs(out: str | os.PathLike, work: Work) -> list[MatrixJob]:
     return jobs
 
 
-def run_matrix_job(doc: dict[str, Any], where: str, phase) -> dict[str, Any]:
+def run_matrix_job(doc: Job, where: str, phase) -> dict[str, Any]:
     """The job function of a matrix cell (moetrace.capacity.jobs.KINDS): the spec from
     DIR/matrix.json (its digest checked), the cell by its directory, a stopped attempt's
     leftovers cleared, then :func:`run_one`."""
     out = Path(doc["out"])
-    meta = json.loads((out / "matrix.json").read_text())
+    meta = metadata.read_matrix_meta(out / "matrix.json")
     spec = spec_from_canonical(meta["spec"])
-    if spec.digest() != meta.get("digest"):
+    if spec.digest() != meta["digest"]:
         raise InputError("matrix.json's spec does not match its digest", path=str(out / "matrix.json"))
     cell = next((c for c in spec.cells() if c.rel_dir == doc.get("dir")), None)
     if cell is None:
@@ -528,20 +520,20 @@ def run_matrix_job(doc: dict[str, Any], where: str, phase) -> dict[str, Any]:
 def matrix_rows(out: str | os.PathLike) -> list[dict[str, Any]]:
     """One row per finished cell: its place in the matrix, the guest, and the cell's figures
     (sweep's columns), with the capacity it really had at loop entry beside nominal C, and what
-    its kernel did in the measured window (matrix_report.cell_window: reclaim, generations,
+    its kernel did in the measured window (reports.matrix.cell_window: reclaim, generations,
     eviction ages)."""
     from moetrace.capacity.sweep import cell_row, effective_capacity
-    from moetrace.lab.matrix_report import cell_window
+    from moetrace.reports.matrix import cell_window
 
     out = Path(out)
     curve = _saved_curve(out)
     rows = []
     for doc in finished(out):
-        c, lab, res = doc["cell"], doc.get("lab") or {}, doc.get("result") or {}
+        c, lab, res = doc["cell"], doc["lab"], doc["result"] or cast(Cell, {})
         row = {"condition": c["condition"], "kernel": c["kernel"], "release": lab.get("release"),
                "mglru": c["mglru"], "mechanism_spec": c["mechanism"], "guest_memory": lab.get("memory"),
                "accel": lab.get("accel")}
-        row.update(cell_row({**res, "retained": doc.get("retained"), "reasons": doc.get("reasons") or []},
+        row.update(cell_row({**res, "retained": doc["retained"], "reasons": doc["reasons"]},
                             c["capacity_label"], c["repeat"], c["order"], c["dir"]))
         row["mem_available_at_loop_entry_bytes"] = res.get("mem_available_at_loop_entry_bytes")
         row["file_capacity_at_loop_entry_bytes"] = res.get("file_capacity_at_loop_entry_bytes")
@@ -568,14 +560,14 @@ def _saved_curve(out: Path):
     meta, path = out / "matrix.json", out / "miss_curve.npz"
     if not path.exists() or not meta.exists():
         return None
-    spec = json.loads(meta.read_text()).get("spec") or {}
     try:
+        spec = metadata.read_matrix_meta(meta)["spec"]
         return load_miss_curve(path, spec["plan"], spec["warmup"], spec["passes"])
     except (InputError, KeyError, OSError):
         return None
 
 
-def at_effective_capacity(res: dict[str, Any], eff: int | None, curve) -> dict[str, Any]:
+def at_effective_capacity(res: Cell, eff: int | None, curve) -> dict[str, Any]:
     """Miss demand and amplification at the capacity the cell really had (nominal C's are the
     cell's own): a vm-memory guest or a balloon never leaves exactly C."""
     from moetrace.capacity.cell import simulated_miss
@@ -590,7 +582,7 @@ def at_effective_capacity(res: dict[str, Any], eff: int | None, curve) -> dict[s
             "amplification_at_effective": (dev / m) if (dev is not None and m) else None}
 
 
-def locked_fraction(res: dict[str, Any]) -> float | None:
+def locked_fraction(res: Cell) -> float | None:
     """What a balloon cell really locked (its balloon and top-up VmLck) over the guest's MemTotal."""
     b = res.get("balloon") or {}
     if not b.get("vmlck_bytes") or not b.get("mem_total_bytes"):
@@ -599,33 +591,22 @@ def locked_fraction(res: dict[str, Any]) -> float | None:
 
 
 def write_table(out: str | os.PathLike, rows: list[dict[str, Any]] | None = None, pairs=None) -> Path:
-    """matrix_cells.csv: :func:`matrix_rows` (written aside, then moved into place), and the
-    summary over repeats beside it (matrix_summary.csv / .md, matrix_fig3.png)."""
-    import csv
+    """matrix_cells.csv (:func:`matrix_rows`, unless given) and the summary over repeats beside it
+    (matrix_summary.csv / .md, matrix_fig3.png): reports.matrix.write_tables. Returns the cells'
+    table."""
+    from moetrace.reports.matrix import write_tables
 
-    from moetrace.lab.matrix_report import write_summary
-
-    out = Path(out)
-    rows = matrix_rows(out) if rows is None else rows
-    write_summary(out, rows, pairs)
-    path = out / "matrix_cells.csv"
-    cols = list(dict.fromkeys(k for r in rows for k in r)) or ["condition"]
-    with atomic_write(path) as tmp, open(tmp, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=cols)
-        w.writeheader()
-        w.writerows(rows)
-    return path
+    return write_tables(out, matrix_rows(out) if rows is None else rows, pairs)["cells"]
 
 
 def matrix_report_inputs(out: str | os.PathLike, cell: str | None = None):
-    """What `moetrace report DIR` shows of a matrix (reports.report.MatrixInputs): its tables
+    """What `moetrace report DIR` shows of a matrix (reports.matrix.MatrixInputs): its tables
     written afresh, the summary, the findings, Fig. 3, and the recorded cell to detail (``cell``:
     its directory under cells/, e.g. 6.12-mglru-on/balloon0.81-320MiB-r0; default: the retained
     cell with the highest amplification)."""
     import pandas as pd
 
-    from moetrace.lab.matrix_report import fig3_png, matrix_findings, pair_checks, summarize
-    from moetrace.reports.report import MatrixInputs
+    from moetrace.reports.matrix import MatrixInputs, fig3_png, matrix_findings, pair_checks, summarize
 
     out = Path(out)
     rows, pairs = matrix_rows(out), pair_checks(out)
@@ -643,3 +624,89 @@ def matrix_report_inputs(out: str | os.PathLike, cell: str | None = None):
         detail = out / best["cell_dir"] / "cell" if best else None
     return MatrixInputs(out, pd.DataFrame(rows), pd.DataFrame(summary), matrix_findings(summary),
                         fig3_png(summary) if summary else None, detail, pd.DataFrame(pairs))
+
+
+def report_matrix(out: str | os.PathLike, report_dir: str | os.PathLike | None = None, cell: str | None = None,
+                  **kw: Any) -> dict[str, Any]:
+    """`moetrace report MATRIX_DIR`: the matrix's report page in ``report_dir`` (default
+    OUT/report), from :func:`matrix_report_inputs` (``cell``: the recorded cell to detail);
+    ``kw``: sections, force, progress of :func:`moetrace.reports.matrix.build_matrix_report`."""
+    from moetrace.reports.matrix import build_matrix_report
+
+    return build_matrix_report(matrix_report_inputs(out, cell), Path(report_dir or Path(out) / "report"), **kw)
+
+
+# ---------------------------------------------------------------------------
+# `lab matrix`: run the cells, or write the tables of those finished
+
+
+@dataclass
+class MatrixResult:
+    """A matrix's finished cells (``rows``: :func:`matrix_rows`) and their summary over repeats,
+    the table written (matrix_cells.csv, the summary and Fig. 3 beside it), and why a run
+    stopped early (None: every cell ended)."""
+
+    out: Path
+    n_cells: int
+    rows: list[dict[str, Any]]
+    summary: list[dict[str, Any]]
+    table: Path
+    stopped: Any = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """What `lab matrix --json` prints."""
+        return {"schema": SCHEMA, "out": str(self.out), "cells": self.rows, "summary": self.summary}
+
+
+def matrix_tables(out: str | os.PathLike, spec: MatrixSpec, stopped: Any = None) -> MatrixResult:
+    """`lab matrix --report`: boot nothing; ``out``'s tables, summary and Fig. 3 written from the
+    cells finished so far (also while the matrix runs elsewhere)."""
+    from moetrace.reports.matrix import summarize, write_tables
+
+    check_matrix_dir(out, spec)
+    rows = matrix_rows(out)
+    summary = summarize(rows)
+    table = write_tables(out, rows, summary=summary)["cells"]
+    return MatrixResult(Path(out), len(spec.cells()), rows, summary, table, stopped)
+
+
+def run_matrix(out: str | os.PathLike, spec: MatrixSpec, resume: bool = False, executor: str = "local",
+               slurm: dict[str, Any] | None = None, on_event: Callable[[str], None] | None = None) -> MatrixResult:
+    """`lab matrix`: start the matrix in ``out`` (or continue it, ``resume``), run the cells still
+    to run as jobs on ``executor`` (local, or slurm with make_executor's ``slurm`` keywords), then
+    write its tables. ``on_event`` hears what a person follows: the cells finished before, each
+    failure and resubmission, and a line per cell as it ends (its outcome, the time left). Ctrl-C
+    / SIGTERM: the running jobs clean up, the tables are written, ``stopped`` says so."""
+    from moetrace.capacity.cell import interrupt_handlers
+    from moetrace.capacity.dispatch import dispatch, make_executor
+
+    say = on_event or (lambda text: None)
+    out, n_cells = Path(out), len(spec.cells())
+    work = prepare(out, spec, resume)
+    if work.done:
+        say(f"{len(work.done)} of {n_cells} cells finished before; running {len(work.todo)}"
+            + (f" ({len(work.cleared)} stopped part-way, run again)" if work.cleared else ""))
+    ensure_miss_curve(out, spec)
+    jobs = matrix_jobs(out, work)
+    t0, ended = time.monotonic(), [0]
+
+    def on_end(sub) -> None:
+        ended[0] += 1
+        eta = (time.monotonic() - t0) / ended[0] * (n_cells - len(work.done) - ended[0])
+        say(cell_line(out, sub.job.cell, len(work.done) + ended[0], n_cells, eta))
+
+    ex = make_executor(executor, out, **(slurm or {}))
+    with interrupt_handlers():
+        res = dispatch(jobs, ex, on_event=say, on_end=on_end)
+    return matrix_tables(out, spec, res.stopped)
+
+
+def cell_line(out: Path, cell: MatrixCell, done: int, n_cells: int, eta_s: float) -> str:
+    """A finished cell in a line: [done/N], its place, retained or why not, its amplification,
+    the time left."""
+    doc = json.loads((out / cell.rel_dir / DONE).read_text())
+    amp = (doc.get("result") or {}).get("amplification")
+    return (f"[{done}/{n_cells}] {cell.rel_dir[len('cells/'):]}: "
+            + ("retained" if doc.get("retained") else f"not retained ({'; '.join(doc.get('reasons') or [])})")
+            + (f", amplification {amp:.2f}" if isinstance(amp, (int, float)) else "")
+            + f"; about {eta_s / 60:.0f} min left")

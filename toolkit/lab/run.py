@@ -34,6 +34,8 @@ from typing import Any, Callable
 from moetrace.atomic import atomic_write
 from moetrace.errors import MoetraceError, UsageError
 from moetrace.kernel.syscalls import set_pdeathsig
+from moetrace.run.documents import LAB_SCHEMA, Lab
+from moetrace.run.metadata import write_lab
 
 #: modules the guest needs (with their dependencies, from modules.dep); ext4 only with a pool
 GUEST_MODULES = ("virtio_pci", "virtio_blk", "9pnet_virtio", "9p", "overlay")
@@ -496,7 +498,7 @@ ACCEL_ARGS = {"kvm": lambda: ["-accel", "kvm", "-cpu", "host"],
 class LabResult:
     status: str  # "ok", "timeout", "no-status"
     exit_status: int | None
-    doc: dict[str, Any]
+    doc: Lab  # what lab.json holds
 
 
 WORKDIR_PREFIX = "moetrace-lab-"
@@ -623,7 +625,7 @@ def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2
         boot["wall"] = time.monotonic() - t0
         (out / "console.log").write_text(boot["text"])
     (out / ".guest.sh").unlink(missing_ok=True)
-    doc = {"schema": "moetrace.lab/1", "kernel": release, "image": str(image), "command": command,
+    doc: Lab = {"schema": LAB_SCHEMA, "kernel": release, "image": str(image), "command": command,
            "memory": memory, "cpus": boot["ncpu"], "kernel_cmdline": boot["append"], "mglru_requested": mglru,
            "accel": boot["used"], "accel_requested": accel, "kvm_fallback": boot["kvm_fallback"], "status": None,
            "core_btf": str(core_btf) if core_btf else None, "pool": pool_path or None,
@@ -700,7 +702,7 @@ def _boot(out: Path, qemu: str, common: list[str], console: Path, release: str, 
                 "append": append, "kvm_fallback": kvm_fallback, "boot_failures": boot_failures}
 
 
-def _guest_result(out: Path, release: str, doc: dict[str, Any], boot: dict[str, Any], timeout_s: float) -> LabResult:
+def _guest_result(out: Path, release: str, doc: Lab, boot: dict[str, Any], timeout_s: float) -> LabResult:
     """lab.json (``doc``, the boot's outcome and the guest's status file) and the LabResult; a
     MoetraceError when COMMAND did not finish (no status, set-up failed, timed out)."""
     st_path = out / ".guest-status.json"
@@ -719,7 +721,7 @@ def _guest_result(out: Path, release: str, doc: dict[str, Any], boot: dict[str, 
            **guest}
     if status != "ok":
         doc["console_tail"] = text[-4000:]
-    (out / "lab.json").write_text(json.dumps(doc, indent=1) + "\n")
+    write_lab(out / "lab.json", doc)
     if status == "no-status":
         raise MoetraceError(f"the guest ({release}) stopped before COMMAND finished: {_why_stopped(text)}",
                             hint=f"the console is in {out / 'console.log'}")

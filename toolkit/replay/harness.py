@@ -68,8 +68,8 @@ from moetrace.inputs.plan import FlatPlan, load_flat_plan  # noqa: F401  (re-exp
 
 MODES = ("pagecache", "mmap", "direct", "pinned", "hybrid")
 PREFETCH = ("none", "fadvise", "pread")
-REPLAY_SCHEMA = "moetrace.replay/1"
 from moetrace.run.replaylog import ITERATIONS_FILE, SUMMARY_FILE  # noqa: E402  (the run directory contract)
+from moetrace.run.documents import REPLAY_SCHEMA  # noqa: E402  (declared with replay.json)
 from moetrace.run.tables import TABLES  # noqa: E402
 RUN_DIR_ENV = "MOETRACE_RUN_DIR"
 PDEATHSIG_ENV = "MOETRACE_PDEATHSIG"

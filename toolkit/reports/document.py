@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from moetrace import __version__
+from moetrace.version import __version__
 from moetrace.errors import UsageError
 from moetrace.inputs.geometry import format_bytes
 from moetrace.jsonutil import json_default

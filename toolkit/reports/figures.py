@@ -225,3 +225,13 @@ def plot_mechanism_matrix(summary: list[dict], ax, kernel: str) -> None:
     ax.set_title(f"{name} (numbers: kswapd scan/steal)", fontsize=9)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
+
+
+def sim_png(table: pd.DataFrame) -> bytes:
+    """`moetrace sim --plot`: hit rate vs budget per policy (and scope) of a simulation's table
+    (moetrace.analyses.sim.plot_sim), as PNG bytes."""
+    from moetrace.analyses.sim import plot_sim
+
+    fig, ax = new_figure(7, 4.5)
+    plot_sim(table, ax)
+    return png_bytes(fig)

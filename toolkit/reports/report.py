@@ -22,7 +22,6 @@ import html
 import json
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -467,7 +466,7 @@ def build_run_report(run, out: str | os.PathLike, *, sections: Iterable[str] = S
                      plan: str | os.PathLike | None = None, title: str | None = None, force: bool = False,
                      progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The report of one run or cell (:func:`moetrace.run.handle.open_run`)."""
-    sections = _check_sections(sections)
+    sections = check_sections(sections)
     out = Path(out)
     prepare_out(out, force)
     with staged(out) as stage:
@@ -491,6 +490,14 @@ def has_pool(run) -> bool:
     except (KeyError, TypeError, ValueError):
         return False
     return "experts" in run.tables
+
+
+def run_detail(rep: Report, run, sections: tuple[str, ...], say: Callable[[str], None]) -> None:
+    """One recorded cell in full inside another report (a matrix's detail cell): its header, the
+    simulated miss demand where it has a pool, and its sections."""
+    _header(rep, run)
+    sim = _sim(run, None, rep.notes) if has_pool(run) else None
+    run_sections(rep, run, sections, sim, say)
 
 
 def run_sections(rep: Report, run, sections, sim, say) -> None:
@@ -519,7 +526,8 @@ def run_sections(rep: Report, run, sections, sim, say) -> None:
             build()
 
 
-def _check_sections(sections: Iterable[str]) -> tuple[str, ...]:
+def check_sections(sections: Iterable[str]) -> tuple[str, ...]:
+    """The report sections asked for, in order, each once (UsageError naming an unknown one)."""
     s = tuple(dict.fromkeys(x.strip() for x in sections if x.strip()))
     bad = [x for x in s if x not in SECTIONS]
     if bad:
@@ -592,7 +600,7 @@ def build_sweep_report(sweep, out: str | os.PathLike, *, sections: Iterable[str]
     """The findings, Table 2, Fig. 2 and the strip of cells of a sweep, then the full run report of
     one recorded cell (``cell``; default: :func:`default_detail_cell`); with ``cell_reports``
     every other recorded cell's report under cells/NAME/ (linked from the strip)."""
-    sections = _check_sections(sections)
+    sections = check_sections(sections)
     out = Path(out)
     prepare_out(out, force)
     with staged(out, clear=("tables", "figures", "cells")) as stage:
@@ -711,60 +719,3 @@ def build_report(path: str | os.PathLike, out: str | os.PathLike | None = None, 
     kw.pop("cell", None)
     kw.pop("cell_reports", None)
     return build_run_report(open_run(p), out, **kw)
-
-
-@dataclass
-class MatrixInputs:
-    """What a matrix report shows, computed by moetrace.lab (the report imports no lab code)."""
-
-    path: Path
-    cells: pd.DataFrame  # a row per finished cell (lab.matrix.matrix_rows)
-    summary: pd.DataFrame  # a row per kernel x MGLRU x mechanism x C (lab.matrix_report.summarize)
-    findings: list[str]
-    fig3: bytes | None
-    detail: Path | None  # the cell directory whose per-expert detail follows (None: none recorded)
-    pairs: pd.DataFrame | None = None  # `check` per MGLRU and kernel pair (lab.matrix_report.pair_checks)
-
-
-def build_matrix_report(m: MatrixInputs, out: str | os.PathLike, *, sections: Iterable[str] = SECTIONS,
-                        force: bool = False, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """The §5 matrix: the findings in words, Fig. 3, the summary over repeats, every cell, then
-    the full report of one recorded cell (``m.detail``)."""
-    from moetrace.run.handle import open_run
-
-    sections = _check_sections(sections)
-    out = Path(out)
-    prepare_out(out, force)
-    with staged(out) as stage:
-        rep = Report(stage, f"moetrace matrix report: {m.path.name}")
-        rep.h(2, "The §5 matrix: MGLRU x capacity mechanism", "matrix")
-        for f in m.findings:  # the panel at the top of the page
-            rep.finding(f)
-        if not m.findings:
-            rep.p("No finished cell yet.")
-        rep.summary["findings"] = m.findings
-        if m.fig3:
-            rep.figure("fig3", m.fig3, "Fig. 3 (middle): device MB per iteration, MGLRU on (left) and off (right) "
-                                       "per mechanism, median and range over the repeats; dotted: miss demand; "
-                                       "numbers: kswapd scan-to-steal")
-        rep.table("matrix_summary", m.summary, "Per kernel x MGLRU x mechanism: medians and ranges over the "
-                                               "retained repeats", None)
-        if m.pairs is not None and len(m.pairs):
-            rep.table("matrix_pairs", m.pairs, "`check` per pair: MGLRU off -> on, and the first kernel -> each "
-                                               "other (same MGLRU), over the retained repeats", None)
-            rep.summary["pairs"] = json.loads(table_json(m.pairs))
-        rep.table("matrix_cells", m.cells, "Every finished cell", None)
-        rep.summary["cells"] = len(m.cells)
-        if m.detail is None:
-            rep.summary["kind"] = "matrix"
-            return write_report(rep, ("matrix",), final=out)
-        run = open_run(m.detail)
-        rep.h(2, f"Cell {m.detail.parent.parent.name}/{m.detail.parent.name}: per-expert detail")
-        rep.p("The retained cell with the highest amplification; `moetrace report <matrix>/cells/<condition>/"
-              "<cell>/cell` reports any other.")
-        rep.summary["detail_cell"] = str(m.detail.relative_to(m.path))
-        _header(rep, run)
-        sim = _sim(run, None, rep.notes) if has_pool(run) else None
-        run_sections(rep, run, sections, sim, progress or (lambda s: None))
-        rep.summary["kind"] = "matrix"
-        return write_report(rep, ("matrix",) + tuple(sections), final=out)

@@ -4,7 +4,7 @@ Layout (schema ``moetrace.run/1``)::
 
     RUN_DIR/                 mode 0700 (owner only); every file 0600
       manifest.json          schema, toolkit_version, command, complete, exit_status,
-                             plan / pool identity, kernel release, headers, MGLRU state,
+                             plan / pool identity, kernel release and BTF, MGLRU state,
                              attach_plan, clock, lost, probe stats, timings, notes,
                              interval (armed/disarmed ns), detach (releaser_pid: the
                              process finishing the kernel's release; waited or not)
@@ -44,7 +44,7 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from moetrace.lazyimport import pandas as pd
 
@@ -52,9 +52,8 @@ from moetrace.version import __version__
 from moetrace.atomic import atomic_write
 from moetrace.errors import InputError, UsageError
 from moetrace.jsonutil import json_default
+from moetrace.run.documents import RUN_SCHEMA, RUN_SCHEMA_VERSION, Manifest
 
-RUN_SCHEMA = "moetrace.run"
-RUN_SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 REPLAY_SUBDIR = "replay"
 DIR_MODE = 0o700
@@ -86,8 +85,8 @@ def create_run_dir(path: str | os.PathLike) -> Path:
     return p
 
 
-def write_manifest(run_dir: str | os.PathLike, doc: dict[str, Any], pretty: bool = True) -> Path:
-    """Write manifest.json atomically (0600); fills schema and toolkit_version. ``pretty=False``:
+def write_manifest(run_dir: str | os.PathLike, doc: Manifest, pretty: bool = True) -> Path:
+    """The one writer of manifest.json (declared by :class:`moetrace.run.documents.Manifest`): write it atomically (0600); fills schema and toolkit_version. ``pretty=False``:
     on one line, by the json module's C encoder (a recording's intermediate writes: ~8x faster
     than the indented form, which the pure-Python encoder writes)."""
     doc = dict(doc)
@@ -128,7 +127,7 @@ def read_json(path: str | os.PathLike, what: str = "file") -> Any:
         raise InputError(f"{what} nests too deep to be JSON moetrace wrote", path=str(path)) from None
 
 
-def read_table(path: str | os.PathLike, name: str | None = None, manifest: dict[str, Any] | None = None,
+def read_table(path: str | os.PathLike, name: str | None = None, manifest: Manifest | None = None,
                **kw) -> pd.DataFrame:
     """A Parquet table of a run; InputError naming the file for anything pyarrow or pandas
     cannot read (truncation, damaged pages, footer or pandas metadata) and for a table that
@@ -147,9 +146,10 @@ def read_table(path: str | os.PathLike, name: str | None = None, manifest: dict[
     return df
 
 
-def read_manifest(run_dir: str | os.PathLike) -> dict[str, Any]:
-    """The manifest of a run; refuses unknown schemas and newer versions, and values of the
-    wrong type where analyses read them (:mod:`moetrace.run.validate`)."""
+def read_manifest(run_dir: str | os.PathLike) -> Manifest:
+    """The one reader of manifest.json (:class:`moetrace.run.documents.Manifest`); refuses
+    unknown schemas and newer versions, and values of the wrong type where analyses read them
+    (:mod:`moetrace.run.validate`)."""
     from moetrace.run.validate import check_manifest
 
     path = Path(run_dir) / MANIFEST
@@ -171,7 +171,7 @@ def read_manifest(run_dir: str | os.PathLike) -> dict[str, Any]:
                          path=str(path), hint="upgrade moetrace")
     upgrade_renamed_keys(doc)
     check_manifest(doc, str(path))
-    return doc
+    return cast(Manifest, doc)
 
 
 #: manifest keys an older moetrace wrote under another name: {old: new} per section

@@ -18,12 +18,14 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from moetrace.lazyimport import pandas as pd
 
 from moetrace.errors import InputError
 from moetrace.run import directory as rundir
+from moetrace.run import metadata
+from moetrace.run.documents import Cell, Manifest, ReplaySummary, Snapshot, Snapshots
 
 CELL_JSON = "cell.json"
 SWEEP_RESULTS = "results.parquet"
@@ -33,7 +35,7 @@ class Tables(Mapping):
     """The run's Parquet tables by name, each read on first use (``iterations``: the
     replay's iteration log)."""
 
-    def __init__(self, paths: dict[str, Path], manifest: dict[str, Any] | None = None):
+    def __init__(self, paths: dict[str, Path], manifest: Manifest | None = None):
         self._paths = dict(sorted(paths.items()))
         self._cache: dict[str, pd.DataFrame] = {}
         self._manifest = manifest  # the geometry the per-expert tables are checked against
@@ -60,11 +62,11 @@ class Run:
     ``folded`` (stacks.folded text, or None), ``replay`` (replay.json, or None)."""
 
     path: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     tables: Tables
-    snapshots: dict[str, Any] = field(default_factory=dict)
-    cell: dict[str, Any] | None = None
-    replay: dict[str, Any] | None = None
+    snapshots: Snapshots | dict[str, Snapshot] = field(default_factory=dict)  # a cell's: by label
+    cell: Cell | None = None
+    replay: ReplaySummary | None = None
     folded_path: Path | None = None
 
     @property
@@ -95,7 +97,8 @@ class Run:
     def plan_path(self) -> Path | None:
         """The plan the replay ran, when it is still where it was (or beside a moved sweep)."""
         cands = []
-        p = (self.manifest.get("plan") or {}).get("path")
+        plan = self.manifest.get("plan")
+        p = plan.get("path") if plan else None
         if p:
             cands.append(Path(p))
         if self.cell is not None:
@@ -117,19 +120,7 @@ class Sweep:
     cells: list[Run]
 
 
-def _json(path: Path) -> dict[str, Any]:
-    """cell.json, replay.json or a snapshots file: a JSON object whose values have the types
-    the analyses read (:mod:`moetrace.run.validate`); InputError naming the file otherwise."""
-    from moetrace.run.validate import check_side_file
-
-    doc = rundir.read_json(path, path.name)
-    if not isinstance(doc, dict):
-        raise InputError(f"{path.name} holds a JSON {type(doc).__name__}, not an object", path=str(path))
-    check_side_file(doc, str(path))
-    return doc
-
-
-def _replay_dir(run: Path, manifest: dict[str, Any]) -> Path | None:
+def _replay_dir(run: Path, manifest: Manifest) -> Path | None:
     cands = [run / rundir.REPLAY_SUBDIR, run.parent / rundir.REPLAY_SUBDIR]
     if manifest.get("replay_dir"):
         cands.append(Path(manifest["replay_dir"]))
@@ -146,7 +137,7 @@ def open_run(path: str | os.PathLike, unrecorded: bool = False) -> Run:
     p = Path(path)
     cell = None
     if (p / CELL_JSON).is_file():
-        cell = _json(p / CELL_JSON)
+        cell = metadata.read_cell(p / CELL_JSON)
         if not (p / "run" / rundir.MANIFEST).is_file():
             if unrecorded:
                 return _open_unrecorded_cell(p, cell)
@@ -157,7 +148,7 @@ def open_run(path: str | os.PathLike, unrecorded: bool = False) -> Run:
         raise InputError("this is a sweep directory, not a run", path=str(p),
                          hint="use moetrace.open_sweep(path), or open one of its cells/*")
     elif (p.parent / CELL_JSON).is_file():
-        cell = _json(p.parent / CELL_JSON)
+        cell = metadata.read_cell(p.parent / CELL_JSON)
     manifest = rundir.read_manifest(p)
     paths = {q.stem: q for q in p.glob("*.parquet")}
     rdir = _replay_dir(p, manifest)
@@ -166,20 +157,22 @@ def open_run(path: str | os.PathLike, unrecorded: bool = False) -> Run:
         if (rdir / "iterations.parquet").is_file():
             paths["iterations"] = rdir / "iterations.parquet"
         if (rdir / "replay.json").is_file():
-            replay = _json(rdir / "replay.json")
-    snaps = _json(p / "snapshots.json") if (p / "snapshots.json").is_file() else {}
+            replay = metadata.read_replay(rdir / "replay.json")
+    snaps = metadata.read_snapshots(p / "snapshots.json") if (p / "snapshots.json").is_file() else {}
     folded = p / "stacks.folded"
     return Run(p, manifest, Tables(paths, manifest), snaps, cell, replay, folded if folded.is_file() else None)
 
 
-def _open_unrecorded_cell(p: Path, cell: dict[str, Any]) -> Run:
+def _open_unrecorded_cell(p: Path, cell: Cell) -> Run:
     rdir = p / rundir.REPLAY_SUBDIR
-    replay = _json(rdir / "replay.json") if (rdir / "replay.json").is_file() else None
+    replay = metadata.read_replay(rdir / "replay.json") if (rdir / "replay.json").is_file() else None
     paths = {"iterations": rdir / "iterations.parquet"} if (rdir / "iterations.parquet").is_file() else {}
-    snaps = {q.stem: _json(q) for q in sorted((p / "snapshots").glob("*.json"))} if (p / "snapshots").is_dir() else {}
-    manifest = {"plan": (replay or {}).get("plan"), "pool": (replay or {}).get("pool"),
-                "kernel": cell.get("kernel") or {"release": (cell.get("inputs") or {}).get("kernel")},
-                "recorded": False}
+    snaps = {q.stem: metadata.read_snapshot(q) for q in sorted((p / "snapshots").glob("*.json"))} \
+        if (p / "snapshots").is_dir() else {}
+    old_kernel = cast(dict, cell.get("inputs") or {}).get("kernel")  # cells written before `kernel`
+    manifest = cast(Manifest, {"plan": replay.get("plan") if replay else None,
+                               "pool": replay.get("pool") if replay else None,
+                               "kernel": cell.get("kernel") or {"release": old_kernel}, "recorded": False})
     return Run(p, manifest, Tables(paths), snaps, cell, replay, None)
 
 

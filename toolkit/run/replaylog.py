@@ -8,13 +8,14 @@ replay's code.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from moetrace.run.documents import ReplaySummary
 
 from moetrace.errors import MoetraceError
 
@@ -25,11 +26,15 @@ SUMMARY_FILE = "replay.json"
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def read_replay_summary(log_dir: str | os.PathLike) -> dict[str, Any] | None:
-    """replay.json of a replay log directory, or None (absent or unreadable)."""
+def read_replay_summary(log_dir: str | os.PathLike) -> "ReplaySummary | None":
+    """replay.json of a replay log directory (its one reader: :func:`moetrace.run.metadata.read_replay`),
+    or None (absent or unreadable)."""
+    from moetrace.errors import InputError
+    from moetrace.run.metadata import read_replay
+
     try:
-        return json.loads((Path(log_dir) / SUMMARY_FILE).read_text())
-    except (OSError, json.JSONDecodeError):
+        return read_replay(Path(log_dir) / SUMMARY_FILE)
+    except InputError:
         return None
 
 
@@ -49,10 +54,13 @@ def requested_from_replay(replay_dir: Path, pool) -> tuple["np.ndarray | None", 
     sp, ip = Path(replay_dir) / SUMMARY_FILE, Path(replay_dir) / ITERATIONS_FILE
     if not sp.exists() or not ip.exists():
         return None, None, "no replay log (the command wrote no replay.json / iterations.parquet)"
+    from moetrace.errors import InputError
+    from moetrace.run.metadata import read_replay
+
     try:
-        summary = json.loads(sp.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        return None, None, f"replay.json unreadable ({e})"
+        summary = read_replay(sp)
+    except InputError as e:
+        return None, None, f"replay.json unreadable ({e.message})"
     mode = summary.get("mode")
     if mode not in ("pagecache", "mmap"):
         return None, None, (f"replay mode {mode}: its reads do not all go through the page cache "

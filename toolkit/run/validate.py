@@ -1,6 +1,6 @@
 """Types of the values analyses read from a run's JSON files: manifest.json, cell.json,
-replay.json and the /proc snapshots, checked once where they are read (read_manifest,
-moetrace.run.handle), so that a damaged or hand-edited file fails with an InputError that
+replay.json and the /proc snapshots, checked once where they are read (read_manifest and the
+readers of moetrace.run.metadata), so that a damaged or hand-edited file fails with an InputError that
 names the file and the key instead of a TypeError deep in an analysis.
 
 Only keys that a reader uses are checked, and only when present: every reader treats a
@@ -19,6 +19,7 @@ import math
 from typing import Any, Iterable, Mapping
 
 from moetrace.errors import InputError
+from moetrace.run.documents import Manifest
 from moetrace.run.tables import TABLES, checks
 
 _MAX_COUNT = 2**53
@@ -33,7 +34,7 @@ MANIFEST_SPEC: dict[str, str] = {
     "plan.expert_bytes": "count", "plan.iterations": "count",
     "pool": "obj", "pool.geometry": "obj", **{f"pool.geometry.{k}": v for k, v in _GEOMETRY.items()},
     "pool.pages_per_expert": "count", "pool.extent_bytes": "count", "pool.root": "str", "pool.layout": "str",
-    "kernel": "kernel", "kernel.release": "str", "kernel.mglru": "obj", "kernel.mglru.on": "bool",
+    "kernel": "kernel", "kernel.release": "str",
     "mglru": "obj", "mglru.on": "bool",
     "lost": "obj", "lost.*": "obj", "lost.*.stream": "obj", "lost.*.stream.*": "count",
     "attach_plan": "obj",
@@ -64,7 +65,7 @@ _SNAPSHOT = {"monotonic_ns": "num", "realtime_ns": "num", "vmstat": "obj", "vmst
              "diskstats": "obj", "meminfo": "obj", "psi": "obj", "psi.*": "obj", "psi.*.*": "obj",
              "psi.*.*.total_us": "num", "vmlck_bytes": "obj", "scope": "obj"}
 SNAPSHOT_SPEC: dict[str, str] = dict(_SNAPSHOT)
-SNAPSHOTS_SPEC: dict[str, str] = {"*": "obj", **{f"{label}.{k}": v for label in ("pre", "post", "loop_entry")
+SNAPSHOTS_SPEC: dict[str, str] = {"*": "obj", **{f"{label}.{k}": v for label in ("pre", "post")
                                                  for k, v in _SNAPSHOT.items()}}
 
 
@@ -125,7 +126,8 @@ def check_types(doc: Mapping[str, Any], spec: Mapping[str, str], path: str) -> N
                              hint="the file was damaged or edited; moetrace writes it")
 
 
-def _check_geometry(doc: Mapping[str, Any], path: str) -> None:
+def check_geometry(doc: Mapping[str, Any], path: str) -> None:
+    """The geometry of ``pool.geometry`` or ``plan`` within what moetrace records."""
     for where in ("pool.geometry", "plan"):
         g: Any = doc
         for k in where.split("."):
@@ -136,26 +138,10 @@ def _check_geometry(doc: Mapping[str, Any], path: str) -> None:
                              f"pool moetrace records ({MAX_EXPERTS} experts)", path=path)
 
 
-def check_manifest(doc: Mapping[str, Any], path: str) -> None:
+def check_manifest(doc: Manifest | Mapping[str, Any], path: str) -> None:
     """A run manifest's values, where analyses read them."""
     check_types(doc, MANIFEST_SPEC, path)
-    _check_geometry(doc, path)
-
-
-def check_side_file(doc: Mapping[str, Any], path: str) -> None:
-    """cell.json, replay.json, snapshots.json or snapshots/<label>.json, by file name."""
-    from pathlib import Path
-
-    p = Path(path)
-    if p.name == "cell.json":
-        check_types(doc, CELL_SPEC, path)
-    elif p.name == "replay.json":
-        check_types(doc, REPLAY_SPEC, path)
-        _check_geometry(doc, path)
-    elif p.name == "snapshots.json":
-        check_types(doc, SNAPSHOTS_SPEC, path)
-    elif p.parent.name == "snapshots":
-        check_types(doc, SNAPSHOT_SPEC, path)
+    check_geometry(doc, path)
 
 
 #: results.parquet columns the sweep report and check read, with the pandas kinds they may have
@@ -233,16 +219,16 @@ def table_checks(name: str, manifest: Mapping[str, Any] | None = None, path: str
     return out
 
 
-def _geometry_of(manifest: Mapping[str, Any] | None) -> tuple[int, int] | None:
-    m = manifest or {}
-    g = (m.get("pool") or {}).get("geometry") if isinstance(m.get("pool"), dict) else None
-    for d in (g, m.get("plan")):
+def _geometry_of(manifest: Manifest | Mapping[str, Any] | None) -> tuple[int, int] | None:
+    """(layers, experts) of the manifest's pool, else of its plan (read_manifest checked their types)."""
+    pool = (manifest or {}).get("pool")
+    for d in (pool.get("geometry") if pool else None, (manifest or {}).get("plan")):
         if isinstance(d, dict) and isinstance(d.get("n_layers"), int) and isinstance(d.get("n_experts"), int):
             return d["n_layers"], d["n_experts"]
     return None
 
 
-def check_table(name: str, df, path: str, manifest: Mapping[str, Any] | None = None) -> None:
+def check_table(name: str, df, path: str, manifest: Manifest | None = None) -> None:
     """A run table as its readers need it: the columns its declaration checks, with their kinds, strings
     that are valid UTF-8, unique keys, and per-expert rows inside the manifest's geometry."""
     import numpy as np

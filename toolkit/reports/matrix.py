@@ -1,4 +1,5 @@
-"""What each matrix cell's kernel did in its measured window, and the matrix summed up (§5).
+"""The §5 matrix's report: what each cell's kernel did in its measured window, the matrix summed
+up, and its report page (``moetrace report MATRIX_DIR``).
 
 Per cell, from what the cell already brought back (``cell/snapshots/{loop_entry,post}.json``
 and the recording in ``cell/run``):
@@ -19,17 +20,23 @@ and the recording in ``cell/run``):
 Cached per cell in ``cell/window.json``. The summary groups retained cells by (kernel, MGLRU,
 mechanism): medians and ranges over the repeats, written to ``matrix_summary.csv``,
 ``matrix_summary.md`` and ``matrix_fig3.png`` (the paper's Fig. 3, middle: paired MGLRU on/off
-bars of device bytes per iteration, miss demand dotted).
+bars of device bytes per iteration, miss demand dotted). :func:`build_matrix_report` writes the
+page from :class:`MatrixInputs` (``moetrace.lab.matrix.matrix_report_inputs`` gathers them).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from moetrace.atomic import atomic_write
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 WINDOW = "window.json"
 #: cell_window's cache is recomputed when its version differs (2: no generation figures with MGLRU
@@ -377,32 +384,44 @@ def summary_markdown(summary: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_summary(out: str | os.PathLike, rows: list[dict[str, Any]],
-                  pairs: list[dict[str, Any]] | None = None) -> dict[str, Path]:
-    """matrix_summary.csv, matrix_summary.md and matrix_fig3.png in ``out`` (each written aside,
-    then moved into place); ``pairs``: :func:`pair_checks` when the caller has them. Returns
-    their paths."""
+def csv_text(rows: list[dict[str, Any]], empty_header: str) -> str:
+    """Rows as CSV text, a column per key in the order first met (``empty_header`` alone when
+    there are none)."""
     import csv
+    import io
 
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(k for r in rows for k in r)) or [empty_header])
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def write_tables(out: str | os.PathLike, rows: list[dict[str, Any]], pairs: list[dict[str, Any]] | None = None,
+                 summary: list[dict[str, Any]] | None = None) -> dict[str, Path]:
+    """A matrix's tables in ``out``: matrix_cells.csv (``rows``, a row per finished cell),
+    matrix_summary.csv, matrix_summary.md (the ``summary`` of the rows, the findings, ``pairs``:
+    :func:`pair_checks`; each computed here when None) and matrix_fig3.png (when a cell was
+    retained), each written aside, then moved into place. Returns their paths."""
     out = Path(out)
-    summary = summarize(rows)
-    paths = {"csv": out / "matrix_summary.csv", "md": out / "matrix_summary.md", "fig3": out / "matrix_fig3.png"}
-    with atomic_write(paths["csv"]) as tmp, open(tmp, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(summary[0]) if summary else ["kernel"])
-        w.writeheader()
-        w.writerows(summary)
+    summary = summarize(rows) if summary is None else summary
     if pairs is None and (out / "matrix.json").is_file():
         pairs = pair_checks(out)
     pmd = pairs_markdown(pairs or [])
-    with atomic_write(paths["md"]) as tmp:
-        tmp.write_text(summary_markdown(summary) + "".join(f"\n- {f}" for f in matrix_findings(summary)) + "\n"
-                       + (f"\n`check` per pair (base -> candidate):\n\n{pmd}" if pmd else ""))
+    files: dict[str, tuple[Path, str | bytes]] = {
+        "cells": (out / "matrix_cells.csv", csv_text(rows, "condition")),
+        "csv": (out / "matrix_summary.csv", csv_text(summary, "kernel")),
+        "md": (out / "matrix_summary.md", summary_markdown(summary) + "".join(f"\n- {f}" for f in matrix_findings(
+            summary)) + "\n" + (f"\n`check` per pair (base -> candidate):\n\n{pmd}" if pmd else ""))}
     if summary:
-        with atomic_write(paths["fig3"]) as tmp:
-            tmp.write_bytes(fig3_png(summary))
-    else:
-        paths.pop("fig3")
-    return paths
+        files["fig3"] = (out / "matrix_fig3.png", fig3_png(summary))
+    for path, data in files.values():
+        with atomic_write(path) as tmp:
+            if isinstance(data, bytes):
+                tmp.write_bytes(data)
+            else:
+                tmp.write_text(data)
+    return {key: path for key, (path, _) in files.items()}
 
 
 def fig3_png(summary: list[dict[str, Any]]) -> bytes:
@@ -552,3 +571,63 @@ def pairs_markdown(rows: list[dict[str, Any]]) -> str:
                      f"{r['cand_n']} | {r['verdict']} | {r['regressed'] or '-'} | {r['improved'] or '-'} | "
                      f"{_fmt(r['device_ratio'])} |")
     return "\n".join(lines) + "\n"
+
+
+# -- the matrix's report page ------------------------------------------------------------------
+
+@dataclass
+class MatrixInputs:
+    """What a matrix report shows, computed by moetrace.lab.matrix (the report imports no lab code)."""
+
+    path: Path
+    cells: pd.DataFrame  # a row per finished cell (lab.matrix.matrix_rows)
+    summary: pd.DataFrame  # a row per kernel x MGLRU x mechanism x C (:func:`summarize`)
+    findings: list[str]
+    fig3: bytes | None
+    detail: Path | None  # the cell directory whose per-expert detail follows (None: none recorded)
+    pairs: pd.DataFrame | None = None  # `check` per MGLRU and kernel pair (:func:`pair_checks`)
+
+
+def build_matrix_report(m: MatrixInputs, out: str | os.PathLike, *, sections: Iterable[str] | None = None,
+                        force: bool = False, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The §5 matrix: the findings in words, Fig. 3, the summary over repeats, every cell, then
+    the full report of one recorded cell (``m.detail``; ``sections``: its report's sections,
+    default all)."""
+    from moetrace.reports.document import Report, prepare_out, staged, table_json, write_report
+    from moetrace.reports.report import SECTIONS, check_sections, run_detail
+    from moetrace.run.handle import open_run
+
+    sections = check_sections(SECTIONS if sections is None else sections)
+    out = Path(out)
+    prepare_out(out, force)
+    with staged(out) as stage:
+        rep = Report(stage, f"moetrace matrix report: {m.path.name}")
+        rep.h(2, "The §5 matrix: MGLRU x capacity mechanism", "matrix")
+        for f in m.findings:  # the panel at the top of the page
+            rep.finding(f)
+        if not m.findings:
+            rep.p("No finished cell yet.")
+        rep.summary["findings"] = m.findings
+        if m.fig3:
+            rep.figure("fig3", m.fig3, "Fig. 3 (middle): device MB per iteration, MGLRU on (left) and off (right) "
+                                       "per mechanism, median and range over the repeats; dotted: miss demand; "
+                                       "numbers: kswapd scan-to-steal")
+        rep.table("matrix_summary", m.summary, "Per kernel x MGLRU x mechanism: medians and ranges over the "
+                                               "retained repeats", None)
+        if m.pairs is not None and len(m.pairs):
+            rep.table("matrix_pairs", m.pairs, "`check` per pair: MGLRU off -> on, and the first kernel -> each "
+                                               "other (same MGLRU), over the retained repeats", None)
+            rep.summary["pairs"] = json.loads(table_json(m.pairs))
+        rep.table("matrix_cells", m.cells, "Every finished cell", None)
+        rep.summary["cells"] = len(m.cells)
+        if m.detail is None:
+            rep.summary["kind"] = "matrix"
+            return write_report(rep, ("matrix",), final=out)
+        run = open_run(m.detail)
+        rep.h(2, f"Cell {m.detail.parent.parent.name}/{m.detail.parent.name}: per-expert detail")
+        rep.p("The retained cell with the highest amplification; `moetrace report <matrix>/cells/<condition>/"
+              "<cell>/cell` reports any other.")
+        rep.summary["detail_cell"] = str(m.detail.relative_to(m.path))
+        run_detail(rep, run, sections, progress or (lambda s: None))
+        rep.summary["kind"] = "matrix"
+        return write_report(rep, ("matrix",) + tuple(sections), final=out)
