@@ -139,8 +139,9 @@ COMPILE_AT_RECORD = re.compile(
     r"|\bcompile(d)? with (MOE_|the (attach )?plan)|when the probe compiles|probe was compiled"
     r"|NA when not compiled|failed to compile|first probes compile",
     re.IGNORECASE)
-#: where compiling is right: the set-up's build (and the upgrade of older runs' key names)
-ALLOWED = {"scripts/build-probes.sh", "toolkit/run/directory.py"}
+#: where compiling is right: the set-up's build; and the two places that name older runs' keys
+#: so that they are still read (run/directory.py RENAMED_KEYS, run/documents.py RETIRED)
+ALLOWED = {"scripts/build-probes.sh", "toolkit/run/directory.py", "toolkit/run/documents.py"}
 
 
 def _product_files():
