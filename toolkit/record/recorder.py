@@ -657,16 +657,25 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
 
     if not faulthandler.is_enabled():
         faulthandler.enable()  # a crash in native code (bcc, libc) still says where, on stderr
+    from moetrace.kernel.bpf import AttachGate
+
     rec = _Recording(opts, on_event or (lambda s: None))
-    rec.resolve()
-    rec.open_pool()
-    rec.create_run()
+    gate = AttachGate()  # held until attached: earlier recordings' releasers pause (see AttachGate)
+    try:
+        rec.resolve()
+        rec.open_pool()
+        rec.create_run()
+    except BaseException:
+        gate.release()
+        raise
     try:
         rec.open_probes()
+        gate.release()  # before the command and the releaser are forked
         rec.run_command()
         rec.collect()
         return rec.write()
     finally:
+        gate.release()
         rec.cleanup()
 
 
