@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import json
 import logging
 import errno
 import os
@@ -355,8 +356,25 @@ def has_tracepoint(category: str, event: str, root: str | os.PathLike = "/") -> 
     return tracepoint_format(category, event, root) is not None
 
 
+@functools.lru_cache(maxsize=4096)
+def _tracepoint_state(tracefs: str, category: str, event: str) -> str:
+    """Whether events/<category>/<event>/format exists, by stat(2) alone: opening and reading a
+    format file takes the kernel's event_mutex (f_start), which a perf event's release holds
+    across RCU grace periods (seconds while an earlier recording's releaser closes); the lookup
+    does not."""
+    try:
+        os.stat(Path(tracefs) / "events" / category / event / "format")
+        return "ok"
+    except FileNotFoundError:
+        return "absent"
+    except PermissionError:
+        return "denied"
+    except OSError as e:
+        return f"error: {e.strerror}"
+
+
 def _tracepoint_reason_in(t: Path, category: str, event: str) -> str | None:
-    state, _ = _format_cached(str(t), category, event)
+    state = _tracepoint_state(str(t), category, event)
     if state == "ok":
         return None
     if state == "absent":
@@ -372,6 +390,60 @@ def tracepoint_reason(category: str, event: str, root: str | os.PathLike = "/") 
     if t is None:
         return f"tracefs not mounted ({TRACEFS_MOUNT_CMD}, or `moetrace doctor --mount`)"
     return _tracepoint_reason_in(t, category, event)
+
+
+#: format files read on the live system, kept for the rest of this boot: /run is a tmpfs (gone at
+#: reboot) and the boot id and release inside say which boot; root's only (mode 0600)
+FORMAT_CACHE = "/run/moetrace/tracepoint-formats.json"
+_DISK_LOCK = threading.Lock()
+_DISK_FORMATS: dict[str, Any] = {}  # {"key": boot key, "formats": {"cat:event": [[name, type, offset, size, signed]]}}
+
+
+def _boot_key() -> str:
+    boot = (_read(Path("/proc/sys/kernel/random/boot_id")) or "").strip()
+    return f"{boot} {osrelease('/') or ''}" if boot else ""
+
+
+def _disk_formats() -> dict[str, list]:
+    if "formats" not in _DISK_FORMATS:
+        _DISK_FORMATS.update(key=_boot_key(), formats={})
+        try:
+            with open(FORMAT_CACHE) as fh:
+                doc = json.load(fh)
+            if _DISK_FORMATS["key"] and doc.get("key") == _DISK_FORMATS["key"]:
+                _DISK_FORMATS["formats"] = dict(doc["formats"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass
+    return _DISK_FORMATS["formats"]
+
+
+def _disk_format(category: str, event: str) -> dict[str, FieldSpec] | None:
+    rows = _disk_formats().get(f"{category}:{event}")
+    try:
+        return None if rows is None else {r[0]: FieldSpec(*r) for r in rows}
+    except TypeError:
+        return None
+
+
+def _remember_format(category: str, event: str, fmt: dict[str, FieldSpec]) -> None:
+    """Keep a format read on the live system for this boot (root only; silently not otherwise)."""
+    with _DISK_LOCK:
+        _remember_locked(category, event, fmt)
+
+
+def _remember_locked(category: str, event: str, fmt: dict[str, FieldSpec]) -> None:
+    formats = _disk_formats()
+    formats[f"{category}:{event}"] = [[f.name, f.type, f.offset, f.size, f.signed] for f in fmt.values()]
+    if os.geteuid() != 0 or not _DISK_FORMATS["key"]:
+        return
+    from moetrace.atomic import atomic_write
+
+    try:
+        os.makedirs(os.path.dirname(FORMAT_CACHE), mode=0o700, exist_ok=True)
+        with atomic_write(FORMAT_CACHE, mode=0o600) as tmp:
+            tmp.write_text(json.dumps({"key": _DISK_FORMATS["key"], "formats": formats}))
+    except OSError as e:
+        log.debug("tracepoint format cache not written: %s", e)
 
 
 # -- kallsyms, kprobes, BTF -------------------------------------------------------------------
@@ -681,9 +753,46 @@ class Features:
         return _tracepoint_reason_in(self.tracefs, category, event)
 
     def tracepoint_format(self, category: str, event: str) -> dict[str, FieldSpec] | None:
+        """The format file's fields (None: no such tracepoint, or tracefs unreadable); on the live
+        system as root, kept for this boot (:data:`FORMAT_CACHE`): read once per boot, not per run."""
         if self.tracefs is None:
             return None
-        return _format_cached(str(self.tracefs), category, event)[1]
+        live = self.root == "/"
+        fmt = _disk_format(category, event) if live else None
+        if fmt is None:
+            fmt = _format_cached(str(self.tracefs), category, event)[1]
+            if fmt is not None and live:
+                _remember_format(category, event, fmt)
+        return fmt
+
+    def tracepoint_fields(self, category: str, event: str, ctx_struct: str | None = None) -> frozenset[str] | None:
+        """The field names of tracepoint ``category:event``'s format, without reading it where the
+        kernel's BTF describes them: ``ctx_struct`` is the struct a probe's program takes as its
+        context (``trace_event_raw_<class>``, from the object's BTF), and vmlinux's own copy of
+        it lists the running kernel's fields (:meth:`Btf.tracepoint_fields`). The syscalls:*
+        events share one generic struct (their fields come from syscall metadata, not BTF):
+        those, and any struct this kernel's BTF lacks, come from the format file."""
+        if ctx_struct and ctx_struct.startswith("trace_event_raw_") and category != "syscalls":
+            b = self.vmlinux_btf()
+            names = b.tracepoint_fields(ctx_struct) if b is not None else None
+            if names is not None:
+                return frozenset(names)
+        fmt = self.tracepoint_format(category, event)
+        return None if fmt is None else frozenset(fmt)
+
+    def vmlinux_btf(self):
+        """The kernel's BTF (:class:`moetrace.kernel.btf.Btf`), parsed once; None without it."""
+        def load():
+            from moetrace.errors import MoetraceError
+            from moetrace.kernel import btf
+
+            if self.root == "/":
+                return btf.vmlinux()
+            try:
+                return btf.load(_p(self.root, "sys/kernel/btf/vmlinux"))
+            except (MoetraceError, OSError):
+                return None
+        return self._memo("vmlinux_btf", load) if self.btf else None
 
     def kprobes_reason(self) -> str | None:
         return self._memo("kprobes", lambda: kprobes_reason(self.root))
@@ -728,5 +837,7 @@ class Features:
 def clear_cache() -> None:
     """Forget cached answers (after a mount, or between tests)."""
     _format_cached.cache_clear()
+    _tracepoint_state.cache_clear()
+    _DISK_FORMATS.clear()
     _kallsyms.cache_clear()
     _bpf_probe_load.cache_clear()
