@@ -736,21 +736,25 @@ def test_tracepoint_existence_is_asked_without_reading_the_format(tmp_path, monk
     assert opened == []
 
 
-def test_formats_read_on_the_live_system_are_kept_for_this_boot(tmp_path, monkeypatch):
-    """Features("/") keeps a format it had to read (syscalls: BTF does not describe them) in a
-    file keyed by the boot id: a later process finds it there; another boot's file is ignored."""
+def test_answers_on_the_live_system_are_kept_for_this_boot(tmp_path, monkeypatch):
+    """Features("/") keeps a format it had to read (syscalls: BTF does not describe them) and
+    what BTF said in a file keyed by the boot id: a later process finds them there; another
+    boot's file is ignored."""
     import json
 
-    cache = tmp_path / "run" / "formats.json"
-    monkeypatch.setattr(F, "FORMAT_CACHE", str(cache))
+    cache = tmp_path / "run" / "answers.json"
+    monkeypatch.setattr(F, "BOOT_CACHE", str(cache))
     monkeypatch.setattr(F, "_boot_key", lambda: "boot-a 6.18")
     monkeypatch.setattr(F.os, "geteuid", lambda: 0)
     fmt = F.parse_format(SYS_ENTER_PREAD64_FORMAT)
     F._remember_format("syscalls", "sys_enter_pread64", fmt)
+    F._disk_put("fields", _OP_PAGE_CACHE, ["pfn", "order"])
     doc = json.loads(cache.read_text())
     assert doc["key"] == "boot-a 6.18" and oct(cache.stat().st_mode & 0o777) == "0o600"
     F.clear_cache()
     assert F._disk_format("syscalls", "sys_enter_pread64") == fmt
+    assert F._disk_get("fields", _OP_PAGE_CACHE) == ["pfn", "order"]
     monkeypatch.setattr(F, "_boot_key", lambda: "boot-b 6.18")
     F.clear_cache()
     assert F._disk_format("syscalls", "sys_enter_pread64") is None
+    assert F._disk_get("fields", _OP_PAGE_CACHE) is None

@@ -392,11 +392,15 @@ def tracepoint_reason(category: str, event: str, root: str | os.PathLike = "/") 
     return _tracepoint_reason_in(t, category, event)
 
 
-#: format files read on the live system, kept for the rest of this boot: /run is a tmpfs (gone at
-#: reboot) and the boot id and release inside say which boot; root's only (mode 0600)
-FORMAT_CACHE = "/run/moetrace/tracepoint-formats.json"
+#: what resolving asked the live kernel, kept for the rest of this boot: the format files read
+#: (syscalls:*; BTF does not describe them), the fields BTF gave per event class, the programs'
+#: context structs per probe object (by size and mtime). /run is a tmpfs (gone at reboot) and the
+#: boot id and release inside say which boot; root's only (mode 0600). A later recording then
+#: reads one small file instead of tracefs and BTF.
+BOOT_CACHE = "/run/moetrace/kernel-answers.json"
 _DISK_LOCK = threading.Lock()
-_DISK_FORMATS: dict[str, Any] = {}  # {"key": boot key, "formats": {"cat:event": [[name, type, offset, size, signed]]}}
+_DISK: dict[str, Any] = {}  # {"key": boot key, "formats": {...}, "fields": {...}, "objects": {...}}
+_SECTIONS = ("formats", "fields", "objects")
 
 
 def _boot_key() -> str:
@@ -404,21 +408,42 @@ def _boot_key() -> str:
     return f"{boot} {osrelease('/') or ''}" if boot else ""
 
 
-def _disk_formats() -> dict[str, list]:
-    if "formats" not in _DISK_FORMATS:
-        _DISK_FORMATS.update(key=_boot_key(), formats={})
+def _disk() -> dict[str, Any]:
+    if "key" not in _DISK:
+        _DISK.update(key=_boot_key(), **{sec: {} for sec in _SECTIONS})
         try:
-            with open(FORMAT_CACHE) as fh:
+            with open(BOOT_CACHE) as fh:
                 doc = json.load(fh)
-            if _DISK_FORMATS["key"] and doc.get("key") == _DISK_FORMATS["key"]:
-                _DISK_FORMATS["formats"] = dict(doc["formats"])
+            if _DISK["key"] and doc.get("key") == _DISK["key"]:
+                _DISK.update({sec: dict(doc[sec]) for sec in _SECTIONS})
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             pass
-    return _DISK_FORMATS["formats"]
+    return _DISK
+
+
+def _disk_get(section: str, key: str) -> Any:
+    return _disk()[section].get(key)
+
+
+def _disk_put(section: str, key: str, value: Any) -> None:
+    """Keep an answer for this boot (written at once; root only, silently not otherwise)."""
+    with _DISK_LOCK:
+        d = _disk()
+        d[section][key] = value
+        if os.geteuid() != 0 or not d["key"]:
+            return
+        from moetrace.atomic import atomic_write
+
+        try:
+            os.makedirs(os.path.dirname(BOOT_CACHE), mode=0o700, exist_ok=True)
+            with atomic_write(BOOT_CACHE, mode=0o600) as tmp:
+                tmp.write_text(json.dumps({k: d[k] for k in ("key", *_SECTIONS)}))
+        except OSError as e:
+            log.debug("kernel answers not kept for this boot: %s", e)
 
 
 def _disk_format(category: str, event: str) -> dict[str, FieldSpec] | None:
-    rows = _disk_formats().get(f"{category}:{event}")
+    rows = _disk_get("formats", f"{category}:{event}")
     try:
         return None if rows is None else {r[0]: FieldSpec(*r) for r in rows}
     except TypeError:
@@ -426,24 +451,7 @@ def _disk_format(category: str, event: str) -> dict[str, FieldSpec] | None:
 
 
 def _remember_format(category: str, event: str, fmt: dict[str, FieldSpec]) -> None:
-    """Keep a format read on the live system for this boot (root only; silently not otherwise)."""
-    with _DISK_LOCK:
-        _remember_locked(category, event, fmt)
-
-
-def _remember_locked(category: str, event: str, fmt: dict[str, FieldSpec]) -> None:
-    formats = _disk_formats()
-    formats[f"{category}:{event}"] = [[f.name, f.type, f.offset, f.size, f.signed] for f in fmt.values()]
-    if os.geteuid() != 0 or not _DISK_FORMATS["key"]:
-        return
-    from moetrace.atomic import atomic_write
-
-    try:
-        os.makedirs(os.path.dirname(FORMAT_CACHE), mode=0o700, exist_ok=True)
-        with atomic_write(FORMAT_CACHE, mode=0o600) as tmp:
-            tmp.write_text(json.dumps({"key": _DISK_FORMATS["key"], "formats": formats}))
-    except OSError as e:
-        log.debug("tracepoint format cache not written: %s", e)
+    _disk_put("formats", f"{category}:{event}", [[f.name, f.type, f.offset, f.size, f.signed] for f in fmt.values()])
 
 
 # -- kallsyms, kprobes, BTF -------------------------------------------------------------------
@@ -754,7 +762,7 @@ class Features:
 
     def tracepoint_format(self, category: str, event: str) -> dict[str, FieldSpec] | None:
         """The format file's fields (None: no such tracepoint, or tracefs unreadable); on the live
-        system as root, kept for this boot (:data:`FORMAT_CACHE`): read once per boot, not per run."""
+        system as root, kept for this boot (:data:`BOOT_CACHE`): read once per boot, not per run."""
         if self.tracefs is None:
             return None
         live = self.root == "/"
@@ -773,12 +781,45 @@ class Features:
         events share one generic struct (their fields come from syscall metadata, not BTF):
         those, and any struct this kernel's BTF lacks, come from the format file."""
         if ctx_struct and ctx_struct.startswith("trace_event_raw_") and category != "syscalls":
-            b = self.vmlinux_btf()
-            names = b.tracepoint_fields(ctx_struct) if b is not None else None
+            names = self._class_fields(ctx_struct)
             if names is not None:
                 return frozenset(names)
         fmt = self.tracepoint_format(category, event)
         return None if fmt is None else frozenset(fmt)
+
+    def _class_fields(self, ctx_struct: str) -> list[str] | None:
+        """:meth:`Btf.tracepoint_fields` of the kernel's BTF (kept for this boot when live)."""
+        live = self.root == "/"
+        names = _disk_get("fields", ctx_struct) if live else None
+        if names is None:
+            b = self.vmlinux_btf()
+            found = b.tracepoint_fields(ctx_struct) if b is not None else None
+            if found is None:
+                return None
+            names = list(found)
+            if live:
+                _disk_put("fields", ctx_struct, names)
+        return names
+
+    def program_contexts(self, obj: str | os.PathLike) -> dict[str, str]:
+        """{program: the struct it takes as context} of a compiled probe object
+        (:func:`moetrace.kernel.btf.object_ctx_structs`); kept for this boot when live, by the
+        object's path, size and mtime."""
+        from moetrace.kernel.btf import object_ctx_structs
+
+        if self.root != "/":
+            return object_ctx_structs(obj)
+        try:
+            st = os.stat(obj)
+        except OSError:
+            return {}
+        key = f"{os.fspath(obj)} {st.st_size} {st.st_mtime_ns}"
+        ctx = _disk_get("objects", key)
+        if ctx is None:
+            ctx = object_ctx_structs(obj)
+            if ctx:
+                _disk_put("objects", key, ctx)
+        return ctx
 
     def vmlinux_btf(self):
         """The kernel's BTF (:class:`moetrace.kernel.btf.Btf`), parsed once; None without it."""
@@ -838,6 +879,6 @@ def clear_cache() -> None:
     """Forget cached answers (after a mount, or between tests)."""
     _format_cached.cache_clear()
     _tracepoint_state.cache_clear()
-    _DISK_FORMATS.clear()
+    _DISK.clear()
     _kallsyms.cache_clear()
     _bpf_probe_load.cache_clear()

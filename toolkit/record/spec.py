@@ -307,15 +307,15 @@ def _fields(cand: AttachCandidate, feats: "Features", ctx_struct: str | None):
     return None if fmt is None else set(fmt)
 
 
-def _ctx_structs(spec: ProbeSpec) -> dict[str, str]:
+def _ctx_structs(spec: ProbeSpec, feats: "Features") -> dict[str, str]:
     """{program: the struct it takes as context} from the probe's compiled object ({} without
     one: the fields then come from the format files)."""
-    if not any(c.fields or c.field_knobs for g in spec.attach for c in g.candidates):
+    contexts = getattr(feats, "program_contexts", None)
+    if contexts is None or not any(c.fields or c.field_knobs for g in spec.attach for c in g.candidates):
         return {}
     from moetrace.kernel.bpf import object_path
-    from moetrace.kernel.btf import object_ctx_structs
 
-    return object_ctx_structs(object_path(spec.name))
+    return contexts(object_path(spec.name))
 
 
 def resolve(spec: ProbeSpec, feats: "Features | None" = None) -> AttachPlan:
@@ -333,7 +333,7 @@ def resolve(spec: ProbeSpec, feats: "Features | None" = None) -> AttachPlan:
         if not ok:
             blocked = f"BPF unusable: {detail}"
     entries: list[PlanEntry] = []
-    ctx = _ctx_structs(spec)
+    ctx = _ctx_structs(spec, feats)
     for g in spec.attach:
         tried: list[tuple[AttachCandidate, str]] = []
         chosen: AttachCandidate | None = None
