@@ -140,7 +140,8 @@ def test_a_releaser_waits_for_the_gate_no_longer_than_its_deadline(tmp_path, mon
 def test_no_gate_file_means_no_gate(tmp_path, monkeypatch):
     from moetrace.kernel import bpf
 
-    monkeypatch.setattr(bpf, "ATTACH_GATE", str(tmp_path / "no-such-dir" / "attach.lock"))
+    (tmp_path / "a-file").write_text("")  # a gate that cannot be made (not root: /run is not ours)
+    monkeypatch.setattr(bpf, "ATTACH_GATE", str(tmp_path / "a-file" / "attach.lock"))
     gate = bpf.AttachGate()
     assert not gate.held
     gate.release()

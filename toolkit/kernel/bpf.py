@@ -741,13 +741,14 @@ def release_in_child() -> Releaser:
 
 #: a file whose flock is the gate (in /run: root's; a process that cannot open it neither holds
 #: nor waits: only a non-root recorder with capabilities, whose releaser then closes at once)
-ATTACH_GATE = "/run/moetrace-attach.lock"
+ATTACH_GATE = "/run/moetrace/attach.lock"
 #: a releaser waits for attachers this long at most in all (a stuck recorder cannot keep it)
 GATE_YIELD_MAX_S = 30.0
 
 
 def _open_gate() -> int | None:
     try:
+        os.makedirs(os.path.dirname(ATTACH_GATE), mode=0o700, exist_ok=True)
         return os.open(ATTACH_GATE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError:
         return None

@@ -9,14 +9,17 @@ are resolved under ``root`` too.
 
 * :func:`tracefs_path`, :func:`debugfs_path`   found through /proc/mounts (``mount=True`` mounts)
 * :func:`tracepoint_format`, :func:`has_tracepoint`   events/<category>/<event>/format
+  (:meth:`Features.tracepoint_fields`: the same field names from the kernel's BTF, read
+  without touching tracefs, whose format files wait on the kernel's event_mutex)
 * :func:`kallsyms_has`, :func:`kallsyms_count`, :func:`kprobes_available`
 * :func:`btf_available`, :func:`mglru_state`
 * :func:`privileges`, :func:`bpf_usable`, :func:`cgroup_memory`, :func:`psi_available`
 * :class:`Features`   one cached view of all of the above, with the reason for every "no"
   (what :func:`moetrace.record.spec.resolve` consumes)
 
-Answers are cached per process (keyed by root and the tracefs location); call
-:func:`clear_cache` after changing the system (tests, or after a mount).
+Answers are cached per process (keyed by root and the tracefs location), and on the live
+system the formats read and what BTF said also for the rest of the boot (:data:`BOOT_CACHE`);
+call :func:`clear_cache` after changing the system (tests, or after a mount).
 """
 
 from __future__ import annotations
