@@ -279,13 +279,7 @@ def tracefs_path(root: str | os.PathLike = "/", mount: bool = False) -> Path | N
             except PermissionError:  # debugfs is mode 700: not root
                 pass
     if mount and _is_live_root(root) and os.geteuid() == 0:
-        ok, note = _mount("tracefs", TRACEFS_MOUNT)
-        log.warning(note)
-        if ok:
-            _MOUNT_NOTES.append(note)
-            _MOUNTED.append(TRACEFS_MOUNT)
-            clear_cache()
-            return Path(TRACEFS_MOUNT)
+        return _mount_here("tracefs", TRACEFS_MOUNT)
     return None
 
 
@@ -295,14 +289,21 @@ def debugfs_path(root: str | os.PathLike = "/", mount: bool = False) -> Path | N
         if fstype == "debugfs":
             return _p(root, target)
     if mount and _is_live_root(root) and os.geteuid() == 0:
-        ok, note = _mount("debugfs", DEBUGFS_MOUNT)
-        log.warning(note)
-        if ok:
-            _MOUNT_NOTES.append(note)
-            _MOUNTED.append(DEBUGFS_MOUNT)
-            clear_cache()
-            return Path(DEBUGFS_MOUNT)
+        return _mount_here("debugfs", DEBUGFS_MOUNT)
     return None
+
+
+def _mount_here(fstype: str, target: str) -> Path | None:
+    """Mount ``fstype`` at ``target`` (noted, remembered for unmounting, caches cleared);
+    the mount point, or None when the mount failed (the note says why)."""
+    ok, note = _mount(fstype, target)
+    log.warning(note)
+    if not ok:
+        return None
+    _MOUNT_NOTES.append(note)
+    _MOUNTED.append(target)
+    clear_cache()
+    return Path(target)
 
 
 # -- tracepoints ------------------------------------------------------------------------------
