@@ -121,6 +121,17 @@ def _lru_kernel(layer, expert, n_experts, grouped, n_groups, N, budget, cut):  #
     return hits
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _swap(heap, hb, pos, i, j):  # pragma: no cover - numba
+    """Swap heap slots i and j of the group at hb, keeping pos (item -> slot) in step."""
+    a = heap[hb + i]
+    b = heap[hb + j]
+    heap[hb + i] = b
+    heap[hb + j] = a
+    pos[b] = i
+    pos[a] = j
+
+
 @njit(cache=True, nogil=True)
 def _sift_down(heap, hb, size, key, pos, k, sign):  # pragma: no cover - numba
     """Restore the heap below slot k; sign=+1 min-heap, -1 max-heap on key."""
@@ -133,12 +144,7 @@ def _sift_down(heap, hb, size, key, pos, k, sign):  # pragma: no cover - numba
         if r < size and sign * key[heap[hb + r]] < sign * key[heap[hb + lch]]:
             c = r
         if sign * key[heap[hb + c]] < sign * key[heap[hb + k]]:
-            a = heap[hb + k]
-            b = heap[hb + c]
-            heap[hb + k] = b
-            heap[hb + c] = a
-            pos[b] = k
-            pos[a] = c
+            _swap(heap, hb, pos, k, c)
             k = c
         else:
             break
@@ -149,12 +155,7 @@ def _sift_up(heap, hb, key, pos, k, sign):  # pragma: no cover - numba
     while k > 0:
         p = (k - 1) // 2
         if sign * key[heap[hb + k]] < sign * key[heap[hb + p]]:
-            a = heap[hb + k]
-            b = heap[hb + p]
-            heap[hb + k] = b
-            heap[hb + p] = a
-            pos[b] = k
-            pos[a] = p
+            _swap(heap, hb, pos, k, p)
             k = p
         else:
             break

@@ -612,3 +612,149 @@ def test_symbol_lines_by_find_equal_the_anchored_regex(lines):
     want = re.findall(rb"^\S+ \S (" + re.escape(b"inc_max_seq") + rb"(?:\.[\w.]+)?)(?:\t.*)?$", text, re.M)
     assert F._symbol_lines(text, "inc_max_seq") == want
     assert F._symbol_lines(text.rstrip(b"\n"), "inc_max_seq") == want  # no newline at the end
+
+
+# -- tracepoint fields from BTF (no format file read at record time) ----------------------------
+
+def _btf_blob(structs: dict[str, list[tuple[str, str]]], funcs: dict[str, str] | None = None) -> bytes:
+    """A little-endian BTF blob: an int type, struct trace_entry, each struct of ``structs``
+    ({name: [(member, "int" | "entry")]}) and, for ``funcs`` ({function: struct}), a FUNC whose
+    one parameter ``ctx`` points to that struct (a probe object's tracepoint program)."""
+    import struct as S
+
+    from moetrace.kernel import btf as B
+
+    strs, offs = b"\0", {"": 0}
+
+    def s(name: str) -> int:
+        nonlocal strs
+        if name not in offs:
+            offs[name] = len(strs)
+            strs += name.encode() + b"\0"
+        return offs[name]
+
+    types: list[bytes] = []
+
+    def add(kind: int, name: str, vlen: int, ref: int, extra: bytes = b"") -> int:
+        types.append(S.pack("<III", s(name), (kind << 24) | vlen, ref) + extra)
+        return len(types)
+
+    i32 = add(B.INT, "int", 0, 4, S.pack("<I", 32))
+    entry_members = [("type", i32), ("flags", i32), ("preempt_count", i32), ("pid", i32)]
+    entry = add(B.STRUCT, "trace_entry", 4, 16, b"".join(S.pack("<III", s(n), t, 32 * k)
+                                                         for k, (n, t) in enumerate(entry_members)))
+    ids = {}
+    for name, members in structs.items():
+        body = b"".join(S.pack("<III", s(m), entry if t == "entry" else i32, 32 * k)
+                        for k, (m, t) in enumerate(members))
+        ids[name] = add(B.STRUCT, name, len(members), 4 * len(members), body)
+    for fn, st in (funcs or {}).items():
+        ptr = add(B.PTR, "", 0, ids[st])
+        proto = add(B.FUNC_PROTO, "", 1, i32, S.pack("<II", s("ctx"), ptr))
+        add(B.FUNC, fn, 0, proto)
+    tdata = b"".join(types)
+    return S.pack("<HBBIIIII", B.BTF_MAGIC, 1, 0, 24, 0, len(tdata), len(tdata), len(strs)) + tdata + strs
+
+
+_OP_PAGE_CACHE = "trace_event_raw_mm_filemap_op_page_cache"
+
+
+def _op_page_cache(order: bool) -> list[tuple[str, str]]:
+    return ([("ent", "entry"), ("pfn", "int"), ("i_ino", "int"), ("index", "int"), ("s_dev", "int")]
+            + ([("order", "int")] if order else []) + [("__data", "int")])
+
+
+def test_btf_lists_a_tracepoints_format_fields_and_a_programs_context():
+    from moetrace.kernel import btf as B
+
+    b = B.Btf(_btf_blob({_OP_PAGE_CACHE: _op_page_cache(True),
+                         "trace_event_raw_block_rq": [("ent", "entry"), ("dev", "int"), ("rwbs", "int"),
+                                                      ("__data_loc_cmd", "int"), ("__data", "int")]},
+                        {"tp_mm_filemap_add_to_page_cache": _OP_PAGE_CACHE}))
+    assert set(b.tracepoint_fields(_OP_PAGE_CACHE)) == set(F.parse_format(ADD_TO_PAGE_CACHE_FORMAT))
+    assert b.tracepoint_fields("trace_event_raw_block_rq") == (
+        "common_type", "common_flags", "common_preempt_count", "common_pid", "dev", "rwbs", "cmd")
+    assert b.tracepoint_fields("trace_event_raw_no_such_class") is None
+    assert b.ctx_struct("tp_mm_filemap_add_to_page_cache") == _OP_PAGE_CACHE
+    assert b.ctx_struct("no_such_program") is None
+
+
+@pytest.mark.parametrize("btf_order,format_order", [(True, True), (False, False), (False, True), (True, False)])
+def test_have_order_comes_from_btf_where_it_describes_the_event(tmp_path, monkeypatch, btf_order, format_order):
+    """The struct of the event class with / without `order` decides MOE_HAVE_ORDER (and the fields a
+    candidate needs), as the format file did; the format file is then not what decides (it says
+    the opposite in two cases here). Without the struct in the kernel's BTF, the format decides."""
+    from moetrace.kernel import btf as B
+
+    no_order = ADD_TO_PAGE_CACHE_FORMAT.replace("\tfield:unsigned char order;\toffset:36;\tsize:1;\tsigned:0;\n", "")
+    fmt = ADD_TO_PAGE_CACHE_FORMAT if format_order else no_order
+    root = make_tree(tmp_path / "r", formats={
+        "mm_filemap_add_to_page_cache": fmt,
+        "mm_filemap_delete_from_page_cache": fmt.replace("add_to", "delete_from")})
+    (root / "sys/kernel/btf/vmlinux").write_bytes(_btf_blob({_OP_PAGE_CACHE: _op_page_cache(btf_order)}))
+    ctx = {f"tp_mm_filemap_{e}_page_cache": _OP_PAGE_CACHE for e in ("add_to", "delete_from")}
+    monkeypatch.setattr(B, "object_ctx_structs", lambda path: ctx)
+    for name in ("pagecache", "lru"):
+        plan = resolve(PROBES[name], Features(root))
+        assert plan.knobs["MOE_HAVE_ORDER"] == int(btf_order), (name, plan.knobs)
+        assert plan.entry("add").attached
+    # a BTF without the class: the format file decides, as before
+    (root / "sys/kernel/btf/vmlinux").write_bytes(_btf_blob({"trace_event_raw_other": [("ent", "entry")]}))
+    F.clear_cache()
+    assert resolve(PROBES["pagecache"], Features(root)).knobs["MOE_HAVE_ORDER"] == int(format_order)
+
+
+def test_a_field_the_btf_struct_lacks_rejects_the_candidate_with_the_same_reason(tmp_path, monkeypatch):
+    from moetrace.kernel import btf as B
+
+    root = make_tree(tmp_path / "r")
+    members = [m for m in _op_page_cache(True) if m[0] != "i_ino"]
+    (root / "sys/kernel/btf/vmlinux").write_bytes(_btf_blob({_OP_PAGE_CACHE: members}))
+    monkeypatch.setattr(B, "object_ctx_structs", lambda path: {
+        "tp_mm_filemap_add_to_page_cache": _OP_PAGE_CACHE})
+    pc = resolve(PROBES["pagecache"], Features(root))
+    assert pc.status == "no" and pc.entry("add").reason == (
+        "format of filemap:mm_filemap_add_to_page_cache lacks i_ino (the probe reads them)")
+
+
+def test_tracepoint_existence_is_asked_without_reading_the_format(tmp_path, monkeypatch):
+    """A tracepoint exists when its format file does (stat): opening one takes the kernel's
+    event_mutex, which an earlier recording's release may hold for seconds."""
+    root = make_tree(tmp_path / "r")
+    opened = []
+    real_open = open
+
+    def spy(path, *a, **k):
+        if str(path).endswith("/format"):
+            opened.append(str(path))
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr("builtins.open", spy)
+    feats = Features(root)
+    assert feats.tracepoint_reason("filemap", "mm_filemap_add_to_page_cache") is None
+    assert "no tracepoint filemap:nope" in feats.tracepoint_reason("filemap", "nope")
+    assert opened == []
+
+
+def test_answers_on_the_live_system_are_kept_for_this_boot(tmp_path, monkeypatch):
+    """Features("/") keeps a format it had to read (syscalls: BTF does not describe them) and
+    what BTF said in a file keyed by the boot id: a later process finds them there; another
+    boot's file is ignored."""
+    import json
+
+    cache = tmp_path / "run" / "answers.json"
+    monkeypatch.setattr(F, "BOOT_CACHE", str(cache))
+    monkeypatch.setattr(F, "_boot_key", lambda: "boot-a 6.18")
+    monkeypatch.setattr(F.os, "geteuid", lambda: 0)
+    fmt = F.parse_format(SYS_ENTER_PREAD64_FORMAT)
+    F._remember_format("syscalls", "sys_enter_pread64", fmt)
+    F._disk_put("fields", _OP_PAGE_CACHE, ["pfn", "order"])
+    doc = json.loads(cache.read_text())
+    assert doc["key"] == "boot-a 6.18" and oct(cache.stat().st_mode & 0o777) == "0o600"
+    F.clear_cache()
+    assert F._disk_format("syscalls", "sys_enter_pread64") == fmt
+    assert F._disk_get("fields", _OP_PAGE_CACHE) == ["pfn", "order"]
+    monkeypatch.setattr(F, "_boot_key", lambda: "boot-b 6.18")
+    F.clear_cache()
+    assert F._disk_format("syscalls", "sys_enter_pread64") is None
+    assert F._disk_get("fields", _OP_PAGE_CACHE) is None

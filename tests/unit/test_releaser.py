@@ -83,3 +83,65 @@ def test_wait_pid_exit_of_a_gone_process_and_a_timeout():
         p.kill()
         p.wait()
     assert wait_pid_exit(p.pid, timeout=1) is True
+
+
+def test_a_releaser_closes_nothing_while_a_recording_attaches(tmp_path, monkeypatch):
+    """AttachGate held: the releaser's threads wait before their next close, and go on once it is
+    released (a recording's start-up then does not queue behind their RCU grace periods)."""
+    import threading
+
+    from moetrace.kernel import bpf
+
+    monkeypatch.setattr(bpf, "ATTACH_GATE", str(tmp_path / "attach.lock"))
+    gate = bpf.AttachGate()
+    assert gate.held
+    r, w = os.pipe()
+    done = threading.Event()
+
+    def closer() -> None:
+        fd = bpf._open_gate()
+        try:
+            bpf._wait_gate_free(fd, time.monotonic() + 30)
+            os.close(r)
+        finally:
+            os.close(fd)
+            done.set()
+
+    th = threading.Thread(target=closer)
+    th.start()
+    try:
+        assert not done.wait(0.3)  # waiting for the attacher
+        assert os.fstat(r)
+    finally:
+        gate.release()
+        gate.release()  # idempotent
+    assert done.wait(10)
+    th.join()
+    os.close(w)
+    assert not gate.held
+
+
+def test_a_releaser_waits_for_the_gate_no_longer_than_its_deadline(tmp_path, monkeypatch):
+    from moetrace.kernel import bpf
+
+    monkeypatch.setattr(bpf, "ATTACH_GATE", str(tmp_path / "attach.lock"))
+    gate = bpf.AttachGate()
+    fd = bpf._open_gate()
+    try:
+        t0 = time.monotonic()
+        bpf._wait_gate_free(fd, t0 + 0.2)
+        assert 0.15 < time.monotonic() - t0 < 5
+        bpf._wait_gate_free(None, t0 + 60)  # no gate file (not root): no wait
+    finally:
+        os.close(fd)
+        gate.release()
+
+
+def test_no_gate_file_means_no_gate(tmp_path, monkeypatch):
+    from moetrace.kernel import bpf
+
+    (tmp_path / "a-file").write_text("")  # a gate that cannot be made (not root: /run is not ours)
+    monkeypatch.setattr(bpf, "ATTACH_GATE", str(tmp_path / "a-file" / "attach.lock"))
+    gate = bpf.AttachGate()
+    assert not gate.held
+    gate.release()

@@ -181,6 +181,38 @@ class Btf:
                     cache.setdefault(sname, i)
         return cache.get(name)
 
+    def ctx_struct(self, func: str) -> str | None:
+        """The name of the struct FUNC ``func``'s first parameter points to: a BPF program's
+        context (``struct trace_event_raw_<class> *ctx`` for a tracepoint program); None when
+        ``func`` is absent or takes no struct pointer."""
+        proto = self.funcs.get(func)
+        if proto is None or self.types[proto].kind != FUNC_PROTO or not self.types[proto].params:
+            return None
+        ptr = self.types[self._strip(self.types[proto].params[0][1])]
+        if ptr.kind != PTR:
+            return None
+        t = self.types[self._strip(ptr.ref)]
+        return t.name if t.kind in (STRUCT, UNION) and t.name else None
+
+    def tracepoint_fields(self, struct_name: str) -> tuple[str, ...] | None:
+        """The fields a tracepoint's ``format`` file lists, from the raw record struct of its
+        event class (``trace_event_raw_<class>``: TRACE_EVENT's TP_STRUCT__entry, in order): the
+        ``ent`` header (struct trace_entry) as ``common_<member>``, ``__data_loc_<f>`` and
+        ``__rel_loc_<f>`` (dynamic arrays, strings) as ``f``, the trailing ``__data[]`` left
+        out. None when this BTF has no such struct (a class renamed, or a module's event)."""
+        tid = self.struct_id(struct_name)
+        if tid is None:
+            return None
+        out: list[str] = []
+        for name, mtid, _bits in self.types[tid].members:
+            if name == "ent":
+                out += [f"common_{m[0]}" for m in self.types[self._strip(mtid)].members]
+            elif name.startswith(("__data_loc_", "__rel_loc_")):
+                out.append(name.split("_loc_", 1)[1])
+            elif name and name != "__data":
+                out.append(name)
+        return tuple(out)
+
     def enum_value(self, enumerator: str) -> int | None:
         """The value of a C enumerator (``PG_head`` of enum pageflags): enumerators share one
         namespace in C, so the name alone says which. None when this BTF has no such one."""
@@ -361,6 +393,28 @@ def raw(path: str | Path) -> bytes | None:
     if len(data) >= 2 and struct.unpack_from("<H", data, 0)[0] == BTF_MAGIC:
         return data
     return btf_from_elf(vmlinux_from_image(data, str(p)), str(p))
+
+
+_CTX: dict[tuple[str, int], dict[str, str]] = {}
+
+
+def object_ctx_structs(path: str | Path) -> dict[str, str]:
+    """{program: the struct its context points to} of a compiled probe object's BTF (its .BTF
+    section): which ``trace_event_raw_<class>`` each tracepoint program reads. {} when the object
+    is absent or has no BTF. Cached per process by path and modification time."""
+    p = Path(path)
+    try:
+        key = (str(p), p.stat().st_mtime_ns)
+    except OSError:
+        return {}
+    if key not in _CTX:
+        try:
+            data = btf_from_elf(p.read_bytes(), str(p))
+            b = Btf(data, str(p)) if data is not None else None
+        except (InputError, OSError):
+            b = None
+        _CTX[key] = {} if b is None else {f: s for f in b.funcs if (s := b.ctx_struct(f)) is not None}
+    return _CTX[key]
 
 
 def load(path: str | Path) -> Btf | None:

@@ -9,20 +9,24 @@ are resolved under ``root`` too.
 
 * :func:`tracefs_path`, :func:`debugfs_path`   found through /proc/mounts (``mount=True`` mounts)
 * :func:`tracepoint_format`, :func:`has_tracepoint`   events/<category>/<event>/format
+  (:meth:`Features.tracepoint_fields`: the same field names from the kernel's BTF, read
+  without touching tracefs, whose format files wait on the kernel's event_mutex)
 * :func:`kallsyms_has`, :func:`kallsyms_count`, :func:`kprobes_available`
 * :func:`btf_available`, :func:`mglru_state`
 * :func:`privileges`, :func:`bpf_usable`, :func:`cgroup_memory`, :func:`psi_available`
 * :class:`Features`   one cached view of all of the above, with the reason for every "no"
   (what :func:`moetrace.record.spec.resolve` consumes)
 
-Answers are cached per process (keyed by root and the tracefs location); call
-:func:`clear_cache` after changing the system (tests, or after a mount).
+Answers are cached per process (keyed by root and the tracefs location), and on the live
+system the formats read and what BTF said also for the rest of the boot (:data:`BOOT_CACHE`);
+call :func:`clear_cache` after changing the system (tests, or after a mount).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import json
 import logging
 import errno
 import os
@@ -275,13 +279,7 @@ def tracefs_path(root: str | os.PathLike = "/", mount: bool = False) -> Path | N
             except PermissionError:  # debugfs is mode 700: not root
                 pass
     if mount and _is_live_root(root) and os.geteuid() == 0:
-        ok, note = _mount("tracefs", TRACEFS_MOUNT)
-        log.warning(note)
-        if ok:
-            _MOUNT_NOTES.append(note)
-            _MOUNTED.append(TRACEFS_MOUNT)
-            clear_cache()
-            return Path(TRACEFS_MOUNT)
+        return _mount_here("tracefs", TRACEFS_MOUNT)
     return None
 
 
@@ -291,14 +289,21 @@ def debugfs_path(root: str | os.PathLike = "/", mount: bool = False) -> Path | N
         if fstype == "debugfs":
             return _p(root, target)
     if mount and _is_live_root(root) and os.geteuid() == 0:
-        ok, note = _mount("debugfs", DEBUGFS_MOUNT)
-        log.warning(note)
-        if ok:
-            _MOUNT_NOTES.append(note)
-            _MOUNTED.append(DEBUGFS_MOUNT)
-            clear_cache()
-            return Path(DEBUGFS_MOUNT)
+        return _mount_here("debugfs", DEBUGFS_MOUNT)
     return None
+
+
+def _mount_here(fstype: str, target: str) -> Path | None:
+    """Mount ``fstype`` at ``target`` (noted, remembered for unmounting, caches cleared);
+    the mount point, or None when the mount failed (the note says why)."""
+    ok, note = _mount(fstype, target)
+    log.warning(note)
+    if not ok:
+        return None
+    _MOUNT_NOTES.append(note)
+    _MOUNTED.append(target)
+    clear_cache()
+    return Path(target)
 
 
 # -- tracepoints ------------------------------------------------------------------------------
@@ -355,8 +360,25 @@ def has_tracepoint(category: str, event: str, root: str | os.PathLike = "/") -> 
     return tracepoint_format(category, event, root) is not None
 
 
+@functools.lru_cache(maxsize=4096)
+def _tracepoint_state(tracefs: str, category: str, event: str) -> str:
+    """Whether events/<category>/<event>/format exists, by stat(2) alone: opening and reading a
+    format file takes the kernel's event_mutex (f_start), which a perf event's release holds
+    across RCU grace periods (seconds while an earlier recording's releaser closes); the lookup
+    does not."""
+    try:
+        os.stat(Path(tracefs) / "events" / category / event / "format")
+        return "ok"
+    except FileNotFoundError:
+        return "absent"
+    except PermissionError:
+        return "denied"
+    except OSError as e:
+        return f"error: {e.strerror}"
+
+
 def _tracepoint_reason_in(t: Path, category: str, event: str) -> str | None:
-    state, _ = _format_cached(str(t), category, event)
+    state = _tracepoint_state(str(t), category, event)
     if state == "ok":
         return None
     if state == "absent":
@@ -372,6 +394,68 @@ def tracepoint_reason(category: str, event: str, root: str | os.PathLike = "/") 
     if t is None:
         return f"tracefs not mounted ({TRACEFS_MOUNT_CMD}, or `moetrace doctor --mount`)"
     return _tracepoint_reason_in(t, category, event)
+
+
+#: what resolving asked the live kernel, kept for the rest of this boot: the format files read
+#: (syscalls:*; BTF does not describe them), the fields BTF gave per event class, the programs'
+#: context structs per probe object (by size and mtime). /run is a tmpfs (gone at reboot) and the
+#: boot id and release inside say which boot; root's only (mode 0600). A later recording then
+#: reads one small file instead of tracefs and BTF.
+BOOT_CACHE = "/run/moetrace/kernel-answers.json"
+_DISK_LOCK = threading.Lock()
+_DISK: dict[str, Any] = {}  # {"key": boot key, "formats": {...}, "fields": {...}, "objects": {...}}
+_SECTIONS = ("formats", "fields", "objects")
+
+
+def _boot_key() -> str:
+    boot = (_read(Path("/proc/sys/kernel/random/boot_id")) or "").strip()
+    return f"{boot} {osrelease('/') or ''}" if boot else ""
+
+
+def _disk() -> dict[str, Any]:
+    if "key" not in _DISK:
+        _DISK.update(key=_boot_key(), **{sec: {} for sec in _SECTIONS})
+        try:
+            with open(BOOT_CACHE) as fh:
+                doc = json.load(fh)
+            if _DISK["key"] and doc.get("key") == _DISK["key"]:
+                _DISK.update({sec: dict(doc[sec]) for sec in _SECTIONS})
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass
+    return _DISK
+
+
+def _disk_get(section: str, key: str) -> Any:
+    return _disk()[section].get(key)
+
+
+def _disk_put(section: str, key: str, value: Any) -> None:
+    """Keep an answer for this boot (written at once; root only, silently not otherwise)."""
+    with _DISK_LOCK:
+        d = _disk()
+        d[section][key] = value
+        if os.geteuid() != 0 or not d["key"]:
+            return
+        from moetrace.atomic import atomic_write
+
+        try:
+            os.makedirs(os.path.dirname(BOOT_CACHE), mode=0o700, exist_ok=True)
+            with atomic_write(BOOT_CACHE, mode=0o600) as tmp:
+                tmp.write_text(json.dumps({k: d[k] for k in ("key", *_SECTIONS)}))
+        except OSError as e:
+            log.debug("kernel answers not kept for this boot: %s", e)
+
+
+def _disk_format(category: str, event: str) -> dict[str, FieldSpec] | None:
+    rows = _disk_get("formats", f"{category}:{event}")
+    try:
+        return None if rows is None else {r[0]: FieldSpec(*r) for r in rows}
+    except TypeError:
+        return None
+
+
+def _remember_format(category: str, event: str, fmt: dict[str, FieldSpec]) -> None:
+    _disk_put("formats", f"{category}:{event}", [[f.name, f.type, f.offset, f.size, f.signed] for f in fmt.values()])
 
 
 # -- kallsyms, kprobes, BTF -------------------------------------------------------------------
@@ -681,9 +765,79 @@ class Features:
         return _tracepoint_reason_in(self.tracefs, category, event)
 
     def tracepoint_format(self, category: str, event: str) -> dict[str, FieldSpec] | None:
+        """The format file's fields (None: no such tracepoint, or tracefs unreadable); on the live
+        system as root, kept for this boot (:data:`BOOT_CACHE`): read once per boot, not per run."""
         if self.tracefs is None:
             return None
-        return _format_cached(str(self.tracefs), category, event)[1]
+        live = self.root == "/"
+        fmt = _disk_format(category, event) if live else None
+        if fmt is None:
+            fmt = _format_cached(str(self.tracefs), category, event)[1]
+            if fmt is not None and live:
+                _remember_format(category, event, fmt)
+        return fmt
+
+    def tracepoint_fields(self, category: str, event: str, ctx_struct: str | None = None) -> frozenset[str] | None:
+        """The field names of tracepoint ``category:event``'s format, without reading it where the
+        kernel's BTF describes them: ``ctx_struct`` is the struct a probe's program takes as its
+        context (``trace_event_raw_<class>``, from the object's BTF), and vmlinux's own copy of
+        it lists the running kernel's fields (:meth:`Btf.tracepoint_fields`). The syscalls:*
+        events share one generic struct (their fields come from syscall metadata, not BTF):
+        those, and any struct this kernel's BTF lacks, come from the format file."""
+        if ctx_struct and ctx_struct.startswith("trace_event_raw_") and category != "syscalls":
+            names = self._class_fields(ctx_struct)
+            if names is not None:
+                return frozenset(names)
+        fmt = self.tracepoint_format(category, event)
+        return None if fmt is None else frozenset(fmt)
+
+    def _class_fields(self, ctx_struct: str) -> list[str] | None:
+        """:meth:`Btf.tracepoint_fields` of the kernel's BTF (kept for this boot when live)."""
+        live = self.root == "/"
+        names = _disk_get("fields", ctx_struct) if live else None
+        if names is None:
+            b = self.vmlinux_btf()
+            found = b.tracepoint_fields(ctx_struct) if b is not None else None
+            if found is None:
+                return None
+            names = list(found)
+            if live:
+                _disk_put("fields", ctx_struct, names)
+        return names
+
+    def program_contexts(self, obj: str | os.PathLike) -> dict[str, str]:
+        """{program: the struct it takes as context} of a compiled probe object
+        (:func:`moetrace.kernel.btf.object_ctx_structs`); kept for this boot when live, by the
+        object's path, size and mtime."""
+        from moetrace.kernel.btf import object_ctx_structs
+
+        if self.root != "/":
+            return object_ctx_structs(obj)
+        try:
+            st = os.stat(obj)
+        except OSError:
+            return {}
+        key = f"{os.fspath(obj)} {st.st_size} {st.st_mtime_ns}"
+        ctx = _disk_get("objects", key)
+        if ctx is None:
+            ctx = object_ctx_structs(obj)
+            if ctx:
+                _disk_put("objects", key, ctx)
+        return ctx
+
+    def vmlinux_btf(self):
+        """The kernel's BTF (:class:`moetrace.kernel.btf.Btf`), parsed once; None without it."""
+        def load():
+            from moetrace.errors import MoetraceError
+            from moetrace.kernel import btf
+
+            if self.root == "/":
+                return btf.vmlinux()
+            try:
+                return btf.load(_p(self.root, "sys/kernel/btf/vmlinux"))
+            except (MoetraceError, OSError):
+                return None
+        return self._memo("vmlinux_btf", load) if self.btf else None
 
     def kprobes_reason(self) -> str | None:
         return self._memo("kprobes", lambda: kprobes_reason(self.root))
@@ -728,5 +882,7 @@ class Features:
 def clear_cache() -> None:
     """Forget cached answers (after a mount, or between tests)."""
     _format_cached.cache_clear()
+    _tracepoint_state.cache_clear()
+    _DISK.clear()
     _kallsyms.cache_clear()
     _bpf_probe_load.cache_clear()

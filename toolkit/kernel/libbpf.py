@@ -395,17 +395,17 @@ class BpfObject:
 
     # -- before load ----------------------------------------------------------------------------
     def _prog(self, name: str) -> int:
-        try:
-            return self.programs[name]
-        except KeyError:
-            raise ProbeError(f"{self.path.name} has no program {name!r}; it has {sorted(self.programs)}",
-                             hint="rebuild the probes (bash scripts/build-probes.sh)") from None
+        return self._named("program", self.programs, name)
 
     def _map_ptr(self, name: str) -> int:
+        return self._named("map", self._maps, name)
+
+    def _named(self, what: str, table: dict[str, int], name: str) -> int:
+        """The object's ``what`` (program or map) called ``name``, or an error listing what it has."""
         try:
-            return self._maps[name]
+            return table[name]
         except KeyError:
-            raise ProbeError(f"{self.path.name} has no map {name!r}; it has {sorted(self._maps)}",
+            raise ProbeError(f"{self.path.name} has no {what} {name!r}; it has {sorted(table)}",
                              hint="rebuild the probes (bash scripts/build-probes.sh)") from None
 
     def section_globals(self, section: str = ".rodata") -> dict[str, tuple[int, int]]:

@@ -32,6 +32,16 @@ libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 MAP_FAILED = ctypes.c_void_p(-1).value
 
 
+def close_fd(fd: int | None) -> None:
+    """Close ``fd`` if it is one; an fd already closed (or never valid) is not an error."""
+    if fd is None:
+        return
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
 def kernel_dev(st_dev: int) -> int:
     """A stat() device number in the kernel-internal encoding tracepoints print and BPF reads
     (``inode->i_sb->s_dev``): (major << 20) | minor."""

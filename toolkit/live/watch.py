@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from moetrace.errors import UsageError
+from moetrace.kernel.syscalls import close_fd
 from moetrace.live.host import cgroup_pids, cgroup_version, read_scope
 from moetrace.live.interval import Reading, figures
 
@@ -281,9 +282,5 @@ class Watcher:
                 self.say(note)
         except Exception:  # noqa: BLE001 - best effort on the way out
             pass
-        if self.pidfd is not None:
-            try:
-                os.close(self.pidfd)
-            except OSError:
-                pass
-            self.pidfd = None
+        close_fd(self.pidfd)
+        self.pidfd = None

@@ -5,8 +5,11 @@ Order of a recording (:func:`record`):
 1. refuse without privileges (root, or CAP_BPF + CAP_PERFMON), find tracefs
    (mounting it when absent, and saying so);
 2. create the run directory (0700) and write a manifest marked incomplete;
-3. resolve each probe's attach plan by asking the kernel (tracepoint format
-   files), derive its knobs, load its compiled object and attach it (timed);
+3. resolve each probe's attach plan by asking the kernel (tracefs entries, the
+   kernel's BTF for tracepoint fields; no format file is read where BTF or this
+   boot's earlier answers say it), derive its knobs, load its compiled object and
+   attach it (timed), earlier recordings' releasers paused meanwhile
+   (:class:`moetrace.kernel.bpf.AttachGate`);
 4. load the pool's inode -> expert map into the probe;
 5. fork the command, which waits on a pipe until its pid is in the probe's
    tracked-tgid map, joins ``--cgroup`` when given (a memory scope: only the
@@ -648,16 +651,25 @@ def _record(opts: RecordOptions, on_event: Callable[[str], None] | None = None) 
 
     if not faulthandler.is_enabled():
         faulthandler.enable()  # a crash in native code (libbpf, libc) still says where, on stderr
+    from moetrace.kernel.bpf import AttachGate
+
     rec = _Recording(opts, on_event or (lambda s: None))
-    rec.resolve()
-    rec.open_pool()
-    rec.create_run()
+    gate = AttachGate()  # held until attached: earlier recordings' releasers pause (see AttachGate)
+    try:
+        rec.resolve()
+        rec.open_pool()
+        rec.create_run()
+    except BaseException:
+        gate.release()
+        raise
     try:
         rec.open_probes()
+        gate.release()  # before the command and the releaser are forked
         rec.run_command()
         rec.collect()
         return rec.write()
     finally:
+        gate.release()
         rec.cleanup()
 
 

@@ -299,12 +299,14 @@ def _not_checked(reason: str) -> bool:
     return reason.startswith("could not check")
 
 
-def candidate_reason(cand: AttachCandidate, feats: "Features") -> str | None:
+def candidate_reason(cand: AttachCandidate, feats: "Features", ctx_struct: str | None = None) -> str | None:
     """None when ``cand`` can be attached on ``feats``' kernel, else why not.
 
     Order: infrastructure (tracefs, kprobes, trampolines, perf, debugfs), then the target
-    itself (format file, kallsyms / BTF). Kernel structs are read through BTF relocations,
-    so no candidate depends on headers."""
+    itself (tracefs entry, kallsyms / BTF), then the fields it reads: from the kernel's BTF
+    where ``ctx_struct`` (the struct the candidate's program reads, from its object's BTF)
+    describes them, else from the format file (:meth:`Features.tracepoint_fields`). Kernel
+    structs are read through BTF relocations, so no candidate depends on headers."""
     r: str | None
     if cand.kind in ("tracepoint", "raw_tracepoint"):
         cat, ev = cand.target.split(":", 1)
@@ -320,13 +322,33 @@ def candidate_reason(cand: AttachCandidate, feats: "Features") -> str | None:
     if r:
         return r
     if cand.fields and cand.kind in ("tracepoint", "raw_tracepoint"):
-        cat, ev = cand.target.split(":", 1)
-        fmt = feats.tracepoint_format(cat, ev)
-        if fmt is not None:
-            missing = [f for f in cand.fields if f not in fmt]
+        have = _fields(cand, feats, ctx_struct)
+        if have is not None:
+            missing = [f for f in cand.fields if f not in have]
             if missing:
                 return f"format of {cand.target} lacks {', '.join(missing)} (the probe reads them)"
     return None
+
+
+def _fields(cand: AttachCandidate, feats: "Features", ctx_struct: str | None):
+    """The field names of a tracepoint candidate's format (None: could not be read)."""
+    cat, ev = cand.target.split(":", 1)
+    by_btf = getattr(feats, "tracepoint_fields", None)
+    if by_btf is not None:
+        return by_btf(cat, ev, ctx_struct)
+    fmt = feats.tracepoint_format(cat, ev)
+    return None if fmt is None else set(fmt)
+
+
+def _ctx_structs(spec: ProbeSpec, feats: "Features") -> dict[str, str]:
+    """{program: the struct it takes as context} from the probe's compiled object ({} without
+    one: the fields then come from the format files)."""
+    contexts = getattr(feats, "program_contexts", None)
+    if contexts is None or not any(c.fields or c.field_knobs for g in spec.attach for c in g.candidates):
+        return {}
+    from moetrace.kernel.bpf import object_path
+
+    return contexts(object_path(spec.name))
 
 
 def resolve(spec: ProbeSpec, feats: "Features | None" = None) -> AttachPlan:
@@ -344,11 +366,12 @@ def resolve(spec: ProbeSpec, feats: "Features | None" = None) -> AttachPlan:
         if not ok:
             blocked = f"BPF unusable: {detail}"
     entries: list[PlanEntry] = []
+    ctx = _ctx_structs(spec, feats)
     for g in spec.attach:
         tried: list[tuple[AttachCandidate, str]] = []
         chosen: AttachCandidate | None = None
         for c in g.candidates:
-            r = candidate_reason(c, feats)
+            r = candidate_reason(c, feats, ctx.get(c.fn_name))
             if r is None and blocked and c.kind != "debugfs":
                 r = blocked
             if r is None:
@@ -366,10 +389,11 @@ def resolve(spec: ProbeSpec, feats: "Features | None" = None) -> AttachPlan:
             entries.append(PlanEntry(g.name, g.required, "unavailable", None, reason, checked, tried))
     if blocked and any(e.attached for e in entries):
         blocked = ""  # a BPF-free group (debugfs sampler) still runs: report per group instead
-    return AttachPlan(spec.name, entries, blocked, _derive_knobs(spec, entries, feats))
+    return AttachPlan(spec.name, entries, blocked, _derive_knobs(spec, entries, feats, ctx))
 
 
-def _derive_knobs(spec: ProbeSpec, entries: list[PlanEntry], feats: "Features") -> dict[str, int]:
+def _derive_knobs(spec: ProbeSpec, entries: list[PlanEntry], feats: "Features",
+                  ctx: dict[str, str] | None = None) -> dict[str, int]:
     """Knobs the kernel decides: group knobs (1 only when every group of the knob is
     attached; the attached siblings of an unavailable one are "switched off"), the
     chosen candidates' ``sets`` and field knobs (1 only when every chosen format has
@@ -394,12 +418,11 @@ def _derive_knobs(spec: ProbeSpec, entries: list[PlanEntry], feats: "Features") 
         c = e.candidate
         if not e.attached or not c.field_knobs or c.kind not in ("tracepoint", "raw_tracepoint"):
             continue
-        cat, ev = c.target.split(":", 1)
-        fmt = feats.tracepoint_format(cat, ev)
-        if fmt is None:
+        have = _fields(c, feats, (ctx or {}).get(c.fn_name))
+        if have is None:
             continue  # unreadable: the knob keeps its default
         for fld, knob in c.field_knobs:
-            knobs[knob] = min(knobs.get(knob, 1), int(fld in fmt))
+            knobs[knob] = min(knobs.get(knob, 1), int(fld in have))
     return knobs
 
 

@@ -12,7 +12,7 @@ import ctypes
 import os
 import time
 
-from moetrace.kernel.syscalls import sys_bpf
+from moetrace.kernel.syscalls import close_fd, sys_bpf
 from moetrace.run.epochs import EPOCH_MAP_FD_ENV, EPOCHS_ENV, epoch_mode
 
 _BPF_MAP_UPDATE_ELEM = 2
@@ -95,7 +95,4 @@ class EpochWriter:
         return {"mode": self.mode, "slots": self.n_epochs, "error": self.error, "assigned": self.assigned}
 
     def close(self) -> None:
-        try:
-            os.close(self.fd)
-        except OSError:
-            pass
+        close_fd(self.fd)

@@ -666,27 +666,25 @@ class Replayer:
                 w.bytes += eb
             return read_chunks
 
-        if arena_off is not None:
-            def read_arena(w: _Worker, eid: int) -> None:
-                a = arena_off[eid]
-                if a >= 0:
-                    memmove(w.addr, arena_addr + a, eb)
-                    w.hits += 1
-                else:
-                    n = preadv(fd_of[eid], w.iov, off_of[eid])
-                    if n < eb:
-                        raise short(eid, n)
-                w.reads += 1
-                w.bytes += eb
-            return read_arena
-
         def read_plain(w: _Worker, eid: int) -> None:
             n = preadv(fd_of[eid], w.iov, off_of[eid])
             if n < eb:
                 raise short(eid, n)
             w.reads += 1
             w.bytes += eb
-        return read_plain
+        if arena_off is None:
+            return read_plain
+
+        def read_arena(w: _Worker, eid: int) -> None:
+            a = arena_off[eid]
+            if a < 0:  # not in the arena: read from the pool
+                read_plain(w, eid)
+                return
+            memmove(w.addr, arena_addr + a, eb)
+            w.hits += 1
+            w.reads += 1
+            w.bytes += eb
+        return read_arena
 
     # -- the loop ---------------------------------------------------------------
     def _totals(self) -> tuple[int, int, int]:

@@ -480,12 +480,11 @@ class ReplaySummary(TypedDict, total=False):
 
 # -- cell.json -------------------------------------------------------------------------------------
 
-class CellInputs(TypedDict, total=False):
-    """The cell's CellSpec (moetrace.capacity.cell.CellSpec), every field but replay_argv."""
+class CellCommon(TypedDict, total=False):
+    """The CellSpec fields a sweep's cells share (moetrace.capacity.cell.CellSpec)."""
 
     plan: str
     pool: str
-    capacity_bytes: int
     mechanism: str
     mode: str
     headroom_bytes: int
@@ -496,15 +495,21 @@ class CellInputs(TypedDict, total=False):
     prefetch: str
     fadvise_random: bool
     freq_table: str | None
-    name: str
     timeout_s: float
-    python: str
     drop_caches: bool
     record: bool
     stream_events: bool
     watch: bool
     outside_evictions: str
     miss_curve: str | None
+
+
+class CellInputs(CellCommon, total=False):
+    """The cell's CellSpec (moetrace.capacity.cell.CellSpec), every field but replay_argv."""
+
+    capacity_bytes: int
+    name: str
+    python: str
 
 
 class HostFacts(TypedDict, total=False):
@@ -687,29 +692,10 @@ class Cell(TypedDict, total=False):
 
 # -- the sweep: sweep.json, jobs/<name>.json, jobs/<name>.ran.json ---------------------------------
 
-class SweepCellsSpec(TypedDict, total=False):
+class SweepCellsSpec(CellCommon, total=False):
     """The cells' common CellSpec in sweep.json (absolute paths; every field but those that
     differ per cell: capacity_bytes, name, python), with the plan's content key."""
 
-    plan: str
-    pool: str
-    mechanism: str
-    mode: str
-    headroom_bytes: int
-    threads: int
-    warmup: int
-    passes: int
-    arena_fraction: float | None
-    prefetch: str
-    fadvise_random: bool
-    freq_table: str | None
-    timeout_s: float
-    drop_caches: bool
-    record: bool
-    stream_events: bool
-    watch: bool
-    outside_evictions: str
-    miss_curve: str | None
     replay_argv: list[str] | None
     plan_key: str
 

@@ -53,11 +53,15 @@ def read_object(path: str | os.PathLike, td: type, what: str, schema: str | None
     return doc
 
 
+def _file_in(path: str | os.PathLike, name: str) -> Path:
+    """``path`` itself, or ``path/name`` when ``path`` is a directory."""
+    p = Path(path)
+    return p / name if p.is_dir() else p
+
+
 def read_cell(path: str | os.PathLike) -> D.Cell:
     """A cell's cell.json (``path``: the file, or the cell directory)."""
-    p = Path(path)
-    p = p / "cell.json" if p.is_dir() else p
-    return cast(D.Cell, read_object(p, D.Cell, "cell.json", D.CELL_SCHEMA, CELL_SPEC))
+    return cast(D.Cell, read_object(_file_in(path, "cell.json"), D.Cell, "cell.json", D.CELL_SCHEMA, CELL_SPEC))
 
 
 def write_cell(path: str | os.PathLike, doc: D.Cell) -> None:
@@ -105,9 +109,7 @@ def write_ran(path: str | os.PathLike, doc: D.Ran) -> None:
 
 def read_lab(path: str | os.PathLike) -> D.Lab:
     """A lab directory's lab.json (``path``: the file, or the directory)."""
-    p = Path(path)
-    p = p / "lab.json" if p.is_dir() else p
-    return cast(D.Lab, read_object(p, D.Lab, "lab.json", D.LAB_SCHEMA))
+    return cast(D.Lab, read_object(_file_in(path, "lab.json"), D.Lab, "lab.json", D.LAB_SCHEMA))
 
 
 def write_lab(path: str | os.PathLike, doc: D.Lab) -> None:
@@ -116,9 +118,8 @@ def write_lab(path: str | os.PathLike, doc: D.Lab) -> None:
 
 def read_matrix_meta(path: str | os.PathLike) -> D.MatrixMeta:
     """A matrix directory's matrix.json (``path``: the file, or the directory)."""
-    p = Path(path)
-    p = p / "matrix.json" if p.is_dir() else p
-    return cast(D.MatrixMeta, read_object(p, D.MatrixMeta, "matrix.json", D.MATRIX_SCHEMA))
+    return cast(D.MatrixMeta, read_object(_file_in(path, "matrix.json"), D.MatrixMeta, "matrix.json",
+                                          D.MATRIX_SCHEMA))
 
 
 def write_matrix_meta(path: str | os.PathLike, doc: D.MatrixMeta) -> None:

@@ -19,6 +19,7 @@ from moetrace.lazyimport import pandas as pd
 from moetrace.record.spec import FOLIO_ORDER, AttachGroup, Knob, ProbeSpec, Struct, tp_cand, group
 from moetrace.run.tables import EXPERTS_PAGECACHE, named_tables
 from moetrace.errors import ProbeError
+from moetrace.kernel.syscalls import close_fd
 from moetrace.record.probe import ProbeRecorder, schema_doc
 from moetrace.run.evictors import EVICTOR_DOCS, EVICTORS  # noqa: F401  (re-exported: the run tables' vocabulary)
 
@@ -285,12 +286,8 @@ class PagecacheRecorder(ProbeRecorder):
         self.collected = True
 
     def abort(self) -> None:
-        if self.epoch_fd is not None:
-            try:
-                os.close(self.epoch_fd)
-            except OSError:
-                pass
-            self.epoch_fd = None
+        close_fd(self.epoch_fd)
+        self.epoch_fd = None
         super().abort()
 
     # -- tables -------------------------------------------------------------------------------
