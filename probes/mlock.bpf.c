@@ -269,12 +269,11 @@ EXIT(mremap, 1)
 SEC("tracepoint/task/task_newtask")
 int tp_task_newtask(struct trace_event_raw_task_newtask *ctx)
 {
-    if (ctx->clone_flags & CLONE_THREAD_FLAG)
-        return 0;  // a thread shares its tgid (and its mm)
-    u32 parent = bpf_get_current_pid_tgid() >> 32;
+    u32 parent, child;
+    if (!moe_new_process(ctx, &parent, &child))
+        return 0;
     if (!followed(parent))
         return 0;
-    u32 child = ctx->pid;
     u8 v = TG_FOLLOWED;  // a child's mm starts with nothing locked (VM_LOCKED is not inherited)
     if (bpf_map_update_elem(&tgids, &child, &v, BPF_ANY))
         stat_add(STAT_TGID_MAP_FULL, 1);

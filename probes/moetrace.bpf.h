@@ -91,6 +91,19 @@ struct ino_val {
 #define MADV_PAGEOUT_ADVICE 21
 #define CLONE_THREAD_FLAG 0x00010000UL
 
+// task:task_newtask: true when the new task is a process (a thread shares its tgid), with the
+// forking process's tgid in *parent and the new process's in *child (the probes that follow a
+// command's forks add *child when they follow *parent)
+static __always_inline bool moe_new_process(struct trace_event_raw_task_newtask *ctx, u32 *parent,
+                                            u32 *child)
+{
+    if (ctx->clone_flags & CLONE_THREAD_FLAG)
+        return false;
+    *parent = bpf_get_current_pid_tgid() >> 32;
+    *child = ctx->pid;
+    return true;
+}
+
 // 1: the current task is a kswapd thread, 2: a kdamond thread, 0: neither. Kernel threads
 // cannot rename themselves, so the comm is the thread's identity.
 static __always_inline u32 moe_kthread_kind(void)

@@ -760,12 +760,11 @@ int tp_sched_process_exec(void *ctx)
 SEC("tracepoint/task/task_newtask")
 int tp_task_newtask(struct trace_event_raw_task_newtask *ctx)
 {
-    if (ctx->clone_flags & CLONE_THREAD_FLAG)
-        return 0;  // a thread shares its tgid
-    u32 parent = bpf_get_current_pid_tgid() >> 32;
+    u32 parent, child;
+    if (!moe_new_process(ctx, &parent, &child))
+        return 0;
     if (!followed(parent))
         return 0;
-    u32 child = ctx->pid;
     u32 zero = 0;  // epoch 0 of the new process
     if (bpf_map_update_elem(&tgids, &child, &zero, BPF_ANY))
         stat_add(STAT_TGID_FULL, 1);

@@ -135,13 +135,12 @@ int pe_cpu_clock(struct bpf_perf_event_data *ctx)
 SEC("tracepoint/task/task_newtask")
 int tp_task_newtask(struct trace_event_raw_task_newtask *ctx)
 {
-    if (ctx->clone_flags & CLONE_THREAD_FLAG)
-        return 0;  // a thread shares its tgid
-    u32 parent = bpf_get_current_pid_tgid() >> 32;
+    u32 parent, child;
+    if (!moe_new_process(ctx, &parent, &child))
+        return 0;
     u8 *who = bpf_map_lookup_elem(&tgids, &parent);
     if (!who || *who != TASK_FOLLOWED)
         return 0;
-    u32 child = ctx->pid;
     u8 one = TASK_FOLLOWED;
     if (bpf_map_update_elem(&tgids, &child, &one, BPF_ANY))
         stat_add(STAT_TASKS_FULL, 1);
