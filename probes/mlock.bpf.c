@@ -270,11 +270,9 @@ SEC("tracepoint/task/task_newtask")
 int tp_task_newtask(struct trace_event_raw_task_newtask *ctx)
 {
     u32 parent, child;
-    if (!moe_new_process(ctx, &parent, &child))
-        return 0;
-    if (!followed(parent))
-        return 0;
     u8 v = TG_FOLLOWED;  // a child's mm starts with nothing locked (VM_LOCKED is not inherited)
+    if (!moe_new_process(ctx, &parent, &child) || !followed(parent))
+        return 0;
     if (bpf_map_update_elem(&tgids, &child, &v, BPF_ANY))
         stat_add(STAT_TGID_MAP_FULL, 1);
     return 0;

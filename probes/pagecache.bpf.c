@@ -360,11 +360,9 @@ SEC("tracepoint/task/task_newtask")
 int tp_task_newtask(struct trace_event_raw_task_newtask *ctx)
 {
     u32 parent, child;
-    if (!moe_new_process(ctx, &parent, &child))
-        return 0;
-    if (!bpf_map_lookup_elem(&tgids, &parent))
-        return 0;
     u8 one = 1;
+    if (!moe_new_process(ctx, &parent, &child) || !bpf_map_lookup_elem(&tgids, &parent))
+        return 0;
     if (bpf_map_update_elem(&tgids, &child, &one, BPF_ANY))
         stat_add(STAT_TGID_MAP_FULL, 1);
     return 0;

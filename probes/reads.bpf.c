@@ -761,11 +761,9 @@ SEC("tracepoint/task/task_newtask")
 int tp_task_newtask(struct trace_event_raw_task_newtask *ctx)
 {
     u32 parent, child;
-    if (!moe_new_process(ctx, &parent, &child))
-        return 0;
-    if (!followed(parent))
-        return 0;
     u32 zero = 0;  // epoch 0 of the new process
+    if (!moe_new_process(ctx, &parent, &child) || !followed(parent))
+        return 0;
     if (bpf_map_update_elem(&tgids, &child, &zero, BPF_ANY))
         stat_add(STAT_TGID_FULL, 1);
     return 0;
