@@ -84,6 +84,10 @@ def test_resume_redoes_no_finished_cell_and_clears_a_stopped_one(tmp_path):
     assert work.cleared == [third.rel_dir] and not (out / third.rel_dir).exists()
     assert [d["cell"]["name"] for d in M.finished(out)] == [first.name, second.name]
     assert M.finished(out)[1]["reasons"] == ["oom"]
+    from moetrace.run.metadata import retained_matrix_cells  # calibrate and pair_checks take these
+
+    meta, kept = retained_matrix_cells(out)
+    assert [c["name"] for c in kept] == [first.name] and len(meta["cells"]) == len(spec.cells())
 
 
 def test_resume_refuses_another_spec_and_a_directory_without_a_matrix(tmp_path):

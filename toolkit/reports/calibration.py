@@ -4,7 +4,6 @@ on."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -27,15 +26,12 @@ def identical_groups(path: str | os.PathLike, only: list[str] | None = None) -> 
     import fnmatch
 
     from moetrace.run.handle import open_run
+    from moetrace.run.metadata import retained_matrix_cells
 
     p = Path(path)
     if (p / "matrix.json").is_file():
-        meta = json.loads((p / "matrix.json").read_text())
         groups: dict[str, list] = {}
-        for c in meta["cells"]:
-            done = p / c["dir"] / "done.json"
-            if not done.is_file() or not json.loads(done.read_text()).get("retained"):
-                continue
+        for c in retained_matrix_cells(p)[1]:
             label = f"{c['condition']}/{c['mechanism']}-{c['capacity_label']}"
             groups.setdefault(label, []).append(c["dir"])
         groups = {g: [open_run(p / d / "cell", unrecorded=True) for d in ds] for g, ds in groups.items()

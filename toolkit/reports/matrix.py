@@ -532,15 +532,14 @@ def pair_checks(out: str | os.PathLike, thresholds=None) -> list[dict[str, Any]]
     t-test over the repeats; one cell a side: its per-iteration samples)."""
     from moetrace.analyses import compare as C
     from moetrace.run.handle import open_run
+    from moetrace.run.metadata import retained_matrix_cells
 
     out = Path(out)
-    meta = json.loads((out / "matrix.json").read_text())
+    meta, retained = retained_matrix_cells(out)
     units: dict[tuple[str, str, str, str], list] = {}
-    for c in meta["cells"]:
-        done = out / c["dir"] / "done.json"
-        if done.is_file() and json.loads(done.read_text()).get("retained"):
-            key = (c["kernel"], c["mglru"], c["mechanism"], c["capacity_label"])
-            units.setdefault(key, []).append(C.unit_metrics(open_run(out / c["dir"] / "cell", unrecorded=True)))
+    for c in retained:
+        key = (c["kernel"], c["mglru"], c["mechanism"], c["capacity_label"])
+        units.setdefault(key, []).append(C.unit_metrics(open_run(out / c["dir"] / "cell", unrecorded=True)))
     kernels = meta["spec"]["kernels"]
     pairs = [((k, "off", m, cap), (k, "on", m, cap)) for (k, g, m, cap) in units if g == "on"]
     pairs += [((kernels[0], g, m, cap), (k, g, m, cap)) for (k, g, m, cap) in units if k != kernels[0]]

@@ -138,11 +138,21 @@ def write_matrix_row(path: str | os.PathLike, doc: D.MatrixRow) -> None:
     write_json(path, doc)
 
 
+def retained_matrix_cells(out: str | os.PathLike) -> tuple[D.MatrixMeta, list[D.MatrixCellDoc]]:
+    """A matrix directory's matrix.json and its cells whose done.json says retained, in the
+    matrix's order (a cell not finished yet is left out)."""
+    out = Path(out)
+    meta = read_matrix_meta(out)
+    keep = [c for c in meta["cells"]
+            if (out / c["dir"] / "done.json").is_file() and read_matrix_row(out / c["dir"] / "done.json").get("retained")]
+    return meta, keep
+
+
 #: the readers by the file they read (a snapshot of a cell: by its directory's name)
 READERS = {"cell.json": read_cell, "replay.json": read_replay, "snapshots.json": read_snapshots,
            "sweep.json": read_sweep_meta, "lab.json": read_lab, "matrix.json": read_matrix_meta,
            "done.json": read_matrix_row}
 
 __all__ = ["READERS", "check_schema", "read_cell", "read_lab", "read_matrix_meta", "read_matrix_row", "read_object",
-           "read_ran", "read_replay", "read_snapshot", "read_snapshots", "read_sweep_meta", "write_cell", "write_snapshot",
+           "read_ran", "read_replay", "retained_matrix_cells", "read_snapshot", "read_snapshots", "read_sweep_meta", "write_cell", "write_snapshot",
            "write_lab", "write_matrix_meta", "write_matrix_row", "write_ran", "write_sweep_meta"]
