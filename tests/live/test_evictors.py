@@ -83,10 +83,13 @@ def test_damon_pageout_is_attributed_to_damon(live, epool, tmp_path):
             full = sum(_resident(f) for f in files)
             t_end = time.monotonic() + 150
             now = full
-            while time.monotonic() < t_end:  # DAMON takes a few hundred pages every few seconds here
+            # DAMON's pace is the machine's: a few hundred pages every few seconds on some days, 44
+            # pages in 150 s on others (a CI run waited the whole 150 s for 64); the exact assertions
+            # below need only that it evicted some, so 16 pages end the wait
+            while time.monotonic() < t_end:
                 time.sleep(1)
                 now = sum(_resident(f) for f in files)
-                if full - now >= 64:
+                if full - now >= 16:
                     break
         finally:
             err = _finish(proc, go)
@@ -96,8 +99,6 @@ def test_damon_pageout_is_attributed_to_damon(live, epool, tmp_path):
     print(f"\nresident after the read {full}, at the stop {now}, after the recording {after}; "
           f"evicted by damon {damon}, by class {doc['totals']['experts_evicted_by']}")
     assert full == sum(-(-f.stat().st_size // 4096) for f in files)  # all read (expert 3 may be truncated)
-    # the loop waits for 64 pages; DAMON's pace varies (CI run: 44 pages in 150 s, every one of them
-    # attributed exactly): the exact assertions below need only that it evicted some
     assert full - now >= 1, "DAMON evicted no pool page in 150 s"
     assert int(e["evicted_pages"].sum()) == damon  # nobody else evicted
     assert full - now <= damon <= full - after  # mincore before / after the recording's stop
