@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from moetrace.cli.common import emit_json, executor_options, slurm_params
+from moetrace.cli.lab_build import build as lab_build
 
 
 @click.group()
@@ -23,7 +24,11 @@ def lab() -> None:
     run       boot a kernel under QEMU, run one command in it, bring back what it wrote
     matrix    the paper's §5 matrix: cells over kernels x MGLRU x mechanisms x capacities,
               each in a fresh boot, resumable
+    build     a kernel tree (+ patches, + a config fragment) to an image the lab boots
     """
+
+
+lab.add_command(lab_build)
 
 
 @lab.command()
