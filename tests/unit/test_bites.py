@@ -319,3 +319,23 @@ def test_the_why_section_per_condition(tmp_path, probe):
     assert p.loc[6, "re_added_pages_after"] == 30 and p.loc[6, "top_experts_re_read"] == "L0E7 30"
     assert p["re_added_pages_after"].sum() == 60  # epoch 0 began before any pass
     assert any("6.1-mglru-off: not measured" in t for t in rep.md)
+
+
+def test_matrix_rows_carry_the_bite_columns_only_where_the_sampler_ran(tmp_path, probe):
+    from moetrace.lab import matrix as M
+
+    spec_path = tmp_path / "spec.toml"
+    spec_path.write_text('kernels = ["6.12"]\nmglru = ["on"]\nmechanisms = ["vm-memory"]\n'
+                         'capacities = ["200MiB"]\nrepeats = 2\nplan = "plan.bin"\npool = "/var/tmp/pool"\n')
+    spec = M.load_spec(spec_path)
+    out = tmp_path / "m"
+    M.prepare(out, spec, resume=False)
+    a, b = spec.cells()
+    _lab_dir(out, probe, a.rel_dir)
+    for c in (a, b):
+        M.mark_done(out, c, {"lab": {}, "retained": False, "reasons": ["no cell result"], "result": None})
+    rows = {r["cell_dir"]: r for r in M.matrix_rows(out)}
+    with_sampler, without = rows[a.rel_dir], rows[b.rel_dir]
+    assert with_sampler["bite_p50_pages"] == 1024 and with_sampler["kswapd_share"] == pytest.approx(9600 / 10112)
+    assert with_sampler["sum_high_over_fC"] == pytest.approx(1019 * 4096 / (13513 / 63016 * (200 << 20)))
+    assert not set(B.MATRIX_COLUMNS) & set(without)  # an older cell's row as before
