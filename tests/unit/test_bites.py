@@ -339,3 +339,24 @@ def test_matrix_rows_carry_the_bite_columns_only_where_the_sampler_ran(tmp_path,
     assert with_sampler["bite_p50_pages"] == 1024 and with_sampler["kswapd_share"] == pytest.approx(9600 / 10112)
     assert with_sampler["sum_high_over_fC"] == pytest.approx(1019 * 4096 / (13513 / 63016 * (200 << 20)))
     assert not set(B.MATRIX_COLUMNS) & set(without)  # an older cell's row as before
+
+
+def test_a_lab_directory_with_the_page_and_read_streams_counts_pages_evicted_before_a_read(tmp_path, probe):
+    from moetrace.reports.bites import cell_bites
+
+    lab = _lab_dir(tmp_path, probe)
+    s = lambda t: T0_NS + int(t * 1e9)  # noqa: E731  inside the recording's window (13.2 .. 44.3 s)
+    man = {"interval": INTERVAL, "pool": {"layout": "files", "geometry": {"n_layers": 1, "n_experts": 4}},
+           "lost": {"reads": {"stream": {"lost_kernel": 2, "lost_user": 0}}}}
+    (lab / "run" / "manifest.json").write_text(json.dumps(man))
+    _events([(s(20), 1, "add", 0, 2), (s(21), 1, "delete", 0, 2), (s(50), 2, "add", 0, 1), (s(51), 2, "delete", 0, 1)]
+            ).to_parquet(lab / "run" / "page_events.parquet")
+    calls = _calls([(s(20.1), 1000, 0, 4096, 1)])  # expert 1 page 0 read; page 1 never
+    calls.to_parquet(lab / "run" / "read_calls.parquet")
+    b = cell_bites(lab, C)
+    assert (b.summary.evicted_pages, b.summary.evicted_before_read_pages) == (2, 1)  # expert 2's stay: after 44.3 s
+    assert b.columns()["evicted_before_read_pages"] == 1.0
+    assert any("reads stream lost 2 records" in n for n in b.summary.notes)
+    _calls([(s(20.1), 1000, 0, 4096, None)]).to_parquet(lab / "run" / "read_calls.parquet")  # no pool read: mmap
+    b = cell_bites(lab, C)
+    assert b.summary.evicted_before_read_pages is None and any("mmap" in n for n in b.summary.notes)

@@ -139,3 +139,15 @@ def test_a_bad_rate_is_a_usage_error(tmp_path):
         Sampler(tmp_path, vmstat_hz=-1)
 
 
+
+
+def test_the_sampler_imports_no_table_library():
+    """It runs in the lab guest beside the cell: pandas / numpy would cost the guest's memory and,
+    under TCG, seconds of start-up."""
+    import subprocess
+    import sys
+
+    code = ("import sys, moetrace.lab.sampler; "
+            "print(sorted(m for m in ('pandas', 'numpy', 'pyarrow', 'matplotlib') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr)

@@ -31,8 +31,14 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
 from moetrace.errors import InputError, UsageError
+from moetrace.kernel import features
+from moetrace.kernel.lru_gen import parse
+from moetrace.kernel.procfs import read_meminfo, read_zoneinfo, watermark_sums
 from moetrace.run import documents as D
 from moetrace.run import sampler as S
+from moetrace.run.metadata import write_sampler_meta, write_zoneinfo_doc
+
+# imported here, not when sampling starts: under TCG an import costs ~20x its native ~50 ms
 
 _MONO = time.CLOCK_MONOTONIC
 #: errors kept word for word in sampler.json (the rest are counted)
@@ -117,8 +123,6 @@ def zoneinfo_side(root: str | os.PathLike = "/") -> D.ZoneinfoSide:
     """/proc/zoneinfo's zones, Σmin/Σlow/Σhigh over the managed zones, and the knobs that size
     the watermarks (min_free_kbytes, watermark_scale_factor, watermark_boost_factor), the page
     size, MemTotal, MGLRU's enabled / min_ttl_ms and THP's mode, read now."""
-    from moetrace.kernel.procfs import read_meminfo, read_zoneinfo, watermark_sums
-
     r = Path(root)
     zones = read_zoneinfo(root)
     keep = ("node", "zone", "managed", "present", "spanned", "free", "min", "low", "high", "boost", "promo", "cma",
@@ -226,9 +230,6 @@ class Sampler:
         s.take = take
 
     def _open_lru_gen(self, s: Stream) -> None:
-        from moetrace.kernel import features
-        from moetrace.kernel.lru_gen import parse
-
         live = self.root == Path("/")
         before = len(features.mount_notes())
         dbg = features.debugfs_path(self.root, mount=live)
@@ -274,6 +275,13 @@ class Sampler:
 
     def _run(self) -> None:
         cpu0 = time.thread_time()
+        try:
+            self._loop()
+        except Exception as e:  # noqa: BLE001 (the thread's end is said in sampler.json, not lost)
+            self._error(None, f"the sampling thread stopped: {type(e).__name__}: {e}")
+        self._cpu_s = time.thread_time() - cpu0
+
+    def _loop(self) -> None:
         live = [s for s in self.streams if s.on]
         flush_at = _now_ns() + 2_000_000_000
         while live and not self._stop.is_set():
@@ -289,7 +297,6 @@ class Sampler:
             wait = (min(s.next_ns for s in live) - _now_ns()) / 1e9
             if wait > 0:
                 self._stop.wait(wait)
-        self._cpu_s = time.thread_time() - cpu0
 
     def _flush(self) -> None:
         for s in self.streams:
@@ -300,7 +307,12 @@ class Sampler:
                     self._error(s, f"{s.name}: write failed: {e.strerror or e}")
 
     def __enter__(self) -> "Sampler":
-        self.out.mkdir(parents=True, exist_ok=True)
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / S.SAMPLER_JSON).touch()
+        except OSError as e:
+            raise UsageError(f"cannot write the sampler directory {self.out}: {e.strerror or e}",
+                             hint="give --out a writable directory (in a lab guest: under /tmp/lab)") from None
         self.t0_ns = _now_ns()
         try:
             self._zone_start = zoneinfo_side(self.root)
@@ -347,16 +359,12 @@ class Sampler:
             self._error(None, f"zoneinfo at the end: {e}")
         self._write_zoneinfo(end)
         if self.debugfs["mounted_by_sampler"]:
-            from moetrace.kernel.features import unmount_ours
-
-            self.debugfs["unmount_note"] = "; ".join(unmount_ours(only=self.debugfs["path"]))
+            self.debugfs["unmount_note"] = "; ".join(features.unmount_ours(only=self.debugfs["path"]))
         self.write_meta(complete=True)
 
     # -- the documents ----------------------------------------------------------------------
 
     def _write_zoneinfo(self, end: D.ZoneinfoSide | None) -> None:
-        from moetrace.run.metadata import write_zoneinfo_doc
-
         if self._zone_start is None:
             return
         doc: D.ZoneinfoDoc = {"schema": D.SAMPLER_SCHEMA, "start": self._zone_start, "end": end}
@@ -364,8 +372,6 @@ class Sampler:
 
     def write_meta(self, complete: bool) -> None:
         """sampler.json as things stand (written at the start, complete=False, and at the end)."""
-        from moetrace.run.metadata import write_sampler_meta
-
         wall = (self._end_ns - self.t0_ns) / 1e9 if self._end_ns else None
         doc: D.SamplerMeta = {
             "schema": D.SAMPLER_SCHEMA, "t0_monotonic_ns": self.t0_ns, "end_monotonic_ns": self._end_ns,

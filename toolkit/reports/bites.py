@@ -93,10 +93,13 @@ def _table(run: Path | None, name: str, columns: list[str] | None = None) -> pd.
         return None
 
 
-def _evicted(run: Path | None, t0_ns: int, window: tuple[float | None, float | None]) -> pd.DataFrame | None:
+def _evicted(run: Path | None, t0_ns: int, window: tuple[float | None, float | None],
+             notes: list[str]) -> pd.DataFrame | None:
     """The pool pages' lifetimes that ended inside the window, each with whether a read of it
     completed first (the page and read-call streams: ``record --stream-events`` with the
-    pagecache and reads probes); None without both streams."""
+    pagecache and reads probes); None without both streams, or when no read call read the pool
+    (an mmap replay: its pages are copied by faults, not calls). Lost stream records go to
+    ``notes`` (the count is then a bound, not exact)."""
     from moetrace.analyses.bites import compute_evicted_before_read, in_window
 
     pe = _table(run, "page_events", ["ts_ns", "expert_id", "kind", "first_page_index", "pages"])
@@ -110,6 +113,14 @@ def _evicted(run: Path | None, t0_ns: int, window: tuple[float | None, float | N
         n_total = int(geo["n_layers"]) * int(geo["n_experts"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    if not (rc["expert_id"].notna() & (rc["ret"] > 0)).any():
+        notes.append("no read call read the pool (mmap?): pages evicted before a read not measured")
+        return None
+    for probe in ("pagecache", "reads"):
+        st = (((man.get("lost") or {}).get(probe) or {}).get("stream") or {})
+        lost = int(st.get("lost_kernel") or 0) + int(st.get("lost_user") or 0)
+        if lost:
+            notes.append(f"the {probe} stream lost {lost} records: pages evicted before a read is not exact")
     extent = int(pool["extent_bytes"]) if pool.get("layout") != "files" and pool.get("extent_bytes") else None
     ev = compute_evicted_before_read(pe, rc, extent, n_experts_total=n_total)
     at = ev.assign(_t=(ev["delete_ns"].astype("int64") - t0_ns) / 1e9)
@@ -133,9 +144,12 @@ def cell_bites(lab_dir: str | os.PathLike, capacity_bytes: int | None) -> Bites 
     memcg = _memcg_path(f.cell)
     if memcg is not None and (s.lru_gen is None or not (s.lru_gen["memcg_path"] == memcg).any()):
         memcg = None  # the cell's memcg is not in lru_gen (a balloon cell's replay runs in the root)
-    return compute_bites(s.vmstat, s.memfree, s.lru_gen, dict(s.zoneinfo) if s.zoneinfo else None, capacity_bytes,
-                         window=window, probe_passes=probe, memcg_path=memcg,
-                         evicted=_evicted(f.run, s.t0_ns, window))
+    notes: list[str] = []
+    b = compute_bites(s.vmstat, s.memfree, s.lru_gen, dict(s.zoneinfo) if s.zoneinfo else None, capacity_bytes,
+                      window=window, probe_passes=probe, memcg_path=memcg,
+                      evicted=_evicted(f.run, s.t0_ns, window, notes))
+    b.summary.notes += notes
+    return b
 
 
 def bite_columns(cell_dir: Path, capacity_bytes: int) -> dict[str, float | None]:
