@@ -102,8 +102,12 @@ def compute_reclaim_split(d: dict[str, Any]) -> dict[str, Any]:
 def pick_lruvec(lru_gen: pd.DataFrame, memcg_path: str | None = None) -> tuple[int, str, int] | None:
     """(memcg_id, memcg_path, node) whose generations to follow: ``memcg_path``'s (its node with
     the most file pages), else the (memcg, node) holding the most file pages on average over the
-    samples. None when lru_gen has no rows (or none of that memcg)."""
+    samples. A memcg listed with id 0 is one going offline (its id already released: measured in a
+    6.12 guest, the cell's memcg after the cell removed it) and is taken only when nothing else is.
+    None when lru_gen has no rows (or none of that memcg)."""
     g = lru_gen if memcg_path is None else lru_gen[lru_gen["memcg_path"] == memcg_path]
+    if (g["memcg_id"] != 0).any():
+        g = g[g["memcg_id"] != 0]
     if g.empty:
         return None
     per = g.groupby(["memcg_id", "memcg_path", "node", "t"], observed=True)["nr_file"].sum()
@@ -536,7 +540,7 @@ def _generation_figures(s: BiteSummary, lru_gen: pd.DataFrame | None, memcg_path
     if lru_gen is None or lru_gen.empty:
         s.notes.append("no lru_gen samples (MGLRU off, or no debugfs): generations not measured")
         return empty, compute_generation_lifetimes(empty)
-    pick = pick_lruvec(lru_gen, memcg_path)
+    pick = pick_lruvec(in_window(lru_gen, t0, t1), memcg_path)
     if pick is None:
         s.notes.append(f"no lru_gen rows of memcg {memcg_path!r}")
         return empty, compute_generation_lifetimes(empty)

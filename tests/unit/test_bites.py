@@ -360,3 +360,12 @@ def test_a_lab_directory_with_the_page_and_read_streams_counts_pages_evicted_bef
     _calls([(s(20.1), 1000, 0, 4096, None)]).to_parquet(lab / "run" / "read_calls.parquet")  # no pool read: mmap
     b = cell_bites(lab, C)
     assert b.summary.evicted_before_read_pages is None and any("mmap" in n for n in b.summary.notes)
+
+
+def test_a_memcg_going_offline_is_followed_only_when_nothing_else_is():
+    """Measured on 6.12: after the cell removed its memcg, lru_gen listed it with id 0 (released)."""
+    g = pd.DataFrame({"t": [1.0, 1.0, 2.0], "memcg_id": [3, 3, 0], "memcg_path": ["/c", "/c", "/c"], "node": 0,
+                      "seq": [1, 2, 1], "age_ms": 0, "nr_anon": 0, "nr_file": [10, 20, 900]})
+    assert B.pick_lruvec(g, "/c") == (3, "/c", 0)
+    assert B.pick_lruvec(g[g["t"] == 2.0], "/c") == (0, "/c", 0)
+    assert B.pick_lruvec(g, "/elsewhere") is None

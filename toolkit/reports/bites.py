@@ -65,6 +65,13 @@ def _window_s(f: CellFiles, t0_ns: int) -> tuple[float | None, float | None]:
     return None, None
 
 
+def _manifest(run: Path | None) -> dict[str, Any]:
+    try:
+        return json.loads((run / "manifest.json").read_text()) if run is not None else {}
+    except (OSError, ValueError):
+        return {}
+
+
 def _dotted(doc: Any, key: str) -> Any:
     for k in key.split("."):
         doc = doc.get(k) if isinstance(doc, dict) else None
@@ -140,7 +147,9 @@ def cell_bites(lab_dir: str | os.PathLike, capacity_bytes: int | None) -> Bites 
     s = read_samples(f.sampler)
     window = _window_s(f, s.t0_ns)
     wakes, batches = _table(f.run, "vmscan_wakes"), _table(f.run, "vmscan_batches")
-    probe = compute_passes(wakes, batches, s.t0_ns) if wakes is not None and batches is not None else None
+    probe = None
+    if wakes is not None and batches is not None:  # the last pass ends where the probes were disarmed
+        probe = compute_passes(wakes, batches, s.t0_ns, _dotted(_manifest(f.run), "interval.disarmed_ns"))
     memcg = _memcg_path(f.cell)
     if memcg is not None and (s.lru_gen is None or not (s.lru_gen["memcg_path"] == memcg).any()):
         memcg = None  # the cell's memcg is not in lru_gen (a balloon cell's replay runs in the root)
@@ -277,9 +286,12 @@ def condition_bites(matrix_dir: Path, rows: pd.DataFrame) -> list[tuple[dict[str
     from moetrace.errors import InputError
 
     out = []
+    import pandas as pd
+
     for r in rows.to_dict("records"):
+        cap = r.get("capacity_bytes")
         try:
-            b = cell_bites(matrix_dir / str(r["cell_dir"]), r.get("capacity_bytes"))
+            b = cell_bites(matrix_dir / str(r["cell_dir"]), None if cap is None or pd.isna(cap) else int(cap))
         except InputError:
             continue
         if b is not None:
