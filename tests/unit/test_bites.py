@@ -369,3 +369,22 @@ def test_a_memcg_going_offline_is_followed_only_when_nothing_else_is():
     assert B.pick_lruvec(g, "/c") == (3, "/c", 0)
     assert B.pick_lruvec(g[g["t"] == 2.0], "/c") == (0, "/c", 0)
     assert B.pick_lruvec(g, "/elsewhere") is None
+
+
+def test_a_matrix_cells_window_is_its_measured_window(tmp_path, probe):
+    """A matrix cell (lab directory with cell/): the window is loop entry -> post of its snapshots;
+    its memcg (cell.json scope) followed when lru_gen lists it, else the one with the most file pages."""
+    from moetrace.reports.bites import cell_bites
+
+    lab = _lab_dir(tmp_path, probe)
+    (lab / "cell" / "snapshots").mkdir(parents=True)
+    (lab / "cell" / "cell.json").write_text(json.dumps({"scope": {"path": "/sys/fs/cgroup/moetrace-cell"}}))
+    for label, t in (("loop_entry", 39.5), ("post", 43.5)):
+        (lab / "cell" / "snapshots" / f"{label}.json").write_text(json.dumps({"monotonic_ns": T0_NS + int(t * 1e9)}))
+    s = cell_bites(lab, C).summary
+    assert (s.window_start_s, s.window_end_s) == pytest.approx((39.5, 43.5))
+    # vmstat rows 40.0005 -> 43.0008: pgsteal_kswapd 130424 -> 135352, pgsteal_direct 17852 -> 17980
+    assert s.kswapd_share == pytest.approx((135352 - 130424) / ((135352 - 130424) + (17980 - 17852)))
+    assert s.memcg_path == "/"  # /moetrace-cell is not in this run's lru_gen
+    # the probe passes starting inside: 39.51, 39.62, 39.88, 40.06, 41.03, 41.77, 42.33, 42.80 s
+    assert s.passes == 8 and s.bite_p50_pages == (960 + 1024) / 2  # 1024, 576, 1024, 1024, 1024, 960, 960, 960
