@@ -328,9 +328,11 @@ def section_why(rep: Report, matrix_dir: Path, cells: pd.DataFrame) -> None:
         name = f"why_{cond}".replace(".", "_")
         rer = cell_rereads(matrix_dir / str(r["cell_dir"]), b)
         rep.h(3, f"{cond}: {Path(str(r['cell_dir'])).name}")
+        how = ("the vmscan probe's passes" if b.summary.pass_source == "vmscan" else
+               "no vmscan probe: a pass is a vmstat interval in which pageoutrun stepped, its bite the mean per step")
         rep.figure(name, plot_bites(b, rer, f"{cond} {Path(str(r['cell_dir'])).name}"),
                    f"{cond}: each kswapd pass's bite against the oldest generation, f(t) and min_seq / max_seq, "
-                   "scan-to-steal per pass, the pages read again after each bite (top experts)", wide=True)
+                   f"scan-to-steal per pass, the pages read again after each bite (top experts); {how}", wide=True)
         rep.table(f"{name}_passes", passes_table(b, rer), f"{cond}: every kswapd pass of the cell above and the "
                   "re-reads that followed it", fold=True)
         for n in b.summary.notes:
