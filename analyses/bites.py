@@ -306,7 +306,32 @@ def zigzag(values: np.ndarray, delta: float) -> list[tuple[str, int]]:
     return out
 
 
-def compute_memfree_cycles(memfree: pd.DataFrame, sum_low_kb: float, sum_high_kb: float) -> pd.DataFrame:
+def free_series(memfree: pd.DataFrame, zones: list[dict[str, Any]] | None,
+                page_bytes: int = 4096) -> tuple[pd.DataFrame, float, float, str] | None:
+    """The free memory kswapd works on, with its watermarks: (``memfree`` with a ``free_kb``
+    column, Σlow kB, Σhigh kB, what was summed). With per-zone free pages (``free_<zone>_pages``)
+    and zoneinfo's zones: the zones whose free pages fell below their low watermark in these rows
+    (the ones kswapd balanced; a DMA zone no allocation reaches stays out, with its ~15 MB free),
+    all managed zones when none did; else MemFree against every managed zone's watermarks. None
+    without zones' watermarks."""
+    if not zones:
+        return None
+    kb = page_bytes / 1024
+    managed = {str(z["zone"]).lower(): z for z in zones if z.get("managed", 0) > 0}
+    have = {n: f"free_{n}_pages" for n in managed if f"free_{n}_pages" in memfree.columns}
+    if not have or any(memfree[c].isna().all() for c in have.values()):
+        return (memfree.assign(free_kb=memfree["memfree_kb"].astype("Float64")),
+                sum(z.get("low", 0) for z in managed.values()) * kb,
+                sum(z.get("high", 0) for z in managed.values()) * kb, "MemFree")
+    hit = [n for n, c in have.items() if (memfree[c].astype("Float64") < managed[n].get("low", 0)).any()]
+    use = hit or list(have)
+    free = sum(memfree[have[n]].astype("Float64") for n in use) * kb
+    return (memfree.assign(free_kb=free), sum(managed[n].get("low", 0) for n in use) * kb,
+            sum(managed[n].get("high", 0) for n in use) * kb, "+".join(use))
+
+
+def compute_memfree_cycles(memfree: pd.DataFrame, sum_low_kb: float, sum_high_kb: float,
+                           column: str = "memfree_kb") -> pd.DataFrame:
     """The MemFree sawtooth: each drop's lowest point (``min_t``, ``memfree_min_kb``) and the
     highest point MemFree reached after it before falling again (``peak_t``,
     ``memfree_peak_kb``), ``rise_kb`` between them, and ``overshoot_kb`` = peak - Σhigh: how far
@@ -315,8 +340,8 @@ def compute_memfree_cycles(memfree: pd.DataFrame, sum_low_kb: float, sum_high_kb
     are the allocator's, not a pass); ``confirmed``: MemFree fell again after the peak (the
     last one may still be rising). MemFree is the machine's, Σ the zones': the DMA zone's free
     pages are in both, the per-zone order of events is not."""
-    m = memfree.dropna(subset=["memfree_kb"]).sort_values("t")
-    t, f = m["t"].to_numpy(float), m["memfree_kb"].to_numpy(np.float64)
+    m = memfree.dropna(subset=[column]).sort_values("t")
+    t, f = m["t"].to_numpy(float), m[column].astype("float64").to_numpy(np.float64)
     turns = zigzag(f, max(sum_high_kb - sum_low_kb, 4.0))
     rows = []
     for k, (kind, i) in enumerate(turns):
@@ -481,7 +506,8 @@ class BiteSummary:
     bite_max_over_oldest: float | None = None  # the largest pass's bite / the oldest generation (ties: the highest)
     bite_over_oldest_p50: float | None = None
     pass_scan_to_steal_p50: float | None = None
-    memfree_cycles: int | None = None  # MemFree rises during which a kswapd pass ran
+    sawtooth_of: str | None = None  # the free memory followed: the zones kswapd balanced ("dma32+normal"), or MemFree
+    memfree_cycles: int | None = None  # rises of it during which a kswapd pass ran
     overshoot_kb_median: float | None = None
     overshoot_kb_max: float | None = None
     # pages evicted before a read completed (the page and read streams)
@@ -575,6 +601,23 @@ def _pass_figures(s: BiteSummary, passes: pd.DataFrame) -> None:
         s.pass_scan_to_steal_p50 = _num(passes["scan_to_steal"].astype("Float64").median())
 
 
+def _sawtooth(s: BiteSummary, memfree: pd.DataFrame | None, zoneinfo: dict[str, Any] | None, passes: pd.DataFrame,
+              t0: float | None, t1: float | None) -> pd.DataFrame:
+    """The MemFree cycles of the window, marked kswapd's or not; their overshoot into ``s``."""
+    side = ((zoneinfo or {}).get("end") or (zoneinfo or {}).get("start") or {})
+    fs = free_series(in_window(memfree, t0, t1), side.get("zones"), s.page_bytes) if memfree is not None else None
+    if fs is None:
+        return mark_kswapd_cycles(compute_memfree_cycles(pd.DataFrame({"t": [], "memfree_kb": []}), 0, 0), passes)
+    frame, low_kb, high_kb, s.sawtooth_of = fs
+    cycles = mark_kswapd_cycles(compute_memfree_cycles(frame, low_kb, high_kb, "free_kb"), passes)
+    ks = cycles[cycles["kswapd"]]
+    s.memfree_cycles = len(ks)
+    if len(ks):
+        s.overshoot_kb_median = _num(ks["overshoot_kb"].median())
+        s.overshoot_kb_max = _num(ks["overshoot_kb"].max())
+    return cycles
+
+
 def compute_bites(vmstat: pd.DataFrame | None, memfree: pd.DataFrame | None, lru_gen: pd.DataFrame | None,
                   zoneinfo: dict[str, Any] | None, capacity_bytes: int | None, *,
                   window: tuple[float | None, float | None] = (None, None), probe_passes: pd.DataFrame | None = None,
@@ -600,17 +643,7 @@ def compute_bites(vmstat: pd.DataFrame | None, memfree: pd.DataFrame | None, lru
         passes = _empty_passes()
     passes = attach_oldest(in_window(passes, t0, t1, "start_s").reset_index(drop=True), gens)
     _pass_figures(s, passes)
-    cycles = compute_memfree_cycles(pd.DataFrame({"t": [], "memfree_kb": []}), 0, 0)
-    if memfree is not None and s.sum_high_pages is not None and s.sum_low_pages is not None:
-        kb = s.page_bytes / 1024
-        cycles = compute_memfree_cycles(in_window(memfree, t0, t1), s.sum_low_pages * kb, s.sum_high_pages * kb)
-    cycles = mark_kswapd_cycles(cycles, passes)
-    if memfree is not None and s.sum_high_pages is not None:
-        ks = cycles[cycles["kswapd"]]
-        s.memfree_cycles = len(ks)
-        if len(ks):
-            s.overshoot_kb_median = _num(ks["overshoot_kb"].median())
-            s.overshoot_kb_max = _num(ks["overshoot_kb"].max())
+    cycles = _sawtooth(s, memfree, zoneinfo, passes, t0, t1)
     if evicted is not None:
         s.evicted_pages = int(len(evicted))
         s.evicted_before_read_pages = int(evicted["evicted_before_read"].sum())

@@ -388,3 +388,22 @@ def test_a_matrix_cells_window_is_its_measured_window(tmp_path, probe):
     assert s.memcg_path == "/"  # /moetrace-cell is not in this run's lru_gen
     # the probe passes starting inside: 39.51, 39.62, 39.88, 40.06, 41.03, 41.77, 42.33, 42.80 s
     assert s.passes == 8 and s.bite_p50_pages == (960 + 1024) / 2  # 1024, 576, 1024, 1024, 1024, 960, 960, 960
+
+
+def test_the_sawtooth_follows_the_zones_kswapd_balanced(samples):
+    """With each zone's free pages (memfree.csv's free_<zone>_pages), the DMA zone, never below its
+    low watermark (27 pages), stays out: its 3800 free pages are no overshoot."""
+    zones = samples.zoneinfo["start"]["zones"]  # DMA low 27 high 32, DMA32 low 823 high 987
+    dma32 = [900, 700, 1200, 1500, 1100, 600, 1000]
+    m = pd.DataFrame({"t": [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6], "memfree_kb": [(3800 + p) * 4 for p in dma32],
+                      "free_dma_pages": pd.array([3800] * 7, dtype="Int64"),
+                      "free_dma32_pages": pd.array(dma32, dtype="Int64")})
+    frame, low_kb, high_kb, of = B.free_series(m, zones, 4096)
+    assert (low_kb, high_kb, of) == (823 * 4, 987 * 4, "dma32")
+    cyc = B.compute_memfree_cycles(frame, low_kb, high_kb, "free_kb")
+    # turns need a move of (987 - 823) x 4 = 656 kB = 164 pages: trough 700 (0.1), peak 1500 (0.3), trough 600
+    assert cyc[["min_t", "memfree_min_kb", "peak_t", "memfree_peak_kb"]].values.tolist()[0] == [0.1, 2800, 0.3, 6000]
+    assert cyc["overshoot_kb"].iloc[0] == (1500 - 987) * 4
+    b = B.compute_bites(samples.vmstat, m, None, dict(samples.zoneinfo), C)
+    assert b.summary.sawtooth_of == "dma32"
+    assert B.free_series(m.drop(columns=["free_dma_pages", "free_dma32_pages"]), zones)[3] == "MemFree"

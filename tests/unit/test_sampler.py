@@ -81,6 +81,9 @@ def _fake_root(tmp_path: Path, lru_gen: bool) -> Path:
     (root / "proc/meminfo").write_text("MemTotal:  486854 kB\nMemFree:   5716 kB\nMemAvailable: 9 kB\n"
                                        "Buffers: 1 kB\nCached:   273684 kB\nSwapCached: 0 kB\n")
     (root / "proc/zoneinfo").write_text(ZONEINFO)
+    (root / "proc/buddyinfo").write_text("Node 0, zone      DMA      0      0      1      0      0      0      0      0"
+                                         "      1      1      3 \nNode 0, zone    DMA32    218    121     80     42"
+                                         "     49     40     35     29     26     21    728 \n")
     (root / "proc/sys/vm/min_free_kbytes").write_text("2731\n")
     (root / "proc/sys/vm/watermark_scale_factor").write_text("10\n")
     dbg = root / "sys/kernel/debug"
@@ -103,6 +106,9 @@ def test_the_sampler_on_a_fake_tree(tmp_path):
     assert s.vmstat["pgscan_kswapd"].eq(5).all() and s.vmstat["pgrefill"].isna().all()
     assert s.vmstat["t"].is_monotonic_increasing and len(s.vmstat) >= 3
     assert s.memfree[["memfree_kb", "cached_kb"]].drop_duplicates().values.tolist() == [[5716, 273684]]
+    # buddyinfo: DMA 4 (one order-2 block) + 256 + 512 + 3 x 1024; DMA32 218 + 121 x 2 + ... + 728 x 1024
+    dma32 = sum(c << i for i, c in enumerate([218, 121, 80, 42, 49, 40, 35, 29, 26, 21, 728]))
+    assert s.memfree["free_dma_pages"].eq(4 + 256 + 512 + 3072).all() and s.memfree["free_dma32_pages"].eq(dma32).all()
     first = s.lru_gen[s.lru_gen["t"] == s.lru_gen["t"].min()]
     assert first["memcg_path"].tolist() == ["/moe"] * 4 and first["seq"].tolist() == [5, 6, 7, 8]
     assert first["nr_file"].tolist() == [0, 42038, 34956, 18973]

@@ -5,7 +5,8 @@ debugfs, cheaply enough for a guest under TCG (~20x slower than native).
 
 * /proc/vmstat at ``vmstat_hz`` (1 Hz): reclaim split kswapd / direct, pgrefill, refaults,
   pageoutrun, allocstall_*, the watermark checks, ... (moetrace.run.sampler.VMSTAT_COUNTERS);
-* MemFree and Cached from /proc/meminfo at ``memfree_hz`` (10 Hz): the free-memory sawtooth;
+* MemFree and Cached from /proc/meminfo, and each zone's free pages from /proc/buddyinfo, at
+  ``memfree_hz`` (10 Hz): the free-memory sawtooth;
 * ``<debugfs>/lru_gen`` at ``lru_gen_hz`` (1 Hz): every memcg's generations (debugfs is
   mounted when absent, and unmounted at the end only if the sampler mounted it);
 
@@ -58,6 +59,17 @@ def pread_all(fd: int, chunk: int = 1 << 16) -> bytes:
             return b"".join(parts)
         parts.append(b)
         off += len(b)
+
+
+def buddy_free(data: bytes) -> dict[bytes, int]:
+    """/proc/buddyinfo -> free pages per zone name, summed over the nodes: "Node 0, zone DMA32
+    c0 c1 ... c10", ci free blocks of 2^i pages."""
+    out: dict[bytes, int] = {}
+    for ln in data.split(b"\n"):
+        f = ln.split()
+        if len(f) > 4 and f[0] == b"Node":
+            out[f[3]] = out.get(f[3], 0) + sum(int(c) << i for i, c in enumerate(f[4:]))
+    return out
 
 
 @dataclass
@@ -170,6 +182,7 @@ class Sampler:
         self._cpu_s: float | None = None
         self._zone_start: D.ZoneinfoSide | None = None
         self._end_ns: int | None = None
+        self._buddy_fd: int | None = None
 
     # -- the streams -------------------------------------------------------------------------
 
@@ -216,7 +229,15 @@ class Sampler:
         if not self._open(s, self.root / "proc/meminfo"):
             return
         fd, out = s.fd, s.out
-        out.write(",".join(S.MEMFREE_COLUMNS).encode() + b"\n")
+        try:  # each zone's free pages beside MemFree: kswapd balances zones, MemFree sums them all
+            bfd: int | None = os.open(self.root / "proc/buddyinfo", os.O_RDONLY | os.O_CLOEXEC)
+            zones = list(buddy_free(pread_all(bfd)))
+        except OSError as e:
+            bfd, zones = None, []
+            self._error(s, f"no per-zone free pages: cannot read /proc/buddyinfo: {e.strerror}")
+        self._buddy_fd = bfd
+        out.write(",".join(S.MEMFREE_COLUMNS).encode() + b"".join(b",free_%s_pages" % z.lower() for z in zones)
+                  + b"\n")
 
         def take(t: float) -> None:
             free = cached = b""
@@ -226,7 +247,9 @@ class Sampler:
                 elif ln.startswith(b"Cached:"):
                     cached = ln.split()[1]
                     break
-            out.write(b"%.4f,%s,%s\n" % (t, free, cached))
+            per = buddy_free(pread_all(bfd)) if bfd is not None else {}
+            out.write(b"%.4f,%s,%s" % (t, free, cached) + b"".join(b",%d" % per[z] if z in per else b"," for z in zones)
+                      + b"\n")
         s.take = take
 
     def _open_lru_gen(self, s: Stream) -> None:
@@ -352,6 +375,9 @@ class Sampler:
             if s.fd is not None:
                 os.close(s.fd)
                 s.fd = None
+        if self._buddy_fd is not None:
+            os.close(self._buddy_fd)
+            self._buddy_fd = None
         end = None
         try:
             end = zoneinfo_side(self.root)
@@ -402,4 +428,4 @@ def run_sampled(out_dir: os.PathLike | str, argv: list[str], **rates: float) -> 
     return smp.exit_status
 
 
-__all__ = ["Sampler", "run_sampled", "zoneinfo_side", "pread_all"]
+__all__ = ["Sampler", "run_sampled", "zoneinfo_side", "pread_all", "buddy_free"]

@@ -4,7 +4,8 @@ writes while a cell runs, and its one reader.
 A lab cell's sampler directory is ``<lab dir>/sampler`` (``/tmp/lab/sampler`` in the guest)::
 
     vmstat.csv     t, then VMSTAT_COUNTERS and this kernel's allocstall_<zone> (1 Hz)
-    memfree.csv    t, memfree_kb, cached_kb (/proc/meminfo, 10 Hz)
+    memfree.csv    t, memfree_kb, cached_kb (/proc/meminfo), free_<zone>_pages (/proc/buddyinfo;
+                   one per populated zone, summed over nodes) (10 Hz)
     lru_gen.csv    t, memcg_id, memcg_path, node, seq, age_ms, nr_anon, nr_file (1 Hz; a row
                    per generation; absent without MGLRU or debugfs: sampler.json says why)
     zoneinfo.json  the zones' watermarks and the knobs that size them, at the start and the end
@@ -52,7 +53,7 @@ VMSTAT_COUNTERS = (
 )
 #: counters taken as a family: every /proc/vmstat name with this prefix (one per zone)
 VMSTAT_PREFIXES = ("allocstall_",)
-MEMFREE_COLUMNS = ("t", "memfree_kb", "cached_kb")
+MEMFREE_COLUMNS = ("t", "memfree_kb", "cached_kb")  # then free_<zone>_pages per populated zone
 LRU_GEN_COLUMNS = ("t", "memcg_id", "memcg_path", "node", "seq", "age_ms", "nr_anon", "nr_file")
 
 
