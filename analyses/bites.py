@@ -282,7 +282,7 @@ def attach_oldest(passes: pd.DataFrame, gens: pd.DataFrame) -> pd.DataFrame:
 
 # -- MemFree ---------------------------------------------------------------------------------------
 
-MEMFREE_CYCLE_COLUMNS = ("cycle", "min_t", "memfree_min_kb", "peak_t", "memfree_peak_kb", "rise_kb", "overshoot_kb",
+MEMFREE_CYCLE_COLUMNS = ("cycle", "min_t", "free_min_kb", "peak_t", "free_peak_kb", "rise_kb", "overshoot_kb",
                          "confirmed")
 
 
@@ -332,9 +332,9 @@ def free_series(memfree: pd.DataFrame, zones: list[dict[str, Any]] | None,
 
 def compute_memfree_cycles(memfree: pd.DataFrame, sum_low_kb: float, sum_high_kb: float,
                            column: str = "memfree_kb") -> pd.DataFrame:
-    """The MemFree sawtooth: each drop's lowest point (``min_t``, ``memfree_min_kb``) and the
+    """The MemFree sawtooth: each drop's lowest point (``min_t``, ``free_min_kb``) and the
     highest point MemFree reached after it before falling again (``peak_t``,
-    ``memfree_peak_kb``), ``rise_kb`` between them, and ``overshoot_kb`` = peak - Σhigh: how far
+    ``free_peak_kb``), ``rise_kb`` between them, and ``overshoot_kb`` = peak - Σhigh: how far
     past the high watermarks the reclaim freed (kswapd stops a pass at every zone's high).
     Turning points need a move of at least Σhigh - Σlow (the watermark gap: smaller wiggles
     are the allocator's, not a pass); ``confirmed``: MemFree fell again after the peak (the
@@ -348,8 +348,8 @@ def compute_memfree_cycles(memfree: pd.DataFrame, sum_low_kb: float, sum_high_kb
         if kind != "trough" or k + 1 >= len(turns):
             continue
         peak_kind, j = turns[k + 1]
-        rows.append({"cycle": len(rows), "min_t": t[i], "memfree_min_kb": f[i], "peak_t": t[j],
-                     "memfree_peak_kb": f[j], "rise_kb": f[j] - f[i], "overshoot_kb": f[j] - sum_high_kb,
+        rows.append({"cycle": len(rows), "min_t": t[i], "free_min_kb": f[i], "peak_t": t[j],
+                     "free_peak_kb": f[j], "rise_kb": f[j] - f[i], "overshoot_kb": f[j] - sum_high_kb,
                      "confirmed": peak_kind == "peak"})
     df = pd.DataFrame(rows, columns=list(MEMFREE_CYCLE_COLUMNS))
     for c in MEMFREE_CYCLE_COLUMNS[1:-1]:

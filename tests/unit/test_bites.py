@@ -142,7 +142,7 @@ def test_the_memfree_sawtooth(samples, probe):
     # the watermark gap Σhigh - Σlow = (1019 - 850) x 4 KiB = 676 kB separates the turns
     cyc = B.compute_memfree_cycles(samples.memfree, 850 * 4, 1019 * 4)
     c0 = cyc.iloc[0]
-    assert (c0["min_t"], c0["memfree_min_kb"], c0["peak_t"], c0["memfree_peak_kb"]) == (38.1007, 5712, 38.3007, 9880)
+    assert (c0["min_t"], c0["free_min_kb"], c0["peak_t"], c0["free_peak_kb"]) == (38.1007, 5712, 38.3007, 9880)
     assert c0["rise_kb"] == 9880 - 5712 and c0["overshoot_kb"] == 9880 - 1019 * 4 and c0["confirmed"]
     marked = B.mark_kswapd_cycles(cyc, B.compute_passes(*probe, T0_NS))
     assert marked["kswapd"].iloc[0]  # the first pass ran 38.166 -> 38.363 s
@@ -402,7 +402,7 @@ def test_the_sawtooth_follows_the_zones_kswapd_balanced(samples):
     assert (low_kb, high_kb, of) == (823 * 4, 987 * 4, "dma32")
     cyc = B.compute_memfree_cycles(frame, low_kb, high_kb, "free_kb")
     # turns need a move of (987 - 823) x 4 = 656 kB = 164 pages: trough 700 (0.1), peak 1500 (0.3), trough 600
-    assert cyc[["min_t", "memfree_min_kb", "peak_t", "memfree_peak_kb"]].values.tolist()[0] == [0.1, 2800, 0.3, 6000]
+    assert cyc[["min_t", "free_min_kb", "peak_t", "free_peak_kb"]].values.tolist()[0] == [0.1, 2800, 0.3, 6000]
     assert cyc["overshoot_kb"].iloc[0] == (1500 - 987) * 4
     b = B.compute_bites(samples.vmstat, m, None, dict(samples.zoneinfo), C)
     assert b.summary.sawtooth_of == "dma32"
