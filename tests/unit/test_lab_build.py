@@ -144,3 +144,15 @@ def test_the_shipped_patch_is_the_one_line_clamp():
     assert [ln for ln in lines if ln.startswith(("-\t", "+\t"))] == [
         "-\tsc->priority = clamp(priority, DEF_PRIORITY / 2, DEF_PRIORITY);",
         "+\tsc->priority = clamp(priority, 0, DEF_PRIORITY);"]
+
+
+def test_a_gzip_image_with_data_after_its_vmlinux():
+    """defconfig's bzImage is gzip (Debian's: zstd), and the setup code's data follows the stream:
+    the reader must stop at the member's end (it called the first built image BTF-less)."""
+    import gzip
+
+    from moetrace.kernel.btf import vmlinux_from_image
+
+    elf = b"\x7fELF" + bytes(range(256)) * 64
+    image = b"MZ" + b"\0" * 500 + gzip.compress(elf) + b"\xff\xfe trailing setup data \0" * 10
+    assert vmlinux_from_image(image) == elf

@@ -9,7 +9,6 @@ stub System.map, so BTF is also how a kernel's functions are listed without boot
 
 from __future__ import annotations
 
-import gzip
 import io
 import lzma
 import struct
@@ -334,8 +333,8 @@ def vmlinux_from_image(image: bytes, source: str = "<image>") -> bytes:
     def unxz(b: bytes) -> bytes:
         return lzma.LZMADecompressor(format=lzma.FORMAT_XZ).decompress(b)
 
-    def ungzip(b: bytes) -> bytes:
-        return gzip.GzipFile(fileobj=io.BytesIO(b)).read()
+    def ungzip(b: bytes) -> bytes:  # one member: what follows it in the image is not gzip
+        return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(b)
 
     def unzstd(b: bytes) -> bytes:
         return zstandard.ZstdDecompressor().decompressobj().decompress(b)
