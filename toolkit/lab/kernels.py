@@ -22,7 +22,7 @@ LAB_FUNCTIONS = ("evict_folios", "isolate_folios", "should_run_aging", "try_to_i
                  "folio_inc_gen", "lru_gen_look_around", "walk_mm", "workingset_eviction", "workingset_refault",
                  "mlock_folio", "mlock_new_page", "mlock_new_folio", "munlock_page", "munlock_folio")
 CONFIG_KEYS = ("CONFIG_LRU_GEN", "CONFIG_LRU_GEN_ENABLED", "CONFIG_KPROBES", "CONFIG_DEBUG_INFO_BTF",
-               "CONFIG_BPF_SYSCALL", "CONFIG_MEMCG", "CONFIG_9P_FS", "CONFIG_VIRTIO_BLK", "CONFIG_KERNEL_XZ",
+               "CONFIG_BPF_SYSCALL", "CONFIG_FTRACE_SYSCALLS", "CONFIG_MEMCG", "CONFIG_9P_FS", "CONFIG_VIRTIO_BLK", "CONFIG_KERNEL_XZ",
                "CONFIG_KERNEL_ZSTD")
 
 
@@ -137,6 +137,8 @@ def _lacks(k: KernelFacts, cfg: dict[str, str], release: str, modules) -> list[s
     out = []
     for have, what in ((k.btf, "BTF (CONFIG_DEBUG_INFO_BTF): the CO-RE probes relocate against it"),
                        (k.bpf, "BPF (CONFIG_BPF_SYSCALL)"),
+                       (_yes(cfg, "CONFIG_FTRACE_SYSCALLS"), "syscall tracepoints (CONFIG_FTRACE_SYSCALLS): the mlock, "
+                                                             "pagecache and reads probes attach to them"),
                        (k.mglru_built, "MGLRU (CONFIG_LRU_GEN): the mglru probe and `--mglru on`"),
                        (k.kprobes, "kprobes (CONFIG_KPROBES): the mglru and mlock function hooks")):
         if have is False:
