@@ -41,6 +41,7 @@ Clock: ``time.monotonic_ns()`` (CLOCK_MONOTONIC), the clock the recorder uses.
 
 from __future__ import annotations
 
+import array
 import ctypes
 import errno as _errno
 import itertools
@@ -351,6 +352,9 @@ class ReplayOptions:
     read_size: int | None = None  # bytes per read call; None = the whole expert in one call
     run_dir: str | None = None
     sync_fd: int | None = None
+    #: a measured window of this many seconds: after the ``passes`` whole measured passes, more
+    #: measured passes until the time is up (the last one stops after the iteration that passes it)
+    duration_s: float | None = None
 
     def check(self) -> None:
         """Raise UsageError for contradictory options."""
@@ -362,6 +366,8 @@ class ReplayOptions:
             raise UsageError("--threads must be >= 1")
         if self.warmup < 0 or self.passes < 1:
             raise UsageError("--warmup must be >= 0 and --passes >= 1")
+        if self.duration_s is not None and not self.duration_s > 0:
+            raise UsageError(f"--duration must be > 0 seconds, not {self.duration_s}")
         if self.mode in ("pinned", "hybrid"):
             if self.arena_bytes is None:
                 raise UsageError(f"--mode {self.mode} needs --arena-bytes SIZE",
@@ -428,7 +434,9 @@ class Replayer:
         self.vmlck_bytes = 0
         self.fd_mode = "kept"
         self.interrupted: int | None = None
-        self.rows: dict[str, list] = {c: [] for c, _ in ITERATION_COLUMNS}
+        #: the iteration log, a column each: 8 bytes per integer per iteration (array('q'), not a
+        #: list of int objects: an 8-10 minute window of small iterations stays a few MB)
+        self.rows: dict[str, Any] = {c: ([] if t == "string" else array.array("q")) for c, t in ITERATION_COLUMNS}
         self.phase_wall: dict[str, list[tuple[int, int]]] = {"warmup": [], "measured": []}
         #: moetrace.run.epochs.EpochWriter when run under `moetrace record` (per-iteration epochs)
         self.phase_channel = None
@@ -695,8 +703,11 @@ class Replayer:
         a = self.advisor
         return (a.submitted, a.overwritten, a.completed) if a is not None else (0, 0, 0)
 
-    def replay_pass(self, phase: str, repeat: int, tick: Callable[[int], None] | None = None) -> None:
-        """Replay every iteration of the plan once, appending one row per iteration."""
+    def replay_pass(self, phase: str, repeat: int, tick: Callable[[int], None] | None = None,
+                    stop_ns: int | None = None) -> bool:
+        """Replay every iteration of the plan once, appending one row per iteration; with
+        ``stop_ns`` (CLOCK_MONOTONIC), stop after the first iteration that ends past it. True when
+        the whole pass ran."""
         plan, pool, adv = self.plan, self.pool_threads, self.advisor
         fn = self._reader()
         ids, sb, hb, ib = plan.ids, plan.slot_bounds, plan.hint_bounds, plan.iter_bounds
@@ -751,7 +762,11 @@ class Replayer:
             rows["hints_completed"].append(h1[2] - h0[2])
             if tick is not None:
                 tick(1)
+            if stop_ns is not None and t1 >= stop_ns and it + 1 < plan.n_iterations:
+                self.phase_wall[phase].append((p0, now()))
+                return False
         self.phase_wall[phase].append((p0, now()))
+        return True
 
     def sync_loop_entry(self, fd: int) -> None:
         """Tell the parent we reached loop entry; block until it answers 'go'."""
@@ -891,7 +906,7 @@ def summarize(rep: Replayer, complete: bool, exit_status: int, error: str | None
         "pool": {"root": str(Path(pool.root).resolve()), "layout": pool.layout,
                  "identity": pool.manifest.get("checksum"), "geometry": g.to_dict(),
                  "extent_bytes": pool.extent_bytes, "data_bytes": pool.data_bytes, "files": len(pool.files)},
-        "mode": o.mode, "threads": o.threads, "warmup": o.warmup, "passes": o.passes,
+        "mode": o.mode, "threads": o.threads, "warmup": o.warmup, "passes": o.passes, "duration_s": o.duration_s,
         "read_bytes_per_call": o.read_size or rep.read_len, "read_len_bytes": rep.read_len,
         "prefetch": o.prefetch, "fadvise_random": o.fadvise_random, "fd_mode": rep.fd_mode,
         "arena": {"requested_bytes": o.arena_bytes, "experts": int(rep.arena_ids.size), "bytes": rep.arena_len,
@@ -1029,9 +1044,9 @@ def _replay_phases(rep: Replayer, plan: FlatPlan, opts: ReplayOptions, progress:
 
     rep.phase_channel = EpochWriter.from_env()
     if rep.phase_channel is not None:
-        rep.phase_channel.start(opts.warmup, opts.passes, plan.n_iterations)
+        rep.phase_channel.start(opts.warmup, opts.passes, plan.n_iterations, open_ended=opts.duration_s is not None)
     total = plan.n_iterations * (opts.warmup + opts.passes)
-    bar_cm = progress(length=total, label=f"replay {opts.mode}") if progress else None
+    bar_cm = progress(length=total, label=f"replay {opts.mode}") if progress and opts.duration_s is None else None
     bar = bar_cm.__enter__() if bar_cm else None
     try:
         tick = bar.update if bar is not None else None
@@ -1040,8 +1055,7 @@ def _replay_phases(rep: Replayer, plan: FlatPlan, opts: ReplayOptions, progress:
         rep.loop_entry_ns = time.monotonic_ns()
         if opts.sync_fd is not None:
             rep.sync_loop_entry(opts.sync_fd)
-        for r in range(opts.passes):
-            rep.replay_pass("measured", r, tick)
+        _measured_passes(rep, opts, tick)
     finally:
         if bar_cm:
             bar_cm.__exit__(None, None, None)
@@ -1051,6 +1065,20 @@ def _replay_phases(rep: Replayer, plan: FlatPlan, opts: ReplayOptions, progress:
         rep.phase_channel.done()
     if opts.sync_fd is not None:
         rep.sync_done(opts.sync_fd)
+
+
+def _measured_passes(rep: Replayer, opts: ReplayOptions, tick: Callable | None) -> None:
+    """The measured passes: ``opts.passes`` whole ones; with ``opts.duration_s``, then more until
+    that many seconds have passed since the first began (the last stops after the iteration that
+    ends past the deadline). Memory stays flat but for one iteration-log row per iteration."""
+    start = time.monotonic_ns()
+    deadline = None if opts.duration_s is None else start + int(opts.duration_s * 1e9)
+    r = 0
+    while r < opts.passes or (deadline is not None and time.monotonic_ns() < deadline):
+        whole = rep.replay_pass("measured", r, tick, stop_ns=deadline if r >= opts.passes else None)
+        r += 1
+        if not whole:
+            break
 
 
 __all__ = ["MODES", "PREFETCH", "REPLAY_SCHEMA", "ITERATIONS_FILE", "SUMMARY_FILE", "ITERATION_COLUMNS",

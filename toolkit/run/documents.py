@@ -458,6 +458,7 @@ class ReplaySummary(TypedDict, total=False):
     threads: int
     warmup: int
     passes: int
+    duration_s: float | None
     read_bytes_per_call: int
     read_len_bytes: int
     prefetch: str
@@ -502,6 +503,9 @@ class CellCommon(TypedDict, total=False):
     watch: bool
     outside_evictions: str
     miss_curve: str | None
+    duration_s: float | None
+    record_probes: str | None
+    balloon_thp: str | None
 
 
 class CellInputs(CellCommon, total=False):
