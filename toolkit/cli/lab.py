@@ -143,6 +143,33 @@ def run(kernel, out_dir, memory, cpus, mglru, timeout_s, pool, memcg, accel, mod
     sys.exit(res.exit_status if isinstance(res.exit_status, int) else 1)
 
 
+@lab.command("guest-cell", hidden=True,
+             context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--settings", "settings", required=True, metavar="JSON",
+              help="The cell's guest settings (moetrace.lab.guest.REQUEST_KEYS), as `lab matrix` writes them.")
+@click.option("--dir", "lab_dir", default=".", show_default=True, type=click.Path(file_okay=False),
+              help="The cell's lab directory (guest_settings.json and bites/ land here).")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def guest_cell(settings, lab_dir, command):
+    """Inside a lab guest, around a matrix cell: apply the cell's guest settings (THP, swap,
+    min_ttl_ms, read_ahead_kb, the watermarks), start the sampler and the bites controller,
+    run COMMAND (`moetrace cell ...`), then stop and undo everything and write
+    guest_settings.json. Exits with COMMAND's status; 4 when a setting could not be applied.
+    (`lab matrix` runs it; see moetrace.lab.guest.)
+
+    \b
+    Example (as the matrix writes it):
+      moetrace lab guest-cell --dir /tmp/lab --settings '{"capacity_bytes": 335544320,
+        "bite_fraction": 0.26, "bites_bytes": 87241523, "memcg": "/moetrace-cell"}' -- moetrace cell ...
+    """
+    from moetrace.lab.guest import parse_request, run_guest_cell
+
+    argv = list(command)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    sys.exit(run_guest_cell(parse_request(settings), argv, Path(lab_dir)))
+
+
 @lab.command()
 @click.argument("spec_path", metavar="SPEC.toml", type=click.Path(exists=True, dir_okay=False))
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),

@@ -9,6 +9,7 @@ explicit (meminfo ``kB`` -> bytes: keys end in ``_bytes``); nothing is clamped.
 * :func:`read_vmstat`     /proc/vmstat (pgpgin/pgpgout are KiB)
 * :func:`read_meminfo`    /proc/meminfo -> bytes
 * :func:`read_psi`        /proc/pressure/{cpu,memory,io}
+* :func:`read_zoneinfo`   /proc/zoneinfo: each zone's watermarks, managed pages, protection
 * :func:`read_lru_gen`    <debugfs>/lru_gen when MGLRU is built (debugfs found via /proc/mounts)
 * :func:`read_vmlck`      /proc/PID/status VmLck -> bytes
 * :class:`KernelLog`      /dev/kmsg records after a mark (``dmesg`` as a fallback)
@@ -113,6 +114,54 @@ def read_meminfo(root: str | os.PathLike = "/") -> dict[str, int]:
         else:
             out[name] = val
     return out
+
+
+# -- /proc/zoneinfo ---------------------------------------------------------------------------
+
+#: a zone's page counts in /proc/zoneinfo (zoneinfo_show_print: "pages free", then one per line;
+#: ``promo`` since 6.2's memory tiering, ``boost`` since 5.0): their names here, as printed
+ZONE_FIELDS = ("free", "boost", "min", "low", "high", "promo", "spanned", "present", "managed", "cma")
+
+
+def parse_zoneinfo(text: str) -> list[dict[str, Any]]:
+    """/proc/zoneinfo text -> one dict per zone: ``node``, ``zone`` (DMA, DMA32, Normal, Movable,
+    ...), the ZONE_FIELDS it prints (pages; ``min``/``low``/``high`` are the watermarks with any
+    boost included, as the kernel's high_wmark_pages() counts them) and ``protection`` (the
+    lowmem_reserve list, pages). A zone the kernel prints without a field has no such key; the
+    per-CPU pagesets' ``high:`` lines and the node's statistics are skipped."""
+    zones: list[dict[str, Any]] = []
+    cur: dict[str, Any] | None = None
+    for line in text.splitlines():
+        m = re.match(r"^Node\s+(\d+),\s+zone\s+(\S+)", line)
+        if m:
+            cur = {"node": int(m.group(1)), "zone": m.group(2)}
+            zones.append(cur)
+            continue
+        if cur is None:
+            continue
+        f = line.split()
+        if len(f) == 3 and f[0] == "pages" and f[1] == "free":
+            cur["free"] = int(f[2])
+        elif len(f) == 2 and f[0] in ZONE_FIELDS and f[1].isdigit() and f[0] not in cur:
+            cur[f[0]] = int(f[1])
+        elif f and f[0] == "protection:":
+            cur["protection"] = [int(x) for x in re.findall(r"\d+", line.partition(":")[2])]
+    return zones
+
+
+def read_zoneinfo(root: str | os.PathLike = "/") -> list[dict[str, Any]]:
+    """/proc/zoneinfo (:func:`parse_zoneinfo`)."""
+    return parse_zoneinfo(_read_text(_p(root, "proc/zoneinfo")))
+
+
+def watermark_sums(zones: list[dict[str, Any]]) -> dict[str, int]:
+    """``sum_min_pages``, ``sum_low_pages``, ``sum_high_pages`` over the zones with managed pages
+    (the zones kswapd balances: managed_zone()), and ``managed_pages`` summed. Σhigh is what a
+    6.8 kswapd pass asks of a node in one go (kswapd_shrink_node's nr_to_reclaim)."""
+    live = [z for z in zones if z.get("managed", 0) > 0]
+    return {"sum_min_pages": sum(z.get("min", 0) for z in live), "sum_low_pages": sum(z.get("low", 0) for z in live),
+            "sum_high_pages": sum(z.get("high", 0) for z in live),
+            "managed_pages": sum(z["managed"] for z in live)}
 
 
 # -- /proc/pressure ----------------------------------------------------------------------------
