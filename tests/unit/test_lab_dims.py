@@ -188,6 +188,38 @@ def test_run_one_boots_with_the_cells_vcpus_and_swap_and_keeps_what_the_guest_go
     assert not [p for d in docs.values() for p in undeclared(d, MatrixRow)]
 
 
+def test_rows_carry_the_dimensions_and_what_the_guest_got_and_the_summary_groups_by_them(tmp_path):
+    from tests.unit.test_lab_matrix import FakeGuest, make_plan
+
+    from moetrace.reports.matrix import summarize
+
+    class WithGuest(FakeGuest):
+        def __call__(self, kernel, command, out, **kw):
+            res = super().__call__(kernel, command, out, **kw)
+            req = json.loads(command[6])
+            Path(out, "guest_settings.json").write_text(json.dumps(
+                {"schema": "moetrace.guest/1", "request": req, "errors": [],
+                 "watermarks": {"after": {"sum_high_pages": 21299, "bite_fraction": req["bite_fraction"],
+                                          "min_free_kbytes": 56808, "watermark_scale_factor": 10}},
+                 "knobs": {"thp": {"after": "never"}}}))
+            return res
+
+    make_plan(tmp_path / "plan.bin")
+    spec = load(tmp_path, BASE.replace("/var/tmp/plan.bin", str(tmp_path / "plan.bin")).replace("repeats = 1",
+                                                                                              "repeats = 2")
+                + 'bite_fraction = [0.02, 0.26]\nthp = "off"\n')
+    out = tmp_path / "m"
+    M.run_cells(out, spec, M.prepare(out, spec, resume=False), run_guest=WithGuest())
+    rows = M.matrix_rows(out)
+    assert len(rows) == 4 and {r["dims"] for r in rows} == {"bite0.02", "bite0.26"}
+    r = next(r for r in rows if r["dims"] == "bite0.26")
+    assert (r["bite_fraction"], r["thp"], r["guest_bite_fraction"], r["guest_thp"]) == (0.26, "off", 0.26, "never")
+    assert r["guest_sum_high_pages"] == 21299 and "controller_bites" not in r
+    summary = summarize(rows)
+    assert sorted((s["dims"], s["cells"]) for s in summary) == [("bite0.02", 2), ("bite0.26", 2)]
+    assert "balloon0.81 bite0.26" in M.write_table(out).with_name("matrix_summary.md").read_text()
+
+
 # -- the watermarks -----------------------------------------------------------------------------
 
 def zones(name: str):

@@ -24,7 +24,7 @@ the start, i.e. one watermark gap above the zones' high watermarks. kswapd wakes
 allocation finds every eligible zone below its low watermark, so the controller bites while the
 kernel still counts the node balanced, and kswapd stays asleep as long as the bites keep up.
 
-Each bite is a row of ``controller.csv`` (written and flushed as it happens: no memory grows with
+Each bite is a row of ``bites.csv`` (in the cell's lab directory) (written and flushed as it happens: no memory grows with
 the window): CSV_COLUMNS. :meth:`BitesController.summary` sums it up (the guest wrapper keeps it
 in guest_settings.json). Only with MGLRU on: :func:`unavailable` says why not otherwise.
 """
@@ -43,7 +43,7 @@ MIN_NR_GENS = 2  # include/linux/mmzone.h: eviction keeps the youngest two gener
 MAX_ROUNDS = 8
 #: the least time between two bites (a bite that freed nothing is not retried at once)
 MIN_GAP_S = 0.2
-CSV_NAME = "controller.csv"
+CSV_NAME = "bites.csv"
 CSV_COLUMNS = ("t_s", "memcg_id", "memcg_path", "node", "memfree_before_kb", "threshold_kb", "pages_asked",
                "min_seq_before", "max_seq_before", "oldest_gen_file_pages", "memcg_file_pages_before", "agings",
                "evictions", "min_seq_after", "max_seq_after", "memcg_file_pages_after", "steal_pages",

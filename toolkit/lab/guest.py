@@ -10,8 +10,9 @@ writes it: moetrace.lab.matrix.guest_command), as root in a disposable lab guest
    queue/read_ahead_kb, then the watermarks (min_free_kbytes, or a bite_fraction reached through
    min_free_kbytes and watermark_scale_factor: moetrace.lab.watermarks, /proc/zoneinfo read
    again after each write, at most WATERMARK_TRIES times);
-2. starts the sampler (moetrace.lab.sampler.Sampler, into DIR/bites/) and, with ``bites_bytes``,
-   the bites controller (moetrace.lab.bites_controller, its log in DIR/bites/);
+2. starts the sampler (moetrace.lab.sampler.Sampler, into DIR/sampler/, where
+   moetrace.run.sampler finds it) and, with ``bites_bytes``, the bites controller
+   (moetrace.lab.bites_controller, its log DIR/bites.csv);
 3. runs the cell (the command after ``--``), SIGINT / SIGTERM passed on to it;
 4. stops the controller and the sampler, puts every knob back, swapoff — also on an error or a
    signal — and writes DIR/guest_settings.json (what was asked, what each knob was before and
@@ -35,7 +36,6 @@ from typing import Any, Callable
 from moetrace.errors import UsageError
 
 GUEST_SETTINGS = "guest_settings.json"
-BITES_DIR = "bites"
 EXIT_SETUP = 4
 WATERMARK_TRIES = 3
 #: the settings the wrapper takes (moetrace.lab.matrix.guest_settings writes them)
@@ -221,19 +221,21 @@ def _watermarks(req: dict[str, Any], doc: dict[str, Any], stack: ExitStack, root
 # -- the run ---------------------------------------------------------------------------------------
 
 def _sampler(req: dict[str, Any], lab_dir: Path, doc: dict[str, Any], stack: ExitStack) -> None:
-    """The bites sampler into DIR/bites/ (a note, not an error, when this build has none)."""
-    rec = doc["sampler"] = {"dir": BITES_DIR, "running": False, "note": None}
+    """The guest's sampler into DIR/sampler/ (a note, not an error, when this build has none)."""
+    rec = doc["sampler"] = {"dir": "sampler", "running": False, "note": None}
     if not req["sampler"]:
         rec["note"] = "not asked"
         return
     try:
         from moetrace.lab.sampler import Sampler
+        from moetrace.run.sampler import SAMPLER_DIR
     except ImportError as e:
         rec["note"] = f"no sampler in this build (moetrace.lab.sampler: {e})"
         doc["notes"].append(rec["note"])
         return
+    rec["dir"] = SAMPLER_DIR
     try:
-        stack.enter_context(Sampler(lab_dir / BITES_DIR))
+        stack.enter_context(Sampler(lab_dir / SAMPLER_DIR))
         rec["running"] = True
     except Exception as e:  # noqa: BLE001 - the cell's own measurements stand without it
         rec["note"] = f"the sampler did not start: {type(e).__name__}: {e}"
@@ -249,9 +251,9 @@ def _controller(req: dict[str, Any], lab_dir: Path, doc: dict[str, Any], stack: 
     if why:
         raise UsageError(f"lru_gen-bites: {why}")
     pages = max(1, req["bites_bytes"] // os.sysconf("SC_PAGE_SIZE"))
-    c = BitesController(lab_dir / BITES_DIR, pages, memcg_path=req["memcg"], root=root)
-    rec = doc["controller"] = {"dir": BITES_DIR}
-    stack.callback(lambda: rec.update(c.summary(), csv=f"{BITES_DIR}/{CSV_NAME}"))  # after it stopped
+    c = BitesController(lab_dir, pages, memcg_path=req["memcg"], root=root)
+    rec = doc["controller"] = {}
+    stack.callback(lambda: rec.update(c.summary(), csv=CSV_NAME))  # after it stopped
     stack.enter_context(c)
 
 
@@ -314,5 +316,5 @@ def read_guest_settings(path: str | os.PathLike) -> dict[str, Any]:
     return dict(read(path))
 
 
-__all__ = ["BITES_DIR", "EXIT_SETUP", "GUEST_SETTINGS", "REQUEST_KEYS", "parse_request", "queue_dir",
+__all__ = ["EXIT_SETUP", "GUEST_SETTINGS", "REQUEST_KEYS", "parse_request", "queue_dir",
            "read_guest_settings", "run_cell", "run_guest_cell", "swap_device", "watermark_state"]

@@ -698,13 +698,15 @@ def matrix_rows(out: str | os.PathLike) -> list[dict[str, Any]]:
     from moetrace.reports.matrix import cell_window
 
     out = Path(out)
-    curve = _saved_curve(out)
+    curves: dict[int | None, Any] = {}
     rows = []
     for doc in finished(out):
         c, lab, res = doc["cell"], doc["lab"], doc["result"] or cast(Cell, {})
+        curve = _cell_curve(out, c, curves)
         row = {"condition": c["condition"], "kernel": c["kernel"], "release": lab.get("release"),
                "mglru": c["mglru"], "mechanism_spec": c["mechanism"], "guest_memory": lab.get("memory"),
                "accel": lab.get("accel")}
+        row.update(dimension_columns(doc))  # {} for a cell of a spec without dimensions, before the wrapper
         row.update(cell_row({**res, "retained": doc["retained"], "reasons": doc["reasons"]},
                             c["capacity_label"], c["repeat"], c["order"], c["dir"]))
         row["mem_available_at_loop_entry_bytes"] = res.get("mem_available_at_loop_entry_bytes")
@@ -725,18 +727,55 @@ def matrix_rows(out: str | os.PathLike) -> list[dict[str, Any]]:
     return rows
 
 
-def _saved_curve(out: Path):
-    """The matrix's miss curve (miss_curve.npz) when it is there and readable, else None."""
+def _saved_curve(out: Path, passes: int | None = None):
+    """The matrix's miss curve (miss_curve.npz; of other ``passes`` than the spec's:
+    miss_curve-p<N>.npz) when it is there and readable, else None."""
     from moetrace.capacity.cell import load_miss_curve
 
-    meta, path = out / "matrix.json", out / "miss_curve.npz"
-    if not path.exists() or not meta.exists():
+    meta = out / "matrix.json"
+    if not meta.exists():
         return None
     try:
         spec = metadata.read_matrix_meta(meta)["spec"]
-        return load_miss_curve(path, spec["plan"], spec["warmup"], spec["passes"])
+        passes = spec["passes"] if passes is None else passes
+        path = out / _curve_name(passes, spec["passes"])
+        return load_miss_curve(path, spec["plan"], spec["warmup"], passes) if path.exists() else None
     except (InputError, KeyError, OSError):
         return None
+
+
+def _cell_curve(out: Path, cell: MatrixCellDoc, cache: dict[int | None, Any]):
+    """The saved miss curve of a finished cell's passes (its window's), loaded once per passes."""
+    passes = window_of(cell.get("settings") or {}, -1)[0]
+    key = None if passes == -1 else passes
+    if key not in cache:
+        cache[key] = _saved_curve(out, key)
+    return cache[key]
+
+
+def dimension_columns(doc: MatrixRow) -> dict[str, Any]:
+    """A row's columns of its dimensions: what the cell asked (``dims``, each key's value) and
+    what its guest got (the wrapper's guest_settings.json: Σhigh and Σhigh / C after the knobs,
+    the knobs read back, the bites controller's totals) and how it was booted (vCPUs, TCG's
+    threading). {} for a cell of a spec without dimensions that ran before the wrapper."""
+    c, lab, g = doc["cell"], doc["lab"], doc.get("guest") or {}
+    if not c.get("settings") and not g:
+        return {}
+    out: dict[str, Any] = {"dims": c.get("dims", ""), **{k: v for k, v in (c.get("settings") or {}).items()},
+                           "vcpus": lab.get("cpus"), "tcg_thread": lab.get("tcg_thread")}
+    after = (g.get("watermarks") or {}).get("after") or {}
+    knobs = g.get("knobs") or {}
+    out.update(guest_sum_high_pages=after.get("sum_high_pages"), guest_bite_fraction=after.get("bite_fraction"),
+               guest_min_free_kbytes=after.get("min_free_kbytes"),
+               guest_watermark_scale_factor=after.get("watermark_scale_factor"),
+               **{f"guest_{k}": (knobs.get(k) or {}).get("after") for k in ("read_ahead_kb", "min_ttl_ms", "thp")},
+               guest_swap_on=(g.get("swap") or {}).get("on"))
+    ctl = g.get("controller")
+    if ctl:
+        out.update(controller_bites=ctl.get("bites"), controller_bite_pages=ctl.get("pages"),
+                   controller_steal_pages=ctl.get("steal_pages"), controller_agings=ctl.get("agings"),
+                   controller_errors=ctl.get("errors"))
+    return out
 
 
 def at_effective_capacity(res: Cell, eff: int | None, curve) -> dict[str, Any]:

@@ -909,7 +909,6 @@ class GuestSampler(TypedDict, total=False):
 class GuestController(TypedDict, total=False):
     """moetrace.lab.bites_controller.BitesController.summary, after it stopped."""
 
-    dir: str
     csv: str
     pages: int
     memcg_path: str | None
