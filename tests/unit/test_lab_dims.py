@@ -401,7 +401,8 @@ def test_the_controller_ages_when_only_two_file_generations_remain():
             "memcg     7 /moetrace-cell\n node     0\n         11       1500          0           0\n"
             "         12        900          3       30000\n         13        400          0       12000\n")
     assert bite_commands(text, 100, 200, 1280, memcg_path="/moetrace-cell") == ["+ 7 0 13 0 1", "- 7 0 12 0 1280"]
-    assert choose(lruvecs(text), "/gone").memcg_id == 7  # not there: the memcg with the most file pages
+    assert choose(lruvecs(text), "/gone") is None  # the cell's memcg not there (yet): no bite
+    assert choose(lruvecs(text), None).memcg_id == 7  # no memcg named: the one with the most file pages
     assert choose(lruvecs(text), "/").memcg_id == 1
     assert bite_commands(text, 100, 200, 64, memcg_path="/") == ["+ 1 0 21 0 1", "- 1 0 20 0 64"]
 
@@ -410,3 +411,34 @@ def test_the_controllers_threshold_is_one_watermark_gap_above_high():
     from moetrace.lab.bites_controller import default_threshold_kb
 
     assert default_threshold_kb(zones("zoneinfo_6.12_512M.txt")) == (2 * 1019 - 850) * 4
+
+
+def test_the_controller_thread_bites_logs_each_bite_and_stops(tmp_path):
+    """The loop on a fake /proc and debugfs: MemFree below the threshold -> a bite (its command
+    written to lru_gen, the state read from lru_gen_full), one row in bites.csv, no memory kept."""
+    import csv
+    import time
+
+    from moetrace.lab.bites_controller import CSV_COLUMNS, BitesController
+
+    root = fake_guest(tmp_path)
+    dbg = root / "sys/kernel/debug"
+    dbg.mkdir(parents=True)
+    (root / "proc/mounts").write_text("none /sys/kernel/debug debugfs rw,relatime 0 0\n")
+    (dbg / "lru_gen").write_text("")
+    (dbg / "lru_gen_full").write_text((DATA / "lru_gen" / "6.12_lru_gen_full.txt").read_text())
+    (root / "proc/meminfo").write_text("MemTotal:        3000000 kB\nMemFree:            4000 kB\n")
+    (root / "proc/vmstat").write_text("pgsteal_kswapd 5\npgsteal_direct 17\n")
+    with BitesController(tmp_path / "lab", 3072, memcg_path="/moe", root=root, interval_s=0.01) as c:
+        assert c.threshold_kb == (2 * 1019 - 850) * 4  # from the fake /proc/zoneinfo
+        deadline = time.monotonic() + 10
+        while c.stats["bites"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    s = c.summary()
+    assert s["bites"] >= 1 and s["error"] is None and s["polls"] >= 1
+    assert (dbg / "lru_gen").read_text() == "- 2 0 6 0 3072\n"
+    with open(tmp_path / "lab" / "bites.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert list(rows[0]) == list(CSV_COLUMNS)
+    assert rows[0]["memcg_path"] == "/moe" and rows[0]["min_seq_before"] == "6" and rows[0]["evictions"] == "1"
+    assert rows[0]["steal_pages"] == "0" and rows[0]["error"] == "" and rows[0]["memfree_before_kb"] == "4000"

@@ -82,10 +82,10 @@ def lruvecs(text: str) -> list[Lruvec]:
 
 
 def choose(vecs: list[Lruvec], memcg_path: str | None) -> Lruvec | None:
-    """The lruvec to bite: of the memcg at ``memcg_path`` when it has file pages, else the one
+    """The lruvec to bite: the memcg at ``memcg_path`` (the cell's scope, where the pool's pages
+    are charged; None while it does not exist or holds no file pages), or without a path the one
     holding the most file pages."""
-    mine = [v for v in vecs if memcg_path is not None and v.memcg_path == memcg_path and v.file_pages > 0]
-    pool = mine or [v for v in vecs if v.file_pages > 0]
+    pool = [v for v in vecs if v.file_pages > 0 and memcg_path in (None, v.memcg_path)]
     return max(pool, key=lambda v: v.file_pages, default=None)
 
 
@@ -160,7 +160,7 @@ class BitesController:
         self._thread: threading.Thread | None = None
         self.t0_ns = 0
         self.stats: dict[str, Any] = {"bites": 0, "rounds": 0, "agings": 0, "steal_pages": 0, "errors": 0,
-                                      "polls": 0, "error": None}
+                                      "polls": 0, "skipped": 0, "error": None}
 
     def __enter__(self) -> "BitesController":
         from moetrace.kernel.procfs import read_zoneinfo
@@ -195,6 +195,10 @@ class BitesController:
                     self.stats["polls"] += 1
                     free = _memfree_kb(mi.fileno())
                     if free >= self.threshold_kb or time.monotonic() - last < MIN_GAP_S:
+                        continue
+                    if choose(lruvecs(self.lru_state.read_text()), self.memcg_path) is None:
+                        self.stats["skipped"] += 1  # the memcg is not there yet, or holds no file pages
+                        last = time.monotonic()
                         continue
                     w.writerow(self._bite(free, mi.fileno()))
                     fh.flush()

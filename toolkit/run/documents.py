@@ -923,6 +923,7 @@ class GuestController(TypedDict, total=False):
     steal_pages: int
     errors: int
     polls: int
+    skipped: int  # polls below the threshold while the memcg held no file pages
     error: str | None
 
 
