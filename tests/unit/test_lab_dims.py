@@ -407,10 +407,15 @@ def test_the_controller_ages_when_only_two_file_generations_remain():
     assert bite_commands(text, 100, 200, 64, memcg_path="/") == ["+ 1 0 21 0 1", "- 1 0 20 0 64"]
 
 
-def test_the_controllers_threshold_is_one_watermark_gap_above_high():
+def test_the_controllers_threshold_is_one_watermark_gap_above_high_with_the_lower_zones_reserve():
+    """512 MiB 6.12 guest: DMA32 (high 987, low 823) the top zone, DMA below it (high 32, its
+    lowmem_reserve for DMA32 440); the 24 GiB host: Normal on top, DMA and DMA32 below it (the
+    host's zoneinfo shows boosted watermarks: the threshold is read with the boost)."""
     from moetrace.lab.bites_controller import default_threshold_kb
 
-    assert default_threshold_kb(zones("zoneinfo_6.12_512M.txt")) == (2 * 1019 - 850) * 4
+    assert default_threshold_kb(zones("zoneinfo_6.12_512M.txt")) == (2 * 987 - 823 + 32 + 440) * 4
+    # the host's DMA zone (3840 pages) is smaller than its reserve for Normal (16 + 24090): all of it stays free
+    assert default_threshold_kb(zones("zoneinfo_6.18_24G.txt")) == (2 * 35285 - 29891 + 3840 + 3660 + 21071) * 4
 
 
 def test_the_controller_thread_bites_logs_each_bite_and_stops(tmp_path):
@@ -430,7 +435,7 @@ def test_the_controller_thread_bites_logs_each_bite_and_stops(tmp_path):
     (root / "proc/meminfo").write_text("MemTotal:        3000000 kB\nMemFree:            4000 kB\n")
     (root / "proc/vmstat").write_text("pgsteal_kswapd 5\npgsteal_direct 17\n")
     with BitesController(tmp_path / "lab", 3072, memcg_path="/moe", root=root, interval_s=0.01) as c:
-        assert c.threshold_kb == (2 * 1019 - 850) * 4  # from the fake /proc/zoneinfo
+        assert c.threshold_kb == (2 * 987 - 823 + 32 + 440) * 4  # from the fake /proc/zoneinfo
         deadline = time.monotonic() + 10
         while c.stats["bites"] < 1 and time.monotonic() < deadline:
             time.sleep(0.02)

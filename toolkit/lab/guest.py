@@ -269,7 +269,7 @@ def run_guest_cell(request: dict[str, Any], argv: list[str], lab_dir: str | os.P
     from moetrace.run.metadata import write_guest_settings
 
     lab_dir, root = Path(lab_dir), Path(root)
-    doc: dict[str, Any] = {"schema": GUEST_SCHEMA, "request": request, "cell_argv": argv, "knobs": {},
+    doc: dict[str, Any] = {"schema": GUEST_SCHEMA, "request": request, "cell_argv": argv, "pid": os.getpid(), "knobs": {},
                            "restored": [], "errors": [], "notes": [], "exit_status": None,
                            "started_monotonic_ns": time.monotonic_ns()}
     rc = EXIT_SETUP

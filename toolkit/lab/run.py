@@ -284,7 +284,9 @@ setup_failed() { echo "lab: $*" > /tmp/lab/stderr; echo "{\"setup_error\": \"$*\
   "\"release\": \"$(uname -r)\", \"mglru\": \"none\"}" > .guest-status.json; sync; echo o > /proc/sysrq-trigger; sleep 30; }
 POOL=@POOL@
 if [ -n "$POOL" ]; then
-  mkdir -p "$POOL" 2>/dev/null; mount -t ext4 -o ro,noatime /dev/vda "$POOL" || setup_failed "cannot mount the pool image (/dev/vda) at $POOL"
+  # the pool's disk by its serial (a swap disk may come first), else the first disk
+  dev=/dev/vda; for s in /sys/block/vd*/serial; do [ "$(cat "$s" 2>/dev/null)" = @POOL_SERIAL@ ] && dev=/dev/${s#/sys/block/} && dev=${dev%/serial}; done
+  mkdir -p "$POOL" 2>/dev/null; mount -t ext4 -o ro,noatime "$dev" "$POOL" || setup_failed "cannot mount the pool image ($dev) at $POOL"
 fi
 MEMCG=@MEMCG@
 if [ -n "$MEMCG" ]; then
@@ -501,8 +503,8 @@ ACCEL_CMDLINE = {"kvm": "", "tcg": "mitigations=off"}
 #: QEMU arguments of each accelerator (TCG's CPU model and threading: see TCG_CPU, TCG_THREAD)
 ACCEL_ARGS = {"kvm": lambda thread: ["-accel", "kvm", "-cpu", "host"],
               "tcg": lambda thread: ["-accel", f"tcg,thread={thread}", "-cpu", TCG_CPU]}
-#: the swap disk's serial (/sys/block/vdX/serial in the guest): how the guest finds it
-SWAP_SERIAL = "moetrace-swap"
+#: the disks' serials (/sys/block/vdX/serial in the guest): how the guest finds them
+POOL_SERIAL, SWAP_SERIAL = "moetrace-pool", "moetrace-swap"
 
 
 @dataclass
@@ -620,6 +622,7 @@ def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2
     (out / ".guest.sh").write_text(GUEST.replace("@MGLRU@", mglru).replace("@CMD@", shlex.join(command))
                                    .replace("@ENV@", envs).replace("@POOL@", shlex.quote(pool_path))
                                    .replace("@MEMCG@", shlex.quote(memcg or "")).replace("@CGDIR@", GUEST_MEMCG)
+                                   .replace("@POOL_SERIAL@", POOL_SERIAL)
                                    # moetrace, replay, ... of this installation first on the guest's PATH
                                    .replace("@BIN@", shlex.quote(str(Path(sys.executable).parent))))
     t0 = time.monotonic()
@@ -629,7 +632,8 @@ def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2
         drives: list[str] = []
         if pool is not None:
             img = pool_image(Path(pool), Path(tmp) / "pool.ext4")
-            drives = ["-drive", f"file={img},if=virtio,format=raw,readonly=on"]
+            drives = ["-drive", f"file={img},if=none,id=moepool,format=raw,readonly=on",
+                      "-device", f"virtio-blk-pci,drive=moepool,serial={POOL_SERIAL}"]
         if swap_bytes:
             drives += swap_drive(Path(tmp) / "swap.img", swap_bytes)
         console = Path(tmp) / "console.log"

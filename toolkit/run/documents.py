@@ -933,6 +933,7 @@ class GuestSettings(TypedDict, total=False):
     schema: Required[str]
     request: Required[GuestRequest]
     cell_argv: list[str]
+    pid: int  # the wrapper's (the controller's thread is in it: the vmscan probe's tgid of its evictions)
     knobs: dict[str, GuestKnob]  # thp, min_ttl_ms, read_ahead_kb, min_free_kbytes, watermark_scale_factor
     restored: list[str]
     watermarks: GuestWatermarks
