@@ -220,6 +220,27 @@ def test_rows_carry_the_dimensions_and_what_the_guest_got_and_the_summary_groups
     assert "balloon0.81 bite0.26" in M.write_table(out).with_name("matrix_summary.md").read_text()
 
 
+def test_a_layer_layout_cell_reads_a_per_layer_copy_of_the_pool_made_once(tmp_path):
+    from tests.unit.test_lab_matrix import FakeGuest, make_plan
+
+    from moetrace.inputs.geometry import Geometry
+    from moetrace.inputs.pool import create_pool, open_pool
+
+    make_plan(tmp_path / "plan.bin")
+    create_pool(tmp_path / "pool", Geometry(1, 8, 8, 1 << 20, "t"), layout="files")
+    spec = load(tmp_path, BASE.replace("/var/tmp/plan.bin", str(tmp_path / "plan.bin"))
+                .replace("/var/tmp/pool", str(tmp_path / "pool")) + 'pool_layout = ["expert", "layer"]\n')
+    out = tmp_path / "m"
+    guest = FakeGuest()
+    M.run_cells(out, spec, M.prepare(out, spec, resume=False), run_guest=guest)
+    by = {name.split("-")[2]: (cmd, mem) for _k, _g, name, mem, _env, cmd in guest.calls}
+    layer_cmd = by["layerfiles"][0]
+    assert layer_cmd[layer_cmd.index("--pool") + 1] == str(out.resolve() / "pools" / "layer")
+    assert json.loads(layer_cmd[6])["pool"] == str(out.resolve() / "pools" / "layer")
+    assert by["expertfiles"][0][by["expertfiles"][0].index("--pool") + 1] == str(tmp_path / "pool")
+    assert open_pool(out / "pools" / "layer").layout == "layers"
+
+
 # -- the watermarks -----------------------------------------------------------------------------
 
 def zones(name: str):

@@ -6,7 +6,7 @@ from common.replay import *  # noqa: F401,F403
 
 
 @pytest.mark.parametrize("mode", ["pagecache", "mmap", "direct"])
-@pytest.mark.parametrize("layout", ["files", "one"])
+@pytest.mark.parametrize("layout", ["files", "one", "layers"])
 def test_counts_and_iteration_log(small, tmp_path, mode, layout):
     pool = small[layout]
     if mode == "direct" and not o_direct_ok(pool.path_of(0)):
@@ -45,7 +45,7 @@ def test_counts_and_iteration_log(small, tmp_path, mode, layout):
     assert (df["arena_hits"] == 0).all() and (df["hints_submitted"] == 0).all()
 
 
-@pytest.mark.parametrize("layout", ["files", "one"])
+@pytest.mark.parametrize("layout", ["files", "one", "layers"])
 @pytest.mark.parametrize("mode", ["pagecache", "mmap", "direct", "pinned", "chunked"])
 def test_reader_copies_the_right_bytes(small, mode, layout):
     """Every expert read by each read path equals the expert's bytes on disk."""

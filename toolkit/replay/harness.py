@@ -493,10 +493,8 @@ class Replayer:
                 raise UsageError(f"--mode mmap keeps {len(paths)} files open, RLIMIT_NOFILE allows {soft}",
                                  hint="raise `ulimit -n`, or use a pool with --layout pool")
             self.fd_mode = "per-access"  # open/close around each read (reported in the summary)
-        if pool.layout == "files":
-            need_size, want = g.expert_bytes, "expert_bytes"
-        else:
-            need_size, want = (g.n_total - 1) * pool.extent_bytes + g.expert_bytes, "the pool's extents"
+        need_size = pool.file_min_bytes()
+        want = "expert_bytes" if pool.layout == "files" else "the file's extents"
         if mode == "mmap" and len(paths) > _max_map_count() - 1024:
             raise UsageError(f"--mode mmap maps {len(paths)} files, vm.max_map_count is {_max_map_count()}",
                              hint="raise vm.max_map_count, or use a pool with --layout pool")
@@ -518,7 +516,7 @@ class Replayer:
                 if self.opts.fadvise_random:
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
                 if mode == "mmap":
-                    length = size if pool.layout == "pool" else g.expert_bytes
+                    length = g.expert_bytes if pool.layout == "files" else size
                     addr = libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
                     if addr in (None, MAP_FAILED):
                         err = ctypes.get_errno()
@@ -533,17 +531,12 @@ class Replayer:
                 os.close(fd)
             else:
                 self.fds.append(fd)
-        if pool.layout == "files":
-            self._fd_of = self.fds if self.fd_mode == "kept" else []
-            self._off_of = [0] * g.n_total
-            if self._maps:
-                self._map_addr = [a for a, _ in self._maps]
-        else:
-            self._fd_of = self.fds * g.n_total if self.fds else []
-            self._off_of = [e * pool.extent_bytes for e in range(g.n_total)]
-            if self._maps:
-                base = self._maps[0][0]
-                self._map_addr = [base + o for o in self._off_of]
+        # per expert: its file's fd (or mapping) and its offset there, in every layout
+        file_of = [pool.file_of(e) for e in range(g.n_total)]
+        self._off_of = [pool.offset_of(e) for e in range(g.n_total)]
+        self._fd_of = [self.fds[f] for f in file_of] if self.fds else []
+        if self._maps:
+            self._map_addr = [self._maps[f][0] + o for f, o in zip(file_of, self._off_of)]
 
     def _locate(self, eid: int) -> tuple[int, int]:
         """(fd, offset) of an expert for the prefetch advisor (page-cache fds)."""
@@ -574,10 +567,10 @@ class Replayer:
         t0 = time.monotonic_ns()
         dfds: dict[int, int] = {}
         method = "direct"
-        files = self.pool.layout == "files"
+        pool = self.pool
         paths = {}
         for eid in self.arena_ids.tolist():
-            fi = eid if files else 0
+            fi = pool.file_of(eid)
             if fi not in dfds:
                 p = self._data_path(fi)
                 try:
@@ -592,15 +585,14 @@ class Replayer:
                 paths[fi] = p
         plen = _round_up(eb, ALIGN) if method == "direct" else eb
         arena_addr = self.arena_addr
-        extent = self.pool.extent_bytes
 
         def preload(w: _Worker, eid: int) -> None:
-            fd = dfds[eid if files else 0]
-            off = 0 if files else eid * extent
+            fd = dfds[pool.file_of(eid)]
+            off = pool.offset_of(eid)
             n = os.preadv(fd, [w.mv[:plen]], off)
             if n < eb:
                 raise InputError(f"short read of expert {eid} during preload ({n} of {eb} bytes)",
-                                 path=paths[eid if files else 0])
+                                 path=paths[pool.file_of(eid)])
             _memmove(arena_addr + arena_off[eid], w.addr, eb)
             if method == "buffered":
                 os.posix_fadvise(fd, off, eb, os.POSIX_FADV_DONTNEED)
@@ -626,8 +618,7 @@ class Replayer:
         memmove = _memmove
 
         def short(eid: int, n: int):
-            i = eid if self.pool.layout == "files" else 0
-            return InputError(f"short read of expert {eid}: {n} of {eb} bytes", path=self._data_path(i),
+            return InputError(f"short read of expert {eid}: {n} of {eb} bytes", path=str(self.pool.path_of(eid)),
                               hint=f"the pool changed under the replay; run `moetrace pool verify {self.pool.root}`")
 
         if self.opts.mode == "mmap":
@@ -647,7 +638,7 @@ class Replayer:
                     memmove(w.addr, arena_addr + arena_off[eid], eb)
                     w.hits += 1
                 else:
-                    fd = os.open(self._data_path(eid if self.pool.layout == "files" else 0), flags)
+                    fd = os.open(self._data_path(self.pool.file_of(eid)), flags)
                     try:
                         n = preadv(fd, w.iov, off_of[eid])
                     finally:
