@@ -867,7 +867,9 @@ def summarize(rep: Replayer, complete: bool, exit_status: int, error: str | None
     mm = phase == "measured"
     dur = np.asarray(rows["duration_ns"], np.int64)
     rep_col = np.asarray(rows["repeat"], np.int64)
-    per_rep = [dur[mm & (rep_col == r)].tolist() for r in range(int(rep_col[mm].max()) + 1)] if mm.any() else []
+    # the measured rows are in repeat order: split where the repeat changes (one pass over them, an
+    # 8-minute window of many passes included)
+    per_rep = [a.tolist() for a in np.split(dur[mm], np.flatnonzero(np.diff(rep_col[mm])) + 1)] if mm.any() else []
     measured = _stats(dur[mm].tolist())
     measured["per_iteration_ns"] = per_rep
     mstart = [a for a, _ in rep.phase_wall["measured"]]
@@ -931,7 +933,10 @@ def write_outputs(run_dir: str | os.PathLike, rows: dict, summary: dict) -> None
         d.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise InputError(f"cannot create the run directory: {e.strerror}", path=str(d)) from None
-    table = pa.table({c: pa.array(rows[c], type=getattr(pa, t)()) for c, t in ITERATION_COLUMNS})
+    # an array('q') column goes to Arrow through its buffer (no Python int per value: a long window's
+    # log is hundreds of thousands of rows)
+    table = pa.table({c: pa.array(np.frombuffer(rows[c], np.int64) if isinstance(rows[c], array.array) else rows[c])
+                      .cast(getattr(pa, t)()) for c, t in ITERATION_COLUMNS})
     table = table.replace_schema_metadata({"schema": REPLAY_SCHEMA, "clock": "CLOCK_MONOTONIC"})
     with atomic_write(d / ITERATIONS_FILE) as tmp:
         pq.write_table(table, str(tmp))
