@@ -26,8 +26,11 @@ EOF
   updated=0
 fi
 need=()
+# the last line: what `moetrace lab build` needs to build a kernel tree (pahole for BTF comes with
+# the 6.12 packages from backports)
 for p in qemu-system-x86 busybox-static "linux-image-$K61-unsigned" "linux-headers-$K61" \
-         "linux-image-$K612-unsigned" "linux-headers-$K612"; do
+         "linux-image-$K612-unsigned" "linux-headers-$K612" \
+         build-essential flex bison bc libelf-dev libssl-dev pahole; do
   have_pkg "$p" || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

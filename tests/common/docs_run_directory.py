@@ -24,10 +24,11 @@ ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "run-directory.md"
 #: directory kind -> its `## ` heading in the doc
 KINDS = {"run": "Run directory", "cell": "Cell directory", "sweep": "Sweep directory", "lab": "Lab directory",
-         "matrix": "Matrix directory"}
+         "matrix": "Matrix directory", "sampler": "Sampler directory"}
 #: subdirectories that are directories of another kind: (kind, entry) -> the kind inside
 NESTED = {("cell", "run/"): "run", ("cell", "watch/"): "run", ("sweep", "cells/<C>-r<i>/"): "cell",
-          ("lab", "cell/"): "cell", ("matrix", "cells/<condition>/<cell>/"): "lab"}
+          ("lab", "cell/"): "cell", ("matrix", "cells/<condition>/<cell>/"): "lab",
+          ("lab", "sampler/"): "sampler"}
 _ROW = re.compile(r"^\|\s*`([^`]+)`\s*\|")
 #: a backticked name in a meaning cell that is a key (lowercase identifier); other code spans are values
 _KEY = re.compile(r"`([a-z_][a-z0-9_]*)`")
@@ -196,8 +197,8 @@ def _file_problems(doc: RunDirectoryDoc, rel: str, path: Path, retired_ok: bool)
     every level that its declaration lacks (keys older versions wrote allowed with ``retired_ok``)."""
     import pyarrow.parquet as pq
 
-    if path.suffix == ".csv":  # a CSV twin of a Parquet table: the same columns
-        section = doc.section_for(rel[:-4] + ".parquet")
+    if path.suffix == ".csv":  # a CSV of its own (the sampler's), or the twin of a Parquet table
+        section = doc.section_for(rel) or doc.section_for(rel[:-4] + ".parquet")
         names = path.read_text().splitlines()[0].split(",")
     elif path.suffix == ".parquet":
         section = doc.section_for(rel)
@@ -214,8 +215,8 @@ def _file_problems(doc: RunDirectoryDoc, rel: str, path: Path, retired_ok: bool)
         return []
     if section is None:
         return [f"{rel}: no `### ` section documents this table"]
-    known = {n.split(".", 1)[0] for n in doc.sections[section]}
-    return [f"{rel}: `{n}` is not in the section `{section}`" for n in names if n not in known]
+    known = [_pattern(n.split(".", 1)[0]) for n in doc.sections[section]]  # `allocstall_<zone>`: one name each
+    return [f"{rel}: `{n}` is not in the section `{section}`" for n in names if not any(k.fullmatch(n) for k in known)]
 
 
 def check_directory(doc: RunDirectoryDoc, top: Path, kind: str, where: str = "", retired_ok: bool = False) -> list[str]:

@@ -87,6 +87,7 @@ swap = "32MiB"
     assert g["swap"]["on"] and g["swap"]["off_at_end"] and any(g["swap"]["device"] in s for s in g["swap"]["swaps"])
     assert sorted(g["restored"]) == ["min_free_kbytes", "min_ttl_ms", "read_ahead_kb", "thp", "watermark_scale_factor"]
     assert row["guest_bite_fraction"] == w["after"]["bite_fraction"] and row["controller_bites"] >= 2
+    assert g["sampler"]["running"] and (cdir / "sampler" / "sampler.json").is_file(), g["sampler"]  # beside it
     # the controller bit, and logged every bite
     ctl = g["controller"]
     with open(cdir / "bites.csv") as fh:
@@ -121,4 +122,5 @@ swap = "32MiB"
           f"(vmscan probe: {mine}), {int(bites['agings'].sum())} agings, {retired} generations retired (lru_gen "
           f"samples: {int(after.iloc[0] - before.iloc[-1])}); Σhigh / C {w['after']['bite_fraction']:.3f} (asked 0.1), "
           f"threshold {ctl['threshold_kb']} kB, polled {ctl['poll_hz']:.0f} Hz; recording's vmstat {vm}; "
+          f"kswapd share {row.get('kswapd_share')}; "
           f"host wall {done['lab']['host_wall_s']:.0f} s")

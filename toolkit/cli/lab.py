@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from moetrace.cli.common import emit_json, executor_options, slurm_params
+from moetrace.cli.lab_build import build as lab_build
 
 
 @click.group()
@@ -23,7 +24,12 @@ def lab() -> None:
     run       boot a kernel under QEMU, run one command in it, bring back what it wrote
     matrix    the paper's §5 matrix: cells over kernels x MGLRU x mechanisms x capacities,
               each in a fresh boot, resumable
+    sample    run a command while sampling vmstat, MemFree, lru_gen and the watermarks
+    build     a kernel tree (+ patches, + a config fragment) to an image the lab boots
     """
+
+
+lab.add_command(lab_build)
 
 
 @lab.command()
@@ -260,3 +266,31 @@ def matrix(spec_path, out_dir, resume, dry_run, report_only, as_json, executor, 
         click.echo(summary_markdown(res.summary), nl=False)
     say(f"{len(res.rows)} of {res.n_cells} cells finished, {kept} retained; {res.table} (summary: "
         "matrix_summary.md, Fig. 3: matrix_fig3.png)")
+
+
+@lab.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="The sampler directory (created): vmstat.csv, memfree.csv, lru_gen.csv, zoneinfo.json, "
+                   "sampler.json.")
+@click.option("--vmstat-hz", type=click.FloatRange(0, 1000), default=1.0, show_default=True,
+              help="/proc/vmstat samples per second (0: off).")
+@click.option("--memfree-hz", type=click.FloatRange(0, 1000), default=10.0, show_default=True,
+              help="MemFree / Cached samples per second (0: off).")
+@click.option("--lru-gen-hz", type=click.FloatRange(0, 1000), default=1.0, show_default=True,
+              help="<debugfs>/lru_gen samples per second (0: off; mounts debugfs when absent, as root).")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def sample(out_dir, vmstat_hz, memfree_hz, lru_gen_hz, command):
+    """Run COMMAND while sampling what the kernel's reclaim does: /proc/vmstat split kswapd /
+    direct, MemFree, MGLRU's generations (lru_gen) and the zones' watermarks (Σhigh). Exits
+    with COMMAND's status.
+
+    \b
+    For a lab cell (the guest is slow under TCG: the sampler keeps its files open and
+    reads them with pread; sampler.json says the rates it achieved and its CPU time).
+    Example:
+      moetrace lab run --kernel 6.12 --out lab1 -- \\
+        moetrace lab sample --out /tmp/lab/sampler -- sh -c 'cat /var/tmp/pool/* > /dev/null'
+    """
+    from moetrace.lab.sampler import run_sampled
+
+    sys.exit(run_sampled(out_dir, list(command), vmstat_hz=vmstat_hz, memfree_hz=memfree_hz, lru_gen_hz=lru_gen_hz))

@@ -203,13 +203,16 @@ def _is_dir(p: Path) -> bool:
         return False
 
 
-def unmount_ours() -> list[str]:
+def unmount_ours(only: str | None = None) -> list[str]:
     """Unmount what this process mounted (last first); returns one note per mount point.
+    ``only``: that mount point alone, if this process mounted it (the rest stays mounted).
 
     A mount point still in use is left mounted, and the note says so; it stays on the list, so
     a later call (the end of a test session) tries again."""
     notes = []
     busy = []
+    keep = [t for t in _MOUNTED if only is not None and t != only]
+    _MOUNTED[:] = [t for t in _MOUNTED if t not in keep]
     while _MOUNTED:
         target = _MOUNTED.pop()
         if target == DEBUGFS_MOUNT:  # tracefs automounted under it goes first
@@ -220,7 +223,7 @@ def unmount_ours() -> list[str]:
         else:
             notes.append(f"left {target} mounted: {(r.stderr or r.stdout).strip()}")
             busy.insert(0, target)
-    _MOUNTED.extend(busy)
+    _MOUNTED.extend(keep + busy)
     clear_cache()
     return notes
 

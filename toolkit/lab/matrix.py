@@ -695,6 +695,7 @@ def matrix_rows(out: str | os.PathLike) -> list[dict[str, Any]]:
     its kernel did in the measured window (reports.matrix.cell_window: reclaim, generations,
     eviction ages)."""
     from moetrace.capacity.sweep import cell_row, effective_capacity
+    from moetrace.reports.bites import bite_columns
     from moetrace.reports.matrix import cell_window
 
     out = Path(out)
@@ -723,6 +724,7 @@ def matrix_rows(out: str | os.PathLike) -> list[dict[str, Any]]:
         at = at_effective_capacity(res, None if res_bytes is None else int(res_bytes), curve)
         row["miss_bytes_per_iteration_at_resident"] = at["miss_bytes_per_iteration_at_effective"]
         row["amplification_at_resident"] = at["amplification_at_effective"]
+        row.update(bite_columns(out / c["dir"], c["capacity_bytes"]))  # {} without the guest's sampler files
         rows.append(row)
     return rows
 

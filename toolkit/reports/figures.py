@@ -21,9 +21,9 @@ def _plt():
     return plt
 
 
-def new_figure(w: float = 7.5, h: float = 3.6, ncols: int = 1):
+def new_figure(w: float = 7.5, h: float = 3.6, ncols: int = 1, nrows: int = 1, sharex: bool = False):
     plt = _plt()
-    fig, ax = plt.subplots(1, ncols, figsize=(w, h), dpi=100, constrained_layout=True)
+    fig, ax = plt.subplots(nrows, ncols, figsize=(w, h), dpi=100, constrained_layout=True, sharex=sharex)
     return fig, ax
 
 

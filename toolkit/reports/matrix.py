@@ -307,7 +307,10 @@ SUMMARY_FIGURES = ("device_bytes_per_iteration", "amplification", "amplification
                    "evictions_per_page", "eviction_age_ms_median", "generations_born",
                    "file_pages_in_oldest_generation_share", "excess_share_of_rereads",
                    "rereads_evicted_within_one_iteration_share", "evicted_from_oldest_share",
-                   "dwell_at_eviction_ms_p50", "activations_per_iteration")
+                   "dwell_at_eviction_ms_p50", "activations_per_iteration",
+                   # the guest's sampler (reports.bites.bite_columns; absent in older cells)
+                   "kswapd_share", "scan_to_steal_kswapd", "scan_to_steal_direct", "sum_high_over_fC",
+                   "turnovers_per_min", "bite_p50_pages", "bite_max_over_oldest", "evicted_before_read_pages")
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -623,6 +626,9 @@ def build_matrix_report(m: MatrixInputs, out: str | os.PathLike, *, sections: It
             rep.summary["pairs"] = json.loads(table_json(m.pairs))
         rep.table("matrix_cells", m.cells, "Every finished cell", None)
         rep.summary["cells"] = len(m.cells)
+        from moetrace.reports.bites import section_why
+
+        section_why(rep, m.path, m.cells)
         if m.detail is None:
             rep.summary["kind"] = "matrix"
             return write_report(rep, ("matrix",), final=out)

@@ -32,6 +32,7 @@ JOB_SCHEMA = "moetrace.job/1"
 LAB_SCHEMA = "moetrace.lab/1"
 MATRIX_SCHEMA = "moetrace.matrix/1"
 GUEST_SCHEMA = "moetrace.guest/1"
+SAMPLER_SCHEMA = "moetrace.sampler/1"
 
 
 @dataclass(frozen=True)
@@ -1021,6 +1022,95 @@ class MatrixRow(TypedDict, total=False):
     guest: Annotated[GuestSettings, See("guest_settings.json")]  # the wrapper's, when it ran
 
 
+# -- the lab guest's sampler: sampler/sampler.json, sampler/zoneinfo.json ----------------------------
+
+class SamplerStream(TypedDict, total=False):
+    """One sampled file: what was asked and what was taken."""
+
+    file: str  # the CSV written
+    source: str | None  # the kernel file read (null: none was found)
+    requested_hz: float
+    samples: int  # rows: one at the start, one per tick taken, one at the end
+    ticks: int  # samples taken on the grid of 1 / requested_hz
+    achieved_hz: float | None  # ticks / wall time (null: no wall time)
+    missed_ticks: int  # ticks skipped because a read ran late
+    read_s_mean: float | None  # mean seconds per read and parse
+    available: bool
+    why_not: str | None
+
+
+class SamplerDebugfs(TypedDict, total=False):
+    path: str | None
+    mounted_by_sampler: bool
+    note: str | None
+    unmount_note: str | None
+
+
+class SamplerMeta(TypedDict, total=False):
+    """sampler.json (moetrace.lab.sampler.Sampler): what ran, the rates achieved, what failed."""
+
+    schema: Required[str]
+    t0_monotonic_ns: Required[int]  # t = 0 of every CSV (CLOCK_MONOTONIC, the probes' clock)
+    end_monotonic_ns: int | None
+    wall_s: float | None
+    complete: bool
+    kernel_release: str
+    streams: Required[dict[str, SamplerStream]]
+    vmstat_columns: list[str]
+    vmstat_absent: list[str]
+    debugfs: SamplerDebugfs
+    cpu_s: float | None  # the sampling thread's CPU time
+    cpu_share: float | None  # cpu_s / wall_s
+    errors: list[str]
+    command: list[str]
+    exit_status: int | None
+
+
+class ZoneDoc(TypedDict, total=False):
+    """One zone of /proc/zoneinfo (pages)."""
+
+    node: int
+    zone: str
+    managed: int
+    present: int
+    spanned: int
+    free: int
+    min: int
+    low: int
+    high: int
+    boost: int
+    promo: int
+    cma: int
+    protection: list[int]
+
+
+class ZoneinfoSide(TypedDict, total=False):
+    """The watermarks and the knobs that size them, read once (at the start or the end)."""
+
+    monotonic_ns: int
+    zones: list[ZoneDoc]
+    sum_min_pages: int
+    sum_low_pages: int
+    sum_high_pages: int
+    managed_pages: int
+    min_free_kbytes: int | None
+    watermark_scale_factor: int | None
+    watermark_boost_factor: int | None
+    page_size_bytes: int
+    mem_total_bytes: int | None
+    lru_gen_enabled: str | None
+    min_ttl_ms: int | None
+    transparent_hugepage: str | None
+
+
+class ZoneinfoDoc(TypedDict, total=False):
+    """sampler/zoneinfo.json: the zones at the start and at the end of the sampling."""
+
+    schema: Required[str]
+    start: Required[ZoneinfoSide]
+    end: ZoneinfoSide | None
+
+
 # -- the walk --------------------------------------------------------------------------------------
 
 #: file (as docs/run-directory.md names its section) -> its declaration
@@ -1029,7 +1119,7 @@ DOCUMENTS: dict[str, type] = {
     "guest_settings.json": GuestSettings,
     "replay.json": ReplaySummary, "cell.json": Cell, "sweep.json": SweepMeta, "jobs/<C>-r<i>.json": Job,
     "jobs/<C>-r<i>.ran.json": Ran, "jobs/attempts.jsonl": Attempt, "lab.json": Lab, "matrix.json": MatrixMeta,
-    "done.json": MatrixRow,
+    "done.json": MatrixRow, "sampler.json": SamplerMeta, "zoneinfo.json": ZoneinfoDoc,
 }
 
 #: keys moetrace wrote before and no longer writes: accepted in older directories (the golden

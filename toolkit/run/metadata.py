@@ -149,6 +149,28 @@ def write_matrix_row(path: str | os.PathLike, doc: D.MatrixRow) -> None:
     write_json(path, doc)
 
 
+def read_sampler_meta(path: str | os.PathLike) -> D.SamplerMeta:
+    """A sampler directory's sampler.json (``path``: the file, or the directory)."""
+    return cast(D.SamplerMeta, read_object(_file_in(path, "sampler.json"), D.SamplerMeta, "sampler.json",
+                                           D.SAMPLER_SCHEMA, {"t0_monotonic_ns": "int"}))
+
+
+def write_sampler_meta(path: str | os.PathLike, doc: D.SamplerMeta) -> None:
+    write_json(path, doc)
+
+
+def read_zoneinfo_doc(path: str | os.PathLike) -> D.ZoneinfoDoc:
+    """A sampler directory's zoneinfo.json (``path``: the file, or the directory)."""
+    return cast(D.ZoneinfoDoc, read_object(_file_in(path, "zoneinfo.json"), D.ZoneinfoDoc, "zoneinfo.json",
+                                           D.SAMPLER_SCHEMA,
+                                           {"start": "obj", "start.sum_high_pages": "int",
+                                            "start.page_size_bytes": "int"}))
+
+
+def write_zoneinfo_doc(path: str | os.PathLike, doc: D.ZoneinfoDoc) -> None:
+    write_json(path, doc)
+
+
 def retained_matrix_cells(out: str | os.PathLike) -> tuple[D.MatrixMeta, list[D.MatrixCellDoc]]:
     """A matrix directory's matrix.json and its cells whose done.json says retained, in the
     matrix's order (a cell not finished yet is left out)."""
