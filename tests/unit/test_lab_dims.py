@@ -468,3 +468,10 @@ def test_the_controller_thread_bites_logs_each_bite_and_stops(tmp_path):
     assert list(rows[0]) == list(CSV_COLUMNS)
     assert rows[0]["memcg_path"] == "/moe" and rows[0]["min_seq_before"] == "6" and rows[0]["evictions"] == "1"
     assert rows[0]["steal_pages"] == "0" and rows[0]["error"] == "" and rows[0]["memfree_before_kb"] == "4000"
+    # the cell's memcg gone (the cell removed its scope): no bite, no row, counted as skipped
+    with BitesController(tmp_path / "lab2", 3072, memcg_path="/gone", root=root, interval_s=0.01) as c2:
+        deadline = time.monotonic() + 10
+        while c2.stats["skipped"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert c2.summary()["bites"] == 0 and c2.summary()["skipped"] >= 1
+    assert (tmp_path / "lab2" / "bites.csv").read_text().count("\n") == 1  # the header alone

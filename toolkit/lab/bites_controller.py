@@ -215,18 +215,19 @@ class BitesController:
                     free = _memfree_kb(mi.fileno())
                     if free >= self.threshold_kb or time.monotonic() - last < MIN_GAP_S:
                         continue
-                    if choose(lruvecs(self.lru_state.read_text()), self.memcg_path) is None:
-                        self.stats["skipped"] += 1  # the memcg is not there yet, or holds no file pages
-                        last = time.monotonic()
-                        continue
-                    w.writerow(self._bite(free, mi.fileno()))
-                    fh.flush()
+                    row = self._bite(free, mi.fileno())
                     last = time.monotonic()
+                    if row is None:  # the memcg is not there (yet, or no more), or holds no file pages
+                        self.stats["skipped"] += 1
+                        continue
+                    w.writerow(row)
+                    fh.flush()
         except Exception as e:  # noqa: BLE001 - the cell goes on; controller.json says why it stopped
             self.stats["error"] = f"{type(e).__name__}: {e}"
 
-    def _bite(self, free_kb: int, mi_fd: int) -> dict[str, Any]:
-        """One bite: rounds until ``pages`` were stolen, a round stole nothing, or a write failed."""
+    def _bite(self, free_kb: int, mi_fd: int) -> dict[str, Any] | None:
+        """One bite: rounds until ``pages`` were stolen, a round stole nothing, or a write failed
+        (None, no bite: no memcg to bite when it began)."""
         t0 = time.monotonic_ns()
         row: dict[str, Any] = {"t_s": round((t0 - self.t0_ns) / 1e9, 4), "memfree_before_kb": free_kb,
                                "threshold_kb": self.threshold_kb, "pages_asked": self.pages, "agings": 0,
@@ -234,8 +235,9 @@ class BitesController:
         first = None
         for _ in range(MAX_ROUNDS):
             v = choose(lruvecs(self.lru_state.read_text()), self.memcg_path)
-            if v is None:
-                row["error"] = "no memcg holds file pages"
+            if v is None and first is None:
+                return None
+            if v is None:  # emptied (or removed) by the bite's own rounds
                 break
             first = first or v
             stolen = self._round(v, self.pages - row["steal_pages"], row)
