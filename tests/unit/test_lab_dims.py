@@ -412,6 +412,13 @@ def test_the_controller_bites_below_its_threshold_from_the_oldest_file_generatio
     assert bite_commands(text, 10000, 10000, 21299) == []
     full = (DATA / "lru_gen" / "6.12_lru_gen_full.txt").read_text()  # 'x' marks: min_seq[file] = 6 exactly
     assert bite_commands(full, 1, 2, 100, memcg_path="/moe") == ["- 2 0 6 0 100"]
+    # generation 6 emptied of file pages but kept (not 'x'): min_seq[file] is still 6 in the full
+    # format; the short format can only take the first generation with file pages, 7
+    emptied = full.replace("          6        676          2       42038 ", "          6        676          2           0 ")
+    (v,) = [x for x in lruvecs(emptied) if x.node == 0]
+    assert (v.min_seq, v.oldest_file_pages) == (6, 0)
+    (v,) = lruvecs(text.replace("42038", "    0"))
+    assert v.min_seq == 7
 
 
 def test_the_controller_ages_when_only_two_file_generations_remain():

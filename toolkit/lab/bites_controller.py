@@ -67,25 +67,28 @@ class Lruvec:
     memcg_id: int
     memcg_path: str
     node: int
-    min_seq: int  # the oldest generation still holding file pages (the full format: its 'x' marks)
+    min_seq: int  # min_seq[file]: the full format's first generation not marked 'x' (the short
+    # format's first with file pages: it skips an emptied generation the kernel keeps)
     max_seq: int
     oldest_file_pages: int
     file_pages: int  # over every generation
 
 
 def lruvecs(text: str) -> list[Lruvec]:
-    """Every (memcg, node) of an lru_gen / lru_gen_full text. The short format lists the
-    generations from min_seq[anon]; the file type's oldest is the first with file pages there
-    (the full format marks the evicted ones, seq < min_seq[file], with 'x')."""
+    """Every (memcg, node) of an lru_gen / lru_gen_full text. The full format marks the file
+    type's evicted generations (seq < min_seq[file]) with 'x': min_seq[file] is the first
+    unmarked one. The short format lists the generations from min_seq[anon] unmarked: the
+    first with file pages stands in for it."""
     from moetrace.kernel.lru_gen import parse
 
+    sample = parse(text)
     by: dict[tuple[int, int], list[dict[str, Any]]] = {}
-    for g in parse(text).generations:
+    for g in sample.generations:
         by.setdefault((g["memcg_id"], g["node"]), []).append(g)
     out = []
     for (mid, node), gens in by.items():
-        live = [g for g in gens if not g["file_evicted"]]
-        first = next((g for g in live if g["nr_file_pages"] > 0), live[-1] if live else gens[-1])
+        live = [g for g in gens if not g["file_evicted"]] or gens[-1:]
+        first = live[0] if sample.full else next((g for g in live if g["nr_file_pages"] > 0), live[-1])
         out.append(Lruvec(mid, gens[0]["memcg_path"], node, first["seq"], gens[-1]["seq"], first["nr_file_pages"],
                           sum(g["nr_file_pages"] for g in live)))
     return out
