@@ -5,7 +5,7 @@ repeat until it is up), bites of 192 MiB (more than the memcg's file pages: prea
 oldest generation, so a bite drains it, then ages with two generations left and evicts on, as
 6.8's kswapd pass with Σhigh above the oldest generation would), with the guest settings
 bite_fraction, read_ahead_kb, min_ttl_ms, THP off and a swap disk, through the guest wrapper
-(`lab guest-cell`). ~3 min under TCG.
+(`lab guest-cell`). ~2.5 min under TCG.
 
 Oracles, each independent of the controller's own log: the vmscan probe's per-batch records of
 the controller's thread (BPF, tracepoint mm_vmscan_lru_shrink_inactive: pages reclaimed by the
@@ -48,8 +48,6 @@ def _file_min_seq(run: Path, memcg: str):
 
 
 def test_the_bites_controller_evicts_what_it_logs_in_one_612_boot(bites_pool, tmp_path):
-    import pandas as pd
-
     spec = tmp_path / "m.toml"
     spec.write_text(f'''kernels = ["6.12"]
 mglru = ["on"]
@@ -73,7 +71,14 @@ swap = "32MiB"
                         "--json"], capture_output=True, text=True, timeout=1800)
     assert r.returncode == 0, r.stderr
     (row,) = json.loads(r.stdout)["cells"]
-    cdir = out / row["cell_dir"]
+    check_bites_cell(out / row["cell_dir"], row)
+
+
+def check_bites_cell(cdir: Path, row: dict) -> None:
+    """The test's checks of a finished bites cell (its lab directory and its matrix row): a
+    function, so that a kept directory can be checked again without a boot."""
+    import pandas as pd
+
     done = json.loads((cdir / "done.json").read_text())
     assert "guest" in done, done["reasons"]
     g = done["guest"]
@@ -102,14 +107,18 @@ swap = "32MiB"
     mine = int(b.loc[(b["tgid"] == g["pid"]) & (b["who"] == "other"), "reclaimed_pages"].sum())
     steal = int(bites["steal_pages"].sum())
     assert 0.9 * steal <= mine <= steal, (mine, steal)
-    # oracle 2: the generations the bites logged retiring, in the probe's lru_gen samples
+    # oracle 2: the generations the bites logged retiring (min_seq[file] exact, from lru_gen_full's
+    # marks), in the mglru probe's lru_gen samples: their short format gives the first generation
+    # with file pages, never below min_seq[file], so after the last bite it stands at least as far
+    # as the first bite's min_seq plus every generation logged retired (kswapd's retire more)
     retired = int((bites["min_seq_after"] - bites["min_seq_before"]).sum())
     seq = _file_min_seq(run, g["request"]["memcg"])
     t = ctl["t0_monotonic_ns"] + (bites["t_s"].astype(float) * 1e9).astype("int64")
     end = t.iloc[-1] + int(float(bites["duration_ms"].iloc[-1]) * 1e6)
     before, after = seq[seq.index < t.iloc[0]], seq[seq.index > end]
-    assert retired >= 1 and len(before) and len(after) and after.iloc[0] - before.iloc[-1] >= retired, \
-        (retired, before.tail(3).to_dict(), after.head(3).to_dict())
+    assert retired >= 1 and len(before) and len(after), (retired, len(before), len(after))
+    assert after.iloc[0] >= int(bites["min_seq_before"].iloc[0]) + retired and after.iloc[0] > before.iloc[-1], \
+        (retired, bites["min_seq_before"].iloc[0], before.tail(3).to_dict(), after.head(3).to_dict())
     # oracle 3: the recording's /proc/vmstat
     snaps = json.loads((run / "snapshots.json").read_text())
     vm = {k: snaps["post"]["vmstat"].get(k, 0) - snaps["pre"]["vmstat"].get(k, 0)
@@ -120,7 +129,7 @@ swap = "32MiB"
     print(f"\nlab bites (6.12, balloon 0.5, C 48 MiB, bites of 192 MiB, 30 s): {rp['phases']['measured']['repeats']} "
           f"measured passes, {len(bites)} bites, {steal} pages stolen "
           f"(vmscan probe: {mine}), {int(bites['agings'].sum())} agings, {retired} generations retired (lru_gen "
-          f"samples: {int(after.iloc[0] - before.iloc[-1])}); Σhigh / C {w['after']['bite_fraction']:.3f} (asked 0.1), "
+          f"samples: {int(before.iloc[-1])} -> {int(after.iloc[0])}); Σhigh / C {w['after']['bite_fraction']:.3f} (asked 0.1), "
           f"threshold {ctl['threshold_kb']} kB, polled {ctl['poll_hz']:.0f} Hz; recording's vmstat {vm}; "
           f"kswapd share {row.get('kswapd_share')}; "
           f"host wall {done['lab']['host_wall_s']:.0f} s")
