@@ -122,16 +122,18 @@ def make_plan(path: Path, acc: Accesses, eb: int, hints: bool = True) -> Path:
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
-    """A 4 x 8 x 64 KiB pool (files and pool layouts) and a 12-iteration plan with a fallback pass."""
+    """A 4 x 8 x 64 KiB pool (files, pool and layers layouts) and a 12-iteration plan with a fallback pass."""
     d = tmp_path_factory.mktemp("replay")
     eb = 64 * KIB
     geo = Geometry(4, 8, 2, eb, "test")
     files = create_pool(d / "pool_files", geo, layout="files", seed=1)
     one = create_pool(d / "pool_one", geo, layout="pool", seed=2)
+    layers = create_pool(d / "pool_layers", geo, layout="layers", seed=4)
     acc = make_accesses(4, 8, 2, 12, seed=3, fallback_every=5, empty_layer=2)
     plan = make_plan(d / "plan.bin", acc, eb)
     plain = make_plan(d / "plain.bin", acc, eb, hints=False)
-    return {"dir": d, "eb": eb, "files": files, "one": one, "acc": acc, "plan": plan, "plain": plain}
+    return {"dir": d, "eb": eb, "files": files, "one": one, "layers": layers, "acc": acc, "plan": plan,
+            "plain": plain}
 
 
 def per_iteration_reads(acc: Accesses) -> np.ndarray:

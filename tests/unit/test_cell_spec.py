@@ -33,6 +33,10 @@ def test_pinned_needs_headroom_for_misses():
     (dict(mode="hybrid", arena_fraction=1.5), "(0, 1)"),
     (dict(passes=0), "--passes"),
     (dict(stream_events=True), "needs --record"),
+    (dict(duration_s=3600.0), "below --timeout"),
+    (dict(record_probes="+vmscan"), "needs --record"),
+    (dict(balloon_thp="on"), "balloon only"),
+    (dict(mechanism="balloon", balloon_thp="maybe"), "--balloon-thp 'maybe'"),
 ])
 def test_bad_specs(kw, needle):
     with pytest.raises(UsageError, match=needle.replace("(", r"\(").replace(")", r"\)")):
@@ -48,6 +52,46 @@ def test_stream_events_reach_the_recording_not_the_watch(tmp_path):
     assert argv[argv.index("--stream-events") + 1] == "--"
     assert "--stream-events" not in _record_argv(sp, tmp_path / "watch", tmp_path / "cg", probes="pagecache")
     assert "--stream-events" not in _record_argv(spec(record=True), tmp_path / "run", tmp_path / "cg")
+
+
+def test_a_long_window_its_probes_and_the_balloons_thp_reach_the_commands(tmp_path):
+    """--duration goes to the replay, --probes to the recording (watch keeps pagecache), and the
+    balloon's madvise to its child (issue 34)."""
+    from moetrace.capacity.cell import _record_argv, _replay_argv
+    from moetrace.record.recorder import DEFAULT_RECORD, probe_list
+
+    sp = spec(record=True, record_probes="+vmscan", duration_s=480.0, mechanism="balloon", balloon_thp="off")
+    sp.validate()
+    argv = _replay_argv(sp, tmp_path / "replay", 5)
+    assert argv[argv.index("--duration") + 1] == "480.0" and argv[argv.index("--passes") + 1] == "1"
+    rec = _record_argv(sp, tmp_path / "run", tmp_path / "cg")
+    assert rec[rec.index("--probes") + 1] == "+vmscan"
+    assert _record_argv(sp, tmp_path / "w", tmp_path / "cg", probes="pagecache")[-3:] == ["--probes", "pagecache", "--"]
+    assert "--duration" not in _replay_argv(spec(), tmp_path / "r", 5)
+    assert probe_list("+vmscan") == DEFAULT_RECORD + ("vmscan",) and probe_list(None) == DEFAULT_RECORD
+    assert probe_list("pagecache, vmscan") == ("pagecache", "vmscan")
+    assert probe_list("+pagecache") == DEFAULT_RECORD  # already in the set
+    with pytest.raises(UsageError, match="mixes"):
+        probe_list("pagecache,+vmscan")
+
+
+def test_the_balloon_child_madvises_before_it_locks(monkeypatch):
+    from moetrace.capacity import scope as S
+
+    seen = []
+
+    class _P:
+        def __init__(self, argv, **kw):
+            seen.append(argv)
+            raise OSError("stop here")
+
+    monkeypatch.setattr(S.subprocess, "Popen", _P)
+    for thp, tail in (("on", ["on"]), (None, [])):
+        with pytest.raises(OSError):
+            S.Balloon(4096, None, python="py", thp=thp).start()
+        assert seen[-1][5:] == tail
+    code = S._BALLOON_CODE
+    assert code.index("m.madvise(") < code.index("libc.mlock(")
 
 
 def test_a_cell_without_out_on_a_read_only_root_is_a_usage_error(tmp_path, monkeypatch):
@@ -89,7 +133,7 @@ def test_the_balloon_reserve_is_the_rule_unless_a_disposable_machine_sets_it(mon
 class _FakeBalloon:
     made: list[int] = []
 
-    def __init__(self, size, scope, python=None):
+    def __init__(self, size, scope, python=None, thp=None):
         self.size, self.pid, self.vmlck_bytes = size, 4242, size
 
     def start(self):

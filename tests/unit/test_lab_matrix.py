@@ -148,7 +148,7 @@ class FakeGuest:
     def __init__(self, fail=(), oom=(), stop_after=None):
         self.fail, self.oom, self.stop_after, self.calls = set(fail), set(oom), stop_after, []
 
-    def __call__(self, kernel, command, out, *, memory, mglru, timeout_s, pool, env, modules=None):
+    def __call__(self, kernel, command, out, *, memory, mglru, timeout_s, pool, env, modules=None, **boot):
         from moetrace.errors import MoetraceError
         from moetrace.lab.run import LabResult
 

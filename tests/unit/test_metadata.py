@@ -91,8 +91,15 @@ def test_the_writers_build_what_is_declared(tmp_path, monkeypatch):
                                         'kernel_modules = {"6.1" = "/var/tmp/mods"}\n')
     spec = Mx.load_spec(tmp_path / "spec.toml")
     cell = spec.cells()[0]
-    assert set(cell.as_dict()) == set(D.MatrixCellDoc.__annotations__)
+    assert set(cell.as_dict()) == set(D.MatrixCellDoc.__annotations__) - {"settings", "dims"}  # no dimensions
     assert not undeclared(spec.canonical(), D.MatrixSpecDoc)
+    with open(tmp_path / "spec.toml", "a") as fh:  # every dimension (issue 34)
+        fh.write('cpus = [1, 2]\nreaders = 4\nbite_fraction = 0.26\nwindow = ["8min", 3]\npool_layout = "layer"\n'
+                 'read_ahead_kb = 1024\nmin_ttl_ms = 0\nswap = "64MiB"\nthp = "off"\ntcg_thread = "multi"\n')
+    dspec = Mx.load_spec(tmp_path / "spec.toml")
+    assert set(dspec.cells()[0].as_dict()) == set(D.MatrixCellDoc.__annotations__)
+    assert set(dspec.canonical()) == set(D.MatrixSpecDoc.__annotations__) - {"readers", "min_free_kbytes"}
+    assert not undeclared(dspec.canonical(), D.MatrixSpecDoc)
     assert not undeclared(Mx.MatrixJob(cell, str(tmp_path)).as_dict(), D.Job)
     from moetrace.capacity.cell import CellSpec
     from moetrace.capacity.jobs import CellJob

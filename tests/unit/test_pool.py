@@ -34,6 +34,34 @@ def test_pool_layout_extents_page_aligned(tmp_path):
     assert verify_pool(p) == []
 
 
+def test_layers_layout_one_file_per_layer_read_at_offsets(tmp_path):
+    p = create_pool(tmp_path / "p", GEO, layout="layers")
+    assert p.files == ["L000.bin", "L001.bin"] and p.extent_bytes == 12_288 and verify_pool(p) == []
+    assert (p.file_of(4), p.offset_of(4), p.path_of(4).name) == (1, 12_288, "L001.bin")
+    assert p.experts_in_file(1) == (3, 3) and p.file_min_bytes() == 2 * 12_288 + 10_000
+    assert (tmp_path / "p" / "L001.bin").stat().st_size == 3 * 12_288
+    (tmp_path / "p" / "L001.bin").write_bytes(b"x" * 30_000)
+    assert verify_pool(p) == ["L001.bin: 30000 bytes, expected at least 34576"]
+
+
+def test_a_pool_relaid_out_holds_the_same_bytes_per_expert_and_is_made_once(tmp_path):
+    from moetrace.inputs.pool import relayout_pool
+    from moetrace.record.poolmap import pool_map
+
+    src = create_pool(tmp_path / "src", GEO, layout="files", seed=5)
+    lay = relayout_pool(tmp_path / "src", tmp_path / "lay", "layers")
+    for eid in range(GEO.n_total):
+        with open(lay.path_of(eid), "rb") as fh:
+            fh.seek(lay.offset_of(eid))
+            assert fh.read(GEO.expert_bytes) == src.path_of(eid).read_bytes(), eid
+    assert lay.manifest["derived_from"]["checksum"] == src.manifest["checksum"]
+    made = (tmp_path / "lay" / "L000.bin").stat().st_mtime_ns
+    assert relayout_pool(tmp_path / "src", tmp_path / "lay", "layers").manifest == lay.manifest
+    assert (tmp_path / "lay" / "L000.bin").stat().st_mtime_ns == made  # kept, not made again
+    assert sorted(pool_map(lay).inodes.values()) == [(0, 3), (3, 3)]  # what the probes attribute by
+    assert relayout_pool(tmp_path / "src", tmp_path / "lay", "pool").layout == "pool"  # another layout: made anew
+
+
 def test_manifest_tamper_and_escape(tmp_path):
     create_pool(tmp_path / "p", GEO, layout="files")
     m = tmp_path / "p" / MANIFEST

@@ -54,3 +54,20 @@ def test_replay_without_the_env_has_no_writer(monkeypatch):
     monkeypatch.setenv("MOETRACE_EPOCH_MAP_FD", "not-a-number")
     monkeypatch.setenv("MOETRACE_EPOCHS", "8")
     assert EpochWriter.from_env() is None
+
+
+def test_an_open_ended_window_keeps_one_epoch_a_pass_and_the_last_slot_for_after():
+    """A measured window of a duration (issue 34): its passes are not known before, so one epoch
+    per pass, the passes beyond the slots folded into the last measured one, "after" its own."""
+    wr = _Recorded(6)
+    wr.start(1, 1, 3, open_ended=True)
+    assert wr.mode == "pass" and epoch_mode(6, 1, 1, 3, open_ended=True) == "pass"
+    for ph, reps in (("warmup", 1), ("measured", 5)):
+        for r in range(reps):
+            for i in range(3):
+                wr.iteration(ph, r, i)
+    wr.done()
+    rows = [(e[1], e[2], e[5]) for e in wr.assigned]
+    assert rows == [("setup", None, False), ("warmup", 0, False), ("measured", 0, False), ("measured", 1, False),
+                    ("measured", 2, True), ("after", None, False)]  # passes 3 and 4 folded into 2
+    assert epoch_mode(3, 1, 1, 3, open_ended=True) == "phase"

@@ -6,7 +6,7 @@ from common.replay import *  # noqa: F401,F403
 
 
 @pytest.mark.parametrize("mode", ["pagecache", "mmap", "direct"])
-@pytest.mark.parametrize("layout", ["files", "one"])
+@pytest.mark.parametrize("layout", ["files", "one", "layers"])
 def test_counts_and_iteration_log(small, tmp_path, mode, layout):
     pool = small[layout]
     if mode == "direct" and not o_direct_ok(pool.path_of(0)):
@@ -45,7 +45,7 @@ def test_counts_and_iteration_log(small, tmp_path, mode, layout):
     assert (df["arena_hits"] == 0).all() and (df["hints_submitted"] == 0).all()
 
 
-@pytest.mark.parametrize("layout", ["files", "one"])
+@pytest.mark.parametrize("layout", ["files", "one", "layers"])
 @pytest.mark.parametrize("mode", ["pagecache", "mmap", "direct", "pinned", "chunked"])
 def test_reader_copies_the_right_bytes(small, mode, layout):
     """Every expert read by each read path equals the expert's bytes on disk."""
@@ -349,3 +349,34 @@ def test_too_many_files_falls_back_to_open_per_access(small, tmp_path):
     s = json.loads((run / rp.SUMMARY_FILE).read_text())
     assert s["fd_mode"] == "per-access"
     assert s["phases"]["measured"]["bytes"] == len(small["acc"]) * small["eb"]
+
+
+def test_a_duration_window_repeats_passes_until_the_time_is_up(small, tmp_path, monkeypatch):
+    """--duration (issue 34): at least --passes whole measured passes, then more until the time
+    is up; the last stops after the iteration that ends past the deadline."""
+    acc = small["acc"]
+    clock = {"t": 0}
+
+    def fake_ns():  # every call advances 1 ms: a deterministic clock
+        clock["t"] += 1_000_000
+        return clock["t"]
+
+    monkeypatch.setattr(rp.time, "monotonic_ns", fake_ns)
+    run = tmp_path / "run"
+    opts = rp.ReplayOptions(threads=1, warmup=0, passes=1, duration_s=0.001, run_dir=str(run))
+    s = rp.run_replay(small["plan"], small["files"].root, opts).summary
+    assert s["duration_s"] == 0.001 and s["phases"]["measured"]["repeats"] == 1  # a whole pass at least
+    assert s["phases"]["measured"]["iterations"] == acc.n_iterations
+    clock["t"] = 0
+    opts = rp.ReplayOptions(threads=1, warmup=1, passes=1, duration_s=3 * acc.n_iterations * 0.004,
+                            run_dir=str(run))
+    s = rp.run_replay(small["plan"], small["files"].root, opts).summary
+    df = pd.read_parquet(run / rp.ITERATIONS_FILE)
+    m = df[df.phase == "measured"]
+    assert m["repeat"].max() >= 2 and (m.groupby("repeat").size().iloc[:-1] == acc.n_iterations).all()
+    last = m[m.repeat == m.repeat.max()]
+    assert len(last) <= acc.n_iterations and s["complete"] is True
+    d = opts.duration_s * 1e9  # the deadline counts from the window's start (just before its first iteration)
+    assert m["end_ns"].iloc[-2] < m["start_ns"].iloc[0] + d and m["end_ns"].iloc[-1] >= s["loop_entry_ns"] + d
+    with pytest.raises(rp.UsageError, match="--duration must be > 0"):
+        rp.ReplayOptions(duration_s=0).check()

@@ -156,6 +156,12 @@ class CellSpec:
     outside_evictions: str = "flag"
     #: a miss curve saved for this plan, warm-up and passes (save_miss_curve): not computed here
     miss_curve: str | None = None
+    #: a measured window of this many seconds (the replay's --duration; at least ``passes``)
+    duration_s: float | None = None
+    #: with record: the probes (`record --probes`; "+vmscan": the default set and vmscan); None: the default
+    record_probes: str | None = None
+    #: balloon: "on" madvises it MADV_HUGEPAGE, "off" MADV_NOHUGEPAGE; None: the system's THP setting
+    balloon_thp: str | None = None
 
     @property
     def arena_bytes(self) -> int | None:
@@ -184,6 +190,7 @@ class CellSpec:
             raise UsageError("--headroom must be >= 0")
         if self.warmup < 0 or self.passes < 1:
             raise UsageError("--warmup must be >= 0 and --passes >= 1")
+        self._validate_window()
         if self.arena_fraction is not None:
             if self.mode != "hybrid":
                 raise UsageError("--arena-fraction applies to --mode hybrid only")
@@ -202,6 +209,18 @@ class CellSpec:
                     f"--mode {self.mode} at C={self.capacity_bytes} B leaves about {max(left, 0) >> 20} MiB of "
                     "page cache for the arena's misses and the replay's own files: the replay would thrash",
                     hint=f"use --headroom {-(-need // (1 << 20))}MiB or more (the paper used 6 GiB above C)")
+
+    def _validate_window(self) -> None:
+        """--duration within the timeout; --probes with --record; --balloon-thp with a balloon."""
+        if self.duration_s is not None and not 0 < self.duration_s < self.timeout_s:
+            raise UsageError(f"--duration {self.duration_s:g} s must be > 0 and below --timeout {self.timeout_s:g} s",
+                             hint="raise --timeout: the warm-up and the recording's start and end come on top")
+        if self.record_probes is not None and not self.record:
+            raise UsageError("--probes names the recording's probes: it needs --record", hint="add --record")
+        if self.balloon_thp not in (None, "on", "off"):
+            raise UsageError(f"--balloon-thp {self.balloon_thp!r}", hint="on or off")
+        if self.balloon_thp is not None and self.mechanism != "balloon":
+            raise UsageError("--balloon-thp applies to --mechanism balloon only")
 
 
 # -- simulated miss demand ---------------------------------------------------------------------
@@ -309,6 +328,8 @@ def _replay_argv(spec: CellSpec, run_dir: Path, sync_fd: int) -> list[str]:
                          "--threads", str(spec.threads), "--warmup", str(spec.warmup),
                          "--passes", str(spec.passes), "--prefetch", spec.prefetch,
                          "--run-dir", str(run_dir), "--sync-fd", str(sync_fd)]
+    if spec.duration_s is not None:
+        argv += ["--duration", repr(float(spec.duration_s))]
     if spec.arena_bytes is not None:
         argv += ["--arena-bytes", str(spec.arena_bytes)]
     if spec.freq_table:
@@ -322,6 +343,7 @@ def _record_argv(spec: CellSpec, run: Path, scope_path: Path, probes: str | None
     """`moetrace record` in front of the replay: the recorder stays outside the scope and
     the replay joins it (``--cgroup``) after the probes are attached, before it execs."""
     stream = ["--stream-events"] if spec.stream_events and probes is None else []
+    probes = probes if probes is not None or not spec.record else spec.record_probes
     return [spec.python, "-m", "moetrace.cli.record", "--out", str(run), "--pool", str(spec.pool),
             "--cgroup", str(scope_path), *(["--probes", probes] if probes else []), *stream, "--"]
 
@@ -469,7 +491,7 @@ def _top_up_balloon(spec: CellSpec, scope: Scope, bscope: Scope, result: Cell) -
                                    f"is {-extra} B below C + headroom - the replay's anonymous memory")
         info["verified"] = True
         return None
-    b = Balloon(extra, bscope, python=spec.python).start()
+    b = Balloon(extra, bscope, python=spec.python, thp=spec.balloon_thp).start()
     info.update(pid=b.pid, vmlck_bytes=b.vmlck_bytes, verified=b.verified())
     return b
 
@@ -623,7 +645,7 @@ class _Cell:
             result["balloon"] = dict(facts, scope=str(bscope.path), recorder_allowance_bytes=slack)
             self.phase("balloon")
             bscope.create(None)
-            self.balloon = balloon = Balloon(size, bscope, python=spec.python).start()
+            self.balloon = balloon = Balloon(size, bscope, python=spec.python, thp=spec.balloon_thp).start()
             result["balloon"].update(pid=balloon.pid, vmlck_bytes=balloon.vmlck_bytes, verified=balloon.verified())
             scope.create(None)
         else:

@@ -418,6 +418,8 @@ if os.getppid() != int(sys.argv[2]):
     sys.exit(3)
 n = int(sys.argv[1])
 m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+if len(sys.argv) > 3 and sys.argv[3] in ("on", "off"):  # before mlock faults the pages in
+    m.madvise(mmap.MADV_HUGEPAGE if sys.argv[3] == "on" else mmap.MADV_NOHUGEPAGE)
 buf = (ctypes.c_char * n).from_buffer(m)
 if libc.mlock(ctypes.c_void_p(ctypes.addressof(buf)), ctypes.c_size_t(n)) != 0:
     e = ctypes.get_errno()
@@ -431,12 +433,16 @@ class Balloon:
     """An mlocked anonymous balloon in a child process (dies with its parent).
 
     ``Balloon(size).start()`` returns once the child reports the memory locked and its
-    VmLck has been read back into :attr:`vmlck_bytes`; ``stop()`` ends it."""
+    VmLck has been read back into :attr:`vmlck_bytes`; ``stop()`` ends it. ``thp``: "on"
+    madvises the balloon MADV_HUGEPAGE, "off" MADV_NOHUGEPAGE (before it is locked); None leaves
+    it to the system's transparent_hugepage/enabled."""
 
-    def __init__(self, size_bytes: int, scope: Scope | None = None, python: str = sys.executable):
+    def __init__(self, size_bytes: int, scope: Scope | None = None, python: str = sys.executable,
+                 thp: str | None = None):
         self.size_bytes = int(size_bytes)
         self.scope = scope
         self.python = python
+        self.thp = thp
         self.proc: subprocess.Popen | None = None
         self.vmlck_bytes: int | None = None
 
@@ -447,7 +453,8 @@ class Balloon:
     def start(self, timeout: float = 600.0) -> "Balloon":
         """Spawn, wait until locked (mlock faults every page in), verify VmLck."""
         pre = self.scope.preexec() if self.scope else (lambda: set_pdeathsig(signal.SIGKILL))
-        self.proc = subprocess.Popen([self.python, "-c", _BALLOON_CODE, str(self.size_bytes), str(os.getpid())],
+        self.proc = subprocess.Popen([self.python, "-c", _BALLOON_CODE, str(self.size_bytes), str(os.getpid()),
+                                      *([self.thp] if self.thp else [])],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=pre,
                                      close_fds=True)
         import select

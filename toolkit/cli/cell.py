@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from moetrace.cli.common import BYTES, emit_json
+from moetrace.cli.common import BYTES, DURATION, emit_json
 from moetrace.errors import CellInterrupted
 
 
@@ -80,15 +80,16 @@ def cell_options(f):
 
 def make_spec(plan_path, pool_dir, capacity, mechanism, mode, headroom, threads, warmup, passes,
               arena_fraction, prefetch, fadvise_random, freq_table, timeout_s, name="cell", record=False,
-              watch=True, outside_evictions="flag", stream_events=False):
-    """A validated CellSpec from CLI values."""
+              watch=True, outside_evictions="flag", stream_events=False, **more):
+    """A validated CellSpec from CLI values (``more``: `cell`'s own, duration_s, record_probes,
+    balloon_thp)."""
     from moetrace.capacity.cell import CellSpec
 
     spec = CellSpec(plan=plan_path, pool=pool_dir, capacity_bytes=capacity, mechanism=mechanism, mode=mode,
                     headroom_bytes=headroom, threads=threads, warmup=warmup, passes=passes,
                     arena_fraction=arena_fraction, prefetch=prefetch, fadvise_random=fadvise_random,
                     freq_table=freq_table, timeout_s=timeout_s, name=name, record=record, watch=watch,
-                    outside_evictions=outside_evictions, stream_events=stream_events)
+                    outside_evictions=outside_evictions, stream_events=stream_events, **more)
     spec.validate()
     return spec
 
@@ -112,9 +113,20 @@ SUMMARY_KEYS = ("retained", "reasons", "capacity_bytes", "mechanism", "mode", "d
               help="The simulated miss curve of this plan, warm-up and passes, saved by `lab matrix` "
                    "(its numba kernel compiles anew in every lab guest: ~25 s under TCG); refused for "
                    "another plan.")
+@click.option("--duration", "duration_s", type=DURATION, default=None, metavar="TIME",
+              help="A measured window of TIME (90s, 8min) instead of a number of passes: after the --passes whole "
+                   "passes, the replay repeats the plan until TIME has passed (the last pass may stop after any "
+                   "iteration). The miss demand is the plan's per-iteration one after --warmup, scored over "
+                   "--passes passes (the same every pass after the first: the plan repeats).")
+@click.option("--probes", "record_probes", default=None, metavar="LIST",
+              help="With --record: the recording's probes (`record --probes`); '+vmscan' adds vmscan to the "
+                   "default set.")
+@click.option("--balloon-thp", "balloon_thp", type=click.Choice(["on", "off"]), default=None,
+              help="--mechanism balloon: madvise the balloon MADV_HUGEPAGE (on) or MADV_NOHUGEPAGE (off) before "
+                   "it is locked.  [default: neither; the system's transparent_hugepage setting decides]")
 def cell(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passes, arena_fraction, prefetch,
          fadvise_random, freq_table, timeout_s, record, stream_events, watch, outside_evictions, capacity, name,
-         out_dir, as_json, miss_curve):
+         out_dir, as_json, miss_curve, duration_s, record_probes, balloon_thp):
     """Measure one capacity cell (paper Algorithm 1) into a cell directory.
 
     \b
@@ -132,6 +144,8 @@ def cell(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passes
       moetrace cell --plan plan.bin --pool /var/tmp/pool --capacity 512MiB \\
           --mechanism cgroup --out cells/512MiB --json
       moetrace cell --plan plan.bin --pool /var/tmp/pool --capacity 512MiB --record --out cells/r
+      moetrace cell --plan plan.bin --pool /var/tmp/pool --capacity 512MiB --mechanism balloon \\
+          --duration 8min --record --probes +vmscan --out cells/long
     """
     from moetrace.kernel.features import private_mounts
 
@@ -141,7 +155,8 @@ def cell(plan_path, pool_dir, mechanism, mode, headroom, threads, warmup, passes
 
     spec = make_spec(plan_path, pool_dir, capacity, mechanism, mode, headroom, threads, warmup, passes,
                      arena_fraction, prefetch, fadvise_random, freq_table, timeout_s, name, record, watch,
-                     outside_evictions, stream_events)
+                     outside_evictions, stream_events, duration_s=duration_s, record_probes=record_probes,
+                     balloon_thp=balloon_thp)
     if miss_curve is not None:
         import dataclasses
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from moetrace.inputs.geometry import parse_bytes
+from moetrace.inputs.geometry import parse_bytes, parse_duration
 from moetrace.jsonutil import json_default
 
 
@@ -38,6 +38,23 @@ class ByteSize(click.ParamType):
 
 
 BYTES = ByteSize()
+
+
+class Duration(click.ParamType):
+    """A duration option: 90s, 8min, 1.5h, or seconds."""
+
+    name = "duration"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (int, float)):
+            return float(value)
+        try:
+            return parse_duration(value)
+        except click.ClickException as e:
+            self.fail(e.message, param, ctx)
+
+
+DURATION = Duration()
 
 
 def exit_now(ctx: click.Context, code: int) -> None:

@@ -149,6 +149,33 @@ def run(kernel, out_dir, memory, cpus, mglru, timeout_s, pool, memcg, accel, mod
     sys.exit(res.exit_status if isinstance(res.exit_status, int) else 1)
 
 
+@lab.command("guest-cell", hidden=True,
+             context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--settings", "settings", required=True, metavar="JSON",
+              help="The cell's guest settings (moetrace.lab.guest.REQUEST_KEYS), as `lab matrix` writes them.")
+@click.option("--dir", "lab_dir", default=".", show_default=True, type=click.Path(file_okay=False),
+              help="The cell's lab directory (guest_settings.json and bites/ land here).")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def guest_cell(settings, lab_dir, command):
+    """Inside a lab guest, around a matrix cell: apply the cell's guest settings (THP, swap,
+    min_ttl_ms, read_ahead_kb, the watermarks), start the sampler and the bites controller,
+    run COMMAND (`moetrace cell ...`), then stop and undo everything and write
+    guest_settings.json. Exits with COMMAND's status; 4 when a setting could not be applied.
+    (`lab matrix` runs it; see moetrace.lab.guest.)
+
+    \b
+    Example (as the matrix writes it):
+      moetrace lab guest-cell --dir /tmp/lab --settings '{"capacity_bytes": 335544320,
+        "bite_fraction": 0.26, "bites_bytes": 87241523, "memcg": "/moetrace-cell"}' -- moetrace cell ...
+    """
+    from moetrace.lab.guest import parse_request, run_guest_cell
+
+    argv = list(command)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    sys.exit(run_guest_cell(parse_request(settings), argv, Path(lab_dir)))
+
+
 @lab.command()
 @click.argument("spec_path", metavar="SPEC.toml", type=click.Path(exists=True, dir_okay=False))
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
@@ -179,16 +206,28 @@ def matrix(spec_path, out_dir, resume, dry_run, report_only, as_json, executor, 
       repeats = 3                            # optional from here
       mode = "pagecache"                     # or mmap
       seed = 1
-      headroom = "64MiB"; warmup = 1; passes = 2; threads = 2
+      headroom = "64MiB"; warmup = 1
       guest_base = "160MiB"                  # a guest's own need beside C + headroom
       cgroup_guest_memory = "2GiB"; timeout = 3600
       kernel_modules = {"/src/linux/arch/x86/boot/bzImage" = "/var/tmp/mods"}  # own builds
+      # the guest's dimensions: a value, or a list crossed like kernels (absent: as before)
+      cpus = [1, 2]                          # vCPUs (default: 1 under TCG)
+      readers = 2                            # replay threads (its older name: threads)
+      bite_fraction = [0.02, 0.26]           # target sum of high watermarks / C,
+                                             #   or min_free_kbytes = 65536 (not both)
+      window = ["8min", 2]                   # a time, or measured passes (passes = 2)
+      pool_layout = ["expert", "layer"]      # a file per expert, or per layer
+      read_ahead_kb = 128; min_ttl_ms = 0; swap = "512MiB"; thp = "off"
+      tcg_thread = "single"                  # or multi (a value only)
     Mechanisms: cgroup (a v2 wall of C + headroom in a guest of cgroup_guest_memory),
     balloon:F (a guest sized so that the balloon locks about F of its memory and leaves
     C + headroom), vm-memory (the guest's RAM is C + headroom + guest_base, no limit
-    inside: the paper's mem= boot). Each cell lands in
-    OUT/cells/<kernel>-mglru-<on|off>/<mechanism>-<C>-r<i>/ (lab.json, the cell in cell/,
-    done.json last); OUT/matrix_cells.csv has a row per finished cell. Each cell is a
+    inside: the paper's mem= boot); balloon:F and vm-memory take +lru_gen-bites:B, the
+    eviction controller (bites of B x C, or of a size: balloon:0.81+lru_gen-bites:5MiB;
+    MGLRU on only). Each cell lands in
+    OUT/cells/<kernel>-mglru-<on|off>/<mechanism>-<C>[-<dims>]-r<i>/ (lab.json,
+    guest_settings.json, the cell in cell/, done.json last; <dims>: the values of the
+    dimensions that vary); OUT/matrix_cells.csv has a row per finished cell. Each cell is a
     job (OUT/jobs/<condition>__<cell>.json): --executor local boots its guest from a
     subprocess here, one at a time; --executor slurm submits every cell as a Slurm job (a
     node alone each; the nodes need the lab's kernels, QEMU and the spec's paths). A

@@ -12,7 +12,8 @@ from moetrace.cli.common import BYTES, emit_json
 
 @click.group(cls=LazyGroup)
 def pool() -> None:
-    """Expert pools: one file per (layer, expert), or one pool file of page-aligned extents."""
+    """Expert pools: one file per (layer, expert), one file per layer, or one pool file of
+    page-aligned extents."""
 
 
 @pool.command()
@@ -23,8 +24,10 @@ def pool() -> None:
 @click.option("--experts", type=int, help="Experts per layer (scales the preset down).")
 @click.option("--k", type=int, help="Experts per token.")
 @click.option("--expert-bytes", type=BYTES, help="Bytes per expert, e.g. 256KiB (default: the preset's).")
-@click.option("--layout", type=click.Choice(["files", "pool"]), default="files", show_default=True,
-              help="files: one file per expert; pool: one file of page-aligned fixed-size extents.")
+@click.option("--layout", type=click.Choice(["files", "layers", "pool"]), default="files", show_default=True,
+              help="files: one file per expert; layers: one file per layer (L000.bin ...), its experts at "
+                   "page-aligned fixed-size extents (read at offsets, as an engine reads a layer's tensor); "
+                   "pool: one file of such extents for every expert.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the incompressible fill.")
 @click.option("--force", is_flag=True, help="Replace a pool already in DIRECTORY.")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest summary as JSON.")

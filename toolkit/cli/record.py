@@ -10,7 +10,8 @@ from moetrace.cli.common import emit_json, exit_now
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "ignore_unknown_options": True})
 @click.option("--probes", default=None, metavar="LIST",
               help="Comma-separated probes to attach (default: pagecache, lru, reclaim, mlock, block, reads, "
-                   "stacks, mglru; `moetrace doctor` lists every probe); one this kernel cannot attach is skipped with "
+                   "stacks, mglru; '+vmscan,+...' adds to that set; `moetrace doctor` lists every probe); one this "
+                   "kernel cannot attach is skipped with "
                    "the reason it gives, or is an error for pagecache, reclaim, block, reads under "
                    "--missing-probes error.")
 @click.option("--knob", "knob_items", multiple=True, metavar="PROBE.NAME=V",
@@ -81,9 +82,9 @@ def record(ctx, probes, knob_items, out, pool_dir, missing_probes, stream_events
     cmd = list(command)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
-    from moetrace.record.recorder import DEFAULT_RECORD
+    from moetrace.record.recorder import probe_list
 
-    plist = DEFAULT_RECORD if probes is None else tuple(p.strip() for p in probes.split(",") if p.strip())
+    plist = probe_list(probes)
     opts = RecordOptions(command=cmd, out=out, probes=plist, pool=pool_dir, missing_probes=missing_probes,
                          stream_events=stream_events, cgroup=cgroup, knobs=_knobs(knob_items), bpf_stats=bpf_stats,
                          wait_detach=wait_detach)

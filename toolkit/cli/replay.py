@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from moetrace.cli.common import BYTES, emit_json
+from moetrace.cli.common import BYTES, DURATION, emit_json
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -24,6 +24,10 @@ from moetrace.cli.common import BYTES, emit_json
               help="Warm-up passes over the whole plan (logged, not measured).")
 @click.option("--passes", type=click.IntRange(1), default=1, show_default=True,
               help="Measured passes over the whole plan.")
+@click.option("--duration", "duration_s", type=DURATION, default=None, metavar="TIME",
+              help="A measured window of TIME (90s, 8min): after the --passes whole passes, more measured "
+                   "passes until TIME has passed since the first began; the last stops after the iteration "
+                   "that ends past it. The iteration log grows by one row (~0.1 KB) per iteration, nothing else.")
 @click.option("--arena-bytes", type=BYTES, metavar="SIZE",
               help="pinned/hybrid: arena size; floor(SIZE / expert_bytes) whole experts are mlocked.")
 @click.option("--freq-table", default="oracle", show_default=True, metavar="oracle|FILE",
@@ -43,8 +47,8 @@ from moetrace.cli.common import BYTES, emit_json
                    "written after preload and warm-up, then 'go' is awaited; 'done' after the measured passes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary (replay.json) on stdout.")
 @click.pass_context
-def replay(ctx, plan, pool_dir, mode, threads, warmup, passes, arena_bytes, freq_table, prefetch, fadvise_random,
-           read_size, run_dir, sync_fd, as_json):
+def replay(ctx, plan, pool_dir, mode, threads, warmup, passes, duration_s, arena_bytes, freq_table, prefetch,
+           fadvise_random, read_size, run_dir, sync_fd, as_json):
     """Replay PLAN against the pool: every pass's experts, layer by layer, in plan order.
 
     \b
@@ -59,6 +63,7 @@ def replay(ctx, plan, pool_dir, mode, threads, warmup, passes, arena_bytes, freq
     Examples:
       replay plan.bin --pool /var/tmp/pool --run-dir runs/pc
       replay plan.bin --pool /var/tmp/pool --mode direct --warmup 0 --passes 3 --json
+      replay plan.bin --pool /var/tmp/pool --duration 8min --run-dir runs/long
       replay plan.bin --pool /var/tmp/pool --mode pinned --arena-bytes 512MiB
       replay plan.bin --pool /var/tmp/pool --prefetch fadvise --fadvise-random
     """
@@ -74,7 +79,8 @@ def replay(ctx, plan, pool_dir, mode, threads, warmup, passes, arena_bytes, freq
         except OSError as e:
             raise MoetraceError(f"the replay cannot follow its parent: {e}",
                                 hint="unset MOETRACE_PDEATHSIG to run it without") from None
-    opts = ReplayOptions(mode=mode, threads=threads, warmup=warmup, passes=passes, arena_bytes=arena_bytes,
+    opts = ReplayOptions(mode=mode, threads=threads, warmup=warmup, passes=passes, duration_s=duration_s,
+                         arena_bytes=arena_bytes,
                          freq_table=freq_table, prefetch=prefetch, fadvise_random=fadvise_random,
                          read_size=read_size, run_dir=run_dir or None, sync_fd=sync_fd)
     res = run_replay(plan, pool_dir, opts, handle_signals=True, progress=progress,

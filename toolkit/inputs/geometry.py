@@ -86,3 +86,27 @@ def format_bytes(n: float) -> str:
         return f"{n:.0f} {unit}"
     text = f"{n:.{2 if abs(n) < 10 else 1}f}".rstrip("0").rstrip(".")
     return f"{text} {unit}"
+
+
+_SECONDS = {"": 1.0, "s": 1.0, "sec": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str | int | float) -> float:
+    """Parse '8min', '90s', '1.5h', '30' (seconds) into seconds > 0."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        secs = float(text)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+        if not m or m.group(2).lower() not in _SECONDS:
+            raise UsageError(f"cannot read a duration from {text!r}", hint="write e.g. 90s, 8min, 1.5h or seconds")
+        secs = float(m.group(1)) * _SECONDS[m.group(2).lower()]
+    if not secs > 0:
+        raise UsageError(f"a duration must be > 0, not {text!r}")
+    return secs
+
+
+def format_duration(seconds: float) -> str:
+    """'8min' for whole minutes, else seconds ('90s', '2.5s'): a label for names and tables."""
+    if seconds >= 60 and float(seconds / 60).is_integer():
+        return f"{seconds / 60:g}min"
+    return f"{seconds:g}s"

@@ -1,19 +1,23 @@
-"""Expert pools on disk: one file per (layer, expert), or one pool file of
-page-aligned fixed-size extents, with a manifest.
+"""Expert pools on disk: one file per (layer, expert), one file per layer of page-aligned
+fixed-size extents, or one pool file of such extents, with a manifest.
 
 Manifest (``pool.json`` in the pool directory, schema ``moetrace.pool/1``)::
 
     {"schema": "moetrace.pool/1",
      "geometry": {"n_layers", "n_experts", "k", "expert_bytes", "name"},
      "scaled_from": null | {"preset", "n_experts", "expert_bytes"},
-     "layout": "files" | "pool",
+     "layout": "files" | "layers" | "pool",
      "page_size": 4096, "extent_bytes": <expert_bytes rounded up to pages>,
-     "files": [relative paths],           # "files": one per expert; "pool": ["pool.bin"]
+     "files": [relative paths],           # files: one per expert; layers: one per layer
+                                          # (L000.bin ...); pool: ["pool.bin"]
      "seed": <int>, "created": <iso time>,
+     "derived_from": {"root", "checksum"}  # only in a pool relayout_pool() made
      "checksum": "sha256:<hex of the canonical JSON without this field>"}
 
-Expert e = layer * n_experts + expert lives in ``files[e]`` at offset 0 (files
-layout) or in ``files[0]`` at offset ``e * extent_bytes`` (pool layout), length
+Expert e = layer * n_experts + expert lives in ``files[e]`` at offset 0 (files layout), in
+``files[layer]`` at offset ``expert * extent_bytes`` (layers layout: an engine's per-layer tensor
+file read at offsets, where readahead runs on into the next expert instead of stopping at the
+end of a 1 MiB file), or in ``files[0]`` at offset ``e * extent_bytes`` (pool layout), length
 ``expert_bytes``. Paths are relative and may not leave the pool directory.
 """
 
@@ -36,7 +40,7 @@ from moetrace.inputs.geometry import Geometry
 POOL_SCHEMA = "moetrace.pool/1"
 MANIFEST = "pool.json"
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-LAYOUTS = ("files", "pool")
+LAYOUTS = ("files", "layers", "pool")
 _CHUNK = 8 << 20
 
 
@@ -64,11 +68,28 @@ class Pool:
     def n_total(self) -> int:
         return self.geometry.n_total
 
+    def experts_per_file(self) -> int:
+        """Experts in each data file: 1 (files), n_experts (layers), every one (pool)."""
+        return {"files": 1, "layers": self.geometry.n_experts}.get(self.layout, self.geometry.n_total)
+
+    def file_of(self, expert_id: int) -> int:
+        """The index in ``files`` of the file holding the expert."""
+        return expert_id // self.experts_per_file()
+
     def path_of(self, expert_id: int) -> Path:
-        return self.root / (self.files[expert_id] if self.layout == "files" else self.files[0])
+        return self.root / self.files[self.file_of(expert_id)]
 
     def offset_of(self, expert_id: int) -> int:
-        return 0 if self.layout == "files" else expert_id * self.extent_bytes
+        return (expert_id % self.experts_per_file()) * self.extent_bytes
+
+    def experts_in_file(self, index: int) -> tuple[int, int]:
+        """(the first expert_id, how many experts) of ``files[index]``."""
+        n = self.experts_per_file()
+        return index * n, n
+
+    def file_min_bytes(self) -> int:
+        """The least size of a data file: its last expert's offset plus expert_bytes."""
+        return (self.experts_per_file() - 1) * self.extent_bytes + self.geometry.expert_bytes
 
     def data_paths(self) -> list[Path]:
         return [self.root / f for f in self.files]
@@ -86,8 +107,10 @@ def create_pool(
     seed: int = 0,
     force: bool = False,
     progress: Callable[[int], None] | None = None,
+    source: Pool | None = None,
 ) -> Pool:
-    """Create a pool of incompressible bytes and its manifest.
+    """Create a pool of incompressible bytes and its manifest (``source``: a pool of this
+    geometry whose experts' bytes are copied instead, :func:`relayout_pool`).
 
     Writes go to ``root/.creating`` first and are renamed into place at the
     end, so an interrupted creation leaves no half-made pool behind (the
@@ -96,7 +119,7 @@ def create_pool(
     calls sum to ``geometry.pool_bytes``); None: nothing is reported.
     """
     if layout not in LAYOUTS:
-        raise UsageError(f"unknown layout {layout!r}", hint="use --layout files or --layout pool")
+        raise UsageError(f"unknown layout {layout!r}", hint="use --layout files, layers or pool")
     if geometry.expert_bytes <= 0:
         raise UsageError("a pool needs --expert-bytes > 0")
     root = Path(root)
@@ -116,24 +139,9 @@ def create_pool(
     work.mkdir()
     extent = -(-geometry.expert_bytes // PAGE) * PAGE
     rng = np.random.SFC64(seed)  # fastest numpy bit generator: ~1 GB/s of incompressible bytes
+    write = (lambda fh, n: _write_stream(fh, n, rng, progress)) if source is None else _copier(source, progress)
     try:
-        if layout == "files":
-            files = []
-            for layer in range(geometry.n_layers):
-                (work / f"L{layer:03d}").mkdir()
-                for ex in range(geometry.n_experts):
-                    rel = expert_relpath(layer, ex)
-                    _write_random(work / rel, geometry.expert_bytes, rng, progress)
-                    files.append(rel)
-        else:
-            files = ["pool.bin"]
-            with open(work / "pool.bin", "wb", buffering=0) as fh:
-                pad = extent - geometry.expert_bytes
-                for _ in range(geometry.n_total):
-                    _write_stream(fh, geometry.expert_bytes, rng, progress)
-                    if pad:
-                        fh.write(bytes(pad))
-                os.fsync(fh.fileno())
+        files = _write_data(work, geometry, layout, extent, write)
         doc = {
             "schema": POOL_SCHEMA,
             "geometry": geometry.to_dict(),
@@ -145,6 +153,8 @@ def create_pool(
             "seed": seed,
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }
+        if source is not None:
+            doc["derived_from"] = {"root": str(source.root.resolve()), "checksum": source.manifest.get("checksum")}
         doc["checksum"] = _checksum(doc)
         _remove_old_pool(root)
         for name in os.listdir(work):
@@ -159,6 +169,55 @@ def create_pool(
         if work.exists():
             shutil.rmtree(work, ignore_errors=True)
     return open_pool(root)
+
+
+def layer_relpath(layer: int) -> str:
+    return f"L{layer:03d}.bin"
+
+
+def _write_data(work: Path, g: Geometry, layout: str, extent: int, write_expert) -> list[str]:
+    """The data files of ``layout`` in ``work``, each expert's bytes from ``write_expert(fh, n)``
+    in expert_id order (the same bytes per expert in every layout for one source), page-padded
+    where a file holds several. Returns the files' relative paths."""
+    if layout == "files":
+        files = []
+        for layer in range(g.n_layers):
+            (work / f"L{layer:03d}").mkdir()
+            for ex in range(g.n_experts):
+                rel = expert_relpath(layer, ex)
+                with open(work / rel, "wb", buffering=0) as fh:
+                    write_expert(fh, g.expert_bytes)
+                files.append(rel)
+        return files
+    files = [layer_relpath(layer) for layer in range(g.n_layers)] if layout == "layers" else ["pool.bin"]
+    per_file = g.n_total // len(files)
+    for rel in files:
+        with open(work / rel, "wb", buffering=0) as fh:
+            for _ in range(per_file):
+                write_expert(fh, g.expert_bytes)
+                if extent > g.expert_bytes:
+                    fh.write(bytes(extent - g.expert_bytes))
+            os.fsync(fh.fileno())
+    return files
+
+
+def relayout_pool(src: str | os.PathLike, dest: str | os.PathLike, layout: str) -> Pool:
+    """``src``'s experts, byte for byte, as a pool of ``layout`` in ``dest`` (its manifest's
+    ``derived_from`` names the source's checksum); a pool already there derived from this source in
+    this layout is kept as it is. For a dimension of experiments (the lab matrix's pool_layout)."""
+    source = open_pool(src)
+    dest = Path(dest)
+    want = {"root": str(source.root.resolve()), "checksum": source.manifest.get("checksum")}
+    try:
+        old = open_pool(dest)
+        if old.layout == layout and old.manifest.get("derived_from") == want and not verify_pool(old):
+            return old
+    except InputError:
+        pass
+    if dest.exists():
+        shutil.rmtree(dest)
+    return create_pool(dest, source.geometry, layout=layout, scaled_from=source.manifest.get("scaled_from"),
+                       seed=source.manifest.get("seed", 0), source=source)
 
 
 def _remove_old_pool(root: Path) -> None:
@@ -178,9 +237,25 @@ def _remove_old_pool(root: Path) -> None:
     (root / MANIFEST).unlink(missing_ok=True)
 
 
-def _write_random(path: Path, n: int, rng: np.random.SFC64, progress) -> None:
-    with open(path, "wb", buffering=0) as fh:
-        _write_stream(fh, n, rng, progress)
+def _copier(source: Pool, progress):
+    """write_expert(fh, n) copying ``source``'s experts in expert_id order."""
+    nxt = iter(range(source.n_total))
+
+    def write(fh, n: int) -> None:
+        eid = next(nxt)
+        with open(source.path_of(eid), "rb") as src:
+            src.seek(source.offset_of(eid))
+            left = n
+            while left:
+                chunk = src.read(min(left, _CHUNK))
+                if not chunk:
+                    raise InputError(f"expert {eid} is short in the source pool", path=str(source.path_of(eid)),
+                                     hint=f"moetrace pool verify {source.root}")
+                fh.write(chunk)
+                left -= len(chunk)
+                if progress:
+                    progress(len(chunk))
+    return write
 
 
 def _write_stream(fh, n: int, rng: np.random.SFC64, progress) -> None:
@@ -225,7 +300,7 @@ def open_pool(root: str | os.PathLike) -> Pool:
                          path=str(mpath))
     if layout not in LAYOUTS:
         raise InputError(f"unknown layout {layout!r}", path=str(mpath))
-    want = g.n_total if layout == "files" else 1
+    want = {"files": g.n_total, "layers": g.n_layers}.get(layout, 1)
     if len(files) != want:
         raise InputError(f"manifest lists {len(files)} files, the layout needs {want}", path=str(mpath))
     real_root = os.path.realpath(root)
@@ -287,23 +362,15 @@ def verify_pool(pool: Pool) -> list[str]:
     """
     problems = []
     g = pool.geometry
-    if pool.layout == "files":
-        for rel in pool.files:
-            p = pool.root / rel
-            try:
-                size = p.stat().st_size
-            except OSError:
-                problems.append(f"{rel}: missing")
-                continue
-            if size != g.expert_bytes:
-                problems.append(f"{rel}: {size} bytes, expected {g.expert_bytes}")
-    else:
-        p = pool.root / pool.files[0]
-        want = (g.n_total - 1) * pool.extent_bytes + g.expert_bytes
+    want = pool.file_min_bytes()
+    for rel in pool.files:
         try:
-            size = p.stat().st_size
+            size = (pool.root / rel).stat().st_size
         except OSError:
-            return [f"{pool.files[0]}: missing"]
-        if size < want:
-            problems.append(f"{pool.files[0]}: {size} bytes, expected at least {want}")
+            problems.append(f"{rel}: missing")
+            continue
+        if pool.layout == "files" and size != g.expert_bytes:
+            problems.append(f"{rel}: {size} bytes, expected {g.expert_bytes}")
+        elif pool.layout != "files" and size < want:
+            problems.append(f"{rel}: {size} bytes, expected at least {want}")
     return problems

@@ -357,8 +357,8 @@ def pool_extents(pool: "Pool", sync: bool = True, root: str | os.PathLike = "/",
     """Per expert of ``pool`` its disk sector ranges, as an :class:`ExpertExtents`.
 
     files layout: expert e's file's extents up to its size rounded up to the filesystem
-    block (the tail block belongs to that file alone); pool layout: the slice
-    [offset_of(e), offset_of(e) + expert_bytes) of the pool file's extents, rounded out to
+    block (the tail block belongs to that file alone); layers and pool layouts: the slice
+    [offset_of(e), offset_of(e) + expert_bytes) of its file's extents, rounded out to
     whole sectors. Physical offsets are shifted by the partition start (sectors)."""
     g = pool.geometry
     dev = device or block_device_of(pool.data_paths()[0], root)
@@ -388,10 +388,12 @@ def pool_extents(pool: "Pool", sync: bool = True, root: str | os.PathLike = "/",
             blk = st.st_blksize or 4096
             hi = -(-st.st_size // blk) * blk
             add(eid, _clip(fiemap(p, sync=sync), 0, hi), st.st_size)
-    else:
-        p = pool.path_of(0)
-        ext = fiemap(p, sync=sync)
+    else:  # layers, pool: each file's extents once, sliced per expert
+        ext: dict[int, list] = {}
         for eid in range(g.n_total):
+            f = pool.file_of(eid)
+            if f not in ext:
+                ext[f] = fiemap(pool.path_of(eid), sync=sync)
             lo = pool.offset_of(eid)
-            add(eid, _clip(ext, lo, lo + g.expert_bytes), g.expert_bytes)
+            add(eid, _clip(ext[f], lo, lo + g.expert_bytes), g.expert_bytes)
     return ExpertExtents.from_ranges(ranges, g.n_total, g.n_experts, dev, problems)

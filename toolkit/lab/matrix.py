@@ -26,6 +26,12 @@ SPEC.toml (every key but the first four has a default)::
     mode = "pagecache"                        # the replay's read mode (pagecache = pread, mmap)
     seed = 1                                  # the cells' order within each condition
     kernel_modules = {"/src/linux/arch/x86/boot/bzImage" = "/var/tmp/mods"}   # an own build's modules
+    # the guest's dimensions (moetrace.lab.dims; a value or a list, absent: as before)
+    cpus = [1, 2]; readers = 2; bite_fraction = [0.02, 0.26]; window = "8min"; pool_layout = "layer"
+    read_ahead_kb = 128; min_ttl_ms = 0; swap = "off"; thp = "off"; tcg_thread = "single"
+
+A mechanism may add the eviction controller, ``+lru_gen-bites:F`` (F a fraction of C or a size):
+``balloon:0.81+lru_gen-bites:0.26`` (moetrace.lab.bites_controller, in the guest).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from typing import Any, cast
 
 from moetrace.capacity.scope import RESERVE_ENV
 from moetrace.errors import InputError, MoetraceError, UsageError
+from moetrace.lab.dims import DIMENSIONS, combinations, load_dims, window_of
 from moetrace.jsonutil import write_json
 from moetrace.run import metadata
 from moetrace.run.documents import MATRIX_SCHEMA as SCHEMA
@@ -52,33 +59,71 @@ MGLRU_STATES = ("on", "off")
 MODES = ("pagecache", "mmap")
 REQUIRED = ("kernels", "mechanisms", "capacities", "plan", "pool")
 KNOWN = REQUIRED + ("mglru", "repeats", "mode", "seed", "headroom", "warmup", "passes", "threads", "guest_base",
-                    "cgroup_guest_memory", "balloon_reserve", "timeout", "kernel_modules")
+                    "cgroup_guest_memory", "balloon_reserve", "timeout", "kernel_modules", *DIMENSIONS, "tcg_thread")
 DONE = "done.json"
 
 
 @dataclass(frozen=True)
 class Mechanism:
     """How a cell's capacity is made: ``cgroup`` (a v2 memory wall), ``balloon`` (mlocked anonymous
-    memory locking ``locked_fraction`` of the guest's), ``vm-memory`` (the guest's RAM itself)."""
+    memory locking ``locked_fraction`` of the guest's), ``vm-memory`` (the guest's RAM itself);
+    ``bites``: the eviction controller's bite (moetrace.lab.bites_controller), a fraction of C
+    ("0.26") or a size ("5MiB"), None without it."""
 
     kind: str
     locked_fraction: float | None = None
+    bites: str | None = None
 
     @property
     def label(self) -> str:
-        return f"balloon{self.locked_fraction:g}" if self.kind == "balloon" else self.kind
+        base = f"balloon{self.locked_fraction:g}" if self.kind == "balloon" else self.kind
+        return base + (f"+bites{self.bites}" if self.bites else "")
+
+    def bite_bytes(self, capacity_bytes: int) -> int | None:
+        """The bite in bytes for a cell of ``capacity_bytes`` (None: no controller)."""
+        from moetrace.inputs.geometry import parse_bytes
+
+        if self.bites is None:
+            return None
+        f = float(self.bites) if re.fullmatch(r"[0-9]*\.?[0-9]+", self.bites) else None
+        return int(f * capacity_bytes) if f is not None and f < 1 else parse_bytes(self.bites)
+
+
+_BITES_HINT = ('add "+lru_gen-bites:F" to "balloon:L" or "vm-memory", F a fraction of C (0 < F < 1, e.g. 0.26) '
+               'or a size (e.g. 5MiB)')
 
 
 def parse_mechanism(text: str, where: str) -> Mechanism:
-    """'cgroup', 'balloon:0.81' or 'vm-memory'; UsageError naming ``where`` otherwise."""
+    """'cgroup', 'balloon:0.81' or 'vm-memory', optionally '+lru_gen-bites:F' (F a fraction of C
+    or a size; the label's 'bitesF' is read too); UsageError naming ``where`` otherwise."""
     t = str(text).strip()
-    if t in ("cgroup", "vm-memory"):
-        return Mechanism(t)
-    m = re.fullmatch(r"balloon:([0-9]*\.?[0-9]+)", t)
+    base, _, suffix = t.partition("+")
+    bites = _parse_bites(suffix, text, where) if suffix else None
+    if base in ("cgroup", "vm-memory"):
+        if bites is not None and base == "cgroup":
+            raise UsageError(f"{where}: {text!r}: the bites controller watches the guest's MemFree, which a cgroup "
+                             "wall does not lower", hint=_BITES_HINT)
+        return Mechanism(base, None, bites)
+    m = re.fullmatch(r"balloon:([0-9]*\.?[0-9]+)", base)
     if m and 0 < float(m.group(1)) < 1:
-        return Mechanism("balloon", float(m.group(1)))
+        return Mechanism("balloon", float(m.group(1)), bites)
     raise UsageError(f"{where}: unknown mechanism {text!r}",
                      hint='write "cgroup", "vm-memory" or "balloon:F" with F the locked fraction, 0 < F < 1')
+
+
+def _parse_bites(suffix: str, text: str, where: str) -> str:
+    """The F of '+lru_gen-bites:F' (or of a label's '+bitesF'), checked."""
+    from moetrace.inputs.geometry import parse_bytes
+
+    m = re.fullmatch(r"(?:lru_gen-bites:|bites)(\S+)", suffix)
+    f = m.group(1) if m else None
+    try:
+        ok = f is not None and (0 < float(f) < 1 if re.fullmatch(r"[0-9]*\.?[0-9]+", f) else parse_bytes(f) > 0)
+    except UsageError:
+        ok = False
+    if not ok:
+        raise UsageError(f"{where}: {text!r}: not a bites controller suffix", hint=_BITES_HINT)
+    return f
 
 
 @dataclass(frozen=True)
@@ -90,6 +135,10 @@ class MatrixCell:
     capacity_bytes: int
     repeat: int
     order: int  # position within its condition (randomized)
+    #: the cell's values of the spec's dimensions (moetrace.lab.dims), and the name part of those
+    #: that vary ('' when none does)
+    values: tuple[tuple[str, Any], ...] = ()
+    dims: str = ""
 
     @property
     def condition(self) -> str:
@@ -97,16 +146,23 @@ class MatrixCell:
 
     @property
     def name(self) -> str:
-        return f"{self.mechanism.label}-{self.capacity_label}-r{self.repeat}"
+        return f"{self.mechanism.label}-{self.capacity_label}{'-' + self.dims if self.dims else ''}-r{self.repeat}"
 
     @property
     def rel_dir(self) -> str:
         return f"cells/{self.condition}/{self.name}"
 
+    @property
+    def settings(self) -> dict[str, Any]:
+        return dict(self.values)
+
     def as_dict(self) -> MatrixCellDoc:
         d = asdict(self)
+        del d["values"], d["dims"]
         d["mechanism"] = self.mechanism.label
         d.update(condition=self.condition, name=self.name, dir=self.rel_dir)
+        if self.values:  # only where the spec has dimensions: a spec without them writes what it did
+            d.update(settings=self.settings, dims=self.dims)
         return cast(MatrixCellDoc, d)
 
 
@@ -143,6 +199,10 @@ class MatrixSpec:
     timeout: float = 3600.0
     #: kernel (as in ``kernels``) -> its modules_install directory (a kernel image of one's own)
     kernel_modules: tuple[tuple[str, str], ...] = ()
+    #: the guest's dimensions (moetrace.lab.dims): (key, values) in DIMENSIONS order, given keys only
+    dims: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    #: QEMU's TCG threading (moetrace.lab.run.TCG_THREAD when None)
+    tcg_thread: str | None = None
     source: str | None = field(default=None, compare=False)
 
     def canonical(self) -> MatrixSpecDoc:
@@ -154,7 +214,8 @@ class MatrixSpec:
                 "warmup": self.warmup, "passes": self.passes, "threads": self.threads, "guest_base": self.guest_base,
                 "cgroup_guest_memory": self.cgroup_guest_memory, "balloon_reserve": self.balloon_reserve,
                 "timeout": self.timeout, **({"kernel_modules": dict(self.kernel_modules)} if self.kernel_modules
-                                            else {})}
+                                            else {}),
+                **{k: list(v) for k, v in self.dims}, **({"tcg_thread": self.tcg_thread} if self.tcg_thread else {})}
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self.canonical(), sort_keys=True).encode()).hexdigest()[:16]
@@ -163,11 +224,13 @@ class MatrixSpec:
         """Every cell: conditions in the spec's order (kernel, then MGLRU), the cells of each in a
         random order drawn from ``seed`` and the condition (stable across runs and resumes)."""
         out = []
+        combos = combinations(self.dims)  # [((), "")] without dimensions: the cells as before them
         for k in self.kernels:
             for g in self.mglru:
-                jobs = [(m, c, r) for m in self.mechanisms for c in self.capacities for r in range(self.repeats)]
+                jobs = [(m, c, d, r) for m in self.mechanisms for c in self.capacities for d in combos
+                        for r in range(self.repeats)]
                 random.Random(f"{self.seed}/{k}/{g}").shuffle(jobs)
-                out += [MatrixCell(k, g, m, c[0], c[1], r, i) for i, (m, c, r) in enumerate(jobs)]
+                out += [MatrixCell(k, g, m, c[0], c[1], r, i, d[0], d[1]) for i, (m, c, d, r) in enumerate(jobs)]
         return out
 
 
@@ -229,6 +292,9 @@ def load_spec(path: str | os.PathLike) -> MatrixSpec:
                          path=where)
     if mods:
         knobs["kernel_modules"] = tuple(sorted((str(k), str((base / str(v)).resolve())) for k, v in mods.items()))
+    fields, dims = load_dims(doc, where)
+    knobs.update(fields, dims=dims)
+    _check_windows(dims, knobs.get("timeout", 3600.0), where)
     return MatrixSpec(tuple(str(k) for k in _list(doc, "kernels", where)), tuple(mglru), tuple(mechs), tuple(caps),
                       files["plan"], files["pool"], repeats, mode, seed, **knobs, source=str(p))
 
@@ -244,7 +310,7 @@ def _cell_knobs(doc: dict, where: str) -> dict[str, Any]:
                 out[key] = parse_bytes(doc[key])
             except UsageError as e:
                 raise InputError(f"{key}: {e.message}", path=where) from None
-    for key, least in (("warmup", 0), ("passes", 1), ("threads", 1)):
+    for key, least in (("warmup", 0), ("passes", 1)):
         if key in doc:
             v = doc[key]
             if not isinstance(v, int) or isinstance(v, bool) or v < least:
@@ -255,6 +321,16 @@ def _cell_knobs(doc: dict, where: str) -> dict[str, Any]:
             raise InputError(f"timeout must be seconds > 0, not {doc['timeout']!r}", path=where)
         out["timeout"] = float(doc["timeout"])
     return out
+
+
+def _check_windows(dims, timeout: float, where: str) -> None:
+    """InputError when a window's time leaves the cell less than 5 minutes of its timeout for
+    the boot, the warm-up and the recording's start and end."""
+    for key, vals in dims:
+        for v in vals:
+            if key == "window" and isinstance(v, str) and float(v[:-1]) + 300 > timeout:
+                raise InputError(f"window {v} leaves less than 300 s of timeout = {timeout:g} for the rest of the cell",
+                                 path=where, hint=f"timeout = {float(v[:-1]) + 900:g} or more")
 
 
 # ---------------------------------------------------------------------------
@@ -337,6 +413,7 @@ def finished(out: str | os.PathLike) -> list[MatrixRow]:
 # ---------------------------------------------------------------------------
 # running the cells, each in a fresh boot of its condition
 
+GUEST_SHARE = "/tmp/lab"  # the lab share inside the guest (moetrace.lab.run.GUEST_SHARE)
 GUEST_CELL_DIR = "/tmp/lab/cell"  # the cell's --out inside the guest (the lab share)
 _MEM_STEP = 64 << 20
 
@@ -359,28 +436,84 @@ def guest_memory(cell: MatrixCell, spec: MatrixSpec) -> int:
     return int(-(-int(mem) // _MEM_STEP) * _MEM_STEP)
 
 
+#: the probes a lab cell records: the default set and the vmscan probe (per-batch reclaim, kswapd
+#: wakes with their order: the bite each pass took)
+CELL_PROBES = "+vmscan"
+
+
 def cell_command(cell: MatrixCell, spec: MatrixSpec, curve_path: str | None = None,
-                 python_bin: str = "moetrace") -> list[str]:
+                 python_bin: str = "moetrace", pool: str | None = None) -> list[str]:
     """`moetrace cell` as the guest runs it (recorded, into the lab share; ``curve_path``: the
-    simulated miss curve saved on the host, which the guest would otherwise compute at each boot)."""
+    simulated miss curve saved on the host, which the guest would otherwise compute at each boot;
+    ``pool``: the pool of the cell's layout, default the spec's). The cell's dimensions give its
+    readers, its window (passes, or a time) and its balloon's madvise."""
     mech = {"cgroup": "cgroup", "balloon": "balloon", "vm-memory": "machine"}[cell.mechanism.kind]
     curve = ["--miss-curve", curve_path] if curve_path else []
-    return [python_bin, "cell", *curve, "--plan", spec.plan, "--pool", spec.pool, "--capacity", str(cell.capacity_bytes),
-            "--mechanism", mech, "--mode", spec.mode, "--headroom", str(spec.headroom), "--threads",
-            str(spec.threads), "--warmup", str(spec.warmup), "--passes", str(spec.passes), "--record",
-            "--timeout", str(int(spec.timeout)), "--out", GUEST_CELL_DIR, "--json"]
+    v = cell.settings
+    passes, duration = window_of(v, spec.passes)
+    extra = ["--duration", f"{duration:g}s"] if duration is not None else []
+    if v.get("thp") and cell.mechanism.kind == "balloon":
+        extra += ["--balloon-thp", v["thp"]]
+    return [python_bin, "cell", *curve, "--plan", spec.plan, "--pool", pool or spec.pool, "--capacity",
+            str(cell.capacity_bytes), "--mechanism", mech, "--mode", spec.mode, "--headroom", str(spec.headroom),
+            "--threads", str(v.get("readers", spec.threads)), "--warmup", str(spec.warmup), "--passes", str(passes),
+            *extra, "--record", "--probes", CELL_PROBES, "--timeout", str(int(spec.timeout)), "--out",
+            GUEST_CELL_DIR, "--json"]
+
+
+def guest_settings(cell: MatrixCell, spec: MatrixSpec, pool: str | None = None) -> dict[str, Any]:
+    """What the guest wrapper (`moetrace lab guest-cell`, moetrace.lab.guest) applies and starts
+    around the cell: the guest's knobs of the cell's dimensions (None: the kernel's), the bites
+    controller's bite (None: no controller) and the sampler."""
+    from moetrace.capacity.scope import scope_name
+
+    v = cell.settings
+    return {"capacity_bytes": cell.capacity_bytes, "pool": pool or spec.pool, "memcg": "/" + scope_name("cell"),
+            "min_free_kbytes": v.get("min_free_kbytes"), "bite_fraction": v.get("bite_fraction"),
+            "read_ahead_kb": v.get("read_ahead_kb"), "min_ttl_ms": v.get("min_ttl_ms"),
+            "swap": bool(v.get("swap")), "thp": v.get("thp"),
+            "bites_bytes": cell.mechanism.bite_bytes(cell.capacity_bytes), "sampler": True}
+
+
+def guest_command(cell: MatrixCell, spec: MatrixSpec, curve_path: str | None = None, python_bin: str = "moetrace",
+                  pool: str | None = None) -> list[str]:
+    """The guest's command for a cell: the wrapper (settings, sampler, bites controller) around
+    :func:`cell_command`."""
+    return [python_bin, "lab", "guest-cell", "--dir", GUEST_SHARE, "--settings",
+            json.dumps(guest_settings(cell, spec, pool), sort_keys=True), "--",
+            *cell_command(cell, spec, curve_path, python_bin, pool)]
 
 
 #: lab.json fields kept in each cell's done.json (declared once: moetrace.run.documents.LabSummary)
 LAB_KEYS = tuple(LabSummary.__annotations__)
 
 
-def ensure_miss_curve(out: Path, spec: MatrixSpec) -> Path:
+def ensure_miss_curve(out: Path, spec: MatrixSpec, passes: int | None = None) -> Path:
     """DIR/miss_curve.npz: the plan's simulated miss curve, computed here once for every cell (the
-    guests would compile its numba kernel at every boot); kept across resumes while it matches."""
+    guests would compile its numba kernel at every boot); kept across resumes while it matches.
+    ``passes`` other than the spec's (a window dimension): DIR/miss_curve-p<N>.npz."""
     from moetrace.capacity.cell import ensure_miss_curve as ensure
 
-    return ensure(Path(out) / "miss_curve.npz", spec.plan, spec.warmup, spec.passes)
+    passes = spec.passes if passes is None else passes
+    return ensure(Path(out) / _curve_name(passes, spec.passes), spec.plan, spec.warmup, passes)
+
+
+def _curve_name(passes: int, spec_passes: int) -> str:
+    return "miss_curve.npz" if passes == spec_passes else f"miss_curve-p{passes}.npz"
+
+
+def ensure_pool(out: Path, spec: MatrixSpec, layout: str | None) -> str:
+    """The pool a cell of ``layout`` (a pool_layout value; None: the spec's pool as it is) reads:
+    the spec's pool when it has that layout, else DIR/pools/<layout>, made once from it (the same
+    bytes per expert) and kept while its manifest matches."""
+    if layout is None:
+        return spec.pool
+    from moetrace.inputs.pool import open_pool, relayout_pool
+    from moetrace.lab.dims import POOL_LAYOUTS
+
+    if open_pool(spec.pool).layout == POOL_LAYOUTS[layout]:
+        return spec.pool
+    return str(relayout_pool(spec.pool, Path(out).resolve() / "pools" / layout, POOL_LAYOUTS[layout]).root)
 
 
 def cell_outcome(lab: Lab | dict[str, Any], cell_json: Cell | None, console: str = "") -> dict[str, Any]:
@@ -406,17 +539,28 @@ def cell_outcome(lab: Lab | dict[str, Any], cell_json: Cell | None, console: str
 
 def run_one(out: Path, spec: MatrixSpec, cell: MatrixCell, curve: Path, run_guest=None) -> dict[str, Any]:
     """One cell in a fresh boot of its (kernel, MGLRU) condition, marked done (its done.json
-    body returned). ``run_guest``: the lab's run_in_guest (tests give another)."""
+    body returned). ``curve``: the miss curve of the spec's passes (the cell's own is made when
+    its window has other passes); ``run_guest``: the lab's run_in_guest (tests give another). A bites
+    controller under MGLRU off is not run: not retained, and why."""
     from moetrace.lab import run as lab
 
     run_guest = run_guest or lab.run_in_guest
     d = Path(out) / cell.rel_dir
+    if cell.mechanism.bites and cell.mglru != "on":
+        why = "the lru_gen-bites controller evicts through MGLRU's debugfs interface: it needs MGLRU on"
+        result = {"lab": {}, "retained": False, "reasons": [why], "result": None}
+        mark_done(out, cell, result)
+        return result
+    v = cell.settings
     try:
-        doc = run_guest(cell.kernel, cell_command(cell, spec, str(curve)), d,
+        passes = window_of(v, spec.passes)[0]
+        curve = ensure_miss_curve(out, spec, passes) if passes != spec.passes else curve
+        pool = ensure_pool(out, spec, v.get("pool_layout"))
+        doc = run_guest(cell.kernel, guest_command(cell, spec, str(curve), pool=pool), d,
                         memory=f"{guest_memory(cell, spec) >> 20}M",
-                        mglru=cell.mglru, timeout_s=spec.timeout + 600, pool=Path(spec.pool),
+                        mglru=cell.mglru, timeout_s=spec.timeout + 600, pool=Path(pool),
                         env={RESERVE_ENV: str(spec.balloon_reserve)},
-                        modules=dict(spec.kernel_modules).get(cell.kernel)).doc
+                        modules=dict(spec.kernel_modules).get(cell.kernel), **_boot_options(cell, spec)).doc
     except MoetraceError as e:  # the guest could not run the cell: a cell not retained, and on
         doc = {"status": "error", "error": e.format_message()}
     cj = d / "cell" / "cell.json"
@@ -425,9 +569,35 @@ def run_one(out: Path, spec: MatrixSpec, cell: MatrixCell, curve: Path, run_gues
     except InputError:  # a guest that died writing it: no cell result
         cell_json = None
     console = (d / "console.log").read_text(errors="replace") if (d / "console.log").exists() else ""
-    result = cell_outcome(doc, cell_json, console)
+    result = with_guest(cell_outcome(doc, cell_json, console), d)
     mark_done(out, cell, result)
     return result
+
+
+def _boot_options(cell: MatrixCell, spec: MatrixSpec) -> dict[str, Any]:
+    """run_in_guest's keywords of the cell's dimensions (only those set: vCPUs, the swap disk,
+    TCG's threading)."""
+    v = cell.settings
+    opts = {"cpus": v.get("cpus"), "swap_bytes": v.get("swap") or None, "tcg_thread": spec.tcg_thread}
+    return {k: x for k, x in opts.items() if x is not None}
+
+
+def with_guest(result: dict[str, Any], cell_dir: Path) -> dict[str, Any]:
+    """done.json's body with what the guest wrapper applied and got (its guest_settings.json, as
+    ``guest``): a setting it could not apply, or a controller that could not run, is a reason the
+    cell is not retained."""
+    from moetrace.lab.guest import GUEST_SETTINGS, read_guest_settings
+
+    path = cell_dir / GUEST_SETTINGS
+    if not path.exists():
+        return result
+    try:
+        guest = read_guest_settings(path)
+    except InputError as e:
+        return {**result, "retained": False, "reasons": [*result["reasons"], e.format_message()]}
+    errors = [f"guest: {e}" for e in guest.get("errors") or []]
+    return {**result, "guest": guest, "retained": bool(result["retained"]) and not errors,
+            "reasons": [*result["reasons"], *errors]}
 
 
 def run_cells(out: str | os.PathLike, spec: MatrixSpec, work: Work, progress=None, run_guest=None) -> int:
@@ -483,10 +653,12 @@ def spec_from_canonical(doc: MatrixSpecDoc) -> MatrixSpec:
     """matrix.json's spec back as a MatrixSpec (:meth:`MatrixSpec.canonical` inverted)."""
     d = dict(doc)
     mods = tuple(sorted((d.pop("kernel_modules", None) or {}).items()))
+    dims = tuple((k, tuple(d.pop(k))) for k in DIMENSIONS if k in d)
     return MatrixSpec(tuple(d.pop("kernels")), tuple(d.pop("mglru")),
                       tuple(parse_mechanism(re.sub(r"^balloon(?=[0-9.])", "balloon:", m), "matrix.json: mechanisms")
                             for m in d.pop("mechanisms")),
-                      tuple((str(lbl), int(b)) for lbl, b in d.pop("capacities")), kernel_modules=mods, **d)
+                      tuple((str(lbl), int(b)) for lbl, b in d.pop("capacities")), kernel_modules=mods, dims=dims,
+                      **d)
 
 
 def matrix_jobs(out: str | os.PathLike, work: Work) -> list[MatrixJob]:
@@ -527,13 +699,15 @@ def matrix_rows(out: str | os.PathLike) -> list[dict[str, Any]]:
     from moetrace.reports.matrix import cell_window
 
     out = Path(out)
-    curve = _saved_curve(out)
+    curves: dict[int | None, Any] = {}
     rows = []
     for doc in finished(out):
         c, lab, res = doc["cell"], doc["lab"], doc["result"] or cast(Cell, {})
+        curve = _cell_curve(out, c, curves)
         row = {"condition": c["condition"], "kernel": c["kernel"], "release": lab.get("release"),
                "mglru": c["mglru"], "mechanism_spec": c["mechanism"], "guest_memory": lab.get("memory"),
                "accel": lab.get("accel")}
+        row.update(dimension_columns(doc))  # {} for a cell of a spec without dimensions, before the wrapper
         row.update(cell_row({**res, "retained": doc["retained"], "reasons": doc["reasons"]},
                             c["capacity_label"], c["repeat"], c["order"], c["dir"]))
         row["mem_available_at_loop_entry_bytes"] = res.get("mem_available_at_loop_entry_bytes")
@@ -555,18 +729,55 @@ def matrix_rows(out: str | os.PathLike) -> list[dict[str, Any]]:
     return rows
 
 
-def _saved_curve(out: Path):
-    """The matrix's miss curve (miss_curve.npz) when it is there and readable, else None."""
+def _saved_curve(out: Path, passes: int | None = None):
+    """The matrix's miss curve (miss_curve.npz; of other ``passes`` than the spec's:
+    miss_curve-p<N>.npz) when it is there and readable, else None."""
     from moetrace.capacity.cell import load_miss_curve
 
-    meta, path = out / "matrix.json", out / "miss_curve.npz"
-    if not path.exists() or not meta.exists():
+    meta = out / "matrix.json"
+    if not meta.exists():
         return None
     try:
         spec = metadata.read_matrix_meta(meta)["spec"]
-        return load_miss_curve(path, spec["plan"], spec["warmup"], spec["passes"])
+        passes = spec["passes"] if passes is None else passes
+        path = out / _curve_name(passes, spec["passes"])
+        return load_miss_curve(path, spec["plan"], spec["warmup"], passes) if path.exists() else None
     except (InputError, KeyError, OSError):
         return None
+
+
+def _cell_curve(out: Path, cell: MatrixCellDoc, cache: dict[int | None, Any]):
+    """The saved miss curve of a finished cell's passes (its window's), loaded once per passes."""
+    passes = window_of(cell.get("settings") or {}, -1)[0]
+    key = None if passes == -1 else passes
+    if key not in cache:
+        cache[key] = _saved_curve(out, key)
+    return cache[key]
+
+
+def dimension_columns(doc: MatrixRow) -> dict[str, Any]:
+    """A row's columns of its dimensions: what the cell asked (``dims``, each key's value) and
+    what its guest got (the wrapper's guest_settings.json: Σhigh and Σhigh / C after the knobs,
+    the knobs read back, the bites controller's totals) and how it was booted (vCPUs, TCG's
+    threading). {} for a cell of a spec without dimensions that ran before the wrapper."""
+    c, lab, g = doc["cell"], doc["lab"], doc.get("guest") or {}
+    if not c.get("settings") and not g:
+        return {}
+    out: dict[str, Any] = {"dims": c.get("dims", ""), **{k: v for k, v in (c.get("settings") or {}).items()},
+                           "vcpus": lab.get("cpus"), "tcg_thread": lab.get("tcg_thread")}
+    after = (g.get("watermarks") or {}).get("after") or {}
+    knobs = g.get("knobs") or {}
+    out.update(guest_sum_high_pages=after.get("sum_high_pages"), guest_bite_fraction=after.get("bite_fraction"),
+               guest_min_free_kbytes=after.get("min_free_kbytes"),
+               guest_watermark_scale_factor=after.get("watermark_scale_factor"),
+               **{f"guest_{k}": (knobs.get(k) or {}).get("after") for k in ("read_ahead_kb", "min_ttl_ms", "thp")},
+               guest_swap_on=(g.get("swap") or {}).get("on"))
+    ctl = g.get("controller")
+    if ctl:
+        out.update(controller_bites=ctl.get("bites"), controller_bite_pages=ctl.get("pages"),
+                   controller_steal_pages=ctl.get("steal_pages"), controller_agings=ctl.get("agings"),
+                   controller_errors=ctl.get("errors"))
+    return out
 
 
 def at_effective_capacity(res: Cell, eff: int | None, curve) -> dict[str, Any]:

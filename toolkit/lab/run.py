@@ -284,7 +284,9 @@ setup_failed() { echo "lab: $*" > /tmp/lab/stderr; echo "{\"setup_error\": \"$*\
   "\"release\": \"$(uname -r)\", \"mglru\": \"none\"}" > .guest-status.json; sync; echo o > /proc/sysrq-trigger; sleep 30; }
 POOL=@POOL@
 if [ -n "$POOL" ]; then
-  mkdir -p "$POOL" 2>/dev/null; mount -t ext4 -o ro,noatime /dev/vda "$POOL" || setup_failed "cannot mount the pool image (/dev/vda) at $POOL"
+  # the pool's disk by its serial (a swap disk may come first), else the first disk
+  dev=/dev/vda; for s in /sys/block/vd*/serial; do [ "$(cat "$s" 2>/dev/null)" = @POOL_SERIAL@ ] && dev=/dev/${s#/sys/block/} && dev=${dev%/serial}; done
+  mkdir -p "$POOL" 2>/dev/null; mount -t ext4 -o ro,noatime "$dev" "$POOL" || setup_failed "cannot mount the pool image ($dev) at $POOL"
 fi
 MEMCG=@MEMCG@
 if [ -n "$MEMCG" ]; then
@@ -356,6 +358,15 @@ def pool_image(pool_dir: Path, dest: Path) -> Path:
         raise MoetraceError(f"mke2fs could not build the pool image from {pool_dir}: {r.stderr.strip()}",
                             hint="is there room in the temporary directory (TMPDIR)?")
     return dest
+
+
+def swap_drive(dest: Path, size_bytes: int) -> list[str]:
+    """QEMU arguments of a blank (sparse) raw disk of ``size_bytes`` at ``dest`` for the guest's
+    swap, found there by its serial (SWAP_SERIAL); removed with the boot's work directory."""
+    with open(dest, "wb") as fh:
+        fh.truncate(int(size_bytes))
+    return ["-drive", f"file={dest},if=none,id=moeswap,format=raw",
+            "-device", f"virtio-blk-pci,drive=moeswap,serial={SWAP_SERIAL}"]
 
 
 def _qemu(argv: list[str], timeout_s: float, started: Callable[[], bool] | None = None,
@@ -490,8 +501,10 @@ KERNEL_CMDLINE = "console=ttyS0 panic=-1 quiet loglevel=3"
 #: mitigations stay as the kernel chooses (a guest measured there is a kernel as deployed).
 ACCEL_CMDLINE = {"kvm": "", "tcg": "mitigations=off"}
 #: QEMU arguments of each accelerator (TCG's CPU model and threading: see TCG_CPU, TCG_THREAD)
-ACCEL_ARGS = {"kvm": lambda: ["-accel", "kvm", "-cpu", "host"],
-              "tcg": lambda: ["-accel", f"tcg,thread={TCG_THREAD}", "-cpu", TCG_CPU]}
+ACCEL_ARGS = {"kvm": lambda thread: ["-accel", "kvm", "-cpu", "host"],
+              "tcg": lambda thread: ["-accel", f"tcg,thread={thread}", "-cpu", TCG_CPU]}
+#: the disks' serials (/sys/block/vdX/serial in the guest): how the guest finds them
+POOL_SERIAL, SWAP_SERIAL = "moetrace-pool", "moetrace-swap"
 
 
 @dataclass
@@ -584,15 +597,19 @@ def _core_btf_for(image: Path) -> Path | None:
 def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2G", cpus: int | None = None,
                  mglru: str = "keep", timeout_s: float = 600.0, env: dict[str, str] | None = None,
                  pool: Path | None = None, memcg: str | None = None, accel: str = "auto",
-                 qemu: str = "qemu-system-x86_64", modules: str | os.PathLike | None = None) -> LabResult:
+                 qemu: str = "qemu-system-x86_64", modules: str | os.PathLike | None = None,
+                 swap_bytes: int | None = None, tcg_thread: str | None = None) -> LabResult:
     """Boot ``kernel``, run ``command`` in the guest (cwd /tmp/lab = ``out``), power off.
 
     ``pool``: a directory put on a virtio-blk ext4 image and mounted read-only at its own
     path in the guest. ``memcg``: a memory.max for a cgroup v2 made in the guest
     (GUEST_MEMCG, exported as MOETRACE_LAB_CGROUP). ``cpus``: vCPUs, else DEFAULT_CPUS of the
     accelerator the guest boots under. ``modules``: the guest's modules for a kernel image of one's
-    own (:func:`modules_base`)."""
+    own (:func:`modules_base`). ``swap_bytes``: a blank raw disk of that size (serial SWAP_SERIAL;
+    the guest's own mkswap/swapon: moetrace.lab.guest). ``tcg_thread``: TCG's threading, single
+    or multi (default TCG_THREAD; in lab.json)."""
     kvm_why = _check_guest_options(mglru, accel, qemu, memcg)
+    tcg_thread = tcg_thread or TCG_THREAD
     release, image = resolve_kernel(kernel, modules)
     mod_base = modules_base(release, modules)
     core_btf = _core_btf_for(Path(image))
@@ -605,6 +622,7 @@ def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2
     (out / ".guest.sh").write_text(GUEST.replace("@MGLRU@", mglru).replace("@CMD@", shlex.join(command))
                                    .replace("@ENV@", envs).replace("@POOL@", shlex.quote(pool_path))
                                    .replace("@MEMCG@", shlex.quote(memcg or "")).replace("@CGDIR@", GUEST_MEMCG)
+                                   .replace("@POOL_SERIAL@", POOL_SERIAL)
                                    # moetrace, replay, ... of this installation first on the guest's PATH
                                    .replace("@BIN@", shlex.quote(str(Path(sys.executable).parent))))
     t0 = time.monotonic()
@@ -614,20 +632,24 @@ def run_in_guest(kernel: str, command: list[str], out: Path, *, memory: str = "2
         drives: list[str] = []
         if pool is not None:
             img = pool_image(Path(pool), Path(tmp) / "pool.ext4")
-            drives = ["-drive", f"file={img},if=virtio,format=raw,readonly=on"]
+            drives = ["-drive", f"file={img},if=none,id=moepool,format=raw,readonly=on",
+                      "-device", f"virtio-blk-pci,drive=moepool,serial={POOL_SERIAL}"]
+        if swap_bytes:
+            drives += swap_drive(Path(tmp) / "swap.img", swap_bytes)
         console = Path(tmp) / "console.log"
         common = ["-m", memory, "-nographic", "-no-reboot",
                   "-kernel", str(image), "-initrd", str(initrd),
                   "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
                   "-virtfs", f"local,path={out.resolve()},mount_tag=labshare,security_model=none,multidevs=remap",
                   "-serial", f"file:{console}", "-monitor", "none", "-display", "none", *drives]
-        boot = _boot(out, qemu, common, console, release, accel, kvm_why, cpus, timeout_s)
+        boot = _boot(out, qemu, common, console, release, accel, kvm_why, cpus, timeout_s, tcg_thread)
         boot["wall"] = time.monotonic() - t0
         (out / "console.log").write_text(boot["text"])
     (out / ".guest.sh").unlink(missing_ok=True)
     doc: Lab = {"schema": LAB_SCHEMA, "kernel": release, "image": str(image), "command": command,
            "memory": memory, "cpus": boot["ncpu"], "kernel_cmdline": boot["append"], "mglru_requested": mglru,
            "accel": boot["used"], "accel_requested": accel, "kvm_fallback": boot["kvm_fallback"], "status": None,
+           "tcg_thread": tcg_thread if boot["used"] == "tcg" else None, "swap_bytes": swap_bytes or None,
            "core_btf": str(core_btf) if core_btf else None, "pool": pool_path or None,
            "memcg": ({"path": GUEST_MEMCG, "memory.max": memcg} if memcg else None)}
     return _guest_result(out, release, doc, boot, timeout_s)
@@ -655,7 +677,7 @@ def _clear_guest_outputs(out: Path) -> None:
 
 
 def _boot(out: Path, qemu: str, common: list[str], console: Path, release: str, accel: str,
-          kvm_why: str | None, cpus: int | None, timeout_s: float) -> dict[str, Any]:
+          kvm_why: str | None, cpus: int | None, timeout_s: float, tcg_thread: str = TCG_THREAD) -> dict[str, Any]:
     """Run the guest until COMMAND ran: under KVM first when it may (a KVM failure remembered,
     then TCG), booted again after a panic before COMMAND started (at most BOOT_RETRIES times).
     Returns status, err, rc, text (the console), used, ncpu, append, kvm_fallback, boot_failures."""
@@ -672,7 +694,7 @@ def _boot(out: Path, qemu: str, common: list[str], console: Path, release: str, 
         # the guest reads moetrace.accel from /proc/cmdline (an unknown module parameter: ignored)
         ncpu = cpus if cpus is not None else DEFAULT_CPUS[used]
         append = " ".join(filter(None, (KERNEL_CMDLINE, ACCEL_CMDLINE[used], f"moetrace.accel={used}")))
-        argv = [qemu, *ACCEL_ARGS[used](), "-smp", str(ncpu), *common, "-append", append]
+        argv = [qemu, *ACCEL_ARGS[used](tcg_thread), "-smp", str(ncpu), *common, "-append", append]
         started = (out / ".guest-status.json").exists
         status, err, rc = _qemu(argv, timeout_s, started, KVM_BOOT_DEADLINE_S if used == "kvm" else None)
         text = console.read_text(errors="replace") if console.exists() else ""

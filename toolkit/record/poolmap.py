@@ -46,7 +46,7 @@ class PoolMap:
 
     @property
     def split(self) -> bool:
-        """True when some file holds several experts (the pool layout)."""
+        """True when some file holds several experts (the layers and pool layouts)."""
         return any(n > 1 for _b, n in self.inodes.values())
 
     @functools.cached_property
@@ -96,7 +96,7 @@ def pool_map(pool) -> PoolMap:
     for i, p in enumerate(pool.data_paths()):
         st = os.stat(p)
         devs.add(st.st_dev)
-        base, n = (i, 1) if pool.layout == "files" else (0, pool.n_total)
+        base, n = pool.experts_in_file(i)
         if st.st_ino in inodes:
             raise UsageError(f"two pool files share inode {st.st_ino} ({p})", hint="hard links in a pool are not supported")
         inodes[st.st_ino] = (base, n)

@@ -73,6 +73,23 @@ DEFAULT_RECORD: tuple[str, ...] = tuple(p for p in DEFAULT_PROBES if p in RECORD
 PAGE_EVENT_DTYPE = PROBES["pagecache"].struct("page_event").dtype()
 
 
+def probe_list(text: str | None) -> tuple[str, ...]:
+    """`record --probes`: None -> DEFAULT_RECORD; "a,b" -> those; "+a,+b" -> DEFAULT_RECORD and
+    those (UsageError for a list that mixes the two forms)."""
+    from moetrace.errors import UsageError
+
+    if text is None:
+        return DEFAULT_RECORD
+    items = [p.strip() for p in text.split(",") if p.strip()]
+    added = [p for p in items if p.startswith("+")]
+    if not added:
+        return tuple(items)
+    if len(added) != len(items):
+        raise UsageError(f"--probes {text!r} mixes '+NAME' (added to the default set) with plain names",
+                         hint="write '+vmscan' (the default set and vmscan) or the whole list ('pagecache,vmscan')")
+    return DEFAULT_RECORD + tuple(p[1:] for p in added if p[1:] not in DEFAULT_RECORD)
+
+
 # ---------------------------------------------------------------------------
 # the command line
 

@@ -31,6 +31,7 @@ class EpochWriter:
     def __init__(self, fd: int, n_epochs: int):
         self.fd, self.n_epochs = fd, n_epochs
         self.mode: str | None = None
+        self.open_ended = False
         self.error: str | None = None
         self.assigned: list[list] = []  # [epoch, phase, repeat, iteration, start_ns]
         self._last: tuple | None = None
@@ -62,15 +63,20 @@ class EpochWriter:
 
     def _new(self, phase: str, repeat: int | None, iteration: int | None) -> None:
         e = len(self.assigned)
-        if e >= self.n_epochs:  # cannot happen with epoch_mode(); kept exact anyway
+        # an open-ended window keeps the last slot for "after": its passes beyond the slots fold
+        # into the last measured epoch (the row says so); otherwise epoch_mode() leaves room
+        full = e >= self.n_epochs - (1 if self.open_ended and phase != "after" else 0)
+        if full:
             self.assigned[-1][5] = True
             return
         if self._write(e):
             self.assigned.append([e, phase, repeat, iteration, time.monotonic_ns(), False])
 
-    def start(self, warmup: int, passes: int, iterations: int) -> None:
-        """Before the first iteration: choose the mode, log epoch 0 (setup)."""
-        self.mode = epoch_mode(self.n_epochs, warmup, passes, iterations)
+    def start(self, warmup: int, passes: int, iterations: int, open_ended: bool = False) -> None:
+        """Before the first iteration: choose the mode, log epoch 0 (setup). ``open_ended``: the
+        measured passes run for a duration (at least ``passes`` of them)."""
+        self.open_ended = open_ended
+        self.mode = epoch_mode(self.n_epochs, warmup, passes, iterations, open_ended)
         self.assigned.append([0, "setup", None, None, 0, False])  # the recorder starts at 0 before the exec
 
     def iteration(self, phase: str, repeat: int, it: int) -> None:

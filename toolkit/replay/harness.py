@@ -41,6 +41,7 @@ Clock: ``time.monotonic_ns()`` (CLOCK_MONOTONIC), the clock the recorder uses.
 
 from __future__ import annotations
 
+import array
 import ctypes
 import errno as _errno
 import itertools
@@ -351,6 +352,9 @@ class ReplayOptions:
     read_size: int | None = None  # bytes per read call; None = the whole expert in one call
     run_dir: str | None = None
     sync_fd: int | None = None
+    #: a measured window of this many seconds: after the ``passes`` whole measured passes, more
+    #: measured passes until the time is up (the last one stops after the iteration that passes it)
+    duration_s: float | None = None
 
     def check(self) -> None:
         """Raise UsageError for contradictory options."""
@@ -362,6 +366,8 @@ class ReplayOptions:
             raise UsageError("--threads must be >= 1")
         if self.warmup < 0 or self.passes < 1:
             raise UsageError("--warmup must be >= 0 and --passes >= 1")
+        if self.duration_s is not None and not self.duration_s > 0:
+            raise UsageError(f"--duration must be > 0 seconds, not {self.duration_s}")
         if self.mode in ("pinned", "hybrid"):
             if self.arena_bytes is None:
                 raise UsageError(f"--mode {self.mode} needs --arena-bytes SIZE",
@@ -428,7 +434,9 @@ class Replayer:
         self.vmlck_bytes = 0
         self.fd_mode = "kept"
         self.interrupted: int | None = None
-        self.rows: dict[str, list] = {c: [] for c, _ in ITERATION_COLUMNS}
+        #: the iteration log, a column each: 8 bytes per integer per iteration (array('q'), not a
+        #: list of int objects: an 8-10 minute window of small iterations stays a few MB)
+        self.rows: dict[str, Any] = {c: ([] if t == "string" else array.array("q")) for c, t in ITERATION_COLUMNS}
         self.phase_wall: dict[str, list[tuple[int, int]]] = {"warmup": [], "measured": []}
         #: moetrace.run.epochs.EpochWriter when run under `moetrace record` (per-iteration epochs)
         self.phase_channel = None
@@ -485,10 +493,8 @@ class Replayer:
                 raise UsageError(f"--mode mmap keeps {len(paths)} files open, RLIMIT_NOFILE allows {soft}",
                                  hint="raise `ulimit -n`, or use a pool with --layout pool")
             self.fd_mode = "per-access"  # open/close around each read (reported in the summary)
-        if pool.layout == "files":
-            need_size, want = g.expert_bytes, "expert_bytes"
-        else:
-            need_size, want = (g.n_total - 1) * pool.extent_bytes + g.expert_bytes, "the pool's extents"
+        need_size = pool.file_min_bytes()
+        want = "expert_bytes" if pool.layout == "files" else "the file's extents"
         if mode == "mmap" and len(paths) > _max_map_count() - 1024:
             raise UsageError(f"--mode mmap maps {len(paths)} files, vm.max_map_count is {_max_map_count()}",
                              hint="raise vm.max_map_count, or use a pool with --layout pool")
@@ -510,7 +516,7 @@ class Replayer:
                 if self.opts.fadvise_random:
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
                 if mode == "mmap":
-                    length = size if pool.layout == "pool" else g.expert_bytes
+                    length = g.expert_bytes if pool.layout == "files" else size
                     addr = libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
                     if addr in (None, MAP_FAILED):
                         err = ctypes.get_errno()
@@ -525,17 +531,12 @@ class Replayer:
                 os.close(fd)
             else:
                 self.fds.append(fd)
-        if pool.layout == "files":
-            self._fd_of = self.fds if self.fd_mode == "kept" else []
-            self._off_of = [0] * g.n_total
-            if self._maps:
-                self._map_addr = [a for a, _ in self._maps]
-        else:
-            self._fd_of = self.fds * g.n_total if self.fds else []
-            self._off_of = [e * pool.extent_bytes for e in range(g.n_total)]
-            if self._maps:
-                base = self._maps[0][0]
-                self._map_addr = [base + o for o in self._off_of]
+        # per expert: its file's fd (or mapping) and its offset there, in every layout
+        file_of = [pool.file_of(e) for e in range(g.n_total)]
+        self._off_of = [pool.offset_of(e) for e in range(g.n_total)]
+        self._fd_of = [self.fds[f] for f in file_of] if self.fds else []
+        if self._maps:
+            self._map_addr = [self._maps[f][0] + o for f, o in zip(file_of, self._off_of)]
 
     def _locate(self, eid: int) -> tuple[int, int]:
         """(fd, offset) of an expert for the prefetch advisor (page-cache fds)."""
@@ -566,10 +567,10 @@ class Replayer:
         t0 = time.monotonic_ns()
         dfds: dict[int, int] = {}
         method = "direct"
-        files = self.pool.layout == "files"
+        pool = self.pool
         paths = {}
         for eid in self.arena_ids.tolist():
-            fi = eid if files else 0
+            fi = pool.file_of(eid)
             if fi not in dfds:
                 p = self._data_path(fi)
                 try:
@@ -584,15 +585,14 @@ class Replayer:
                 paths[fi] = p
         plen = _round_up(eb, ALIGN) if method == "direct" else eb
         arena_addr = self.arena_addr
-        extent = self.pool.extent_bytes
 
         def preload(w: _Worker, eid: int) -> None:
-            fd = dfds[eid if files else 0]
-            off = 0 if files else eid * extent
+            fd = dfds[pool.file_of(eid)]
+            off = pool.offset_of(eid)
             n = os.preadv(fd, [w.mv[:plen]], off)
             if n < eb:
                 raise InputError(f"short read of expert {eid} during preload ({n} of {eb} bytes)",
-                                 path=paths[eid if files else 0])
+                                 path=paths[pool.file_of(eid)])
             _memmove(arena_addr + arena_off[eid], w.addr, eb)
             if method == "buffered":
                 os.posix_fadvise(fd, off, eb, os.POSIX_FADV_DONTNEED)
@@ -618,8 +618,7 @@ class Replayer:
         memmove = _memmove
 
         def short(eid: int, n: int):
-            i = eid if self.pool.layout == "files" else 0
-            return InputError(f"short read of expert {eid}: {n} of {eb} bytes", path=self._data_path(i),
+            return InputError(f"short read of expert {eid}: {n} of {eb} bytes", path=str(self.pool.path_of(eid)),
                               hint=f"the pool changed under the replay; run `moetrace pool verify {self.pool.root}`")
 
         if self.opts.mode == "mmap":
@@ -639,7 +638,7 @@ class Replayer:
                     memmove(w.addr, arena_addr + arena_off[eid], eb)
                     w.hits += 1
                 else:
-                    fd = os.open(self._data_path(eid if self.pool.layout == "files" else 0), flags)
+                    fd = os.open(self._data_path(self.pool.file_of(eid)), flags)
                     try:
                         n = preadv(fd, w.iov, off_of[eid])
                     finally:
@@ -695,8 +694,11 @@ class Replayer:
         a = self.advisor
         return (a.submitted, a.overwritten, a.completed) if a is not None else (0, 0, 0)
 
-    def replay_pass(self, phase: str, repeat: int, tick: Callable[[int], None] | None = None) -> None:
-        """Replay every iteration of the plan once, appending one row per iteration."""
+    def replay_pass(self, phase: str, repeat: int, tick: Callable[[int], None] | None = None,
+                    stop_ns: int | None = None) -> bool:
+        """Replay every iteration of the plan once, appending one row per iteration; with
+        ``stop_ns`` (CLOCK_MONOTONIC), stop after the first iteration that ends past it. True when
+        the whole pass ran."""
         plan, pool, adv = self.plan, self.pool_threads, self.advisor
         fn = self._reader()
         ids, sb, hb, ib = plan.ids, plan.slot_bounds, plan.hint_bounds, plan.iter_bounds
@@ -751,7 +753,11 @@ class Replayer:
             rows["hints_completed"].append(h1[2] - h0[2])
             if tick is not None:
                 tick(1)
+            if stop_ns is not None and t1 >= stop_ns and it + 1 < plan.n_iterations:
+                self.phase_wall[phase].append((p0, now()))
+                return False
         self.phase_wall[phase].append((p0, now()))
+        return True
 
     def sync_loop_entry(self, fd: int) -> None:
         """Tell the parent we reached loop entry; block until it answers 'go'."""
@@ -861,7 +867,9 @@ def summarize(rep: Replayer, complete: bool, exit_status: int, error: str | None
     mm = phase == "measured"
     dur = np.asarray(rows["duration_ns"], np.int64)
     rep_col = np.asarray(rows["repeat"], np.int64)
-    per_rep = [dur[mm & (rep_col == r)].tolist() for r in range(int(rep_col[mm].max()) + 1)] if mm.any() else []
+    # the measured rows are in repeat order: split where the repeat changes (one pass over them, an
+    # 8-minute window of many passes included)
+    per_rep = [a.tolist() for a in np.split(dur[mm], np.flatnonzero(np.diff(rep_col[mm])) + 1)] if mm.any() else []
     measured = _stats(dur[mm].tolist())
     measured["per_iteration_ns"] = per_rep
     mstart = [a for a, _ in rep.phase_wall["measured"]]
@@ -891,7 +899,7 @@ def summarize(rep: Replayer, complete: bool, exit_status: int, error: str | None
         "pool": {"root": str(Path(pool.root).resolve()), "layout": pool.layout,
                  "identity": pool.manifest.get("checksum"), "geometry": g.to_dict(),
                  "extent_bytes": pool.extent_bytes, "data_bytes": pool.data_bytes, "files": len(pool.files)},
-        "mode": o.mode, "threads": o.threads, "warmup": o.warmup, "passes": o.passes,
+        "mode": o.mode, "threads": o.threads, "warmup": o.warmup, "passes": o.passes, "duration_s": o.duration_s,
         "read_bytes_per_call": o.read_size or rep.read_len, "read_len_bytes": rep.read_len,
         "prefetch": o.prefetch, "fadvise_random": o.fadvise_random, "fd_mode": rep.fd_mode,
         "arena": {"requested_bytes": o.arena_bytes, "experts": int(rep.arena_ids.size), "bytes": rep.arena_len,
@@ -925,7 +933,10 @@ def write_outputs(run_dir: str | os.PathLike, rows: dict, summary: dict) -> None
         d.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise InputError(f"cannot create the run directory: {e.strerror}", path=str(d)) from None
-    table = pa.table({c: pa.array(rows[c], type=getattr(pa, t)()) for c, t in ITERATION_COLUMNS})
+    # an array('q') column goes to Arrow through its buffer (no Python int per value: a long window's
+    # log is hundreds of thousands of rows)
+    table = pa.table({c: pa.array(np.frombuffer(rows[c], np.int64) if isinstance(rows[c], array.array) else rows[c])
+                      .cast(getattr(pa, t)()) for c, t in ITERATION_COLUMNS})
     table = table.replace_schema_metadata({"schema": REPLAY_SCHEMA, "clock": "CLOCK_MONOTONIC"})
     with atomic_write(d / ITERATIONS_FILE) as tmp:
         pq.write_table(table, str(tmp))
@@ -1029,9 +1040,9 @@ def _replay_phases(rep: Replayer, plan: FlatPlan, opts: ReplayOptions, progress:
 
     rep.phase_channel = EpochWriter.from_env()
     if rep.phase_channel is not None:
-        rep.phase_channel.start(opts.warmup, opts.passes, plan.n_iterations)
+        rep.phase_channel.start(opts.warmup, opts.passes, plan.n_iterations, open_ended=opts.duration_s is not None)
     total = plan.n_iterations * (opts.warmup + opts.passes)
-    bar_cm = progress(length=total, label=f"replay {opts.mode}") if progress else None
+    bar_cm = progress(length=total, label=f"replay {opts.mode}") if progress and opts.duration_s is None else None
     bar = bar_cm.__enter__() if bar_cm else None
     try:
         tick = bar.update if bar is not None else None
@@ -1040,8 +1051,7 @@ def _replay_phases(rep: Replayer, plan: FlatPlan, opts: ReplayOptions, progress:
         rep.loop_entry_ns = time.monotonic_ns()
         if opts.sync_fd is not None:
             rep.sync_loop_entry(opts.sync_fd)
-        for r in range(opts.passes):
-            rep.replay_pass("measured", r, tick)
+        _measured_passes(rep, opts, tick)
     finally:
         if bar_cm:
             bar_cm.__exit__(None, None, None)
@@ -1051,6 +1061,20 @@ def _replay_phases(rep: Replayer, plan: FlatPlan, opts: ReplayOptions, progress:
         rep.phase_channel.done()
     if opts.sync_fd is not None:
         rep.sync_done(opts.sync_fd)
+
+
+def _measured_passes(rep: Replayer, opts: ReplayOptions, tick: Callable | None) -> None:
+    """The measured passes: ``opts.passes`` whole ones; with ``opts.duration_s``, then more until
+    that many seconds have passed since the first began (the last stops after the iteration that
+    ends past the deadline). Memory stays flat but for one iteration-log row per iteration."""
+    start = time.monotonic_ns()
+    deadline = None if opts.duration_s is None else start + int(opts.duration_s * 1e9)
+    r = 0
+    while r < opts.passes or (deadline is not None and time.monotonic_ns() < deadline):
+        whole = rep.replay_pass("measured", r, tick, stop_ns=deadline if r >= opts.passes else None)
+        r += 1
+        if not whole:
+            break
 
 
 __all__ = ["MODES", "PREFETCH", "REPLAY_SCHEMA", "ITERATIONS_FILE", "SUMMARY_FILE", "ITERATION_COLUMNS",

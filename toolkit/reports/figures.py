@@ -180,8 +180,8 @@ def mechanism_order(mech: str) -> tuple:
     if mech == "cgroup":
         return (0, 0.0, mech)
     if mech.startswith("balloon"):
-        try:
-            return (1, float(mech[len("balloon"):].lstrip(":")), mech)
+        try:  # "balloon0.81", "balloon:0.81", "balloon0.81+bites0.26" (the bites controller's)
+            return (1, float(mech[len("balloon"):].lstrip(":").partition("+")[0]), mech)
         except ValueError:
             return (1, 1.0, mech)
     return (2 if mech == "vm-memory" else 3, 0.0, mech)

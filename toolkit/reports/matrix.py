@@ -314,21 +314,23 @@ SUMMARY_FIGURES = ("device_bytes_per_iteration", "amplification", "amplification
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (kernel, MGLRU, mechanism, capacity) over its retained cells: ``cells``,
-    ``retained``, the miss demand, and for each of SUMMARY_FIGURES its ``_median``, ``_min`` and
-    ``_max`` (None when no retained cell has it)."""
+    """One row per (kernel, MGLRU, mechanism, capacity, and the dimensions that vary: ``dims``)
+    over its retained cells: ``cells``, ``retained``, the miss demand, and for each of
+    SUMMARY_FIGURES its ``_median``, ``_min`` and ``_max`` (None when no retained cell has it)."""
     import statistics
 
     from moetrace.reports.figures import mechanism_order
 
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
-        groups.setdefault((r["kernel"], r["mglru"], r["mechanism_spec"], r["capacity"]), []).append(r)
+        groups.setdefault((r["kernel"], r["mglru"], r["mechanism_spec"], r["capacity"], r.get("dims") or ""),
+                          []).append(r)
     out = []
-    for (kernel, mglru, mech, cap), rs in groups.items():
+    for (kernel, mglru, mech, cap, dims), rs in groups.items():
         kept = [r for r in rs if r.get("retained") in (True, "True")]
         s: dict[str, Any] = {"kernel": kernel, "release": next((r.get("release") for r in rs if r.get("release")), None),
-                             "mglru": mglru, "mechanism": mech, "capacity": cap, "cells": len(rs),
+                             "mglru": mglru, "mechanism": mech, "capacity": cap, **({"dims": dims} if dims else {}),
+                             "cells": len(rs),
                              "retained": len(kept),
                              "miss_bytes_per_iteration": next((r["miss_bytes_per_iteration"] for r in kept
                                                                if r.get("miss_bytes_per_iteration") is not None), None),
@@ -346,7 +348,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append(s)
     kernels = list(dict.fromkeys(s["kernel"] for s in out))
     return sorted(out, key=lambda s: (kernels.index(s["kernel"]), mechanism_order(s["mechanism"]), s["capacity"],
-                                      s["mglru"] != "on"))
+                                      s.get("dims", ""), s["mglru"] != "on"))
 
 
 def _oracle(s: dict[str, Any]) -> str:
@@ -369,7 +371,8 @@ def summary_markdown(summary: list[dict[str, Any]]) -> str:
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for s in summary:
         lines.append(
-            f"| {s['kernel']} | {s['mglru']} | {s['mechanism']} | {_fmt(s['locked_fraction_median'])} | "
+            f"| {s['kernel']} | {s['mglru']} | {s['mechanism']}{' ' + s['dims'] if s.get('dims') else ''} | "
+            f"{_fmt(s['locked_fraction_median'])} | "
             f"{_fmt(s['effective_capacity_bytes_median'], 2 ** 20, 0)} | "
             f"{_fmt(s['pool_resident_bytes_median'], 2 ** 20, 0)} | {s['retained']}/{s['cells']} | "
             f"{_fmt(s['device_bytes_per_iteration_median'], 1e6)} "
@@ -541,7 +544,8 @@ def pair_checks(out: str | os.PathLike, thresholds=None) -> list[dict[str, Any]]
     meta, retained = retained_matrix_cells(out)
     units: dict[tuple[str, str, str, str], list] = {}
     for c in retained:
-        key = (c["kernel"], c["mglru"], c["mechanism"], c["capacity_label"])
+        key = (c["kernel"], c["mglru"], c["mechanism"] + (f" {c['dims']}" if c.get("dims") else ""),
+               c["capacity_label"])
         units.setdefault(key, []).append(C.unit_metrics(open_run(out / c["dir"] / "cell", unrecorded=True)))
     kernels = meta["spec"]["kernels"]
     pairs = [((k, "off", m, cap), (k, "on", m, cap)) for (k, g, m, cap) in units if g == "on"]

@@ -31,6 +31,7 @@ SWEEP_SCHEMA = "moetrace.sweep/1"
 JOB_SCHEMA = "moetrace.job/1"
 LAB_SCHEMA = "moetrace.lab/1"
 MATRIX_SCHEMA = "moetrace.matrix/1"
+GUEST_SCHEMA = "moetrace.guest/1"
 SAMPLER_SCHEMA = "moetrace.sampler/1"
 
 
@@ -459,6 +460,7 @@ class ReplaySummary(TypedDict, total=False):
     threads: int
     warmup: int
     passes: int
+    duration_s: float | None
     read_bytes_per_call: int
     read_len_bytes: int
     prefetch: str
@@ -503,6 +505,9 @@ class CellCommon(TypedDict, total=False):
     watch: bool
     outside_evictions: str
     miss_curve: str | None
+    duration_s: float | None
+    record_probes: str | None
+    balloon_thp: str | None
 
 
 class CellInputs(CellCommon, total=False):
@@ -795,6 +800,8 @@ class Lab(TypedDict, total=False):
     accel: str
     accel_requested: str
     kvm_fallback: str | None
+    tcg_thread: str | None
+    swap_bytes: int | None
     status: str | None
     core_btf: str | None
     pool: str | None
@@ -825,13 +832,120 @@ class LabSummary(TypedDict, total=False):
     mglru: str
     mglru_requested: str
     accel: str
+    tcg_thread: str | None
     cpus: int
     memory: str
+    swap_bytes: int | None
     kernel_cmdline: str
     host_wall_s: float
     cmd_start_uptime_s: float
     end_uptime_s: float
     boot_failures: list[BootFailure]
+
+
+# -- a matrix cell's guest: guest_settings.json (moetrace.lab.guest) -------------------------------
+
+class GuestRequest(TypedDict, total=False):
+    """What the matrix asked the guest wrapper for (moetrace.lab.matrix.guest_settings)."""
+
+    capacity_bytes: int | None
+    pool: str | None
+    memcg: str | None
+    min_free_kbytes: int | None
+    bite_fraction: float | None
+    read_ahead_kb: int | None
+    min_ttl_ms: int | None
+    swap: bool | None
+    thp: str | None
+    bites_bytes: int | None
+    sampler: bool | None
+
+
+class GuestKnob(TypedDict, total=False):
+    path: str
+    before: Any  # as it read before (THP: the bracketed mode)
+    wanted: Any
+    after: Any  # as it read back
+
+
+class WatermarkState(TypedDict, total=False):
+    min_free_kbytes: int
+    watermark_scale_factor: int
+    sum_min_pages: int
+    sum_low_pages: int
+    sum_high_pages: int
+    managed_pages: int
+    sum_boost_pages: int  # the zones' watermark_boost, counted in the three sums above
+    bite_fraction: float | None  # sum_high_pages x page / C
+
+
+class WatermarkAttempt(TypedDict, total=False):
+    min_free_kbytes: int
+    watermark_scale_factor: int
+    predicted_sum_high_pages: int
+    sum_high_pages: int  # /proc/zoneinfo's, read after the writes, its boost taken out
+
+
+class GuestWatermarks(TypedDict, total=False):
+    before: WatermarkState
+    after: WatermarkState
+    target_sum_high_pages: int
+    attempts: list[WatermarkAttempt]
+    reached: bool
+
+
+class GuestSwap(TypedDict, total=False):
+    device: str
+    on: bool
+    swaps: list[str]  # /proc/swaps' lines after swapon
+    off_at_end: bool | None
+
+
+class GuestSampler(TypedDict, total=False):
+    dir: str
+    running: bool
+    note: str | None
+
+
+class GuestController(TypedDict, total=False):
+    """moetrace.lab.bites_controller.BitesController.summary, after it stopped."""
+
+    csv: str
+    pages: int
+    memcg_path: str | None
+    threshold_kb: int
+    interval_s: float
+    t0_monotonic_ns: int
+    wall_s: float | None
+    poll_hz: float | None
+    bites: int
+    rounds: int
+    agings: int
+    steal_pages: int
+    errors: int
+    polls: int
+    skipped: int  # polls below the threshold while the memcg held no file pages
+    error: str | None
+
+
+class GuestSettings(TypedDict, total=False):
+    """guest_settings.json: what the wrapper applied and started around a matrix cell."""
+
+    schema: Required[str]
+    request: Required[GuestRequest]
+    cell_argv: list[str]
+    pid: int  # the wrapper's (the controller's thread is in it: the vmscan probe's tgid of its evictions)
+    knobs: dict[str, GuestKnob]  # thp, min_ttl_ms, read_ahead_kb, min_free_kbytes, watermark_scale_factor
+    restored: list[str]
+    watermarks: GuestWatermarks
+    swap: GuestSwap
+    sampler: GuestSampler
+    controller: GuestController
+    errors: Required[list[str]]
+    notes: list[str]
+    exit_status: int | None
+    started_monotonic_ns: int
+    ended_monotonic_ns: int
 
 
 class MatrixCellDoc(TypedDict, total=False):
@@ -847,6 +961,8 @@ class MatrixCellDoc(TypedDict, total=False):
     condition: str
     name: str
     dir: str
+    settings: dict[str, Any]  # the cell's values of the spec's dimensions (moetrace.lab.dims)
+    dims: str  # the part of its name of the dimensions that vary
 
 
 class MatrixSpecDoc(TypedDict, total=False):
@@ -870,6 +986,18 @@ class MatrixSpecDoc(TypedDict, total=False):
     balloon_reserve: int
     timeout: float
     kernel_modules: dict[str, str]  # kernel -> its modules_install directory
+    # the dimensions (moetrace.lab.dims), only when given: their values
+    cpus: list[int]
+    readers: list[int]
+    min_free_kbytes: list[int]
+    bite_fraction: list[float]
+    window: list[Any]  # passes (int) or a time ("480s")
+    pool_layout: list[str]
+    read_ahead_kb: list[int]
+    min_ttl_ms: list[int]
+    swap: list[int]  # bytes, 0: none
+    thp: list[str]
+    tcg_thread: str
 
 
 class MatrixMeta(TypedDict, total=False):
@@ -891,6 +1019,7 @@ class MatrixRow(TypedDict, total=False):
     retained: Required[bool]
     reasons: Required[list[str]]
     result: Required[Annotated[Cell | None, See("cell.json")]]
+    guest: Annotated[GuestSettings, See("guest_settings.json")]  # the wrapper's, when it ran
 
 
 # -- the lab guest's sampler: sampler/sampler.json, sampler/zoneinfo.json ----------------------------
@@ -987,6 +1116,7 @@ class ZoneinfoDoc(TypedDict, total=False):
 #: file (as docs/run-directory.md names its section) -> its declaration
 DOCUMENTS: dict[str, type] = {
     "manifest.json": Manifest, "snapshots.json": Snapshots, "snapshots/<label>.json": Snapshot,
+    "guest_settings.json": GuestSettings,
     "replay.json": ReplaySummary, "cell.json": Cell, "sweep.json": SweepMeta, "jobs/<C>-r<i>.json": Job,
     "jobs/<C>-r<i>.ran.json": Ran, "jobs/attempts.jsonl": Attempt, "lab.json": Lab, "matrix.json": MatrixMeta,
     "done.json": MatrixRow, "sampler.json": SamplerMeta, "zoneinfo.json": ZoneinfoDoc,

@@ -35,8 +35,12 @@ def epochs_for(n_slots_per_epoch: int) -> int:
     return int(max(MIN_EPOCHS, min(MAX_EPOCHS, EPOCH_SLOTS // max(1, n_slots_per_epoch))))
 
 
-def epoch_mode(n_epochs: int, warmup: int, passes: int, iterations: int) -> str:
-    """How finely ``n_epochs`` slots can keep a replay of (warmup + passes) x iterations."""
+def epoch_mode(n_epochs: int, warmup: int, passes: int, iterations: int, open_ended: bool = False) -> str:
+    """How finely ``n_epochs`` slots can keep a replay of (warmup + passes) x iterations.
+    ``open_ended`` (a measured window of a duration: its passes are not known before): per pass
+    at most, the passes beyond the slots folded into the last measured one."""
+    if open_ended:
+        return "pass" if warmup + passes + 2 <= n_epochs else "phase"
     if (warmup + passes) * iterations + 2 <= n_epochs:
         return "iteration"
     if warmup + passes + 2 <= n_epochs:

@@ -116,6 +116,17 @@ def write_lab(path: str | os.PathLike, doc: D.Lab) -> None:
     write_json(path, doc)
 
 
+def read_guest_settings(path: str | os.PathLike) -> D.GuestSettings:
+    """A matrix cell's guest_settings.json (``path``: the file, or the cell directory)."""
+    return cast(D.GuestSettings, read_object(_file_in(path, "guest_settings.json"), D.GuestSettings,
+                                             "guest_settings.json", D.GUEST_SCHEMA,
+                                             {"request": "obj", "errors": "list"}))
+
+
+def write_guest_settings(path: str | os.PathLike, doc: D.GuestSettings) -> None:
+    write_json(path, doc)
+
+
 def read_matrix_meta(path: str | os.PathLike) -> D.MatrixMeta:
     """A matrix directory's matrix.json (``path``: the file, or the directory)."""
     return cast(D.MatrixMeta, read_object(_file_in(path, "matrix.json"), D.MatrixMeta, "matrix.json",
@@ -171,10 +182,10 @@ def retained_matrix_cells(out: str | os.PathLike) -> tuple[D.MatrixMeta, list[D.
 
 
 #: the readers by the file they read (a snapshot of a cell: by its directory's name)
-READERS = {"cell.json": read_cell, "replay.json": read_replay, "snapshots.json": read_snapshots,
+READERS = {"guest_settings.json": read_guest_settings, "cell.json": read_cell, "replay.json": read_replay, "snapshots.json": read_snapshots,
            "sweep.json": read_sweep_meta, "lab.json": read_lab, "matrix.json": read_matrix_meta,
            "done.json": read_matrix_row}
 
-__all__ = ["READERS", "check_schema", "read_cell", "read_lab", "read_matrix_meta", "read_matrix_row", "read_object",
+__all__ = ["READERS", "check_schema", "read_cell", "read_guest_settings", "write_guest_settings", "read_lab", "read_matrix_meta", "read_matrix_row", "read_object",
            "read_ran", "read_replay", "retained_matrix_cells", "read_snapshot", "read_snapshots", "read_sweep_meta", "write_cell", "write_snapshot",
            "write_lab", "write_matrix_meta", "write_matrix_row", "write_ran", "write_sweep_meta"]
