@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The §5 mechanism experiments of issue 34 (README, "§5 explained"): does a kswapd pass that
+# bites a large share of the oldest MGLRU generation (M1) make MGLRU read more than the miss
+# demand? Every cell replays the lab inputs (examples/lab_inputs.sh: a 512 MiB pool of 1 MiB
+# experts, a low-reuse trace) with pread, recorded with the default probes + vmscan, the sampler
+# (vmstat 1 Hz, MemFree 10 Hz, lru_gen 1 Hz, zoneinfo) running beside it in the guest.
+#   a1  the 6.12 balloon-0.81 and cgroup groups again, measured: kswapd's share of reclaim and
+#       Σhigh / (f·C) per cell (6 cells, MGLRU on; ~15 min under TCG)
+#   e1  causal, 6.12, 2 vCPUs, 2 readers, balloon 0.81, C = 320 MiB: the lru_gen-bites controller
+#       biting 0.26·C against 5 MiB bites, 3 repeats each, and plain balloon cells with MGLRU off
+#       (9 cells; ~30 min)
+#   e2  the real code path: Debian's 6.12.95 built twice by `lab build` (as it is, and with
+#       examples/patches/mglru-6.8-initial-priority.patch), Σhigh / C of 0.02 and 0.26, balloon
+#       0.81, MGLRU on and off, 3 repeats (24 cells, ~1 h; the first build ~50 min on 2 cores,
+#       the second ~3 min), then `check` per (Σhigh / C, MGLRU)
+#   e4  long windows: 8-minute windows on 6.12 and the newest kernel under the balloon and the
+#       cgroup wall, min_ttl_ms 0 against 1000 (8 cells, ~1 h 30 min)
+#   e5  per-layer pool files at read_ahead_kb 128 and 1024, MGLRU on and off (4 cells, ~10 min)
+# Resumable: run it again with the same OUT_DIR. Run as root, nothing else heavy beside it.
+# Usage: examples/s5_mechanism.sh [OUT_DIR] [a1|e1|e2|e4|e5 ...]   (default: /var/tmp/moetrace-s5 a1 e1)
+set -euo pipefail
+out=${1:-/var/tmp/moetrace-s5}
+shift || true
+groups=("$@")
+[ ${#groups[@]} -gt 0 ] || groups=(a1 e1)
+here=$(cd "$(dirname "$0")/.." && pwd)
+mt=${MOETRACE:-$here/.venv/bin/moetrace}
+. "$here/examples/lab_inputs.sh"
+
+# s5spec NAME KERNELS MGLRU MECHANISMS REPEATS [EXTRA TOML LINES]
+s5spec() {
+  cat > "$out/$1.toml" <<TOML
+kernels = $2
+mglru = $3
+mechanisms = $4
+capacities = ["320MiB"]
+repeats = $5
+plan = "plan.bin"
+pool = "pool"
+mode = "pagecache"
+warmup = 1
+timeout = 1800
+${6:-}
+TOML
+  case ${6:-} in *window*) ;; *) echo "passes = 2" >> "$out/$1.toml" ;; esac
+}
+
+# the two images of E2, built (or found in the build cache) from Debian's lab 6.12 source
+e2_images() {
+  local deb
+  deb=$(ls "$out"/linux-source-6.12_6.12.95-1~bpo12+1_all.deb 2>/dev/null || true)
+  if [ -z "$deb" ]; then
+    (cd "$out" && apt-get download linux-source-6.12=6.12.95-1~bpo12+1 >/dev/null)
+    deb=$(ls "$out"/linux-source-6.12_6.12.95-1~bpo12+1_all.deb)
+  fi
+  base=$("$mt" lab build "$deb")
+  cand=$("$mt" lab build "$deb" --patch "$here/examples/patches/mglru-6.8-initial-priority.patch")
+}
+
+for g in "${groups[@]}"; do
+  case $g in
+    a1) s5spec a1 '["6.12"]' '["on"]' '["balloon:0.81", "cgroup"]' 3
+        run a1 ;;
+    e1) s5spec e1-on '["6.12"]' '["on"]' '["balloon:0.81+lru_gen-bites:0.26", "balloon:0.81+lru_gen-bites:5MiB"]' 3 \
+          $'cpus = 2\nreaders = 2'
+        s5spec e1-off '["6.12"]' '["off"]' '["balloon:0.81"]' 3 $'cpus = 2\nreaders = 2'
+        run e1-on
+        run e1-off ;;
+    e2) e2_images
+        s5spec e2 "[\"$base\", \"$cand\"]" '["on", "off"]' '["balloon:0.81"]' 3 'bite_fraction = [0.02, 0.26]'
+        run e2
+        "$mt" lab matrix "$out/e2.toml" --out "$out/e2" --report ;;
+    e4) s5spec e4 '["6.12", "newest"]' '["on"]' '["balloon:0.81", "cgroup"]' 1 $'window = "8min"\nmin_ttl_ms = [0, 1000]'
+        run e4 ;;
+    e5) s5spec e5 '["6.12"]' '["on", "off"]' '["balloon:0.81"]' 1 $'pool_layout = "layer"\nread_ahead_kb = [128, 1024]'
+        run e5 ;;
+    *) echo "unknown group $g (a1 e1 e2 e4 e5)" >&2; exit 2 ;;
+  esac
+done
