@@ -385,7 +385,7 @@ def verdict_of(base: float, cand: float, worse: float, p: float | None, threshol
     if past_threshold(worse, p, threshold, alpha):
         if spread is None or worse > 1 + spread.limit:
             return "regression", None
-        return "inconclusive", repeats_to_decide(worse, spread.cv, alpha)
+        return "inconclusive", repeats_to_decide(worse, spread.cv, threshold, alpha)
     better = 1 / worse if worse else math.inf
     if past_threshold(better, p, threshold, alpha) and (spread is None or better > 1 + spread.limit):
         return "improvement", None

@@ -42,7 +42,8 @@ def check(base, cand, thresholds_path, as_json, html_dir, mixed_hosts):
     else ~/.local/state/moetrace/thresholds.toml; $MOETRACE_MACHINE_THRESHOLDS
     names another), else check's shipped defaults (a note says which). Past the
     threshold but within the spread is inconclusive, with the cells a side that
-    would decide (80 % power at alpha, the observed move against the spread).
+    would decide (the fewest with which 80 % of simulated checks name the
+    observed move, the cells varying by the spread's cv).
     One side's repeats must come from one host (cell.json host); --mixed-hosts
     pools them anyway. Base and candidate on different hosts are compared, with
     a note.
