@@ -163,7 +163,7 @@ def test_check_cli_exit_statuses_json_and_html(tmp_path):
     assert doc["inconclusive"]["48MiB -> 32MiB"]["device_bytes_per_iteration"] == 4
     # hit-only ns/KiB moved 13 %, just past its 10 % threshold: no number of cells decides that
     assert doc["inconclusive"]["48MiB -> 32MiB"]["hit_only_ns_per_kib"] is None and doc["repeats_to_decide"] is None
-    assert "more than 100 cells a side would be needed to decide" in doc["verdict"]
+    assert "hit_only_ns_per_kib (> 100 cells a side)" in doc["verdict"]
     assert doc["verdict"].startswith("inconclusive: 48MiB -> 32MiB: iteration_time_ns (~")
 
 

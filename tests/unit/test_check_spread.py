@@ -247,7 +247,7 @@ def test_check_cli_inconclusive_exit_3_and_a_broken_machine_file(tmp_path, machi
     cli = [sys.executable, "-m", "moetrace.cli", "check", str(aa / "r0"), str(aa / "r1")]
     r = subprocess.run(cli, capture_output=True, text=True)
     assert r.returncode == INCONCLUSIVE, r.stderr
-    assert "inconclusive: 128MiB: iteration_time_ns (~" in r.stdout and "cells a side would decide" in r.stdout
+    assert "inconclusive: 128MiB: iteration_time_ns (~" in r.stdout and "the cells a side that would decide" in r.stdout
     assert "repeats_to_decide" in r.stdout and "spread_limit" in r.stdout
     assert "from check's defaults (cgroup)" in r.stdout
     doc = json.loads(subprocess.run(cli + ["--json"], capture_output=True, text=True).stdout)

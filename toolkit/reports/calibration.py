@@ -142,14 +142,17 @@ def calibrate(path: str | os.PathLike, thresholds=None, only: list[str] | None =
 def spread_doc(groups: dict[str, list], path, only: list[str] | None = None) -> list[dict[str, Any]]:
     """The spread between identical cells per host and mechanism (moetrace.analyses.spread.
     measure_spread) of groups of unit metrics, as JSON rows: {"host", "mechanism", "cells",
-    "groups", "source", "metrics": {metric: {"limit", "cv", "floor"}}}."""
+    "groups", "source", "written" (UTC), "metrics": {metric: {"limit", "cv", "floor"}}}."""
     from moetrace.analyses import compare as C
     from moetrace.analyses.spread import measure_spread
 
+    import datetime
+
     src = f"`moetrace calibrate {path}" + "".join(f" --only {o}" for o in only or []) + "`"
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     rows = []
     for (host, mech), e in sorted(measure_spread(groups, C.METRICS, src).items()):
-        rows.append({"host": host, "mechanism": mech, **e["meta"],
+        rows.append({"host": host, "mechanism": mech, **e["meta"], "written": now,
                      "metrics": {m: {"limit": s.limit, "cv": s.cv, "floor": s.floor} for m, s in e["metrics"].items()}})
     return rows
 
@@ -163,7 +166,7 @@ def spread_entries(cal: dict[str, Any], known_hosts_only: bool = False):
     for r in cal.get("spread") or []:
         if known_hosts_only and r["host"] == UNKNOWN:
             continue
-        meta = {k: r[k] for k in ("cells", "groups", "source") if k in r}
+        meta = {k: r[k] for k in ("cells", "groups", "source", "written") if k in r}
         out[(r["host"], r["mechanism"])] = {"meta": meta, "metrics": {
             m: Spread(d["limit"], d["cv"], d["floor"], r.get("source", "")) for m, d in r["metrics"].items()}}
     return out

@@ -93,11 +93,8 @@ class CheckResult:
             return "regression: " + "; ".join(f"{g}: {', '.join(m)}" for g, m in self.regressed.items() if m) + \
                 (f" (inconclusive: {undecided})" if undecided else "")
         if self.status == INCONCLUSIVE:
-            n = self.repeats_to_decide()
-            need = f"about {n} cells a side would decide" if n else \
-                f"more than {MAX_REPEATS} cells a side would be needed to decide"
             return (f"inconclusive: {undecided}: past the threshold, within the spread between identical cells "
-                    f"(one cell a side); {need}")
+                    f"(one cell a side; in parentheses the cells a side that would decide)")
         return "no regression"
 
     def undecided_text(self) -> str:
