@@ -47,6 +47,8 @@ Z = 3.09
 #: 191 B to 523 KB per iteration; 1 MiB covers that twice over and stays a fraction of an
 #: eighth-capacity cut's change (64 -> 8 MiB: +4.6 MB per iteration; 256 -> 32 MiB: +2.2 MB).
 #: Refaults and re-reads are the cell's own pages (its memcg; 0-0.17 per iteration there).
+#: Amplification (device bytes / the simulated miss demand) carries the device's noise: check
+#: raises its floor to device bytes' over the miss demand (compare.amplification_floor).
 NOISE_FLOOR: dict[str, float] = {
     "device_bytes_per_iteration": float(1 << 20),
     "rereads_per_iteration": 16.0,

@@ -279,3 +279,25 @@ def test_where_the_machine_file_lives(monkeypatch, tmp_path):
     assert machine_write_path() == SYSTEM_FILE
     monkeypatch.setenv(MACHINE_ENV, "")
     assert machine_paths() == [] and machine_write_path() is None
+
+
+def test_amplification_carries_the_device_noise_and_its_floor():
+    """Two identical cells measured here at 64 MiB: device bytes 1.73 against 0.98 MB per iteration
+    (another process's reads), so amplification 0.75 against 0.42 over the same miss demand. Device
+    bytes moved less than their floor; amplification by as much over the miss demand: the same,
+    both ways round. A cut (5.5x the device bytes) is still named on both."""
+    def unit(dev):
+        return {"device_bytes_per_iteration": dev, "amplification": dev / 2.33e6, "miss_bytes_per_iteration": 2.33e6,
+                "mechanism": "cgroup"}
+
+    for b, c in ((1.73e6, 0.98e6), (0.98e6, 1.73e6)):
+        df = C.compute_comparison([unit(b)], [unit(c)]).set_index("metric")
+        assert (df.loc[["device_bytes_per_iteration", "amplification"], "verdict"] == "same").all()
+    df = C.compute_comparison([unit(1.0e6)], [unit(5.5e6)]).set_index("metric")
+    assert (df.loc[["device_bytes_per_iteration", "amplification"], "verdict"] == "regression").all()
+    # the floor itself: device bytes' over the miss demand, never below amplification's own
+    sp = S.default_spread("cgroup")
+    assert C.amplification_floor(sp["amplification"], sp, "amplification", [unit(1e6)]).floor == \
+        pytest.approx((1 << 20) / 2.33e6)
+    assert C.amplification_floor(sp["amplification"], sp, "amplification",
+                                 [{"miss_bytes_per_iteration": 1e9}]).floor == 0.05
