@@ -10,8 +10,8 @@
 # C / 8 against the first A/A base cell at C, round the cgroup capacities (a balloon cannot go
 # below its reserve). check reads no per-machine thresholds file here (MOETRACE_MACHINE_THRESHOLDS
 # is set empty): the shipped defaults, as on a machine never calibrated.
-# Measured on a 2-CPU VM with a kernel build beside it: a cgroup cell 4-14 s (C / 8 the slowest),
-# a balloon cell 23-73 s (locking ~20 GB); 20 A/A pairs over both mechanisms and 4 cuts: ~25 min.
+# Measured on a 2-CPU VM with a kernel build beside it: a cgroup cell 4-16 s (C / 8 the slowest),
+# a balloon cell 19-73 s (locking ~20 GB); 20 A/A pairs over both mechanisms and 4 cuts: 15 min.
 # Env: MOETRACE_AA_PAIRS (A/A pairs, default 20), MOETRACE_AA_CUTS (default 4),
 #      MOETRACE_AA_MECHANISMS (default "cgroup balloon"), MOETRACE_AA_STEPS (the trace's steps,
 #      default 300: synth's; the live test's 100 make shorter cells), MOETRACE (the moetrace command).

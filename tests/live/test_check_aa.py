@@ -7,9 +7,9 @@ spread between cells) and reads the exit status of every check it made. How many
 parameter: MOETRACE_AA_PAIRS (A/A, default 4), MOETRACE_AA_CUTS (default 2),
 MOETRACE_AA_MECHANISMS (default "cgroup"), MOETRACE_AA_STEPS (default 100). The defaults are
 what fits CI's ~90 s here: a cgroup cell of 100 steps takes 5-8 s on this 2-CPU host with a
-kernel build beside it (10 cells and 6 checks: 87 s at load 5.6); a balloon cell takes 23-73 s
+kernel build beside it (10 cells and 6 checks: 87 s at load 5.6); a balloon cell takes 19-73 s
 (it locks ~20 GB), so the balloon groups run in the full run, `examples/check_aa.sh` by hand (20
-A/A pairs over both mechanisms and 4 cuts, ~25 min; its table is in the README).
+A/A pairs over both mechanisms and 4 cuts, 15 min; its table is in the README).
 """
 
 from __future__ import annotations
