@@ -301,3 +301,10 @@ def test_amplification_carries_the_device_noise_and_its_floor():
         pytest.approx((1 << 20) / 2.33e6)
     assert C.amplification_floor(sp["amplification"], sp, "amplification",
                                  [{"miss_bytes_per_iteration": 1e9}]).floor == 0.05
+
+
+def test_cells_that_name_no_host_never_read_the_machine_file(tmp_path, machine_file):
+    machine_file.parent.mkdir(parents=True)
+    machine_file.write_text("[spread\n")  # broken: read, it would be exit 2
+    aa = _copies(tmp_path / "aa", 2, slow={1: 1.3})
+    assert run_check(aa / "r0", aa / "r1").status == INCONCLUSIVE

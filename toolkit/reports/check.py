@@ -206,8 +206,9 @@ def _compare_group(res: CheckResult, b: str, c: str, base: list, cand: list, th)
     name = b if b == c else f"{b} -> {c}"
     spread = None
     if len(base) == 1 or len(cand) == 1:
-        spread = resolve([(u.get("host"), u.get("mechanism")) for u in (*base, *cand)], th.spread,
-                         machine_entries(C.METRICS))
+        units = [(u.get("host"), u.get("mechanism")) for u in (*base, *cand)]
+        # the per-machine file keys by host: units that name none never read it
+        spread = resolve(units, th.spread, machine_entries(C.METRICS) if any(h for h, _m in units) else {})
     df = C.compute_comparison(base, cand, th, spread=spread)
     if df.empty:
         return f"{name}: no metric has a value on both sides"
