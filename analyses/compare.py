@@ -8,9 +8,10 @@ Mann-Whitney U test of the per-iteration samples where the metric has them (iter
 mmtests' compare tests its samples), else the threshold alone (column ``test`` says which). A
 metric regressed when it moved the wrong way by more than its threshold and the test agrees
 (p < alpha). Within-cell samples do not see the noise between identical cells (page cache
-state, the host): the threshold must cover that, which ``check --calibrate`` measures from
-A/A pairs of identical cells. The geometric mean of the direction-normalised
-ratios (> 1: worse) summarises all.
+state, the host): with one cell a side a metric regressed only beyond its spread between
+identical cells of that mechanism on that machine (:mod:`moetrace.analyses.spread`); a move
+past the threshold but within that spread is *inconclusive*, with the repeats a side that would
+decide. The geometric mean of the direction-normalised ratios (> 1: worse) summarises all.
 
 Thresholds (TOML, every key optional)::
 
@@ -19,6 +20,8 @@ Thresholds (TOML, every key optional)::
     threshold = 0.10             # relative change that counts (0.10 = 10 %)
     [watch]                      # `moetrace watch`'s alarms (WATCH_THRESHOLDS)
     scan_to_steal = 2.0
+    [spread."HOST".cgroup]       # between identical cells (moetrace.analyses.spread;
+    iteration_time_ns = { limit = 0.85, cv = 0.2 }   # `moetrace calibrate` writes it)
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from moetrace.analyses.spread import Spread, SpreadEntries, parse_spread, repeats_to_decide
 from moetrace.errors import InputError
 
 #: metric -> (unit, lower is better, default threshold, what it is)
@@ -71,6 +75,8 @@ class Thresholds:
     alpha: float
     per_metric: dict[str, float]
     watch: dict[str, float] = field(default_factory=lambda: {k: v[0] for k, v in WATCH_THRESHOLDS.items()})
+    #: the file's [spread] tables (moetrace.analyses.spread): {(host, mechanism): entry}
+    spread: SpreadEntries = field(default_factory=dict)
 
     @classmethod
     def default(cls) -> "Thresholds":
@@ -111,7 +117,8 @@ def load_thresholds(path: str | Path | None) -> Thresholds:
     alpha = doc.get("alpha", t.alpha)
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
         raise InputError("alpha must be a number in (0, 1)", path=str(p))
-    return Thresholds(float(alpha), per, _watch_thresholds(doc.get("watch"), t.watch, p))
+    spread = parse_spread(doc.get("spread"), METRICS, str(p), f"--thresholds {p}")
+    return Thresholds(float(alpha), per, _watch_thresholds(doc.get("watch"), t.watch, p), spread)
 
 
 def _watch_thresholds(table: Any, base: dict[str, float], p: Path) -> dict[str, float]:
@@ -185,6 +192,11 @@ def unit_metrics(run) -> dict[str, float | None]:
     res: dict[str, Any] = {k: (None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v))
                            for k, v in out.items()}
     res["refault_counting"] = refault_counting(run)  # not a metric: what refaults_per_iteration counted
+    # not metrics: whose spread between identical cells applies (moetrace.analyses.spread), and the
+    # miss demand amplification divides device bytes by (its floor is device bytes' over it)
+    res["host"], res["mechanism"] = host_of(run), cell.get("mechanism")
+    miss = cell.get("miss_bytes_per_iteration")
+    res["miss_bytes_per_iteration"] = float(miss) if isinstance(miss, (int, float)) and miss > 0 else None
     # not a metric: per-iteration samples, tested when one unit stands on each side
     res["samples"] = {"iteration_time_ns": meas["duration_ns"].to_numpy(float)} \
         if it is not None and len(it) and len(it[it["phase"] == "measured"]) else {}
@@ -267,18 +279,28 @@ def _spread(x: np.ndarray) -> float | None:
 
 
 def compute_comparison(base: Sequence[Mapping[str, float | None]], cand: Sequence[Mapping[str, float | None]],
-                       thresholds: Thresholds | None = None, seed: int = 0) -> pd.DataFrame:
+                       thresholds: Thresholds | None = None, seed: int = 0,
+                       spread: Mapping[str, Spread] | None = None) -> pd.DataFrame:
     """One row per metric with values on both sides, then a ``geomean`` row: ``metric``,
     ``unit``, ``lower_is_better``, ``base_n``, ``base_median``, ``base_spread``, ``cand_n``,
     ``cand_median``, ``cand_spread``, ``ratio`` (cand / base medians), ``worse_ratio`` (> 1:
-    worse, whichever the direction), ``p_value`` (Welch; NA below 2 repeats a side),
-    ``ratio_ci_low`` / ``ratio_ci_high`` (bootstrap 95 % of mean(cand) / mean(base); NA
-    below 2 repeats), ``threshold``, ``verdict`` (regression, improvement, same, or incomparable:
-    refaults counted differently on the two sides, see :func:`refault_counting`; such a row
-    counts in neither the verdict nor the geomean, and ``df.attrs["notes"]`` says why)."""
-    from scipy import stats
+    worse, whichever the direction), ``p_value`` (Welch; with one value a side Mann-Whitney U of
+    the per-iteration samples, or NA), ``ratio_ci_low`` / ``ratio_ci_high`` (bootstrap 95 % of
+    mean(cand) / mean(base); NA below 2 repeats), ``threshold``, ``spread_limit`` (the spread
+    between identical cells a move must pass with one value a side; NA with repeats), ``test``,
+    ``verdict`` (:func:`verdict_of`: regression, inconclusive, improvement, same, or incomparable:
+    refaults counted differently on the two sides, see :func:`refault_counting`; such a row counts
+    in neither the verdict nor the geomean, and ``df.attrs["notes"]`` says why),
+    ``repeats_to_decide`` (inconclusive rows: the cells a side that would decide).
+
+    ``spread``: {metric: Spread} between identical cells, applied where a side has one value;
+    None: the shipped defaults of the units' mechanisms (moetrace.analyses.spread.default_spread);
+    {}: none, the within-cell rule alone (what `calibrate` measures A/A pairs with)."""
+    from moetrace.analyses.spread import combine, default_spread
 
     th = thresholds or Thresholds.default()
+    if spread is None:
+        spread = combine(default_spread(u.get("mechanism")) for u in (*base, *cand))
     rows = []
     notes: list[str] = []
     counting = {side: sorted({u.get("refault_counting") for u in units} - {None})
@@ -292,13 +314,10 @@ def compute_comparison(base: Sequence[Mapping[str, float | None]], cand: Sequenc
         bs, cs = _one_unit_samples(base, m), _one_unit_samples(cand, m)
         ratio, worse, p, test = compare_values(b, c, lower, bs, cs)
         bm, cm = float(np.median(b)), float(np.median(c))
-        lo = hi = None
-        if len(b) >= 2 and len(c) >= 2 and b.mean() > 0:
-            res = stats.bootstrap((c, b), lambda x, y, axis=-1: np.mean(x, axis=axis) / np.mean(y, axis=axis),
-                                  vectorized=True, paired=False, n_resamples=2000, confidence_level=0.95,
-                                  method="percentile", random_state=np.random.default_rng(seed))
-            lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+        lo, hi = _bootstrap(b, c, seed)
         thr = th.per_metric.get(m, 0.0)
+        sp = amplification_floor(spread.get(m), spread, m, (*base, *cand)) if len(b) < 2 or len(c) < 2 else None
+        n_decide = None
         if m == "refaults_per_iteration" and refaults_differ:
             verdict = "incomparable"
             notes.append(f"refaults_per_iteration not compared: workingset_refault_file counted differently "
@@ -307,19 +326,36 @@ def compute_comparison(base: Sequence[Mapping[str, float | None]], cand: Sequenc
                          f"counts a refault only when its shadow entry is from the oldest generation; 6.5 "
                          f"counts every one (\"Multi-gen LRU: fix workingset accounting\"). Compare "
                          f"rereads_per_iteration (the pagecache probe) or device bytes instead.")
-        elif past_threshold(worse, p, thr, th.alpha):
-            verdict = "regression"
-        elif past_threshold(1 / worse if worse else math.inf, p, thr, th.alpha):
-            verdict = "improvement"
         else:
-            verdict = "same"
+            verdict, n_decide = verdict_of(bm, cm, worse, p, thr, th.alpha, lower, sp)
         rows.append({"metric": m, "unit": unit, "lower_is_better": lower, "base_n": len(b), "base_median": bm,
                      "base_spread": _spread(b), "cand_n": len(c), "cand_median": cm, "cand_spread": _spread(c),
                      "ratio": ratio, "worse_ratio": worse, "p_value": p, "ratio_ci_low": lo, "ratio_ci_high": hi,
-                     "threshold": thr, "test": test, "verdict": verdict})
-    df = pd.DataFrame(rows, columns=["metric", "unit", "lower_is_better", "base_n", "base_median", "base_spread",
-                                     "cand_n", "cand_median", "cand_spread", "ratio", "worse_ratio", "p_value",
-                                     "ratio_ci_low", "ratio_ci_high", "threshold", "test", "verdict"])
+                     "threshold": thr, "spread_limit": sp.limit if sp else None, "test": test, "verdict": verdict,
+                     "repeats_to_decide": n_decide})
+    return _finish_comparison(rows, notes)
+
+
+COMPARISON_COLUMNS = ["metric", "unit", "lower_is_better", "base_n", "base_median", "base_spread", "cand_n",
+                      "cand_median", "cand_spread", "ratio", "worse_ratio", "p_value", "ratio_ci_low", "ratio_ci_high",
+                      "threshold", "spread_limit", "test", "verdict", "repeats_to_decide"]
+
+
+def _bootstrap(b: np.ndarray, c: np.ndarray, seed: int) -> tuple[float | None, float | None]:
+    """The bootstrap 95 % interval of mean(c) / mean(b), (None, None) below 2 values a side."""
+    from scipy import stats
+
+    if len(b) < 2 or len(c) < 2 or b.mean() <= 0:
+        return None, None
+    res = stats.bootstrap((c, b), lambda x, y, axis=-1: np.mean(x, axis=axis) / np.mean(y, axis=axis),
+                          vectorized=True, paired=False, n_resamples=2000, confidence_level=0.95,
+                          method="percentile", random_state=np.random.default_rng(seed))
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def _finish_comparison(rows: list[dict[str, Any]], notes: list[str]) -> pd.DataFrame:
+    """The comparison's rows as a typed DataFrame with its geomean row and notes."""
+    df = pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
     counted = df[df["verdict"] != "incomparable"]
     finite = counted["worse_ratio"][np.isfinite(counted["worse_ratio"].astype(float)) & (counted["worse_ratio"] > 0)]
     if len(finite):
@@ -328,13 +364,50 @@ def compute_comparison(base: Sequence[Mapping[str, float | None]], cand: Sequenc
         geo.update(metric="geomean", unit="", worse_ratio=g, verdict="(summary)")
         df = pd.concat([df, pd.DataFrame([geo])], ignore_index=True)
     for c in ("base_median", "base_spread", "cand_median", "cand_spread", "ratio", "worse_ratio", "p_value",
-              "ratio_ci_low", "ratio_ci_high", "threshold"):
+              "ratio_ci_low", "ratio_ci_high", "threshold", "spread_limit"):
         df[c] = pd.array(df[c], dtype="Float64")
-    for c in ("base_n", "cand_n"):
+    for c in ("base_n", "cand_n", "repeats_to_decide"):
         df[c] = pd.array(df[c], dtype="Int64")
     df["lower_is_better"] = pd.array(df["lower_is_better"], dtype="boolean")
     df.attrs["notes"] = notes
     return df
+
+
+def amplification_floor(sp: Spread | None, spread: Mapping[str, Spread], metric: str,
+                        units: Sequence[Mapping[str, Any]]) -> Spread | None:
+    """``sp``, and for amplification (device bytes / the simulated miss demand) a floor no lower
+    than device bytes' floor over the units' median miss demand per iteration: the device's noise
+    that adds (other processes' reads) moves amplification by that much (measured: two identical
+    cells at 64 MiB, 1.73 against 0.98 MB per iteration, amplification 0.75 against 0.42)."""
+    import dataclasses
+
+    dev = spread.get("device_bytes_per_iteration")
+    miss = [u["miss_bytes_per_iteration"] for u in units if u.get("miss_bytes_per_iteration")]
+    if sp is None or metric != "amplification" or dev is None or not miss:
+        return sp
+    return dataclasses.replace(sp, floor=max(sp.floor, dev.floor / float(np.median(miss))))
+
+
+def verdict_of(base: float, cand: float, worse: float, p: float | None, threshold: float, alpha: float,
+               lower: bool, spread: Spread | None = None) -> tuple[str, int | None]:
+    """(verdict, repeats a side that would decide it) of one metric: base and candidate values,
+    ``worse`` (> 1: worse), the test's ``p`` (None: no test), the metric's ``threshold``. A move
+    the wrong way past the threshold (:func:`past_threshold`) is a regression, and the other way
+    an improvement; else same. With one value a side (``spread`` given: the metric's spread
+    between identical cells, moetrace.analyses.spread) a move of at most ``spread.floor`` (the
+    metric's unit) is the same, and a move past the threshold is a regression or an improvement only
+    beyond ``spread.limit``: within it, a regression is *inconclusive* (with the repeats a side
+    that would decide, repeats_to_decide) and an improvement the same."""
+    if spread is not None and abs(cand - base) <= spread.floor:
+        return "same", None
+    if past_threshold(worse, p, threshold, alpha):
+        if spread is None or worse > 1 + spread.limit:
+            return "regression", None
+        return "inconclusive", repeats_to_decide(worse, spread.cv, threshold, alpha)
+    better = 1 / worse if worse else math.inf
+    if past_threshold(better, p, threshold, alpha) and (spread is None or better > 1 + spread.limit):
+        return "improvement", None
+    return "same", None
 
 
 def compare_values(b: np.ndarray, c: np.ndarray, lower: bool, bs: np.ndarray | None = None,
@@ -388,3 +461,10 @@ def _one_unit_samples(units: Sequence[Mapping[str, Any]], metric: str) -> np.nda
 def regressed(df: pd.DataFrame) -> list[str]:
     """The metrics whose verdict is a regression."""
     return df.loc[df["verdict"] == "regression", "metric"].tolist()
+
+
+def inconclusive(df: pd.DataFrame) -> dict[str, int | None]:
+    """{metric: repeats a side that would decide (None: more than MAX_REPEATS)} of the metrics whose
+    verdict is inconclusive (one value a side: past the threshold, within the spread between cells)."""
+    rows = df[df["verdict"] == "inconclusive"]
+    return {m: (None if pd.isna(n) else int(n)) for m, n in zip(rows["metric"], rows["repeats_to_decide"])}

@@ -1,5 +1,6 @@
 """`moetrace check` (no-kernel tier): verdicts on the recorded golden cells, golden comparison
-tables, the statistics against scipy called directly, thresholds, exit statuses."""
+tables, the statistics against scipy called directly, thresholds, exit statuses. (One cell a
+side against the spread between identical cells: test_check_spread.py.)"""
 
 from __future__ import annotations
 
@@ -16,7 +17,19 @@ from common.reports import DATA, MG
 
 from moetrace.analyses import compare as C
 from moetrace.errors import InputError
-from moetrace.reports.check import CANNOT_COMPARE, NO_REGRESSION, REGRESSION, run_check
+from moetrace.reports.check import CANNOT_COMPARE, INCONCLUSIVE, NO_REGRESSION, REGRESSION, run_check
+from moetrace.reports.machine_thresholds import MACHINE_ENV
+
+
+@pytest.fixture(autouse=True)
+def _own_machine_file(tmp_path, monkeypatch):
+    """This machine's per-machine thresholds file is not the tests' (nor written by them)."""
+    monkeypatch.setenv(MACHINE_ENV, str(tmp_path / "machine-thresholds.toml"))
+
+
+#: a spread between identical cells as `moetrace calibrate` would write it for the golden cells'
+#: machine (they name no host): tight, so one cell a side names what moved beyond it
+CALIBRATED = '[spread."unknown".cgroup]\n' + "".join(f"{m} = {{ limit = 0.08, cv = 0.02 }}\n" for m in C.METRICS)
 
 
 @pytest.mark.parametrize("name", [c[0] for c in MG.CHECKS])
@@ -36,8 +49,20 @@ def test_the_same_cell_is_no_regression():
     assert (df["verdict"].iloc[:-1] == "same").all() and df["worse_ratio"].iloc[-1] == 1.0
 
 
-def test_a_smaller_capacity_regresses_and_names_the_metrics():
-    res = run_check(DATA / "sweep" / "cells" / "48MiB-r0", DATA / "sweep" / "cells" / "32MiB-r0")
+def test_a_smaller_capacity_regresses_and_names_the_metrics(tmp_path):
+    # one cell a side, check's shipped spread for cgroup cells (device bytes 50 %, iteration time
+    # 150 %: measured between identical cells on a noisy host): a 2/3 capacity moved everything
+    # by ~38 %, within it: inconclusive, with the repeats that would decide
+    cells = DATA / "sweep" / "cells"
+    res = run_check(cells / "48MiB-r0", cells / "32MiB-r0")
+    assert res.status == INCONCLUSIVE and res.regressed["48MiB -> 32MiB"] == []
+    assert {"iteration_time_ns", "device_bytes_per_iteration", "rereads_per_iteration"} <= set(
+        res.inconclusive["48MiB -> 32MiB"])
+    assert res.inconclusive["48MiB -> 32MiB"]["device_bytes_per_iteration"] == 4
+    # with this machine's spread calibrated (tight): named
+    t = tmp_path / "t.toml"
+    t.write_text(CALIBRATED)
+    res = run_check(cells / "48MiB-r0", cells / "32MiB-r0", C.load_thresholds(t))
     assert res.status == REGRESSION
     reg = res.regressed["48MiB -> 32MiB"]
     assert {"iteration_time_ns", "device_bytes_per_iteration", "rereads_per_iteration"} <= set(reg)
@@ -52,7 +77,8 @@ def test_a_smaller_capacity_regresses_and_names_the_metrics():
         c["device_bytes_per_iteration"] / b["device_bytes_per_iteration"])
     # the other way round, what regressed improves (and the larger cell's higher amplification,
     # 0.75 -> 0.83, is the one regression)
-    back = run_check(DATA / "sweep" / "cells" / "32MiB-r0", DATA / "sweep" / "cells" / "48MiB-r0")
+    back = run_check(DATA / "sweep" / "cells" / "32MiB-r0", DATA / "sweep" / "cells" / "48MiB-r0",
+                     C.load_thresholds(t))
     bd = back.tables["32MiB -> 48MiB"].set_index("metric")["verdict"]
     assert (bd[["iteration_time_ns", "device_bytes_per_iteration", "rereads_per_iteration"]] == "improvement").all()
     assert back.regressed["32MiB -> 48MiB"] == ["amplification"]
@@ -90,9 +116,10 @@ def test_repeats_use_welch_and_a_bootstrap_interval():
     noisy = [{"iteration_time_ns": v} for v in (8.0, 16.0, 9.0, 15.0)]
     r = C.compute_comparison(base, noisy).set_index("metric").loc["iteration_time_ns"]
     assert r["worse_ratio"] > 1.1 and r["p_value"] > 0.05 and r["verdict"] == "same"
-    # higher is better for age at eviction: pages evicted younger is the regression
-    r = C.compute_comparison([{"age_at_eviction_p50_ns": 100.0}], [{"age_at_eviction_p50_ns": 50.0}]).set_index(
-        "metric").loc["age_at_eviction_p50_ns"]
+    # higher is better for age at eviction: pages evicted younger is the regression (one value a
+    # side, no spread between cells: the within-cell rule alone)
+    r = C.compute_comparison([{"age_at_eviction_p50_ns": 100.0}], [{"age_at_eviction_p50_ns": 50.0}],
+                             spread={}).set_index("metric").loc["age_at_eviction_p50_ns"]
     assert r["ratio"] == 0.5 and r["worse_ratio"] == 2.0 and r["verdict"] == "regression"
 
 
@@ -120,15 +147,24 @@ def test_check_cli_exit_statuses_json_and_html(tmp_path):
     cells = DATA / "sweep" / "cells"
     r = mt(cells / "48MiB-r0", cells / "48MiB-r0")
     assert r.returncode == 0 and r.stdout.strip().endswith("no regression")
-    r = mt(cells / "48MiB-r0", cells / "32MiB-r0", "--json", "--html", tmp_path / "h")
+    r = mt(cells / "128MiB-r0", cells / "32MiB-r0", "--json", "--html", tmp_path / "h")
     assert r.returncode == 1, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["status"] == 1 and "device_bytes_per_iteration" in doc["regressed"]["48MiB -> 32MiB"]
+    assert doc["status"] == 1 and "device_bytes_per_iteration" in doc["regressed"]["128MiB -> 32MiB"]
     assert (tmp_path / "h" / "report.html").is_file() and "regression:" in (tmp_path / "h" / "report.html").read_text()
     r = mt(cells / "48MiB-r0", tmp_path)
     assert r.returncode == 2 and "could not compare" in r.stdout and "Traceback" not in r.stderr
     pd.read_parquet(next((tmp_path / "h" / "tables").glob("check_*.parquet")))
-    assert np.isfinite(doc["groups"]["48MiB -> 32MiB"][-1]["worse_ratio"])
+    assert np.isfinite(doc["groups"]["128MiB -> 32MiB"][-1]["worse_ratio"])
+    # a move within the spread between identical cells, one cell a side: inconclusive, exit 3
+    r = mt(cells / "48MiB-r0", cells / "32MiB-r0", "--json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == INCONCLUSIVE == doc["status"] and doc["regressed"] == {"48MiB -> 32MiB": []}
+    assert doc["inconclusive"]["48MiB -> 32MiB"]["device_bytes_per_iteration"] == 4
+    # hit-only ns/KiB moved 13 %, just past its 10 % threshold: no number of cells decides that
+    assert doc["inconclusive"]["48MiB -> 32MiB"]["hit_only_ns_per_kib"] is None and doc["repeats_to_decide"] is None
+    assert "hit_only_ns_per_kib (> 100 cells a side)" in doc["verdict"]
+    assert doc["verdict"].startswith("inconclusive: 48MiB -> 32MiB: iteration_time_ns (~")
 
 
 def test_unrecorded_cells_compare_on_their_cell_json(tmp_path):
@@ -232,7 +268,13 @@ def test_one_cell_a_side_tests_its_per_iteration_samples(tmp_path):
     df = next(iter(res.tables.values()))
     row = df.set_index("metric").loc["iteration_time_ns"]
     assert row["test"].startswith("per-iteration samples: Mann-Whitney U (") and row["p_value"] < 1e-6
-    assert row["verdict"] == "regression"
+    # 30 % slower: past the test, within check's shipped spread of cgroup cells (150 %)
+    assert row["verdict"] == "inconclusive" and row["spread_limit"] == 1.5 and res.status == INCONCLUSIVE
+    t = tmp_path / "t.toml"
+    t.write_text(CALIBRATED)
+    row = next(iter(run_check(aa / "r0", aa / "r1", C.load_thresholds(t)).tables.values())).set_index(
+        "metric").loc["iteration_time_ns"]
+    assert row["verdict"] == "regression" and row["spread_limit"] == 0.08
     dev = df.set_index("metric").loc["device_bytes_per_iteration"]
     assert dev["test"] == "threshold only (one value a side)"
     # the same samples a side: no evidence, whatever the threshold

@@ -65,7 +65,7 @@ def cli() -> None:
     Kernel:             doctor (what this kernel can trace, and why not)
     Recording (root):   record -- CMD (eBPF probes attached while CMD runs)
     Reports:            report RUN|CELL|SWEEP (HTML, Markdown, tables), flame RUN [--diff RUN]
-    Regressions:        check BASE CAND (verdict; exit 0 same, 1 regression, 2 cannot compare),
+    Regressions:        check BASE CAND (verdict; exit 0 same, 1 regression, 2 cannot compare, 3 inconclusive),
                         calibrate DIR (what check says of identical cells here)
     Live host (root):   watch (the pool's page-cache figures and alarms every interval)
     Kernel lab:         lab kernels (MGLRU, kprobes, BTF, signatures per kernel), lab setup

@@ -16,8 +16,12 @@ from moetrace.cli.common import emit_json
 @click.option("--only", "only", multiple=True, metavar="GLOB",
               help="Only the groups whose label matches (repeatable): calibrate on one half of a matrix "
                    "(--only '6.12-*') and try the thresholds on the other (--thresholds).")
+@click.option("--machine-file/--no-machine-file", "machine_file", default=True, show_default=True,
+              help="Write the spread between identical cells, per host and mechanism, into the per-machine file "
+                   "that check reads with one cell a side (root: /var/lib/moetrace/thresholds.toml, else "
+                   "~/.local/state/moetrace/thresholds.toml; $MOETRACE_MACHINE_THRESHOLDS names another).")
 @click.option("--json", "as_json", is_flag=True, help="Print the calibration as JSON.")
-def calibrate(path, thresholds_path, write_path, only, as_json):
+def calibrate(path, thresholds_path, write_path, only, machine_file, as_json):
     """Pair every two identical cells of PATH (a `lab matrix` directory: the repeats of each
     kernel x MGLRU x mechanism x C; a sweep: the cells of one capacity; or a directory of
     identical cells) and check each pair both ways round as one cell a side, as a kernel
@@ -33,6 +37,12 @@ def calibrate(path, thresholds_path, write_path, only, as_json):
     thresholds fare on A/A pairs they were not fitted on: one half of each group's repeats (fitted
     on the other half), one whole group (fitted on the others: a condition never seen), and, in
     groups of 6 or more, 3 cells against 3 (the cell-level test a check of repeats runs).
+    The spread between identical cells per host and mechanism (cell.json host and mechanism):
+    limit (the relative move a one-cell check must pass to call a regression: the widest A/A
+    move seen or Z = 3.09 x sqrt(2) x cv, the larger), cv (sd of ln value: the repeats that
+    would decide), floor (an absolute move no larger is none); written, for cells that name
+    their host, into the per-machine file check finds by itself (replacing that host and
+    mechanism's entry) and into --write-thresholds.
     Example:
       moetrace calibrate /var/tmp/matrix --only '6.12-*' --write-thresholds lab-thresholds.toml
       moetrace calibrate /var/tmp/matrix --only '6.1-*' --thresholds lab-thresholds.toml
@@ -40,7 +50,8 @@ def calibrate(path, thresholds_path, write_path, only, as_json):
     """
     from moetrace.analyses.compare import load_thresholds
     from moetrace.reports.calibration import calibrate as run_calibration
-    from moetrace.reports.calibration import held_out, split_summary, suggest, suggested_thresholds
+    from moetrace.reports.calibration import held_out, save_machine_spread, split_summary, suggest, \
+        suggested_thresholds
 
     th = load_thresholds(thresholds_path)
     cal = run_calibration(path, th, list(only))
@@ -54,11 +65,13 @@ def calibrate(path, thresholds_path, write_path, only, as_json):
         with atomic_write(write_path) as tmp:
             tmp.write_text(suggested_thresholds(cal, th))
         cal["thresholds_written"] = str(write_path)
+    cal["machine_file"] = save_machine_spread(cal) if machine_file else None
     if as_json:
         emit_json(cal)
         return
     _echo(cal, q, share)
     _echo_held_out(cal["held_out"])
+    _echo_spread(cal)
     if write_path:
         click.echo(f"thresholds: {write_path}", err=True)
 
@@ -117,3 +130,16 @@ def _echo_held_out(ho: dict) -> None:
         loudest = ", ".join(f"{g} {n}" for g, n in sorted(d["loud_by_group"].items(), key=lambda x: -x[1])[:3])
         click.echo(f"  {what}: {d['quiet']} of {d['pairs']} quiet ({100 * d['share']:.1f} %)"
                    + (f"; loud: {loudest}" if loudest else ""))
+
+
+def _echo_spread(cal: dict) -> None:
+    click.echo("between identical cells (check, one cell a side: a regression only beyond limit and floor; cv sizes "
+               "the repeats that would decide):")
+    for r in cal.get("spread") or []:
+        click.echo(f"  {r['host']} {r['mechanism']} ({r['cells']} cells in {r['groups']} groups):")
+        for m, d in r["metrics"].items():
+            click.echo(f"    {m:28s} limit {100 * d['limit']:6.1f} %  cv {d['cv']:.3f}  floor {d['floor']:g}")
+    mf = cal.get("machine_file")
+    if mf:
+        click.echo(f"written to the per-machine file {mf['path']}: {', '.join(mf['entries']) or 'nothing'}"
+                   + (f" ({mf['why']})" if mf.get("why") else ""))

@@ -31,16 +31,25 @@ def check(base, cand, thresholds_path, as_json, html_dir, mixed_hosts):
     and refaults per iteration, scan-to-steal, hit-only ns/KiB and p50/p99,
     age at eviction (LRU dwell), MGLRU aging cadence. Medians with spread;
     with >= 2 repeats a side, Welch's t-test and a bootstrap 95 % interval of
-    the ratio; with one cell a side, a Mann-Whitney U test of the per-iteration
-    samples where a metric has them (iteration time), else its threshold alone
-    (the output says which); a metric regressed when it moved the wrong way by
-    more than its threshold and the test agrees (p < alpha); a geometric-mean row
-    sums up. Samples within a cell do not see the noise between identical cells:
-    `moetrace calibrate` measures it on this machine and writes thresholds that
-    cover it. One side's repeats must come from one host (cell.json host);
-    --mixed-hosts pools them anyway. Base and candidate on different hosts
-    are compared, with a note.
-    Exit status: 0 no regression, 1 regression, 2 could not compare.
+    the ratio: a metric regressed when it moved the wrong way by more than its
+    threshold and the test agrees (p < alpha); a geometric-mean row sums up.
+    One cell a side: a Mann-Whitney U test of the per-iteration samples where a
+    metric has them (iteration time), else the threshold alone; samples within
+    a cell do not see the noise between identical cells, so a metric regressed
+    only beyond its spread between identical cells of that mechanism on this
+    machine: the [spread] of --thresholds, else the per-machine file that
+    `moetrace calibrate` writes (/var/lib/moetrace/thresholds.toml as root,
+    else ~/.local/state/moetrace/thresholds.toml; $MOETRACE_MACHINE_THRESHOLDS
+    names another), else check's shipped defaults (a note says which). Past the
+    threshold but within the spread is inconclusive, with the cells a side that
+    would decide (the fewest with which 80 % of simulated checks name the
+    observed move, the cells varying by the spread's cv).
+    One side's repeats must come from one host (cell.json host); --mixed-hosts
+    pools them anyway. Base and candidate on different hosts are compared, with
+    a note.
+    Exit status: 0 no regression, 1 regression (the metrics named), 2 could not
+    compare, 3 inconclusive (one cell a side: a move within the spread between
+    identical cells; the repeats a side that would decide are named).
     Example:
       moetrace check lab-6.1/cells lab-6.12/cells --thresholds thresholds.toml --html check-out
     """
@@ -57,7 +66,8 @@ def check(base, cand, thresholds_path, as_json, html_dir, mixed_hosts):
         for g, df in res.tables.items():
             click.echo(f"== {g}")
             cols = ["metric", "base_n", "base_median", "cand_n", "cand_median", "ratio", "worse_ratio", "p_value",
-                    "verdict"]
+                    "threshold", "spread_limit", "verdict", "repeats_to_decide"]
+            cols = [c for c in cols if c not in ("spread_limit", "repeats_to_decide") or df[c].notna().any()]
             click.echo(df[cols].to_string(index=False, na_rep="NA", float_format=lambda v: f"{v:.4g}"))
             tested = df[df["test"].notna()] if "test" in df else df.iloc[:0]
             for test, g in tested.groupby("test", sort=False):

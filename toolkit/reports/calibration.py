@@ -64,8 +64,9 @@ def _pair_metrics(df) -> dict[str, list]:
 
 
 def loud(pm: dict[str, list], thresholds) -> bool:
-    """Would check call this A/A comparison ({metric: [worse ratio, p-value]}) a regression: a
-    metric worse than 1 + its threshold with p < alpha (or no test). Mirrors compute_comparison."""
+    """Would check call this A/A comparison ({metric: [worse ratio, p-value]}) a regression by the
+    within-cell rule: a metric worse than 1 + its threshold with p < alpha (or no test). Mirrors
+    compute_comparison without a spread between cells (what that spread has to cover)."""
     import math
 
     from moetrace.analyses.compare import past_threshold
@@ -110,7 +111,7 @@ def calibrate(path: str | os.PathLike, thresholds=None, only: list[str] | None =
                 if m in ("iteration_time_ns", "device_bytes_per_iteration"):
                     by_group[label][f"{m}_cv"] = float(v.std(ddof=1) / v.mean())
         for i, j in itertools.permutations(range(len(units)), 2):
-            df = C.compute_comparison([units[i]], [units[j]], th)
+            df = C.compute_comparison([units[i]], [units[j]], th, spread={})  # the within-cell rule alone
             pair_metrics.append(_pair_metrics(df))
             pair_cells.append([label, i, j])
             for row in df[df["metric"].isin(list(C.METRICS))].itertuples():
@@ -135,7 +136,40 @@ def calibrate(path: str | os.PathLike, thresholds=None, only: list[str] | None =
     return {"schema": "moetrace.calibration/1", "path": str(path), "only": list(only or []),
             "groups": len(groups), "pairs": pairs, "quiet_pairs": quiet, "quiet_share": quiet / pairs,
             "metrics": metrics, "by_group": by_group, "pair_metrics": pair_metrics, "pair_cells": pair_cells,
-            "splits": _repeat_splits(groups, th)}
+            "splits": _repeat_splits(groups, th), "spread": spread_doc(groups, path, only)}
+
+
+def spread_doc(groups: dict[str, list], path, only: list[str] | None = None) -> list[dict[str, Any]]:
+    """The spread between identical cells per host and mechanism (moetrace.analyses.spread.
+    measure_spread) of groups of unit metrics, as JSON rows: {"host", "mechanism", "cells",
+    "groups", "source", "written" (UTC), "metrics": {metric: {"limit", "cv", "floor"}}}."""
+    from moetrace.analyses import compare as C
+    from moetrace.analyses.spread import measure_spread
+
+    import datetime
+
+    src = f"`moetrace calibrate {path}" + "".join(f" --only {o}" for o in only or []) + "`"
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    rows = []
+    for (host, mech), e in sorted(measure_spread(groups, C.METRICS, src).items()):
+        rows.append({"host": host, "mechanism": mech, **e["meta"], "written": now,
+                     "metrics": {m: {"limit": s.limit, "cv": s.cv, "floor": s.floor} for m, s in e["metrics"].items()}})
+    return rows
+
+
+def spread_entries(cal: dict[str, Any], known_hosts_only: bool = False):
+    """The calibration's spread rows (spread_doc) as moetrace.analyses.spread entries, to write;
+    ``known_hosts_only``: without the cells that name no host (the per-machine file keys by host)."""
+    from moetrace.analyses.spread import UNKNOWN, Spread
+
+    out = {}
+    for r in cal.get("spread") or []:
+        if known_hosts_only and r["host"] == UNKNOWN:
+            continue
+        meta = {k: r[k] for k in ("cells", "groups", "source", "written") if k in r}
+        out[(r["host"], r["mechanism"])] = {"meta": meta, "metrics": {
+            m: Spread(d["limit"], d["cv"], d["floor"], r.get("source", "")) for m, d in r["metrics"].items()}}
+    return out
 
 
 #: repeats a side in the cell-level A/A comparisons (``splits``)
@@ -226,7 +260,7 @@ def suggest(cal: dict[str, Any], thresholds=None) -> tuple[Any, float, float]:
             r = d.get("aa_worse_ratios") or []
             if r:
                 per[m] = max(per.get(m, 0.0), math.ceil((float(np.quantile(r, q)) - 1) * 100 - 1e-9) / 100)
-        cand = C.Thresholds(th.alpha, per, th.watch)
+        cand = C.Thresholds(th.alpha, per, th.watch, th.spread)
         share = quiet_share(cal["pair_metrics"], cand)
         if share >= TARGET_QUIET or q == QUANTILES[-1]:
             return cand, q, share
@@ -243,6 +277,13 @@ def suggested_thresholds(cal: dict[str, Any], thresholds=None) -> str:
              f"alpha = {th.alpha}"]
     for m in cal["metrics"]:
         lines += ["", f"[metrics.{m}]", f"threshold = {th.per_metric[m]:g}"]
+    entries = spread_entries(cal)
+    if entries:
+        from moetrace.analyses.spread import spread_toml
+
+        lines += ["", "# between identical cells, per host and mechanism: with one cell a side check calls a move",
+                  "# a regression only beyond `limit` (and `floor`); `cv` sizes the repeats that would decide"]
+        lines += spread_toml(entries).rstrip("\n").split("\n")
     return "\n".join(lines) + "\n"
 
 
@@ -319,3 +360,20 @@ def split_summary(cal: dict[str, Any], thresholds=None) -> dict[str, Any]:
     out["by_group"] = {g: one([s for s in splits if s["group"] == g]) for g in cal["by_group"]
                        if any(s["group"] == g for s in splits)}
     return out
+
+
+def save_machine_spread(cal: dict[str, Any]) -> dict[str, Any]:
+    """Merge the calibration's spread of cells that name their host into the per-machine file
+    (moetrace.analyses.spread.machine_write_path): {"path", "entries": ["host/mechanism", ...],
+    "why": why nothing was written, or None}."""
+    from moetrace.analyses import compare as C
+    from moetrace.reports.machine_thresholds import machine_write_path, write_machine_file
+
+    path = machine_write_path()
+    entries = spread_entries(cal, known_hosts_only=True)
+    if path is None:
+        return {"path": None, "entries": [], "why": "MOETRACE_MACHINE_THRESHOLDS is empty"}
+    if not entries:
+        return {"path": str(path), "entries": [], "why": "no cell names its host (cell.json host)"}
+    write_machine_file(path, entries, C.METRICS)
+    return {"path": str(path), "entries": [f"{h}/{m}" for h, m in entries], "why": None}

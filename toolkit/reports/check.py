@@ -8,8 +8,13 @@ from one host (cell.json ``host``, else the run manifest's): repeats from severa
 unless ``mixed_hosts`` pools them (noted); base and candidate on different hosts are compared
 (a cross-host comparison, noted).
 
+With one cell a side (no repeats to test between), a metric regressed only when it moved beyond
+its spread between identical cells of that mechanism on that machine (moetrace.analyses.spread:
+a --thresholds file's [spread], else the per-machine file `moetrace calibrate` writes, else
+check's shipped defaults); a move past its threshold but within that spread is inconclusive.
+
 Exit status: 0 no regression, 1 regression (the metrics are named), 2 could not compare
-(the reason is given).
+(the reason is given), 3 inconclusive (the metrics and the repeats a side that would decide).
 """
 
 from __future__ import annotations
@@ -21,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from moetrace.analyses.capacity_response import UNKNOWN_HOST  # a unit naming no host: never conflicts
+from moetrace.analyses.spread import MAX_REPEATS
 from moetrace.errors import InputError
 
-NO_REGRESSION, REGRESSION, CANNOT_COMPARE = 0, 1, 2
+NO_REGRESSION, REGRESSION, CANNOT_COMPARE, INCONCLUSIVE = 0, 1, 2, 3
 
 
 def _label(run) -> str:
@@ -76,13 +82,33 @@ class CheckResult:
     pairs: list[tuple[str, str]] = field(default_factory=list)
     #: why a metric was not compared (e.g. refaults counted differently by the two kernels)
     notes: list[str] = field(default_factory=list)
+    #: group -> {metric: cells a side that would decide (None: more than MAX_REPEATS)}
+    inconclusive: dict[str, dict[str, int | None]] = field(default_factory=dict)
 
     def verdict(self) -> str:
         if self.status == CANNOT_COMPARE:
             return f"could not compare: {self.reason}"
+        undecided = self.undecided_text()
         if self.status == REGRESSION:
-            return "regression: " + "; ".join(f"{g}: {', '.join(m)}" for g, m in self.regressed.items() if m)
+            return "regression: " + "; ".join(f"{g}: {', '.join(m)}" for g, m in self.regressed.items() if m) + \
+                (f" (inconclusive: {undecided})" if undecided else "")
+        if self.status == INCONCLUSIVE:
+            return (f"inconclusive: {undecided}: past the threshold, within the spread between identical cells "
+                    f"(one cell a side; in parentheses the cells a side that would decide)")
         return "no regression"
+
+    def undecided_text(self) -> str:
+        """'64MiB: iteration_time_ns (~12 cells a side)' of the inconclusive metrics."""
+        def n(v):
+            return f"~{v} cells a side" if v else f"> {MAX_REPEATS} cells a side"
+        return "; ".join(f"{g}: " + ", ".join(f"{m} ({n(v)})" for m, v in ms.items())
+                         for g, ms in self.inconclusive.items() if ms)
+
+    def repeats_to_decide(self) -> int | None:
+        """The cells a side that would decide every inconclusive metric (None: more than MAX_REPEATS
+        or nothing inconclusive)."""
+        ns = [v for ms in self.inconclusive.values() for v in ms.values()]
+        return None if not ns or None in ns else max(ns)
 
 
 def host_counts(units) -> dict[str, int]:
@@ -151,34 +177,76 @@ def run_check(base: str | os.PathLike, cand: str | os.PathLike, thresholds=None,
     if why:
         return CheckResult(CANNOT_COMPARE, why, pairs=pairs)
     res = CheckResult(NO_REGRESSION, None, pairs=pairs, notes=host_notes)
+    th = thresholds or C.Thresholds.default()
     for b, c in pairs:
-        name = b if b == c else f"{b} -> {c}"
-        df = C.compute_comparison([C.unit_metrics(r) for r in bg[b]], [C.unit_metrics(r) for r in cg[c]],
-                                  thresholds)
-        if df.empty:
-            return CheckResult(CANNOT_COMPARE, f"{name}: no metric has a value on both sides", pairs=pairs)
-        res.tables[name] = df
-        res.regressed[name] = C.regressed(df)
-        res.notes += [n for n in df.attrs.get("notes", []) if n not in res.notes]
+        try:
+            why = _compare_group(res, b, c, [C.unit_metrics(r) for r in bg[b]], [C.unit_metrics(r) for r in cg[c]],
+                                 th)
+        except InputError as e:  # a per-machine thresholds file that cannot be read
+            why = e.format_message()
+        if why:
+            return CheckResult(CANNOT_COMPARE, why, pairs=pairs)
     if any(len(bg[b]) == 1 or len(cg[c]) == 1 for b, c in pairs):
         res.notes.append(ONE_A_SIDE)
     if any(res.regressed.values()):
         res.status = REGRESSION
+    elif any(res.inconclusive.values()):
+        res.status = INCONCLUSIVE
     return res
 
 
-#: said whenever a side has one unit: what a check of one cell a side cannot see
-ONE_A_SIDE = ("one cell a side: the noise between identical cells (boot to boot, run to run) is not measured "
-              "here, and samples within a cell do not see it; trust a regression from one cell a side only "
-              "with thresholds from `moetrace calibrate` on this machine's identical cells, or give 3 repeats a "
-              "side (the cell-level test)")
+def _compare_group(res: CheckResult, b: str, c: str, base: list, cand: list, th) -> str | None:
+    """Compare one pair of groups into ``res`` (its table, regressions, inconclusive metrics and
+    notes); with one unit a side, against the spread between identical cells (module doc). Returns
+    why they cannot be compared, or None."""
+    from moetrace.analyses import compare as C
+    from moetrace.analyses.spread import resolve
+    from moetrace.reports.machine_thresholds import machine_entries
+
+    name = b if b == c else f"{b} -> {c}"
+    spread = None
+    if len(base) == 1 or len(cand) == 1:
+        units = [(u.get("host"), u.get("mechanism")) for u in (*base, *cand)]
+        # the per-machine file keys by host: units that name none never read it
+        spread = resolve(units, th.spread, machine_entries(C.METRICS) if any(h for h, _m in units) else {})
+    df = C.compute_comparison(base, cand, th, spread=spread)
+    if df.empty:
+        return f"{name}: no metric has a value on both sides"
+    res.tables[name] = df
+    res.regressed[name] = C.regressed(df)
+    res.inconclusive[name] = C.inconclusive(df)
+    res.notes += [n for n in df.attrs.get("notes", []) if n not in res.notes]
+    if spread:
+        note = spread_note(name, df, spread)
+        if note not in res.notes:
+            res.notes.append(note)
+    return None
+
+
+def spread_note(name: str, df, spread: dict) -> str:
+    """Where the spread between identical cells that the one-cell verdicts of ``df`` passed came from."""
+    used = [m for m in df["metric"] if m in spread]
+    sources: dict[str, list[str]] = {}
+    for m in used:
+        sources.setdefault(spread[m].source, []).append(f"{m} {100 * spread[m].limit:.0f} %")
+    return (f"{name}: spread between identical cells (a one-cell move must pass it to be a regression): "
+            + "; ".join(f"{', '.join(ms)} from {src}" for src, ms in sources.items()))
+
+
+#: said whenever a side has one unit: what a check of one cell a side cannot see, and what it does
+ONE_A_SIDE = ("one cell a side: samples within a cell do not see the noise between identical cells (boot to "
+              "boot, run to run), so a metric regressed only beyond its spread between identical cells of that "
+              "mechanism on this machine (above); past its threshold but within that spread it is inconclusive "
+              "(exit 3). Measure this machine's spread with `moetrace calibrate` on identical cells (it writes "
+              "the per-machine file check reads), or give 3 repeats a side (the cell-level test)")
 
 
 def check_doc(res: CheckResult, base, cand) -> dict[str, Any]:
     from moetrace.reports.document import table_json
 
     return {"schema": "moetrace.check/1", "base": str(base), "candidate": str(cand), "status": res.status,
-            "verdict": res.verdict(), "reason": res.reason, "regressed": res.regressed, "notes": res.notes,
+            "verdict": res.verdict(), "reason": res.reason, "regressed": res.regressed,
+            "inconclusive": res.inconclusive, "repeats_to_decide": res.repeats_to_decide(), "notes": res.notes,
             "groups": {g: json.loads(table_json(df)) for g, df in res.tables.items()}}
 
 
@@ -197,7 +265,9 @@ def write_check_report(res: CheckResult, base, cand, out: str | os.PathLike) -> 
         for g, df in res.tables.items():
             rep.h(2, f"Capacity {g}")
             rep.table(f"check_{g.replace(' ', '').replace('>', '').replace('-', '_')}", df,
-                      "Per metric: medians, spread, candidate / base, Welch p, bootstrap 95 % interval of the ratio",
+                      "Per metric: medians, spread, candidate / base, the test's p, bootstrap 95 % interval of the "
+                      "ratio (repeats), the spread between identical cells a one-cell move must pass, the verdict "
+                      "and the cells a side that would decide an inconclusive one",
                       None)
         rep.summary.update(check_doc(res, base, cand))
         return write_report(rep, ("verdict",), final=out)
