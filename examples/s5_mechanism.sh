@@ -13,11 +13,12 @@
 #       examples/patches/mglru-6.8-initial-priority.patch), Σhigh / C of 0.02 and 0.26, balloon
 #       0.81, MGLRU on and off, 3 repeats (24 cells, ~1 h; the first build ~50 min on 2 cores,
 #       the second ~3 min), then `check` per (Σhigh / C, MGLRU)
+#   e2d the decisive half of e2 (Σhigh / C 0.26, MGLRU on: 6 cells, ~18 min), then `check`
 #   e4  long windows: 8-minute windows on 6.12 and the newest kernel under the balloon and the
 #       cgroup wall, min_ttl_ms 0 against 1000 (8 cells, ~1 h 30 min)
 #   e5  per-layer pool files at read_ahead_kb 128 and 1024, MGLRU on and off (4 cells, ~10 min)
 # Resumable: run it again with the same OUT_DIR. Run as root, nothing else heavy beside it.
-# Usage: examples/s5_mechanism.sh [OUT_DIR] [a1|e1|e2|e4|e5 ...]   (default: /var/tmp/moetrace-s5 a1 e1)
+# Usage: examples/s5_mechanism.sh [OUT_DIR] [a1|e1|e2|e2d|e4|e5 ...]   (default: /var/tmp/moetrace-s5 a1 e1)
 set -euo pipefail
 out=${1:-/var/tmp/moetrace-s5}
 shift || true
@@ -53,8 +54,29 @@ e2_images() {
     (cd "$out" && apt-get download linux-source-6.12=6.12.95-1~bpo12+1 >/dev/null)
     deb=$(ls "$out"/linux-source-6.12_6.12.95-1~bpo12+1_all.deb)
   fi
-  base=$("$mt" lab build "$deb")
-  cand=$("$mt" lab build "$deb" --patch "$here/examples/patches/mglru-6.8-initial-priority.patch")
+  local field='import json, sys; d = json.load(sys.stdin); print(d["image"], d["release"])'
+  read -r base rbase < <("$mt" lab build "$deb" --json | python3 -c "$field")
+  read -r cand rcand < <("$mt" lab build "$deb" --patch "$here/examples/patches/mglru-6.8-initial-priority.patch" \
+                         --json | python3 -c "$field")
+}
+
+# e2check NAME: `check` base against candidate for every group of cells that differ by the kernel
+# alone (the same cell name in both kernels' conditions), 3 repeats a side; verdicts in NAME/check/
+e2check() {
+  local m=$out/$1 state grp bdir cdir c
+  for state in on off; do
+    bdir=$m/cells/$rbase-mglru-$state; cdir=$m/cells/$rcand-mglru-$state
+    [ -d "$bdir" ] && [ -d "$cdir" ] || continue
+    for grp in $(ls "$bdir" | sed 's/-r[0-9]*$//' | sort -u); do
+      mkdir -p "$m/check/$state-$grp/base" "$m/check/$state-$grp/cand"
+      for c in "$bdir/$grp"-r*; do ln -sfn "$c/cell" "$m/check/$state-$grp/base/$(basename "$c")"; done
+      for c in "$cdir/$grp"-r*; do ln -sfn "$c/cell" "$m/check/$state-$grp/cand/$(basename "$c")"; done
+      echo "== check, MGLRU $state, $grp: $rbase (base) against $rcand (the 6.8 clamp)"
+      "$mt" check "$m/check/$state-$grp/base" "$m/check/$state-$grp/cand" > "$m/check/$state-$grp.txt" \
+        && echo "exit 0" || echo "exit $?"
+      tail -2 "$m/check/$state-$grp.txt"
+    done
+  done
 }
 
 for g in "${groups[@]}"; do
@@ -69,7 +91,11 @@ for g in "${groups[@]}"; do
     e2) e2_images
         s5spec e2 "[\"$base\", \"$cand\"]" '["on", "off"]' '["balloon:0.81"]' 3 'bite_fraction = [0.02, 0.26]'
         run e2
-        "$mt" lab matrix "$out/e2.toml" --out "$out/e2" --report ;;
+        e2check e2 ;;
+    e2d) e2_images
+        s5spec e2d "[\"$base\", \"$cand\"]" '["on"]' '["balloon:0.81"]' 3 'bite_fraction = 0.26'
+        run e2d
+        e2check e2d ;;
     e4) s5spec e4 '["6.12", "newest"]' '["on"]' '["balloon:0.81", "cgroup"]' 1 $'window = "8min"\nmin_ttl_ms = [0, 1000]'
         run e4 ;;
     e5) s5spec e5 '["6.12"]' '["on", "off"]' '["balloon:0.81"]' 1 $'pool_layout = "layer"\nread_ahead_kb = [128, 1024]'

@@ -156,3 +156,25 @@ def test_a_gzip_image_with_data_after_its_vmlinux():
     elf = b"\x7fELF" + bytes(range(256)) * 64
     image = b"MZ" + b"\0" * 500 + gzip.compress(elf) + b"\xff\xfe trailing setup data \0" * 10
     assert vmlinux_from_image(image) == elf
+
+
+def test_two_images_of_one_tree_are_two_conditions(tmp_path):
+    """`lab build` names every image bzImage: a matrix over an A/B pair must not put both
+    kernels' cells in one condition directory (the release in the header names them, else the
+    image's directory)."""
+    import struct
+
+    from moetrace.lab.matrix import MatrixCell, Mechanism
+
+    a, b = tmp_path / "k1" / "bzImage", tmp_path / "k2" / "bzImage"
+    for img, rel in ((a, b"6.12.95-mtaaaa"), (b, None)):
+        img.parent.mkdir()
+        head = bytearray(0x400)
+        head[0x202:0x206] = b"HdrS"
+        struct.pack_into("<H", head, 0x20E, 0x100)  # the version string at 0x300
+        if rel:
+            head[0x300:0x300 + len(rel) + 5] = rel + b" (x)\0"
+        img.write_bytes(bytes(head) if rel else b"not an image")
+    conds = {MatrixCell(str(p), "on", Mechanism("balloon", 0.81), "320MiB", 320 << 20, 0, 0).condition
+             for p in (a, b)}
+    assert conds == {"6.12.95-mtaaaa-mglru-on", "k2-bzImage-mglru-on"}

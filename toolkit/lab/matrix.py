@@ -167,8 +167,16 @@ class MatrixCell:
 
 
 def _safe(text: str) -> str:
-    """A kernel name or path as a directory name ('/boot/vmlinuz-6.12.1' -> 'vmlinuz-6.12.1')."""
-    return re.sub(r"[^A-Za-z0-9.+_-]+", "_", Path(text).name if "/" in text else text)
+    """A kernel name or path as a directory name ('/boot/vmlinuz-6.12.1' -> 'vmlinuz-6.12.1'). An
+    image named only bzImage or vmlinuz (a tree's, or `lab build`'s, whose A and B differ by
+    their directory alone) is named by the release in its header ('6.12.95-mtcd1a8655'), else by
+    its directory and name."""
+    name = Path(text).name if "/" in text else text
+    if "/" in text and name in ("bzImage", "vmlinuz", "vmlinux"):
+        from moetrace.lab.run import image_release
+
+        name = image_release(text) or f"{Path(text).parent.name}-{name}"
+    return re.sub(r"[^A-Za-z0-9.+_-]+", "_", name)
 
 
 @dataclass(frozen=True)
