@@ -9,6 +9,8 @@
 #   e1  causal, 6.12, 2 vCPUs, 2 readers, balloon 0.81, C = 320 MiB: the lru_gen-bites controller
 #       biting 0.26·C against 5 MiB bites, 3 repeats each, and plain balloon cells with MGLRU off
 #       (9 cells; ~30 min)
+#   e1m e1's bites with an mmap replay (page-table aging makes generations: f, the oldest
+#       generation's share, falls below pread's ~0.9), 2 repeats each (4 cells; ~12 min)
 #   e2  the real code path: Debian's 6.12.95 built twice by `lab build` (as it is, and with
 #       examples/patches/mglru-6.8-initial-priority.patch), Σhigh / C of 0.02 and 0.26, balloon
 #       0.81, MGLRU on and off, 3 repeats (24 cells, ~1 h; the first build ~50 min on 2 cores,
@@ -18,7 +20,7 @@
 #       cgroup wall, min_ttl_ms 0 against 1000 (8 cells, ~1 h 30 min)
 #   e5  per-layer pool files at read_ahead_kb 128 and 1024, MGLRU on and off (4 cells, ~10 min)
 # Resumable: run it again with the same OUT_DIR. Run as root, nothing else heavy beside it.
-# Usage: examples/s5_mechanism.sh [OUT_DIR] [a1|e1|e2|e2d|e4|e5 ...]   (default: /var/tmp/moetrace-s5 a1 e1)
+# Usage: examples/s5_mechanism.sh [OUT_DIR] [a1|e1|e1m|e2|e2d|e4|e5 ...]   (default: /var/tmp/moetrace-s5 a1 e1)
 set -euo pipefail
 out=${1:-/var/tmp/moetrace-s5}
 shift || true
@@ -88,6 +90,10 @@ for g in "${groups[@]}"; do
         s5spec e1-off '["6.12"]' '["off"]' '["balloon:0.81"]' 3 $'cpus = 2\nreaders = 2'
         run e1-on
         run e1-off ;;
+    e1m) s5spec e1m '["6.12"]' '["on"]' '["balloon:0.81+lru_gen-bites:0.26", "balloon:0.81+lru_gen-bites:5MiB"]' 2 \
+          $'mode = "mmap"'
+        sed -i 's/^mode = "pagecache"$//' "$out/e1m.toml"
+        run e1m ;;
     e2) e2_images
         s5spec e2 "[\"$base\", \"$cand\"]" '["on", "off"]' '["balloon:0.81"]' 3 'bite_fraction = [0.02, 0.26]'
         run e2
@@ -100,6 +106,6 @@ for g in "${groups[@]}"; do
         run e4 ;;
     e5) s5spec e5 '["6.12"]' '["on", "off"]' '["balloon:0.81"]' 1 $'pool_layout = "layer"\nread_ahead_kb = [128, 1024]'
         run e5 ;;
-    *) echo "unknown group $g (a1 e1 e2 e4 e5)" >&2; exit 2 ;;
+    *) echo "unknown group $g (a1 e1 e1m e2 e2d e4 e5)" >&2; exit 2 ;;
   esac
 done
