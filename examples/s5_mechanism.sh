@@ -30,22 +30,13 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 mt=${MOETRACE:-$here/.venv/bin/moetrace}
 . "$here/examples/lab_inputs.sh"
 
-# s5spec NAME KERNELS MGLRU MECHANISMS REPEATS [EXTRA TOML LINES]
+# s5spec NAME KERNELS MGLRU MECHANISMS REPEATS [EXTRA TOML LINES]: lab_inputs.sh's spec at C = 320 MiB,
+# a longer timeout, and the extra keys (a window in place of passes)
 s5spec() {
-  cat > "$out/$1.toml" <<TOML
-kernels = $2
-mglru = $3
-mechanisms = $4
-capacities = ["320MiB"]
-repeats = $5
-plan = "plan.bin"
-pool = "pool"
-mode = "pagecache"
-warmup = 1
-timeout = 1800
-${6:-}
-TOML
-  case ${6:-} in *window*) ;; *) echo "passes = 2" >> "$out/$1.toml" ;; esac
+  spec "$1" "$2" "$3" "$4" 320MiB "$5"
+  sed -i 's/^timeout = .*/timeout = 1800/' "$out/$1.toml"
+  case ${6:-} in *window*) sed -i '/^passes = /d' "$out/$1.toml" ;; esac
+  [ -z "${6:-}" ] || printf '%s\n' "$6" >> "$out/$1.toml"
 }
 
 # the two images of E2, built (or found in the build cache) from Debian's lab 6.12 source
