@@ -40,6 +40,7 @@ from moetrace.errors import InputError, MoetraceError, UsageError
 from moetrace.jsonutil import write_json
 from moetrace.kernel.kconfig import parse_config
 
+BUILD_SCHEMA = "moetrace.lab-build/1"
 #: bump when the way an image is made changes (the key then changes: nothing stale is reused)
 RECIPE = 1
 #: the lab's needs on top of the tree's defconfig (x86_64). The memory-management choices follow
@@ -194,8 +195,7 @@ def unpack(source: Source, dest: Path, on_phase: Callable[[str], None] = lambda 
         else:
             on_phase(f"unpacking {source.path.name}")
             _unpack_archive(source, tmp)
-        top = _kernel_top(tmp)
-        os.replace(top, dest) if top != tmp else os.replace(tmp, dest)
+        os.replace(_kernel_top(tmp), dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -402,8 +402,8 @@ def build_image(src: str | os.PathLike, patches: list[str | os.PathLike] = (), f
     frags = [("lab", LAB_FRAGMENT)] + [(Path(f).name, _read_fragment(f)) for f in fragments]
     key = image_key(source, pats, frags)
     img_dir = cache / "images" / key
-    if (img_dir / "build.json").is_file() and (img_dir / "bzImage").is_file():
-        return BuildResult(img_dir / "bzImage", json.loads((img_dir / "build.json").read_text()), True)
+    if (hit := _cached(img_dir)) is not None:
+        return hit
     lacking = missing_tools()
     if lacking:
         raise UsageError(f"building a kernel needs {', '.join(lacking)}",
@@ -412,8 +412,8 @@ def build_image(src: str | os.PathLike, patches: list[str | os.PathLike] = (), f
     tree_dir = cache / "trees" / source.digest[:16]
     tree_dir.mkdir(parents=True, exist_ok=True)
     with _Locked(tree_dir / "lock", on_phase):
-        if (img_dir / "build.json").is_file():  # built by the build we waited for
-            return BuildResult(img_dir / "bzImage", json.loads((img_dir / "build.json").read_text()), True)
+        if (hit := _cached(img_dir)) is not None:  # built by the build we waited for
+            return hit
         if not (tree_dir / "src").is_dir():
             unpack(source, tree_dir / "src", on_phase)
         revert_applied(tree_dir)
@@ -424,6 +424,12 @@ def build_image(src: str | os.PathLike, patches: list[str | os.PathLike] = (), f
         finally:
             revert_applied(tree_dir)
     return BuildResult(img_dir / "bzImage", doc, False)
+
+
+def _cached(img_dir: Path) -> BuildResult | None:
+    if (img_dir / "build.json").is_file() and (img_dir / "bzImage").is_file():
+        return BuildResult(img_dir / "bzImage", json.loads((img_dir / "build.json").read_text()), True)
+    return None
 
 
 def _read_fragment(path: str | os.PathLike) -> str:
@@ -517,8 +523,6 @@ def _install(src: Path, img_dir: Path, log_path: Path, config: str, doc: dict[st
     os.replace(part, img_dir)
     return doc
 
-
-BUILD_SCHEMA = "moetrace.lab-build/1"
 
 
 def list_images(cache: Path | None = None) -> list[dict[str, Any]]:
