@@ -81,6 +81,7 @@ def test_a_spec_without_the_new_keys_is_the_matrix_it_was(tmp_path, edit):
     ('swap = "1KiB"', "swap: '1KiB' is neither \"off\" nor a swap size"),
     ('thp = "maybe"', "thp: 'maybe' is not one of on, off"),
     ('tcg_thread = "many"', "tcg_thread 'many' is not one of single, multi"),
+    ('stream_events = "yes"', "stream_events must be true or false, not 'yes'"),
     ("threads = 2\nreaders = 4", "threads and readers are the same key"),
     ("passes = 2\nwindow = 3", "passes and window both set the measured window"),
     ("bite_fraction = 0.1\nmin_free_kbytes = 4096", "bite_fraction and min_free_kbytes both"),
@@ -126,7 +127,7 @@ def test_a_cells_command_and_its_guest_settings_follow_its_dimensions(tmp_path):
     spec = load(tmp_path, BASE.replace('["balloon:0.81"]', '["balloon:0.81+lru_gen-bites:0.25", '
                                                            '"vm-memory+lru_gen-bites:5MiB"]')
                 + 'window = "8min"\nreaders = 3\nthp = "on"\nread_ahead_kb = 1024\nbite_fraction = 0.26\n'
-                  'min_ttl_ms = 1000\nswap = "off"\ncpus = 2\ntcg_thread = "multi"\n')
+                  'min_ttl_ms = 1000\nswap = "off"\ncpus = 2\ntcg_thread = "multi"\nstream_events = true\n')
     by = {c.mechanism.kind: c for c in spec.cells()}
     cmd = M.guest_command(by["balloon"], spec, "/m/curve.npz")
     assert cmd[:6] == ["moetrace", "lab", "guest-cell", "--dir", "/tmp/lab", "--settings"] and cmd[7] == "--"
@@ -141,6 +142,10 @@ def test_a_cells_command_and_its_guest_settings_follow_its_dimensions(tmp_path):
                         "swap": False, "thp": "on", "bites_bytes": 80 * MIB, "sampler": True}
     assert json.loads(M.guest_command(by["vm-memory"], spec)[6])["bites_bytes"] == 5 * MIB
     assert "--balloon-thp" not in M.cell_command(by["vm-memory"], spec)  # no balloon to madvise
+    assert "--stream-events" in cell and spec.canonical()["stream_events"] is True
+    assert M.spec_from_canonical(spec.canonical()) == spec
+    plain = load(tmp_path, BASE)  # absent: no streams, and the spec (its digest) as before the key
+    assert "--stream-events" not in M.cell_command(plain.cells()[0], plain) and "stream_events" not in plain.canonical()
     assert by["balloon"].mechanism.label == "balloon0.81+bites0.25"
     assert M.parse_mechanism("vm-memory+bites5MiB", "x") == by["vm-memory"].mechanism  # the label reads back
     assert M._boot_options(by["balloon"], spec) == {"cpus": 2, "tcg_thread": "multi"}

@@ -95,7 +95,8 @@ def test_the_writers_build_what_is_declared(tmp_path, monkeypatch):
     assert not undeclared(spec.canonical(), D.MatrixSpecDoc)
     with open(tmp_path / "spec.toml", "a") as fh:  # every dimension (issue 34)
         fh.write('cpus = [1, 2]\nreaders = 4\nbite_fraction = 0.26\nwindow = ["8min", 3]\npool_layout = "layer"\n'
-                 'read_ahead_kb = 1024\nmin_ttl_ms = 0\nswap = "64MiB"\nthp = "off"\ntcg_thread = "multi"\n')
+                 'read_ahead_kb = 1024\nmin_ttl_ms = 0\nswap = "64MiB"\nthp = "off"\ntcg_thread = "multi"\n'
+                 'stream_events = true\n')
     dspec = Mx.load_spec(tmp_path / "spec.toml")
     assert set(dspec.cells()[0].as_dict()) == set(D.MatrixCellDoc.__annotations__)
     assert set(dspec.canonical()) == set(D.MatrixSpecDoc.__annotations__) - {"readers", "min_free_kbytes"}

@@ -168,6 +168,10 @@ def load_dims(doc: dict, where: str) -> tuple[dict[str, Any], tuple[tuple[str, t
         if doc["tcg_thread"] not in TCG_THREADS:
             raise InputError(f"tcg_thread {doc['tcg_thread']!r} is not one of {', '.join(TCG_THREADS)}", path=where)
         fields["tcg_thread"] = doc["tcg_thread"]
+    if "stream_events" in doc:
+        if not isinstance(doc["stream_events"], bool):
+            raise InputError(f"stream_events must be true or false, not {doc['stream_events']!r}", path=where)
+        fields["stream_events"] = doc["stream_events"]
     return fields, tuple(dims)
 
 

@@ -29,6 +29,7 @@ SPEC.toml (every key but the first four has a default)::
     # the guest's dimensions (moetrace.lab.dims; a value or a list, absent: as before)
     cpus = [1, 2]; readers = 2; bite_fraction = [0.02, 0.26]; window = "8min"; pool_layout = "layer"
     read_ahead_kb = 128; min_ttl_ms = 0; swap = "off"; thp = "off"; tcg_thread = "single"
+    stream_events = true                      # page and read-call streams: pages evicted before read
 
 A mechanism may add the eviction controller, ``+lru_gen-bites:F`` (F a fraction of C or a size):
 ``balloon:0.81+lru_gen-bites:0.26`` (moetrace.lab.bites_controller, in the guest).
@@ -59,7 +60,8 @@ MGLRU_STATES = ("on", "off")
 MODES = ("pagecache", "mmap")
 REQUIRED = ("kernels", "mechanisms", "capacities", "plan", "pool")
 KNOWN = REQUIRED + ("mglru", "repeats", "mode", "seed", "headroom", "warmup", "passes", "threads", "guest_base",
-                    "cgroup_guest_memory", "balloon_reserve", "timeout", "kernel_modules", *DIMENSIONS, "tcg_thread")
+                    "cgroup_guest_memory", "balloon_reserve", "timeout", "kernel_modules", *DIMENSIONS, "tcg_thread",
+                    "stream_events")
 DONE = "done.json"
 
 
@@ -211,6 +213,9 @@ class MatrixSpec:
     dims: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     #: QEMU's TCG threading (moetrace.lab.run.TCG_THREAD when None)
     tcg_thread: str | None = None
+    #: each cell's recording streams its page and read-call events (``record --stream-events``):
+    #: the bite analysis's pages evicted before their first read
+    stream_events: bool = False
     source: str | None = field(default=None, compare=False)
 
     def canonical(self) -> MatrixSpecDoc:
@@ -223,7 +228,8 @@ class MatrixSpec:
                 "cgroup_guest_memory": self.cgroup_guest_memory, "balloon_reserve": self.balloon_reserve,
                 "timeout": self.timeout, **({"kernel_modules": dict(self.kernel_modules)} if self.kernel_modules
                                             else {}),
-                **{k: list(v) for k, v in self.dims}, **({"tcg_thread": self.tcg_thread} if self.tcg_thread else {})}
+                **{k: list(v) for k, v in self.dims}, **({"tcg_thread": self.tcg_thread} if self.tcg_thread else {}),
+                **({"stream_events": True} if self.stream_events else {})}
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self.canonical(), sort_keys=True).encode()).hexdigest()[:16]
@@ -462,6 +468,8 @@ def cell_command(cell: MatrixCell, spec: MatrixSpec, curve_path: str | None = No
     extra = ["--duration", f"{duration:g}s"] if duration is not None else []
     if v.get("thp") and cell.mechanism.kind == "balloon":
         extra += ["--balloon-thp", v["thp"]]
+    if spec.stream_events:
+        extra.append("--stream-events")
     return [python_bin, "cell", *curve, "--plan", spec.plan, "--pool", pool or spec.pool, "--capacity",
             str(cell.capacity_bytes), "--mechanism", mech, "--mode", spec.mode, "--headroom", str(spec.headroom),
             "--threads", str(v.get("readers", spec.threads)), "--warmup", str(spec.warmup), "--passes", str(passes),

@@ -998,6 +998,7 @@ class MatrixSpecDoc(TypedDict, total=False):
     swap: list[int]  # bytes, 0: none
     thp: list[str]
     tcg_thread: str
+    stream_events: bool  # only when true
 
 
 class MatrixMeta(TypedDict, total=False):
