@@ -267,3 +267,19 @@ def test_the_cells_memcg_by_path_where_the_eviction_records_carry_none(tmp_path)
     # records that name another memcg than the cell's are not trusted for generations
     assert w["eviction_records_memcg_unmatched"] is True and w["evicted_pages"] == 2
     assert not {k for k in w if k.startswith("eviction_age") or k == "evicted_from_oldest_share"}
+
+
+def test_readahead_beyond_counts_the_pool_reads_pages_outside_their_requests(tmp_path):
+    """E5's figure: pages added outside the pool read calls' byte ranges over what they asked
+    (the reads probe's expert rows only: other files' reads are not the pool's readahead)."""
+    d = write_cell(tmp_path / "c", [], {1: 0})
+    run = d / "cell" / "run"
+    pd.DataFrame({"kind": ["expert", "expert", "other"], "requested_bytes": [1 << 20, 1 << 20, 4096],
+                  "beyond_pages": [64, 0, 1000]}).to_parquet(run / "reads.parquet")
+    assert R.readahead_beyond(run) == {"read_requested_bytes": 2 << 20, "readahead_beyond_pages": 64,
+                                       "readahead_beyond_share": 64 * 4096 / (2 << 20)}
+    assert R.cell_window(d)["readahead_beyond_share"] == pytest.approx(0.125)
+    (run / "reads.parquet").unlink()
+    assert R.readahead_beyond(run) == {}
+    pd.DataFrame({"kind": ["other"], "requested_bytes": [4096], "beyond_pages": [1]}).to_parquet(run / "reads.parquet")
+    assert R.readahead_beyond(run) == {}  # no pool read: nothing to say

@@ -42,8 +42,9 @@ WINDOW = "window.json"
 #: cell_window's cache is recomputed when its version differs (2: no generation figures with MGLRU
 #: off; 3: the pgpgin oracle, the pool's resident bytes, the file pages' spread over generations;
 #: 4: dwell at eviction and activations; 5: the oracle's bounds of skipped probe runs; 6: the
-#: cell's memcg by path, eviction records naming another memcg not trusted for generations)
-WINDOW_VERSION = 7
+#: cell's memcg by path, eviction records naming another memcg not trusted for generations; 8: the
+#: readahead beyond the pool reads' requests)
+WINDOW_VERSION = 8
 VMSTAT_KEYS = ("pgscan_kswapd", "pgsteal_kswapd", "pgscan_direct", "pgsteal_direct", "workingset_refault_file",
                "workingset_activate_file", "workingset_restore_file", "pgpgin")
 
@@ -108,6 +109,25 @@ def added_pages_oracle(run_dir: Path) -> dict[str, Any]:
             "added_pages_equal_pgpgin": added * 4 == pgpgin, "skipped_add_runs": add_miss, "skipped_bio_runs": bio_miss,
             "added_pages_within_skipped_runs": bool(within), "recording_device_bytes": dev,
             "pgpgin_bytes_over_device": short, "expert_device_bytes_over_added": gap}
+
+
+def readahead_beyond(run_dir: Path, page_bytes: int = 4096) -> dict[str, Any]:
+    """The recording's pool read calls (the reads probe's per-expert table, warm-up included): the
+    bytes they asked for and the pages added during them outside their own byte range (readahead
+    beyond the request), and that over what they asked. {} without the table or a pool read."""
+    import pandas as pd
+
+    try:
+        r = pd.read_parquet(run_dir / "reads.parquet", columns=["kind", "requested_bytes", "beyond_pages"])
+    except (OSError, ValueError, KeyError):
+        return {}
+    r = r[r["kind"] == "expert"]
+    asked = int(r["requested_bytes"].sum())
+    if not asked:
+        return {}
+    beyond = int(r["beyond_pages"].sum())
+    return {"read_requested_bytes": asked, "readahead_beyond_pages": beyond,
+            "readahead_beyond_share": beyond * page_bytes / asked}
 
 
 def pool_resident(run_dir: Path, page_bytes: int = 4096) -> dict[str, Any]:
@@ -284,7 +304,8 @@ def cell_window(cell_dir: str | os.PathLike) -> dict[str, Any]:
         return {}
     memcg = "/" + Path((cell.get("scope") or {}).get("path") or "/").name
     run = cdir / "run"
-    out = {**vmstat_window(pre, post), **added_pages_oracle(run), **pool_resident(run), **lru_dwell(run)}
+    out = {**vmstat_window(pre, post), **added_pages_oracle(run), **pool_resident(run), **lru_dwell(run),
+           **readahead_beyond(run)}
     on = mglru_was_on(run)
     if on is not False:
         out.update(generations_window(pre, post, memcg))
@@ -310,7 +331,8 @@ SUMMARY_FIGURES = ("device_bytes_per_iteration", "amplification", "amplification
                    "dwell_at_eviction_ms_p50", "activations_per_iteration",
                    # the guest's sampler (reports.bites.bite_columns; absent in older cells)
                    "kswapd_share", "scan_to_steal_kswapd", "scan_to_steal_direct", "sum_high_over_fC",
-                   "turnovers_per_min", "bite_p50_pages", "bite_max_over_oldest", "evicted_before_read_pages")
+                   "turnovers_per_min", "bite_p50_pages", "bite_max_over_oldest", "evicted_before_read_pages",
+                   "readahead_beyond_share")
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
