@@ -7,8 +7,8 @@
 #   a1  the 6.12 balloon-0.81 and cgroup groups again, measured: kswapd's share of reclaim and
 #       Σhigh / (f·C) per cell (6 cells, MGLRU on; ~15 min under TCG)
 #   e1  causal, 6.12, 2 vCPUs, 2 readers, balloon 0.81, C = 320 MiB: the lru_gen-bites controller
-#       biting 0.26·C against 5 MiB bites, 3 repeats each, and plain balloon cells with MGLRU off
-#       (9 cells; ~30 min)
+#       biting 0.26·C against 5 MiB bites, 3 repeats each, and plain balloon cells with MGLRU off,
+#       with the page and read-call streams (pages evicted before their first read) (9 cells; ~30 min)
 #   e1m e1's bites with an mmap replay (page-table aging makes generations: f, the oldest
 #       generation's share, falls below pread's ~0.9), 2 repeats each (4 cells; ~12 min)
 #   e2  the real code path: Debian's 6.12.95 built twice by `lab build` (as it is, and with
@@ -77,8 +77,8 @@ for g in "${groups[@]}"; do
     a1) s5spec a1 '["6.12"]' '["on"]' '["balloon:0.81", "cgroup"]' 3
         run a1 ;;
     e1) s5spec e1-on '["6.12"]' '["on"]' '["balloon:0.81+lru_gen-bites:0.26", "balloon:0.81+lru_gen-bites:5MiB"]' 3 \
-          $'cpus = 2\nreaders = 2'
-        s5spec e1-off '["6.12"]' '["off"]' '["balloon:0.81"]' 3 $'cpus = 2\nreaders = 2'
+          $'cpus = 2\nreaders = 2\nstream_events = true'
+        s5spec e1-off '["6.12"]' '["off"]' '["balloon:0.81"]' 3 $'cpus = 2\nreaders = 2\nstream_events = true'
         run e1-on
         run e1-off ;;
     e1m) s5spec e1m '["6.12"]' '["on"]' '["balloon:0.81+lru_gen-bites:0.26", "balloon:0.81+lru_gen-bites:5MiB"]' 2 \
