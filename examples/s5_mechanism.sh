@@ -11,6 +11,9 @@
 #       with the page and read-call streams (pages evicted before their first read) (9 cells; ~30 min)
 #   e1m e1's bites with an mmap replay (page-table aging makes generations: f, the oldest
 #       generation's share, falls below pread's ~0.9), 2 repeats each (4 cells; ~12 min)
+#   e3  the dose: e1's cells with bites of 0.6·C and 1.0·C (320 MiB), against the oldest
+#       generation's f·C (pread fills it: f ~0.9), 2 repeats each (4 cells; ~14 min)
+#   e3m the same bites with e1m's mmap replay (4 cells; ~14 min)
 #   e2  the real code path: Debian's 6.12.95 built twice by `lab build` (as it is, and with
 #       examples/patches/mglru-6.8-initial-priority.patch), Σhigh / C of 0.02 and 0.26, balloon
 #       0.81, MGLRU on and off, 3 repeats (24 cells, ~1 h; the first build ~50 min on 2 cores,
@@ -20,7 +23,7 @@
 #       cgroup wall, min_ttl_ms 0 against 1000 (8 cells, ~1 h 30 min)
 #   e5  per-layer pool files at read_ahead_kb 128 and 1024, MGLRU on and off (4 cells, ~10 min)
 # Resumable: run it again with the same OUT_DIR. Run as root, nothing else heavy beside it.
-# Usage: examples/s5_mechanism.sh [OUT_DIR] [a1|e1|e1m|e2|e2d|e4|e5 ...]   (default: /var/tmp/moetrace-s5 a1 e1)
+# Usage: examples/s5_mechanism.sh [OUT_DIR] [a1|e1|e1m|e3|e3m|e2|e2d|e4|e5 ...]   (default: /var/tmp/moetrace-s5 a1 e1)
 set -euo pipefail
 out=${1:-/var/tmp/moetrace-s5}
 shift || true
@@ -85,6 +88,13 @@ for g in "${groups[@]}"; do
           $'mode = "mmap"'
         sed -i 's/^mode = "pagecache"$//' "$out/e1m.toml"
         run e1m ;;
+    e3) s5spec e3 '["6.12"]' '["on"]' '["balloon:0.81+lru_gen-bites:0.6", "balloon:0.81+lru_gen-bites:320MiB"]' 2 \
+          $'cpus = 2\nreaders = 2\nstream_events = true'
+        run e3 ;;
+    e3m) s5spec e3m '["6.12"]' '["on"]' '["balloon:0.81+lru_gen-bites:0.6", "balloon:0.81+lru_gen-bites:320MiB"]' 2 \
+          $'mode = "mmap"'
+        sed -i 's/^mode = "pagecache"$//' "$out/e3m.toml"
+        run e3m ;;
     e2) e2_images
         s5spec e2 "[\"$base\", \"$cand\"]" '["on", "off"]' '["balloon:0.81"]' 3 'bite_fraction = [0.02, 0.26]'
         run e2
@@ -97,6 +107,6 @@ for g in "${groups[@]}"; do
         run e4 ;;
     e5) s5spec e5 '["6.12"]' '["on", "off"]' '["balloon:0.81"]' 1 $'pool_layout = "layer"\nread_ahead_kb = [128, 1024]'
         run e5 ;;
-    *) echo "unknown group $g (a1 e1 e1m e2 e2d e4 e5)" >&2; exit 2 ;;
+    *) echo "unknown group $g (a1 e1 e1m e3 e3m e2 e2d e4 e5)" >&2; exit 2 ;;
   esac
 done

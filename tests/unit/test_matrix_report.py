@@ -283,3 +283,24 @@ def test_readahead_beyond_counts_the_pool_reads_pages_outside_their_requests(tmp
     assert R.readahead_beyond(run) == {}
     pd.DataFrame({"kind": ["other"], "requested_bytes": [4096], "beyond_pages": [1]}).to_parquet(run / "reads.parquet")
     assert R.readahead_beyond(run) == {}  # no pool read: nothing to say
+
+
+def test_mechanism_findings_name_the_papers_amplification_and_m1s_regime():
+    """Issue 34's answer in words: groups above 1.5x with scan-to-steal above 2, and groups whose
+    pass (the controller's bite, or Σhigh with kswapd doing half the reclaim) covered f x C."""
+    def grp(mech, amp, share, s2s_k, s2s_d, high_fc, bite_fc=None):
+        return {"kernel": "6.12", "release": "6.12.95", "mglru": "on", "mechanism": mech, "capacity": "320MiB",
+                "amplification_median": amp, "kswapd_share_median": share, "scan_to_steal_kswapd_median": s2s_k,
+                "scan_to_steal_direct_median": s2s_d, "sum_high_over_fC_median": high_fc,
+                "controller_bite_over_fC_median": bite_fc}
+
+    calm = [grp("balloon0.81", 0.8, 0.9, 1.0, None, 0.3), grp("balloon0.81+bites0.26", 0.9, 0.1, 1.0, 1.0, 2.0, 0.29)]
+    f = R.mechanism_findings(calm)
+    assert "in none of the 2 measured groups (the highest 0.90x, scan-to-steal up to 1.00)" in f[0]
+    assert f[1].startswith("No group reached M1's regime") and "kswapd share 10-90 %" in f[1]  # 2.0 ignored: kswapd 10 %
+    hot = calm + [grp("balloon0.81+bites320MiB", 2.4, 0.0, None, 3.1, 0.4, 1.1), grp("cgroup", 1.6, 0.7, 1.2, 1.0, 1.3)]
+    f = R.mechanism_findings(hot)
+    assert f[0].count("MGLRU on") == 1 and "balloon0.81+bites320MiB 320MiB (2.40x, scan-to-steal 3.10)" in f[0]
+    assert "bites320MiB 320MiB: pass 1.10 f x C" in f[1] and "cgroup 320MiB: pass 1.30 f x C, 1.60x" in f[1]
+    assert "bites0.26" not in f[1]
+    assert R.mechanism_findings([{**calm[0], "kswapd_share_median": None}]) == []  # no sampler: nothing said

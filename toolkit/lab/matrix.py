@@ -741,8 +741,19 @@ def matrix_rows(out: str | os.PathLike) -> list[dict[str, Any]]:
         row["miss_bytes_per_iteration_at_resident"] = at["miss_bytes_per_iteration_at_effective"]
         row["amplification_at_resident"] = at["amplification_at_effective"]
         row.update(bite_columns(out / c["dir"], c["capacity_bytes"]))  # {} without the guest's sampler files
+        row["controller_bite_over_fC"] = controller_bite_over_fc(row)
         rows.append(row)
     return rows
+
+
+def controller_bite_over_fc(row: dict[str, Any]) -> float | None:
+    """The bites controller's bite over f x C (f: the oldest generation's median share of the
+    memcg's file pages), as Σhigh / (f x C) is kswapd's: the bite over Σhigh times that. None
+    without a controller, the sampler's figure or the guest's Σhigh."""
+    bite, high, ratio = (row.get(k) for k in ("controller_bite_pages", "guest_sum_high_pages", "sum_high_over_fC"))
+    if bite in (None, "") or not high or ratio in (None, ""):
+        return None
+    return float(bite) / float(high) * float(ratio)
 
 
 def _saved_curve(out: Path, passes: int | None = None):

@@ -332,7 +332,7 @@ SUMMARY_FIGURES = ("device_bytes_per_iteration", "amplification", "amplification
                    # the guest's sampler (reports.bites.bite_columns; absent in older cells)
                    "kswapd_share", "scan_to_steal_kswapd", "scan_to_steal_direct", "sum_high_over_fC",
                    "turnovers_per_min", "bite_p50_pages", "bite_max_over_oldest", "evicted_before_read_pages",
-                   "readahead_beyond_share")
+                   "readahead_beyond_share", "controller_bite_over_fC")
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -528,6 +528,56 @@ def matrix_findings(summary: list[dict[str, Any]]) -> list[str]:
                            f"{_fmt(on['pool_resident_bytes_median'], 2 ** 20, 0)} against "
                            f"{_fmt(off['pool_resident_bytes_median'], 2 ** 20, 0)} MiB of the pool resident.")
         out += generation_findings(kernel, rows)
+    return out + mechanism_findings(summary)
+
+
+#: the paper's §5 amplification: device bytes over miss demand, with scan-to-steal above 2
+PAPER_AMPLIFICATION, PAPER_SCAN_TO_STEAL = 1.5, 2.0
+
+
+def _group(s: dict[str, Any]) -> str:
+    return (f"{s.get('release') or s['kernel']} MGLRU {s['mglru']} {s['mechanism']} {s['capacity']}"
+            + (f" {s['dims']}" if s.get("dims") else ""))
+
+
+def _bite_over_oldest(s: dict[str, Any]) -> float | None:
+    """A group's reclaim pass over the oldest generation's file pages (f x C): the controller's
+    bite where it bit, else Σhigh / (f x C) where kswapd did at least half the reclaim."""
+    if s.get("controller_bite_over_fC_median") is not None:
+        return s["controller_bite_over_fC_median"]
+    if (s.get("kswapd_share_median") or 0) >= 0.5:
+        return s.get("sum_high_over_fC_median")
+    return None
+
+
+def mechanism_findings(summary: list[dict[str, Any]]) -> list[str]:
+    """Issue 34's question in words, for the groups the guest's sampler measured: which read more
+    than PAPER_AMPLIFICATION x their miss demand with scan-to-steal above PAPER_SCAN_TO_STEAL (the
+    paper's §5), and which were in hypothesis M1's regime (a pass at least the oldest generation)."""
+    rows = [s for s in summary if s.get("kswapd_share_median") is not None and s.get("amplification_median") is not None]
+    if not rows:
+        return []
+
+    def s2s(s):
+        return max(v for v in (s.get("scan_to_steal_kswapd_median"), s.get("scan_to_steal_direct_median"), 0.0)
+                   if v is not None)
+
+    hit = [s for s in rows if s["amplification_median"] > PAPER_AMPLIFICATION and s2s(s) > PAPER_SCAN_TO_STEAL]
+    m1 = [s for s in rows if (_bite_over_oldest(s) or 0) >= 1]
+    out = [("The paper's §5 amplification (above "
+            f"{PAPER_AMPLIFICATION:g}x the miss demand with scan-to-steal above {PAPER_SCAN_TO_STEAL:g}): "
+            + ("; ".join(f"{_group(s)} ({s['amplification_median']:.2f}x, scan-to-steal {s2s(s):.2f})" for s in hit)
+               if hit else f"in none of the {len(rows)} measured groups (the highest "
+               f"{max(s['amplification_median'] for s in rows):.2f}x, scan-to-steal up to "
+               f"{max(s2s(s) for s in rows):.2f})") + ".")]
+    if m1:
+        out.append("In M1's regime (a reclaim pass at least the oldest generation: the controller's bite, or "
+                   "Σhigh with kswapd doing half the reclaim, over f x C >= 1): "
+                   + "; ".join(f"{_group(s)}: pass {_bite_over_oldest(s):.2f} f x C, {s['amplification_median']:.2f}x, "
+                               f"scan-to-steal {s2s(s):.2f}" for s in m1) + ".")
+    else:
+        out.append(f"No group reached M1's regime: no reclaim pass as large as the oldest generation "
+                   f"(kswapd share {_pct_range([s['kswapd_share_median'] for s in rows])}).")
     return out
 
 
