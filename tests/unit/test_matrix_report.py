@@ -303,4 +303,6 @@ def test_mechanism_findings_name_the_papers_amplification_and_m1s_regime():
     assert f[0].count("MGLRU on") == 1 and "balloon0.81+bites320MiB 320MiB (2.40x, scan-to-steal 3.10)" in f[0]
     assert "bites320MiB 320MiB: pass 1.10 f x C" in f[1] and "cgroup 320MiB: pass 1.30 f x C, 1.60x" in f[1]
     assert "bites0.26" not in f[1]
+    both = R.mechanism_findings([grp("balloon0.81+bites5MiB", 0.6, 0.66, 1.5, 2.1, 1.66, 0.08)])
+    assert "pass 1.66 f x C, 0.60x, scan-to-steal 2.10" in both[1]  # kswapd's Σhigh: the larger pass
     assert R.mechanism_findings([{**calm[0], "kswapd_share_median": None}]) == []  # no sampler: nothing said

@@ -541,13 +541,13 @@ def _group(s: dict[str, Any]) -> str:
 
 
 def _bite_over_oldest(s: dict[str, Any]) -> float | None:
-    """A group's reclaim pass over the oldest generation's file pages (f x C): the controller's
-    bite where it bit, else Σhigh / (f x C) where kswapd did at least half the reclaim."""
-    if s.get("controller_bite_over_fC_median") is not None:
-        return s["controller_bite_over_fC_median"]
+    """A group's largest reclaim pass over the oldest generation's file pages (f x C): the
+    controller's bite where it bit, and Σhigh / (f x C) where kswapd did at least half the
+    reclaim (None: neither)."""
+    passes = [s.get("controller_bite_over_fC_median")]
     if (s.get("kswapd_share_median") or 0) >= 0.5:
-        return s.get("sum_high_over_fC_median")
-    return None
+        passes.append(s.get("sum_high_over_fC_median"))
+    return max((v for v in passes if v is not None), default=None)
 
 
 def mechanism_findings(summary: list[dict[str, Any]]) -> list[str]:
