@@ -19,11 +19,12 @@
 #       0.81, MGLRU on and off, 3 repeats (24 cells, ~1 h; the first build ~50 min on 2 cores,
 #       the second ~3 min), then `check` per (Σhigh / C, MGLRU)
 #   e2d the decisive half of e2 (Σhigh / C 0.26, MGLRU on: 6 cells, ~18 min), then `check`
+#   e2m e2d with an mmap replay (aging runs, f falls below Σhigh / C: M1's regime), 6 cells, ~20 min
 #   e4  long windows: 8-minute windows on 6.12 and the newest kernel under the balloon and the
 #       cgroup wall, min_ttl_ms 0 against 1000 (8 cells, ~1 h 30 min)
 #   e5  per-layer pool files at read_ahead_kb 128 and 1024, MGLRU on and off (4 cells, ~10 min)
 # Resumable: run it again with the same OUT_DIR. Run as root, nothing else heavy beside it.
-# Usage: examples/s5_mechanism.sh [OUT_DIR] [a1|e1|e1m|e3|e3m|e2|e2d|e4|e5 ...]   (default: /var/tmp/moetrace-s5 a1 e1)
+# Usage: examples/s5_mechanism.sh [OUT_DIR] [a1|e1|e1m|e3|e3m|e2|e2d|e2m|e4|e5 ...]   (default: /var/tmp/moetrace-s5 a1 e1)
 set -euo pipefail
 out=${1:-/var/tmp/moetrace-s5}
 shift || true
@@ -103,10 +104,15 @@ for g in "${groups[@]}"; do
         s5spec e2d "[\"$base\", \"$cand\"]" '["on"]' '["balloon:0.81"]' 3 'bite_fraction = 0.26'
         run e2d
         e2check e2d ;;
+    e2m) e2_images
+        s5spec e2m "[\"$base\", \"$cand\"]" '["on"]' '["balloon:0.81"]' 3 $'bite_fraction = 0.26\nmode = "mmap"'
+        sed -i 's/^mode = "pagecache"$//' "$out/e2m.toml"
+        run e2m
+        e2check e2m ;;
     e4) s5spec e4 '["6.12", "newest"]' '["on"]' '["balloon:0.81", "cgroup"]' 1 $'window = "8min"\nmin_ttl_ms = [0, 1000]'
         run e4 ;;
     e5) s5spec e5 '["6.12"]' '["on", "off"]' '["balloon:0.81"]' 1 $'pool_layout = "layer"\nread_ahead_kb = [128, 1024]'
         run e5 ;;
-    *) echo "unknown group $g (a1 e1 e1m e3 e3m e2 e2d e4 e5)" >&2; exit 2 ;;
+    *) echo "unknown group $g (a1 e1 e1m e3 e3m e2 e2d e2m e4 e5)" >&2; exit 2 ;;
   esac
 done
