@@ -14,17 +14,20 @@
 #   e3  the dose: e1's cells with bites of 0.6·C and 1.0·C (320 MiB), against the oldest
 #       generation's f·C (pread fills it: f ~0.9), 2 repeats each (4 cells; ~14 min)
 #   e3m the same bites with e1m's mmap replay (4 cells; ~14 min)
+#   e3h, e3hm  e3's 5 MiB and 1.0·C bites (pread, mmap) on the hot plan (the paper's locality: a
+#       global LRU of C hits 84 % of the reads, so re-reads have room), 2 repeats (4 cells each, ~6 min)
 #   e2  the real code path: Debian's 6.12.95 built twice by `lab build` (as it is, and with
 #       examples/patches/mglru-6.8-initial-priority.patch), Σhigh / C of 0.02 and 0.26, balloon
 #       0.81, MGLRU on and off, 3 repeats (24 cells, ~1 h; the first build ~50 min on 2 cores,
 #       the second ~3 min), then `check` per (Σhigh / C, MGLRU)
 #   e2d the decisive half of e2 (Σhigh / C 0.26, MGLRU on: 6 cells, ~18 min), then `check`
-#   e2m e2d with an mmap replay (aging runs, f falls below Σhigh / C: M1's regime), 6 cells, ~20 min
+#   e2m e2d with an mmap replay (aging runs, f falls below Σhigh / C: M1's regime), 6 cells, ~10 min
+#   e2h e2m on the hot plan (6 cells, ~10 min)
 #   e4  long windows: 8-minute windows on 6.12 and the newest kernel under the balloon and the
 #       cgroup wall, min_ttl_ms 0 against 1000 (8 cells, ~1 h 30 min)
 #   e5  per-layer pool files at read_ahead_kb 128 and 1024, MGLRU on and off (4 cells, ~10 min)
 # Resumable: run it again with the same OUT_DIR. Run as root, nothing else heavy beside it.
-# Usage: examples/s5_mechanism.sh [OUT_DIR] [a1|e1|e1m|e3|e3m|e2|e2d|e2m|e4|e5 ...]   (default: /var/tmp/moetrace-s5 a1 e1)
+# Usage: examples/s5_mechanism.sh [OUT_DIR] [a1|e1|e1m|e3|e3m|e3h|e3hm|e2|e2d|e2m|e2h|e4|e5 ...]   (default: /var/tmp/moetrace-s5 a1 e1)
 set -euo pipefail
 out=${1:-/var/tmp/moetrace-s5}
 shift || true
@@ -41,6 +44,18 @@ s5spec() {
   sed -i 's/^timeout = .*/timeout = 1800/' "$out/$1.toml"
   case ${6:-} in *window*) sed -i '/^passes = /d' "$out/$1.toml" ;; esac
   [ -z "${6:-}" ] || printf '%s\n' "$6" >> "$out/$1.toml"
+}
+
+# hot NAME: NAME.toml replays the hot plan instead: the lab geometry with the paper's locality
+# (kimi-k3's W1 34 %, W8 58 %, W64 81 %), made once; a global LRU of C = 320 MiB misses 1.31 of
+# the 8 MiB each iteration asks (the lab plan: 5.75), so re-reads have room to show
+hot() {
+  if [ ! -f "$out/plan-hot.bin" ]; then
+    "$mt" trace synth --layers 1 --experts 512 --k 8 --steps 128 --reuse 0.34 --reuse-8 0.58 --reuse-64 0.81 \
+        --seed 7 -o "$out/t-hot.jsonl"
+    "$mt" plan compile "$out/t-hot.jsonl" "${geo[@]}" -o "$out/plan-hot.bin"
+  fi
+  sed -i 's/^plan = .*/plan = "plan-hot.bin"/' "$out/$1.toml"
 }
 
 # the two images of E2, built (or found in the build cache) from Debian's lab 6.12 source
@@ -96,6 +111,21 @@ for g in "${groups[@]}"; do
           $'mode = "mmap"'
         sed -i 's/^mode = "pagecache"$//' "$out/e3m.toml"
         run e3m ;;
+    e3h) s5spec e3h '["6.12"]' '["on"]' '["balloon:0.81+lru_gen-bites:5MiB", "balloon:0.81+lru_gen-bites:320MiB"]' 2 \
+          $'cpus = 2\nreaders = 2\nstream_events = true'
+        hot e3h
+        run e3h ;;
+    e3hm) s5spec e3hm '["6.12"]' '["on"]' '["balloon:0.81+lru_gen-bites:5MiB", "balloon:0.81+lru_gen-bites:320MiB"]' 2 \
+          $'mode = "mmap"'
+        sed -i 's/^mode = "pagecache"$//' "$out/e3hm.toml"
+        hot e3hm
+        run e3hm ;;
+    e2h) e2_images
+        s5spec e2h "[\"$base\", \"$cand\"]" '["on"]' '["balloon:0.81"]' 3 $'bite_fraction = 0.26\nmode = "mmap"'
+        sed -i 's/^mode = "pagecache"$//' "$out/e2h.toml"
+        hot e2h
+        run e2h
+        e2check e2h ;;
     e2) e2_images
         s5spec e2 "[\"$base\", \"$cand\"]" '["on", "off"]' '["balloon:0.81"]' 3 'bite_fraction = [0.02, 0.26]'
         run e2
@@ -113,6 +143,6 @@ for g in "${groups[@]}"; do
         run e4 ;;
     e5) s5spec e5 '["6.12"]' '["on", "off"]' '["balloon:0.81"]' 1 $'pool_layout = "layer"\nread_ahead_kb = [128, 1024]'
         run e5 ;;
-    *) echo "unknown group $g (a1 e1 e1m e3 e3m e2 e2d e2m e4 e5)" >&2; exit 2 ;;
+    *) echo "unknown group $g (a1 e1 e1m e3 e3m e3h e3hm e2 e2d e2m e2h e4 e5)" >&2; exit 2 ;;
   esac
 done
