@@ -159,7 +159,10 @@ def test_cell_balloon_verifies_vmlck_and_unlocks(small_pool):
     # to C + headroom - the replay's anon: the loop-entry snapshot's own MemAvailable read says so
     t = b["top_up"]
     assert b["recorder_allowance_bytes"] > 0 and t["verified"] and b["released_at"] == "post", b
-    assert abs(res["mem_available_at_loop_entry_bytes"] - t["target_bytes"]) < 48 * MIB, (res, t)
+    # (t's mem_available_after_bytes: the same read once the top-up was locked, before the snapshot;
+    # CI 2026-12-06 saw the snapshot 53 MiB above the target with the replay's anon unchanged)
+    assert abs(res["mem_available_at_loop_entry_bytes"] - t["target_bytes"]) < 48 * MIB, \
+        (t, res["mem_available_at_loop_entry_bytes"], res["anon_at_loop_entry_bytes"])
     assert "pid" not in t or not os.path.exists(f"/proc/{t['pid']}")
     assert abs(read_meminfo()["Mlocked_bytes"] - base) < 8 * MIB
 

@@ -477,7 +477,8 @@ def _top_up_balloon(spec: CellSpec, scope: Scope, bscope: Scope, result: Cell) -
     anon = int(st.get("rss", st.get("anon")) or 0)
     target = spec.capacity_bytes + spec.headroom_bytes - anon
     reserve = safe_reserve_bytes(mi["MemTotal_bytes"])
-    info: dict[str, Any] = {"mem_available_bytes": avail, "target_bytes": target, "reserve_bytes": reserve}
+    info: dict[str, Any] = {"mem_available_bytes": avail, "anon_bytes": anon, "target_bytes": target,
+                            "reserve_bytes": reserve}
     if target < reserve:  # never lock below the reserve (the recorder and the cell must finish)
         result["notes"].append(f"the balloon's top-up stops at the safe reserve ({reserve} B), above C + headroom "
                                f"- the replay's anon ({target} B): the file tier had more than C")
@@ -492,7 +493,10 @@ def _top_up_balloon(spec: CellSpec, scope: Scope, bscope: Scope, result: Cell) -
         info["verified"] = True
         return None
     b = Balloon(extra, bscope, python=spec.python, thp=spec.balloon_thp).start()
-    info.update(pid=b.pid, vmlck_bytes=b.vmlck_bytes, verified=b.verified())
+    # read again once locked: what the machine freed or took meanwhile (other processes, the
+    # kernel) moves MemAvailable away from the target, and the loop-entry snapshot sees it
+    info.update(pid=b.pid, vmlck_bytes=b.vmlck_bytes, verified=b.verified(),
+                mem_available_after_bytes=read_meminfo("/")["MemAvailable_bytes"])
     return b
 
 

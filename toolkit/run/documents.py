@@ -557,12 +557,14 @@ class CellPool(TypedDict, total=False):
 
 class TopUp(TypedDict, total=False):
     mem_available_bytes: int
+    anon_bytes: int
     target_bytes: int
     reserve_bytes: int
     bytes: int
     pid: int
     vmlck_bytes: int
     verified: bool
+    mem_available_after_bytes: int
 
 
 class Balloon(TypedDict, total=False):
