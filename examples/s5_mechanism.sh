@@ -38,11 +38,12 @@ mt=${MOETRACE:-$here/.venv/bin/moetrace}
 . "$here/examples/lab_inputs.sh"
 
 # s5spec NAME KERNELS MGLRU MECHANISMS REPEATS [EXTRA TOML LINES]: lab_inputs.sh's spec at C = 320 MiB,
-# a longer timeout, and the extra keys (a window in place of passes)
+# a longer timeout, and the extra keys (a window in place of passes, mode = "mmap" in place of pread)
 s5spec() {
   spec "$1" "$2" "$3" "$4" 320MiB "$5"
   sed -i 's/^timeout = .*/timeout = 1800/' "$out/$1.toml"
   case ${6:-} in *window*) sed -i '/^passes = /d' "$out/$1.toml" ;; esac
+  case ${6:-} in *'mode = "mmap"'*) sed -i '/^mode = "pagecache"$/d' "$out/$1.toml" ;; esac
   [ -z "${6:-}" ] || printf '%s\n' "$6" >> "$out/$1.toml"
 }
 
@@ -102,14 +103,12 @@ for g in "${groups[@]}"; do
         run e1-off ;;
     e1m) s5spec e1m '["6.12"]' '["on"]' '["balloon:0.81+lru_gen-bites:0.26", "balloon:0.81+lru_gen-bites:5MiB"]' 2 \
           $'mode = "mmap"'
-        sed -i 's/^mode = "pagecache"$//' "$out/e1m.toml"
         run e1m ;;
     e3) s5spec e3 '["6.12"]' '["on"]' '["balloon:0.81+lru_gen-bites:0.6", "balloon:0.81+lru_gen-bites:320MiB"]' 2 \
           $'cpus = 2\nreaders = 2\nstream_events = true'
         run e3 ;;
     e3m) s5spec e3m '["6.12"]' '["on"]' '["balloon:0.81+lru_gen-bites:0.6", "balloon:0.81+lru_gen-bites:320MiB"]' 2 \
           $'mode = "mmap"'
-        sed -i 's/^mode = "pagecache"$//' "$out/e3m.toml"
         run e3m ;;
     e3h) s5spec e3h '["6.12"]' '["on"]' '["balloon:0.81+lru_gen-bites:5MiB", "balloon:0.81+lru_gen-bites:128MiB"]' 2 \
           $'cpus = 2\nreaders = 2\nstream_events = true'
@@ -117,12 +116,10 @@ for g in "${groups[@]}"; do
         run e3h ;;
     e3hm) s5spec e3hm '["6.12"]' '["on"]' '["balloon:0.81+lru_gen-bites:5MiB", "balloon:0.81+lru_gen-bites:128MiB"]' 2 \
           $'mode = "mmap"'
-        sed -i 's/^mode = "pagecache"$//' "$out/e3hm.toml"
         hot e3hm
         run e3hm ;;
     e2h) e2_images
         s5spec e2h "[\"$base\", \"$cand\"]" '["on"]' '["balloon:0.81"]' 3 $'bite_fraction = 0.26\nmode = "mmap"'
-        sed -i 's/^mode = "pagecache"$//' "$out/e2h.toml"
         hot e2h
         run e2h
         e2check e2h ;;
@@ -136,7 +133,6 @@ for g in "${groups[@]}"; do
         e2check e2d ;;
     e2m) e2_images
         s5spec e2m "[\"$base\", \"$cand\"]" '["on"]' '["balloon:0.81"]' 3 $'bite_fraction = 0.26\nmode = "mmap"'
-        sed -i 's/^mode = "pagecache"$//' "$out/e2m.toml"
         run e2m
         e2check e2m ;;
     e4) s5spec e4 '["6.12", "newest"]' '["on"]' '["balloon:0.81", "cgroup"]' 1 $'window = "8min"\nmin_ttl_ms = [0, 1000]'
