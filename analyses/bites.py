@@ -26,6 +26,10 @@ the probes' CLOCK_MONOTONIC ns are shifted onto it.
   covering the page completed in between.
 * :func:`compute_rereads_after_passes` — per pass, the pages each expert read again before the
   next pass began.
+* :func:`epoch_rereads`, :func:`compute_rereads_after_advances` — hypothesis M2 (protected
+  folios pile up until f falls to a quarter, then aging sweeps the hot set): the pages read again
+  per replay iteration, in the iterations that followed each min_seq (or max_seq) advance against
+  the others.
 * :func:`summarize_bites` — the figures above in one :class:`BiteSummary`.
 """
 
@@ -167,11 +171,15 @@ def compute_generation_lifetimes(gens: pd.DataFrame) -> pd.DataFrame:
 
 def generation_turnover(gens: pd.DataFrame) -> dict[str, Any]:
     """``min_seq_advances`` and ``max_seq_advances`` between the first and the last sample,
-    ``turnovers_per_min`` (min_seq advances per minute of samples) and ``oldest_share_median``
-    (f's median); None where the samples do not tell."""
+    ``turnovers_per_min`` (min_seq advances per minute of samples), f's median, lowest and the
+    share of samples at or below a quarter (``oldest_share_median``, ``_min``, ``_below_quarter``:
+    where M2 expects aging to sweep the hot set); None where the samples do not tell."""
     s = gens.dropna(subset=["min_seq"]).sort_values("t")
+    f = gens["oldest_share"].dropna() if len(gens) else pd.Series(dtype="Float64")
     out: dict[str, Any] = {"min_seq_advances": None, "max_seq_advances": None, "turnovers_per_min": None,
-                           "oldest_share_median": _num(gens["oldest_share"].median()) if len(gens) else None,
+                           "oldest_share_median": _num(f.median()) if len(f) else None,
+                           "oldest_share_min": _num(f.min()) if len(f) else None,
+                           "oldest_share_below_quarter": float((f <= 0.25).mean()) if len(f) else None,
                            "oldest_file_pages_median": _num(gens["oldest_file_pages"].median()) if len(gens) else None}
     if len(s) < 2:
         return out
@@ -460,6 +468,51 @@ def compute_rereads_after_passes(passes: pd.DataFrame, epochs: pd.DataFrame, exp
     return out[cols].sort_values(["pass", "expert_id"]).reset_index(drop=True)
 
 
+def epoch_rereads(epochs: pd.DataFrame, expert_epochs: pd.DataFrame, t0_ns: int) -> pd.DataFrame:
+    """Per replay iteration (epoch) of the recording: ``epoch``, ``start_s`` (sampler seconds) and
+    ``re_added_pages``, the pages its experts read again after their eviction (the unattributed
+    rows left out)."""
+    ep = epochs.dropna(subset=["start_ns"])
+    ee = expert_epochs[expert_epochs["kind"] == "expert"]
+    pages = ee.groupby("epoch")["re_added_pages"].sum()
+    return pd.DataFrame({"epoch": ep["epoch"].to_numpy(),
+                         "start_s": (ep["start_ns"].astype("int64").to_numpy() - t0_ns) / NS,
+                         "re_added_pages": ep["epoch"].map(pages).fillna(0).astype("int64").to_numpy()})
+
+
+ADVANCE_COLUMNS = ("advance", "seq", "from_t", "to_t", "from_seq", "to_seq", "iterations", "re_added_pages_after")
+
+
+def compute_rereads_after_advances(gens: pd.DataFrame, per_epoch: pd.DataFrame, seq: str = "min_seq",
+                                   follow: int = 2) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The re-reads that followed each advance of ``seq`` (``min_seq``: the oldest generation
+    evicted whole; ``max_seq``: aging made a new one) seen between two lru_gen samples
+    ``from_t`` .. ``to_t``: the ``follow`` replay iterations from the one running at ``from_t``
+    and the pages read again in them (ADVANCE_COLUMNS). The figures: re-reads per iteration in
+    those iterations and in the others, and their ratio ``burst`` (None without an advance, or
+    with no re-read in the others)."""
+    s = gens.dropna(subset=[seq]).sort_values("t")
+    e = per_epoch.sort_values("start_s").reset_index(drop=True)
+    t, v = s["t"].to_numpy(float), s[seq].to_numpy(np.int64)
+    at = np.flatnonzero(v[1:] > v[:-1]) + 1
+    after = np.zeros(len(e), dtype=bool)
+    rows = []
+    starts, pages = e["start_s"].to_numpy(float), e["re_added_pages"].to_numpy(np.int64)
+    for n, i in enumerate(at):
+        first = max(int(np.searchsorted(starts, t[i - 1], "right")) - 1, 0)
+        sel = slice(first, min(first + follow, len(e)))
+        after[sel] = True
+        rows.append({"advance": n, "seq": seq, "from_t": float(t[i - 1]), "to_t": float(t[i]),
+                     "from_seq": int(v[i - 1]), "to_seq": int(v[i]), "iterations": len(e.iloc[sel]),
+                     "re_added_pages_after": int(pages[sel].sum())})
+    adv = pd.DataFrame(rows, columns=list(ADVANCE_COLUMNS))
+    inside = float(pages[after].mean()) if after.any() else None
+    outside = float(pages[~after].mean()) if (~after).any() else None
+    return adv, {"advances": len(at), "iterations_after": int(after.sum()), "reread_after_per_iteration": inside,
+                 "reread_other_per_iteration": outside,
+                 "burst": inside / outside if inside is not None and outside else None}
+
+
 # -- the summary -------------------------------------------------------------------------------------
 
 @dataclass
@@ -491,6 +544,8 @@ class BiteSummary:
     memcg_path: str | None = None
     node: int | None = None
     oldest_share_median: float | None = None  # f
+    oldest_share_min: float | None = None
+    oldest_share_below_quarter: float | None = None  # the share of samples with f <= 0.25
     oldest_file_pages_median: float | None = None
     sum_high_over_fC: float | None = None
     sum_high_over_oldest: float | None = None
@@ -513,6 +568,11 @@ class BiteSummary:
     # pages evicted before a read completed (the page and read streams)
     evicted_pages: int | None = None
     evicted_before_read_pages: int | None = None
+    # M2: re-reads per replay iteration in the iterations after a min_seq (aging: max_seq) advance / the others
+    reread_after_advance_per_iteration: float | None = None
+    reread_other_per_iteration: float | None = None
+    reread_burst_ratio: float | None = None
+    reread_burst_ratio_aging: float | None = None
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -521,20 +581,23 @@ class BiteSummary:
 
 #: the matrix row's columns (:meth:`Bites.columns`), in order
 MATRIX_COLUMNS = ("kswapd_share", "scan_to_steal_kswapd", "scan_to_steal_direct", "sum_high_over_fC",
-                  "turnovers_per_min", "bite_p50_pages", "bite_max_over_oldest", "evicted_before_read_pages")
+                  "turnovers_per_min", "bite_p50_pages", "bite_max_over_oldest", "evicted_before_read_pages",
+                  "oldest_share_min", "reread_burst_ratio", "reread_burst_ratio_aging")
 
 
 @dataclass
 class Bites:
     """:func:`compute_bites`'s result: the summary and the frames behind it (each restricted to
     the window): ``passes`` (PASS_COLUMNS + :func:`attach_oldest`'s), ``generations`` (f(t)),
-    ``lifetimes``, ``memfree_cycles``."""
+    ``lifetimes``, ``memfree_cycles`` and ``advances`` (min_seq's, then max_seq's, with the
+    re-reads that followed each: ADVANCE_COLUMNS; empty without the per-iteration recording)."""
 
     summary: BiteSummary
     passes: pd.DataFrame
     generations: pd.DataFrame
     lifetimes: pd.DataFrame
     memfree_cycles: pd.DataFrame
+    advances: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(ADVANCE_COLUMNS)))
 
     def columns(self) -> dict[str, float | None]:
         """The matrix row's columns (MATRIX_COLUMNS)."""
@@ -576,6 +639,7 @@ def _generation_figures(s: BiteSummary, lru_gen: pd.DataFrame | None, memcg_path
     turn = generation_turnover(gens)
     s.min_seq_advances, s.max_seq_advances = turn["min_seq_advances"], turn["max_seq_advances"]
     s.turnovers_per_min, s.oldest_share_median = turn["turnovers_per_min"], turn["oldest_share_median"]
+    s.oldest_share_min, s.oldest_share_below_quarter = turn["oldest_share_min"], turn["oldest_share_below_quarter"]
     s.oldest_file_pages_median = turn["oldest_file_pages_median"]
     s.generation_lifetime_s_median = _num(life["lifetime_s"].median()) if life["lifetime_s"].notna().any() else None
     if s.sum_high_bytes is not None and s.capacity_bytes and s.oldest_share_median:
@@ -621,11 +685,13 @@ def _sawtooth(s: BiteSummary, memfree: pd.DataFrame | None, zoneinfo: dict[str, 
 def compute_bites(vmstat: pd.DataFrame | None, memfree: pd.DataFrame | None, lru_gen: pd.DataFrame | None,
                   zoneinfo: dict[str, Any] | None, capacity_bytes: int | None, *,
                   window: tuple[float | None, float | None] = (None, None), probe_passes: pd.DataFrame | None = None,
-                  memcg_path: str | None = None, evicted: pd.DataFrame | None = None) -> Bites:
+                  memcg_path: str | None = None, evicted: pd.DataFrame | None = None,
+                  per_epoch: pd.DataFrame | None = None) -> Bites:
     """One cell's bites over ``window`` (sampler seconds; None: open): the sampler's frames
     (moetrace.run.sampler), zoneinfo.json, the capacity C, and optionally the probe's passes
     (:func:`compute_passes`, preferred to vmstat's pageoutrun steps), the memcg to follow (default:
-    the one holding the most file pages) and :func:`compute_evicted_before_read`'s lifetimes."""
+    the one holding the most file pages), :func:`compute_evicted_before_read`'s lifetimes and
+    :func:`epoch_rereads`' iterations (M2's re-reads after each advance)."""
     t0, t1 = window
     s = BiteSummary(window_start_s=t0, window_end_s=t1, capacity_bytes=capacity_bytes)
     watermarks(zoneinfo, s)
@@ -647,4 +713,24 @@ def compute_bites(vmstat: pd.DataFrame | None, memfree: pd.DataFrame | None, lru
     if evicted is not None:
         s.evicted_pages = int(len(evicted))
         s.evicted_before_read_pages = int(evicted["evicted_before_read"].sum())
-    return Bites(s, passes, gens, life, cycles)
+    advances = _advance_figures(s, gens, per_epoch, t0, t1)
+    return Bites(s, passes, gens, life, cycles, advances)
+
+
+def _advance_figures(s: BiteSummary, gens: pd.DataFrame, per_epoch: pd.DataFrame | None,
+                     t0: float | None, t1: float | None) -> pd.DataFrame:
+    """M2's figures into ``s`` (re-reads after min_seq and max_seq advances against the other
+    iterations of the window); the advances with their re-reads."""
+    if per_epoch is None or gens.empty:
+        return pd.DataFrame(columns=list(ADVANCE_COLUMNS))
+    ep = in_window(per_epoch, t0, t1, "start_s")
+    out = []
+    for seq in ("min_seq", "max_seq"):
+        adv, fig = compute_rereads_after_advances(gens, ep, seq)
+        if seq == "min_seq":
+            s.reread_after_advance_per_iteration = fig["reread_after_per_iteration"]
+            s.reread_other_per_iteration, s.reread_burst_ratio = fig["reread_other_per_iteration"], fig["burst"]
+        else:
+            s.reread_burst_ratio_aging = fig["burst"]
+        out.append(adv)
+    return pd.concat(out, ignore_index=True) if any(len(a) for a in out) else out[0]

@@ -13,6 +13,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -176,9 +177,14 @@ def test_the_summary_over_the_recordings_window(samples, probe):
     assert s.bite_over_oldest_p50 == pytest.approx((1024 / 18204 + 1024 / 14764) / 2)
     assert s.pass_scan_to_steal_p50 == 1.0
     assert s.evicted_pages is None and s.evicted_before_read_pages is None
+    # f fell from 0.29 to 9310 / 61313 at 44 s; 5 of the 7 samples at or below a quarter
+    assert s.oldest_share_min == pytest.approx(9310 / 61313) and s.oldest_share_below_quarter == pytest.approx(5 / 7)
+    assert s.reread_burst_ratio is None and b.advances.empty  # no per-iteration recording given
     assert b.columns() == {"kswapd_share": s.kswapd_share, "scan_to_steal_kswapd": 1.0, "scan_to_steal_direct": 1.0, "sum_high_over_fC": s.sum_high_over_fC,
                            "turnovers_per_min": 0.0, "bite_p50_pages": 1024.0,
-                           "bite_max_over_oldest": s.bite_max_over_oldest, "evicted_before_read_pages": None}
+                           "bite_max_over_oldest": s.bite_max_over_oldest, "evicted_before_read_pages": None,
+                           "oldest_share_min": s.oldest_share_min, "reread_burst_ratio": None,
+                           "reread_burst_ratio_aging": None}
 
 
 def test_without_the_probe_the_passes_come_from_pageoutrun(samples):
@@ -407,3 +413,51 @@ def test_the_sawtooth_follows_the_zones_kswapd_balanced(samples):
     b = B.compute_bites(samples.vmstat, m, None, dict(samples.zoneinfo), C)
     assert b.summary.sawtooth_of == "dma32"
     assert B.free_series(m.drop(columns=["free_dma_pages", "free_dma32_pages"]), zones)[3] == "MemFree"
+
+
+# -- M2: f's lowest and the re-reads after each advance -------------------------------------------
+
+def test_f_lowest_and_its_time_at_or_below_a_quarter():
+    gens = pd.DataFrame({"t": [0.0, 1.0, 2.0, 3.0], "min_seq": pd.array([1, 1, 1, 2], dtype="Int64"),
+                         "max_seq": pd.array([3, 3, 4, 4], dtype="Int64"),
+                         "oldest_share": pd.array([0.9, 0.25, 0.1, pd.NA], dtype="Float64"),
+                         "oldest_file_pages": pd.array([9, 2, 1, pd.NA], dtype="Int64")})
+    t = B.generation_turnover(gens)
+    assert t["oldest_share_min"] == pytest.approx(0.1)
+    assert t["oldest_share_below_quarter"] == pytest.approx(2 / 3)  # 0.25 counts; the NA sample does not
+
+
+def test_rereads_after_each_min_seq_advance_against_the_other_iterations():
+    # iterations every 10 s re-reading 100 pages, but 900 in the one running when min_seq moved
+    # (between the samples at 24 and 25 s) and 500 in the next; max_seq moved once, at 41..42 s
+    gens = pd.DataFrame({"t": np.arange(0.0, 60.0), "min_seq": pd.array([3] * 25 + [4] * 35, dtype="Int64"),
+                         "max_seq": pd.array([5] * 42 + [6] * 18, dtype="Int64")})
+    per_epoch = pd.DataFrame({"epoch": range(6), "start_s": np.arange(0.0, 60.0, 10.0),
+                              "re_added_pages": [100, 100, 900, 500, 100, 100]})
+    adv, fig = B.compute_rereads_after_advances(gens, per_epoch)
+    assert adv[["from_t", "to_t", "from_seq", "to_seq", "iterations", "re_added_pages_after"]].values.tolist() == \
+        [[24.0, 25.0, 3, 4, 2, 1400]]
+    assert fig["advances"] == 1 and fig["iterations_after"] == 2
+    assert fig["reread_after_per_iteration"] == 700 and fig["reread_other_per_iteration"] == 100
+    assert fig["burst"] == pytest.approx(7.0)
+    adv, fig = B.compute_rereads_after_advances(gens, per_epoch, "max_seq")
+    assert adv["re_added_pages_after"].tolist() == [200]  # the iterations from 40 and 50 s
+    assert fig["burst"] == pytest.approx(100 / 400)  # aging was not followed by re-reads: the others held them
+
+
+def test_no_advance_or_no_other_rereads_is_no_burst_ratio():
+    gens = pd.DataFrame({"t": [0.0, 1.0], "min_seq": pd.array([2, 2], dtype="Int64")})
+    per_epoch = pd.DataFrame({"epoch": [0, 1], "start_s": [0.0, 0.5], "re_added_pages": [5, 5]})
+    adv, fig = B.compute_rereads_after_advances(gens, per_epoch)
+    assert adv.empty and fig["advances"] == 0 and fig["burst"] is None and fig["reread_other_per_iteration"] == 5
+    gens = pd.DataFrame({"t": [0.0, 1.0], "min_seq": pd.array([2, 3], dtype="Int64")})
+    adv, fig = B.compute_rereads_after_advances(gens, per_epoch)
+    assert fig["burst"] is None and fig["reread_other_per_iteration"] is None  # both iterations follow it
+
+
+def test_epoch_rereads_leaves_out_the_unattributed():
+    epochs = pd.DataFrame({"epoch": [0, 1], "start_ns": pd.array([2_000_000_000, 3_000_000_000], dtype="Int64")})
+    ee = pd.DataFrame({"epoch": [0, 0, 1], "kind": ["expert", "unattributed", "expert"],
+                       "re_added_pages": pd.array([3, 50, 4], dtype="Int64")})
+    out = B.epoch_rereads(epochs, ee, t0_ns=1_000_000_000)
+    assert out.values.tolist() == [[0, 1.0, 3], [1, 2.0, 4]]

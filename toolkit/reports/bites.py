@@ -138,7 +138,7 @@ def cell_bites(lab_dir: str | os.PathLike, capacity_bytes: int | None) -> Bites 
     """The bite analysis of one lab directory over its cell's measured window (the whole
     sampling without a cell); None when it holds no sampler files. InputError when one is
     damaged."""
-    from moetrace.analyses.bites import compute_bites, compute_passes
+    from moetrace.analyses.bites import compute_bites, compute_passes, epoch_rereads
     from moetrace.run.sampler import read_samples
 
     f = cell_files(lab_dir)
@@ -154,9 +154,11 @@ def cell_bites(lab_dir: str | os.PathLike, capacity_bytes: int | None) -> Bites 
     if memcg is not None and (s.lru_gen is None or not (s.lru_gen["memcg_path"] == memcg).any()):
         memcg = None  # the cell's memcg is not in lru_gen (a balloon cell's replay runs in the root)
     notes: list[str] = []
+    ep, ee = _table(f.run, "epochs"), _table(f.run, "expert_epochs")
+    per_epoch = epoch_rereads(ep, ee, s.t0_ns) if ep is not None and ee is not None and "re_added_pages" in ee else None
     b = compute_bites(s.vmstat, s.memfree, s.lru_gen, dict(s.zoneinfo) if s.zoneinfo else None, capacity_bytes,
                       window=window, probe_passes=probe, memcg_path=memcg,
-                      evicted=_evicted(f.run, s.t0_ns, window, notes))
+                      evicted=_evicted(f.run, s.t0_ns, window, notes), per_epoch=per_epoch)
     b.summary.notes += notes
     return b
 
@@ -277,7 +279,9 @@ def _plot_rereads(ax, passes: pd.DataFrame, rereads: pd.DataFrame, top: int = 5)
 WHY_COLUMNS = ("pass_source", "passes", "kswapd_share", "scan_to_steal_kswapd", "scan_to_steal_direct",
                "pass_scan_to_steal_p50", "sum_high_bytes", "oldest_share_median", "sum_high_over_fC",
                "sum_high_over_oldest", "turnovers_per_min", "max_seq_advances", "generation_lifetime_s_median",
-               "bite_p50_pages", "bite_max_over_oldest", "overshoot_kb_median", "evicted_before_read_pages")
+               "bite_p50_pages", "bite_max_over_oldest", "overshoot_kb_median", "evicted_before_read_pages",
+               "oldest_share_min", "oldest_share_below_quarter", "min_seq_advances", "reread_burst_ratio",
+               "reread_burst_ratio_aging")
 
 
 def condition_bites(matrix_dir: Path, rows: pd.DataFrame) -> list[tuple[dict[str, Any], Bites]]:
@@ -309,7 +313,11 @@ def section_why(rep: Report, matrix_dir: Path, cells: pd.DataFrame) -> None:
     rep.p("Per kswapd pass, the pages it freed against the file pages of the oldest MGLRU generation when it "
           "started (hypothesis M1: a pass that asks for Σhigh, the zones' high watermarks summed, bites through "
           "min_seq into folios just read); f is the oldest generation's share of the memcg's file pages, "
-          "Σhigh / (f·C) above 1 puts a cell in M1's regime. From the guest's sampler (vmstat 1 Hz, MemFree 10 Hz, "
+          "Σhigh / (f·C) above 1 puts a cell in M1's regime. Hypothesis M2: on long runs protected folios pile up "
+          "until f falls to a quarter, then aging sweeps the hot set; its figures are f's lowest, the share of "
+          "samples with f at or below a quarter, and the re-reads per replay iteration in the two iterations from "
+          "each min_seq advance (aging: max_seq) against the other iterations (a burst ratio well above 1: re-reads "
+          "follow the advances). From the guest's sampler (vmstat 1 Hz, MemFree 10 Hz, "
           "lru_gen 1 Hz, zoneinfo) and, when recorded, the vmscan probe's passes.")
     if cells is None or cells.empty or "cell_dir" not in cells:
         rep.p("Not measured: no finished cell.")
@@ -335,6 +343,10 @@ def section_why(rep: Report, matrix_dir: Path, cells: pd.DataFrame) -> None:
                    f"scan-to-steal per pass, the pages read again after each bite (top experts); {how}", wide=True)
         rep.table(f"{name}_passes", passes_table(b, rer), f"{cond}: every kswapd pass of the cell above and the "
                   "re-reads that followed it", fold=True)
+        if len(b.advances):
+            rep.table(f"{name}_advances", b.advances, f"{cond}: every min_seq advance (a generation evicted whole) "
+                      "and max_seq advance (aging) of the cell above, with the pages read again in the two replay "
+                      "iterations from it (hypothesis M2: re-read bursts after each)", fold=True)
         for n in b.summary.notes:
             rep.p(f"{cond}: {n}")
     if summary:

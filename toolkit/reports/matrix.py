@@ -332,7 +332,8 @@ SUMMARY_FIGURES = ("device_bytes_per_iteration", "amplification", "amplification
                    # the guest's sampler (reports.bites.bite_columns; absent in older cells)
                    "kswapd_share", "scan_to_steal_kswapd", "scan_to_steal_direct", "sum_high_over_fC",
                    "turnovers_per_min", "bite_p50_pages", "bite_max_over_oldest", "evicted_before_read_pages",
-                   "readahead_beyond_share", "controller_bite_over_fC")
+                   "readahead_beyond_share", "controller_bite_over_fC", "oldest_share_min", "reread_burst_ratio",
+                   "reread_burst_ratio_aging")
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -578,7 +579,44 @@ def mechanism_findings(summary: list[dict[str, Any]]) -> list[str]:
     else:
         out.append(f"No group reached M1's regime: no reclaim pass as large as the oldest generation "
                    f"(kswapd share {_pct_range([s['kswapd_share_median'] for s in rows])}).")
-    return out
+    return out + m2_findings(summary)
+
+
+#: M2's test: f at or below a quarter, and re-reads per iteration after a min_seq advance at least
+#: twice those of the other iterations
+M2_OLDEST_SHARE, M2_BURST = 0.25, 2.0
+
+
+def _x_range(vals: list[float]) -> str:
+    lo, hi = f"{min(vals):.2f}", f"{max(vals):.2f}"
+    return f"{lo}x" if lo == hi else f"{lo}-{hi}x"
+
+
+def m2_findings(summary: list[dict[str, Any]]) -> list[str]:
+    """Hypothesis M2 in words (protected folios pile up until f falls to a quarter, then aging
+    sweeps the hot set): the groups whose f fell to M2_OLDEST_SHARE with re-read bursts after the
+    min_seq advances (ratio above M2_BURST); else how low f fell and what followed the advances."""
+    rows = [s for s in summary if s.get("oldest_share_min_min") is not None and s.get("amplification_median") is not None]
+    if not rows:
+        return []
+    fell = [s for s in rows if s["oldest_share_min_min"] <= M2_OLDEST_SHARE]
+    hit = [s for s in fell if (s.get("reread_burst_ratio_median") or 0) > M2_BURST]
+    head = (f"M2 (f at or below {M2_OLDEST_SHARE:g}, then re-reads per iteration after a min_seq advance above "
+            f"{M2_BURST:g}x the other iterations'): ")
+    if hit:
+        return [head + "; ".join(f"{_group(s)}: f down to {s['oldest_share_min_min']:.2f}, bursts "
+                                 f"{s['reread_burst_ratio_median']:.2f}x, {s['amplification_median']:.2f}x the miss demand"
+                                 for s in hit) + "."]
+    bursts = [s["reread_burst_ratio_median"] for s in fell if s.get("reread_burst_ratio_median") is not None]
+    text = head + f"in none of the {len(rows)} groups with lru_gen samples. "
+    if fell:
+        text += (f"f fell to a quarter in {len(fell)} ({', '.join(_group(s) for s in fell)})"
+                 + (f", with re-reads after an advance {_x_range(bursts)} the others'" if bursts
+                    else ", with no advance followed by a measured iteration") + "; ")
+    rest = [s["oldest_share_min_min"] for s in rows if s not in fell]
+    if rest:
+        text += f"in the other {len(rest)} its lowest was {min(rest):.2f}"
+    return [text.rstrip("; ") + "."]
 
 
 def generation_findings(kernel: str, rows: list[dict[str, Any]]) -> list[str]:
