@@ -84,12 +84,13 @@ def test_damon_pageout_is_attributed_to_damon(live, epool, tmp_path):
             t_end = time.monotonic() + 150
             now = full
             # DAMON's pace is the machine's: a few hundred pages every few seconds on some days, 44
-            # pages in 150 s on others (a CI run waited the whole 150 s for 64); the exact assertions
-            # below need only that it evicted some, so 16 pages end the wait
+            # pages in 150 s on others (a CI run waited the whole 150 s for 64, another 140 s for
+            # 16); the exact assertions below need only that it evicted some, so the first page
+            # DAMON takes ends the wait
             while time.monotonic() < t_end:
                 time.sleep(1)
                 now = sum(_resident(f) for f in files)
-                if full - now >= 16:
+                if full - now >= 1:
                     break
         finally:
             err = _finish(proc, go)
