@@ -28,8 +28,8 @@ the probes' CLOCK_MONOTONIC ns are shifted onto it.
   next pass began.
 * :func:`epoch_rereads`, :func:`compute_rereads_after_advances` — hypothesis M2 (protected
   folios pile up until f falls to a quarter, then aging sweeps the hot set): the pages read again
-  per replay iteration, in the iterations that followed each min_seq (or max_seq) advance against
-  the others.
+  per replay iteration, in the iterations that ran from each min_seq (or max_seq) advance to 2 s
+  after it (lru_gen at 1 Hz: the advance is known to the second) against the others.
 * :func:`summarize_bites` — the figures above in one :class:`BiteSummary`.
 """
 
@@ -484,26 +484,26 @@ ADVANCE_COLUMNS = ("advance", "seq", "from_t", "to_t", "from_seq", "to_seq", "it
 
 
 def compute_rereads_after_advances(gens: pd.DataFrame, per_epoch: pd.DataFrame, seq: str = "min_seq",
-                                   follow: int = 2) -> tuple[pd.DataFrame, dict[str, Any]]:
+                                   follow_s: float = 2.0) -> tuple[pd.DataFrame, dict[str, Any]]:
     """The re-reads that followed each advance of ``seq`` (``min_seq``: the oldest generation
     evicted whole; ``max_seq``: aging made a new one) seen between two lru_gen samples
-    ``from_t`` .. ``to_t``: the ``follow`` replay iterations from the one running at ``from_t``
-    and the pages read again in them (ADVANCE_COLUMNS). The figures: re-reads per iteration in
-    those iterations and in the others, and their ratio ``burst`` (None without an advance, or
-    with no re-read in the others)."""
+    ``from_t`` .. ``to_t``: the replay iterations that ran in [from_t, to_t + follow_s] and the
+    pages read again in them (ADVANCE_COLUMNS; an iteration ends where the next begins, the
+    last one open). The figures: re-reads per iteration in those iterations and in the others,
+    and their ratio ``burst`` (None without an advance, or with no re-read in the others)."""
     s = gens.dropna(subset=[seq]).sort_values("t")
     e = per_epoch.sort_values("start_s").reset_index(drop=True)
     t, v = s["t"].to_numpy(float), s[seq].to_numpy(np.int64)
     at = np.flatnonzero(v[1:] > v[:-1]) + 1
+    starts, pages = e["start_s"].to_numpy(float), e["re_added_pages"].to_numpy(np.int64)
+    ends = np.append(starts[1:], np.inf)
     after = np.zeros(len(e), dtype=bool)
     rows = []
-    starts, pages = e["start_s"].to_numpy(float), e["re_added_pages"].to_numpy(np.int64)
     for n, i in enumerate(at):
-        first = max(int(np.searchsorted(starts, t[i - 1], "right")) - 1, 0)
-        sel = slice(first, min(first + follow, len(e)))
-        after[sel] = True
+        sel = (starts <= t[i] + follow_s) & (ends > t[i - 1])
+        after |= sel
         rows.append({"advance": n, "seq": seq, "from_t": float(t[i - 1]), "to_t": float(t[i]),
-                     "from_seq": int(v[i - 1]), "to_seq": int(v[i]), "iterations": len(e.iloc[sel]),
+                     "from_seq": int(v[i - 1]), "to_seq": int(v[i]), "iterations": int(sel.sum()),
                      "re_added_pages_after": int(pages[sel].sum())})
     adv = pd.DataFrame(rows, columns=list(ADVANCE_COLUMNS))
     inside = float(pages[after].mean()) if after.any() else None
@@ -568,7 +568,7 @@ class BiteSummary:
     # pages evicted before a read completed (the page and read streams)
     evicted_pages: int | None = None
     evicted_before_read_pages: int | None = None
-    # M2: re-reads per replay iteration in the iterations after a min_seq (aging: max_seq) advance / the others
+    # M2: re-reads per replay iteration in those that ran up to 2 s after a min_seq (aging: max_seq) advance / the others
     reread_after_advance_per_iteration: float | None = None
     reread_other_per_iteration: float | None = None
     reread_burst_ratio: float | None = None

@@ -429,20 +429,22 @@ def test_f_lowest_and_its_time_at_or_below_a_quarter():
 
 def test_rereads_after_each_min_seq_advance_against_the_other_iterations():
     # iterations every 10 s re-reading 100 pages, but 900 in the one running when min_seq moved
-    # (between the samples at 24 and 25 s) and 500 in the next; max_seq moved once, at 41..42 s
-    gens = pd.DataFrame({"t": np.arange(0.0, 60.0), "min_seq": pd.array([3] * 25 + [4] * 35, dtype="Int64"),
+    # (between the samples at 24 and 25 s: [24, 27] overlaps only the iteration of 20..30 s) and
+    # 500 in the next; max_seq moved once, between 41 and 42 s; min_seq again at 58..59 s (the
+    # last iteration, open-ended, and one 2 s before it: [58, 61])
+    gens = pd.DataFrame({"t": np.arange(0.0, 60.0), "min_seq": pd.array([3] * 25 + [4] * 34 + [5], dtype="Int64"),
                          "max_seq": pd.array([5] * 42 + [6] * 18, dtype="Int64")})
-    per_epoch = pd.DataFrame({"epoch": range(6), "start_s": np.arange(0.0, 60.0, 10.0),
-                              "re_added_pages": [100, 100, 900, 500, 100, 100]})
+    per_epoch = pd.DataFrame({"epoch": range(7), "start_s": [0.0, 10.0, 20.0, 30.0, 40.0, 50.0, 56.0],
+                              "re_added_pages": [100, 100, 900, 500, 100, 100, 300]})
     adv, fig = B.compute_rereads_after_advances(gens, per_epoch)
     assert adv[["from_t", "to_t", "from_seq", "to_seq", "iterations", "re_added_pages_after"]].values.tolist() == \
-        [[24.0, 25.0, 3, 4, 2, 1400]]
-    assert fig["advances"] == 1 and fig["iterations_after"] == 2
-    assert fig["reread_after_per_iteration"] == 700 and fig["reread_other_per_iteration"] == 100
-    assert fig["burst"] == pytest.approx(7.0)
-    adv, fig = B.compute_rereads_after_advances(gens, per_epoch, "max_seq")
-    assert adv["re_added_pages_after"].tolist() == [200]  # the iterations from 40 and 50 s
-    assert fig["burst"] == pytest.approx(100 / 400)  # aging was not followed by re-reads: the others held them
+        [[24.0, 25.0, 3, 4, 1, 900], [58.0, 59.0, 4, 5, 1, 300]]
+    assert fig["advances"] == 2 and fig["iterations_after"] == 2
+    assert fig["reread_after_per_iteration"] == 600 and fig["reread_other_per_iteration"] == 180
+    assert fig["burst"] == pytest.approx(600 / 180)
+    adv, fig = B.compute_rereads_after_advances(gens, per_epoch, "max_seq", follow_s=10.0)
+    assert adv["re_added_pages_after"].tolist() == [200]  # [41, 52]: the iterations from 40 and 50 s
+    assert fig["burst"] == pytest.approx(100 / 380)  # aging was not followed by re-reads: the others held them
 
 
 def test_no_advance_or_no_other_rereads_is_no_burst_ratio():

@@ -316,13 +316,14 @@ def test_m2_findings_ask_for_f_at_a_quarter_and_rereads_after_the_advances():
     calm = [grp("cgroup", 0.78, 0.85, None), grp("balloon0.81+bites1.0", 1.2, 0.05, 1.3)]
     f = R.m2_findings(calm)
     assert f == ["M2 (f at or below 0.25, then re-reads per iteration after a min_seq advance above 2x the other "
-                 "iterations'): in none of the 2 groups with lru_gen samples. f fell to a quarter in 1 (6.12.95 MGLRU "
+                 "iterations'): in none of the 2 groups with lru_gen samples: f fell to a quarter in 1 (6.12.95 MGLRU "
                  "on balloon0.81+bites1.0 320MiB), with re-reads after an advance 1.30x the others'; in the "
-                 "other 1 its lowest was 0.85."]
+                 "other 1 f stayed at or above 0.85."]
     hot = calm + [grp("balloon0.81", 2.1, 0.2, 3.5), grp("vm-memory", 2.0, 0.3, 9.0)]  # f 0.3: not M2
     f = R.m2_findings(hot)
     assert f == ["M2 (f at or below 0.25, then re-reads per iteration after a min_seq advance above 2x the other "
                  "iterations'): 6.12.95 MGLRU on balloon0.81 320MiB: f down to 0.20, bursts 3.50x, 2.10x the miss "
                  "demand."]
+    assert R.m2_findings(calm[:1])[0].endswith("groups with lru_gen samples: f stayed at or above 0.85 in all of them.")
     assert R.m2_findings([{**calm[0], "oldest_share_min_min": None}]) == []  # no lru_gen (MGLRU off): nothing said
     assert R.mechanism_findings([{**calm[0], "kswapd_share_median": 0.9}])[-1].startswith("M2 ")

@@ -608,15 +608,16 @@ def m2_findings(summary: list[dict[str, Any]]) -> list[str]:
                                  f"{s['reread_burst_ratio_median']:.2f}x, {s['amplification_median']:.2f}x the miss demand"
                                  for s in hit) + "."]
     bursts = [s["reread_burst_ratio_median"] for s in fell if s.get("reread_burst_ratio_median") is not None]
-    text = head + f"in none of the {len(rows)} groups with lru_gen samples. "
+    parts = []
     if fell:
-        text += (f"f fell to a quarter in {len(fell)} ({', '.join(_group(s) for s in fell)})"
-                 + (f", with re-reads after an advance {_x_range(bursts)} the others'" if bursts
-                    else ", with no advance followed by a measured iteration") + "; ")
+        parts.append(f"f fell to a quarter in {len(fell)} ({', '.join(_group(s) for s in fell)}), "
+                     + (f"with re-reads after an advance {_x_range(bursts)} the others'" if bursts
+                        else "with no advance between two measured iterations"))
     rest = [s["oldest_share_min_min"] for s in rows if s not in fell]
     if rest:
-        text += f"in the other {len(rest)} its lowest was {min(rest):.2f}"
-    return [text.rstrip("; ") + "."]
+        parts.append(f"in the other {len(rest)} f stayed at or above {min(rest):.2f}" if fell
+                     else f"f stayed at or above {min(rest):.2f} in all of them")
+    return [head + f"in none of the {len(rows)} groups with lru_gen samples: " + "; ".join(parts) + "."]
 
 
 def generation_findings(kernel: str, rows: list[dict[str, Any]]) -> list[str]:
