@@ -315,8 +315,8 @@ def section_why(rep: Report, matrix_dir: Path, cells: pd.DataFrame) -> None:
           "min_seq into folios just read); f is the oldest generation's share of the memcg's file pages, "
           "Σhigh / (f·C) above 1 puts a cell in M1's regime. Hypothesis M2: on long runs protected folios pile up "
           "until f falls to a quarter, then aging sweeps the hot set; its figures are f's lowest, the share of "
-          "samples with f at or below a quarter, and the re-reads per replay iteration in the two iterations from "
-          "each min_seq advance (aging: max_seq) against the other iterations (a burst ratio well above 1: re-reads "
+          "samples with f at or below a quarter, and the re-reads per replay iteration in the iterations that ran "
+          "from each min_seq advance (aging: max_seq) to 2 s after it against the other iterations (a burst ratio well above 1: re-reads "
           "follow the advances). From the guest's sampler (vmstat 1 Hz, MemFree 10 Hz, "
           "lru_gen 1 Hz, zoneinfo) and, when recorded, the vmscan probe's passes.")
     if cells is None or cells.empty or "cell_dir" not in cells:
@@ -345,8 +345,8 @@ def section_why(rep: Report, matrix_dir: Path, cells: pd.DataFrame) -> None:
                   "re-reads that followed it", fold=True)
         if len(b.advances):
             rep.table(f"{name}_advances", b.advances, f"{cond}: every min_seq advance (a generation evicted whole) "
-                      "and max_seq advance (aging) of the cell above, with the pages read again in the two replay "
-                      "iterations from it (hypothesis M2: re-read bursts after each)", fold=True)
+                      "and max_seq advance (aging) of the cell above, with the pages read again in the replay "
+                      "iterations that ran from it to 2 s after (hypothesis M2: re-read bursts after each)", fold=True)
         for n in b.summary.notes:
             rep.p(f"{cond}: {n}")
     if summary:
