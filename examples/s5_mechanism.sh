@@ -25,9 +25,11 @@
 #   e2h e2m on the hot plan (6 cells, ~10 min)
 #   e4  long windows: 8-minute windows on 6.12 and the newest kernel under the balloon and the
 #       cgroup wall, min_ttl_ms 0 against 1000 (8 cells, ~1 h 30 min)
+#   e4m M2's most favourable case: 8-minute windows of the hot plan with mmap (aging runs, f falls)
+#       on 6.12 and the newest kernel, balloon 0.81 (2 cells, ~25 min)
 #   e5  per-layer pool files at read_ahead_kb 128 and 1024, MGLRU on and off (4 cells, ~10 min)
 # Resumable: run it again with the same OUT_DIR. Run as root, nothing else heavy beside it.
-# Usage: examples/s5_mechanism.sh [OUT_DIR] [a1|e1|e1m|e3|e3m|e3h|e3hm|e2|e2d|e2m|e2h|e4|e5 ...]   (default: /var/tmp/moetrace-s5 a1 e1)
+# Usage: examples/s5_mechanism.sh [OUT_DIR] [a1|e1|e1m|e3|e3m|e3h|e3hm|e2|e2d|e2m|e2h|e4|e4m|e5 ...]   (default: /var/tmp/moetrace-s5 a1 e1)
 set -euo pipefail
 out=${1:-/var/tmp/moetrace-s5}
 shift || true
@@ -137,8 +139,11 @@ for g in "${groups[@]}"; do
         e2check e2m ;;
     e4) s5spec e4 '["6.12", "newest"]' '["on"]' '["balloon:0.81", "cgroup"]' 1 $'window = "8min"\nmin_ttl_ms = [0, 1000]'
         run e4 ;;
+    e4m) s5spec e4m '["6.12", "newest"]' '["on"]' '["balloon:0.81"]' 1 $'window = "8min"\nmode = "mmap"'
+        hot e4m
+        run e4m ;;
     e5) s5spec e5 '["6.12"]' '["on", "off"]' '["balloon:0.81"]' 1 $'pool_layout = "layer"\nread_ahead_kb = [128, 1024]'
         run e5 ;;
-    *) echo "unknown group $g (a1 e1 e1m e3 e3m e3h e3hm e2 e2d e2m e2h e4 e5)" >&2; exit 2 ;;
+    *) echo "unknown group $g (a1 e1 e1m e3 e3m e3h e3hm e2 e2d e2m e2h e4 e4m e5)" >&2; exit 2 ;;
   esac
 done
