@@ -38,6 +38,7 @@ class LazyGroup(click.Group):
         "plan": ".plan:plan",
         "sim": ".sim:sim",
         "pool": ".pool:pool",
+        "model": ".model:model",
         "replay": ".replay:replay",
         "cell": ".cell:cell",
         "sweep": ".sweep:sweep",
@@ -59,7 +60,8 @@ def cli() -> None:
 
     \b
     Offline (no root):  trace parse|import|synth|stats, plan compile|inspect, sim
-    Pools:              pool create|verify
+    Pools:              pool create|verify|map (a model file's experts as extents)
+    Models:             model synth (a tiny MoE GGUF that llama.cpp runs)
     Replay:             replay (also the `replay` command)
     Capacity (root):    cell, sweep
     Kernel:             doctor (what this kernel can trace, and why not)

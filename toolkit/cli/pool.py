@@ -13,7 +13,7 @@ from moetrace.cli.common import BYTES, emit_json
 @click.group(cls=LazyGroup)
 def pool() -> None:
     """Expert pools: one file per (layer, expert), one file per layer, or one pool file of
-    page-aligned extents."""
+    page-aligned extents; or a model file (GGUF, safetensors) mapped by `pool map`."""
 
 
 @pool.command()
@@ -97,3 +97,45 @@ def verify(directory, as_json):
                 click.echo(f"  {line}", err=True)
         raise MoetraceError(f"{p.root}: {len(problems)} problem(s)",
                             hint="recreate it with `moetrace pool create --force`")
+
+
+@pool.command("map")
+@click.argument("model", type=click.Path(exists=True))
+@click.option("--out", "out", type=click.Path(dir_okay=False),
+              help="Write the extents (file, layer, expert, kind, tensor, offset, length) as Parquet.")
+@click.option("--experts-out", type=click.Path(dir_okay=False),
+              help="Write per (layer, expert) its extents, bytes, own pages and shared pages as Parquet.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary (and the shared pages) as JSON.")
+def map_(model, out, experts_out, as_json):
+    """Give each (layer, expert) of MODEL its byte extents: a GGUF file (three stacked expert
+    tensors per layer: three extents each) or an HF safetensors checkpoint (a file, its
+    index.json, or a directory of shards; per-expert or fused expert tensors). Everything else
+    is one non_expert row. A page holding bytes of two owners is listed as shared, never given
+    to one.
+
+    \b
+    Example:
+      moetrace model synth /var/tmp/m.gguf --alignment 32 && moetrace pool map /var/tmp/m.gguf
+    """
+    from moetrace.atomic import atomic_write
+    from moetrace.inputs.modelmap import expert_table, map_model, page_owners
+
+    m = map_model(model)
+    s = m.summary()
+    for path, df in ((out, m.extents), (experts_out, expert_table(m) if experts_out else None)):
+        if path:
+            with atomic_write(path, what="table") as tmp:
+                df.to_parquet(tmp, index=False)
+    if as_json:
+        emit_json({**s, "shared": page_owners(m).to_dict("records")})
+        return
+    kib = ", ".join(f"{b / 1024:g}" for b in s["expert_bytes"])
+    click.echo(f"{model}: {s['format']}{' ' + s['arch'] if s['arch'] else ''}, {s['layers']} layers x "
+               f"{s['experts']} experts"
+               + (f", top-{s['experts_per_token']}" if s["experts_per_token"] else "")
+               + (f", alignment {s['alignment']}" if s["alignment"] else ""))
+    click.echo(f"  experts: {s['expert_pool_bytes'] / 2**20:.1f} MiB, {kib} KiB each in "
+               f"{'/'.join(map(str, s['extents_per_expert']))} extents; non-expert weights "
+               f"{s['non_expert_bytes'] / 2**20:.1f} MiB")
+    click.echo(f"  pages shared between owners: {s['shared_pages']} ({s['shared_pages_expert_expert']} expert-expert, "
+               f"{s['shared_pages_expert_other']} expert-other; counted as shared, not in either expert)")

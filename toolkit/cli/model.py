@@ -1,0 +1,59 @@
+"""`moetrace model`: model files for the engines (a tiny MoE GGUF that llama.cpp runs)."""
+
+from __future__ import annotations
+
+import click
+
+from moetrace.cli import LazyGroup
+from moetrace.cli.common import emit_json
+
+
+@click.group(cls=LazyGroup)
+def model() -> None:
+    """Model files: `synth` writes a tiny random-weight MoE GGUF (qwen3moe) that llama.cpp runs;
+    `moetrace pool map` gives any model file's experts their extents."""
+
+
+@model.command()
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--layers", default=8, show_default=True, help="Transformer layers, each with routed experts.")
+@click.option("--experts", default=64, show_default=True, help="Routed experts per layer.")
+@click.option("--k", default=8, show_default=True, help="Experts per token (expert_used_count).")
+@click.option("--n-embd", default=256, show_default=True, help="Hidden size.")
+@click.option("--n-ff-exp", default=512, show_default=True, help="Each expert's FFN size.")
+@click.option("--head-dim", default=64, show_default=True, help="Attention head size (heads = n_embd / head_dim).")
+@click.option("--vocab", default=452, show_default=True, help="Vocabulary: 3 specials, 256 bytes, then pieces.")
+@click.option("--dtype", type=click.Choice(["f16", "f32"]), default="f16", show_default=True,
+              help="The weights' type (norms and the router are F32).")
+@click.option("--alignment", default=4096, show_default=True,
+              help="general.alignment: 4096 starts every tensor on a page; 32 (GGUF's default) lets experts "
+                   "share pages.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the random weights (the file is deterministic).")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@click.option("--json", "as_json", is_flag=True, help="Print the model's map summary as JSON.")
+def synth(out, layers, experts, k, n_embd, n_ff_exp, head_dim, vocab, dtype, alignment, seed, force, as_json):
+    """Write a tiny MoE GGUF to OUT. The defaults are 388 MiB: 8 layers x 64 experts, each
+    768 KiB (192 pages), top-8, F16, in ~7 s.
+
+    \b
+    Example:
+      moetrace model synth /var/tmp/tiny-moe.gguf && moetrace pool map /var/tmp/tiny-moe.gguf
+    """
+    import os
+
+    from moetrace.errors import UsageError
+    from moetrace.inputs.modelmap import map_gguf
+    from moetrace.inputs.modelsynth import ModelSpec, synth_model
+
+    if os.path.exists(out) and not force:
+        raise UsageError(f"{out} exists", hint="pass --force to replace it")
+    spec = ModelSpec(layers=layers, experts=experts, k=k, n_embd=n_embd, n_ff_exp=n_ff_exp, head_dim=head_dim,
+                     vocab=vocab, dtype=dtype, alignment=alignment, seed=seed)
+    size = synth_model(out, spec)
+    s = map_gguf(out).summary()
+    if as_json:
+        emit_json({"path": out, "bytes": size, **s})
+        return
+    click.echo(f"{out}: {size / 2**20:.1f} MiB, {s['arch']}, {s['layers']} layers x {s['experts']} experts, "
+               f"top-{s['experts_per_token']}, {s['expert_bytes'][0] // 1024} KiB per expert in "
+               f"{s['extents_per_expert'][0]} extents; {s['shared_pages']} pages shared between owners")
