@@ -44,6 +44,12 @@ if [ "$(id -u)" = 0 ] && [ "${MOETRACE_NO_LAB:-0}" != 1 ]; then
   bash scripts/lab-setup.sh
 fi
 
+# The engines (README.md, "Recording a real engine"): Debian sid's llama.cpp unpacked with its own
+# loader under /var/lib/moetrace/engines, never installed. Root only; MOETRACE_NO_ENGINE=1 skips it.
+if [ "$(id -u)" = 0 ] && [ "${MOETRACE_NO_ENGINE:-0}" != 1 ]; then
+  bash scripts/engine-setup.sh || warn "no llama.cpp (scripts/engine-setup.sh failed): \`moetrace doctor\` says why"
+fi
+
 if [ ! -x "$VENV/bin/python" ]; then
   log "creating $VENV"
   /usr/bin/python3 -m venv "$VENV"

@@ -11,7 +11,7 @@ def test_json_shape_fake_tree(tmp_path):
     assert rep["kernel"] == "6.18.44-fc-v973" and rep["mounted"] == []
     for r in rep["rows"]:
         assert set(r) == {"section", "name", "status", "detail", "fix", "checked"}
-        assert r["section"] in {"capability", "probe", "attach", "background"}
+        assert r["section"] in {"capability", "probe", "attach", "background", "engine"}
         assert r["status"] in (STATUSES if r["section"] != "background" else {"active", "passive", "no"})
         assert r["detail"]
     rows = _rows(rep)

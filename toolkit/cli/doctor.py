@@ -43,7 +43,8 @@ def doctor(as_json: bool, mount: bool, probes_only: bool, root: str) -> None:
         if r["section"] != section and r["section"] != "attach":
             section = r["section"]
             click.echo("\n" + {"capability": "capabilities", "probe": "probes",
-                               "background": "background reclaimers (read only)"}.get(section, section) + ":")
+                               "background": "background reclaimers (read only)",
+                               "engine": "engines (unpacked by the set-up)"}.get(section, section) + ":")
         name = ("  " + r["name"]) if r["section"] == "attach" else r["name"]
         mark = "" if r["checked"] else " (not checked)"
         click.echo(f"  {r['status']:<8} {name:<{width + 2}} {r['detail']}{mark}")

@@ -9,6 +9,7 @@ yes / no / degraded with the reason and the fix.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 Row = dict[str, Any]
@@ -132,6 +133,23 @@ def background_rows(damon: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def engine_rows() -> list[Row]:
+    """The engines the set-up unpacked (scripts/engine-setup.sh): llama.cpp's version, its CPU
+    backend, where it is; or why there is none and how to get it."""
+    from moetrace.engines.llamacpp import SETUP, engine_root, find_engine
+    from moetrace.errors import InputError
+
+    try:
+        e = find_engine()
+    except InputError as err:
+        return [_row("engine", "llama.cpp", "no", err.format_message())]
+    if e is None:
+        return [_row("engine", "llama.cpp", "no", f"not unpacked under {engine_root()}",
+                     f"{SETUP} (as root: Debian sid's llama.cpp with its own loader, never installed, ~20 s)")]
+    backend = os.path.basename(e.backend) if e.backend else "no CPU backend recorded"
+    return [_row("engine", "llama.cpp", "yes", f"{e.version} ({e.build}), {backend}, in {e.path}")]
+
+
 def doctor(root: str = "/", mount: bool | str = "temporary", probes_only: bool = False) -> dict[str, Any]:
     """Everything `doctor --json` prints: kernel, mount notes, rows, plans, not_checked, damon
     (``probes_only``: no capability rows).
@@ -146,7 +164,7 @@ def doctor(root: str = "/", mount: bool | str = "temporary", probes_only: bool =
     feats = Features(root, mount=bool(mount))
     plans = resolve_all(feats)
     damon = read_damon(root)
-    rows = capability_rows(feats) + probe_rows(plans) + background_rows(damon)  # while mounted
+    rows = capability_rows(feats) + probe_rows(plans) + background_rows(damon) + engine_rows()  # while mounted
     if mount == "temporary" and feats.notes:
         feats.notes = [f"{n} for this check, as record does (unmounted again)" for n in feats.notes]
         unmount_ours()

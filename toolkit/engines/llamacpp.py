@@ -1,0 +1,98 @@
+"""llama.cpp as the set-up unpacked it: ``$MOETRACE_ENGINE_ROOT/llama.cpp/current/engine.json``
+(default root /var/lib/moetrace/engines; scripts/engine-setup.sh writes it) names sid's loader,
+the library path and the CPU backend ggml scored best on this machine. :meth:`Engine.command`
+turns a tool and its arguments into the command line that runs it through that loader, and
+:meth:`Engine.env` the environment it needs; :func:`find_engine` reads the set-up's record.
+
+A process started this way is ``ld-linux-x86-64`` in /proc/PID/comm and exe: find it by pid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from moetrace.errors import InputError, MoetraceError
+
+DEFAULT_ROOT = "/var/lib/moetrace/engines"
+SETUP = "bash scripts/engine-setup.sh"
+
+
+def engine_root() -> Path:
+    return Path(os.environ.get("MOETRACE_ENGINE_ROOT") or DEFAULT_ROOT)
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One unpacked llama.cpp (engine.json's fields)."""
+
+    path: Path  # the version's directory
+    version: str  # Debian's, e.g. 1:0.7.0+dfsg-2
+    build: str  # the tools' own --version line
+    root: Path  # the unpacked packages
+    loader: Path
+    library_path: tuple[str, ...]
+    backend: str | None  # GGML_BACKEND_PATH: a file
+    packages: dict[str, str]
+    cpu: str | None = None
+
+    def tool(self, name: str) -> Path:
+        """An unpacked tool (llama-cli, llama-simple, ...); MoetraceError naming the ones there are."""
+        p = self.root / "usr" / "bin" / name
+        if not p.is_file():
+            have = sorted(x.name for x in (self.root / "usr" / "bin").glob("llama-*"))
+            raise MoetraceError(f"llama.cpp {self.version} has no {name}", hint=f"one of: {', '.join(have)}")
+        return p
+
+    def command(self, tool: str, *args: str) -> list[str]:
+        """The argv that runs ``tool`` with sid's loader and libraries (the host's ld.so.cache
+        never consulted, so no bookworm library stands in for a missing one)."""
+        return [str(self.loader), "--inhibit-cache", "--library-path", ":".join(self.library_path),
+                str(self.tool(tool)), *args]
+
+    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """``base`` (default: this process's environment) with GGML_BACKEND_PATH set."""
+        env = dict(os.environ if base is None else base)
+        if self.backend:
+            env["GGML_BACKEND_PATH"] = self.backend
+        return env
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": "llama.cpp", "version": self.version, "build": self.build, "path": str(self.path),
+                "backend": self.backend, "cpu": self.cpu}
+
+
+def read_engine(path: str | os.PathLike) -> Engine:
+    """The engine recorded in ``path``/engine.json; InputError when it is damaged or gone."""
+    d = Path(path).resolve()  # current -> the version's directory
+    f = d / "engine.json"
+    try:
+        doc = json.loads(f.read_text())
+        e = Engine(path=d, version=str(doc["version"]), build=str(doc.get("build") or ""),
+                   root=Path(doc["root"]), loader=Path(doc["loader"]),
+                   library_path=tuple(str(x) for x in doc["library_path"]), backend=doc.get("backend"),
+                   packages={str(k): str(v) for k, v in (doc.get("packages") or {}).items()}, cpu=doc.get("cpu"))
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise InputError(f"not a usable engine record: {err}", path=str(f), hint=f"run {SETUP} again") from None
+    if not e.loader.is_file():
+        raise InputError(f"its loader {e.loader} is gone", path=str(f), hint=f"run {SETUP} again")
+    return e
+
+
+def find_engine() -> Engine | None:
+    """The set-up's current llama.cpp, or None when there is none (InputError: damaged)."""
+    cur = engine_root() / "llama.cpp" / "current"
+    return read_engine(cur) if (cur / "engine.json").is_file() else None
+
+
+def require_engine() -> Engine:
+    """find_engine, or a MoetraceError that says how to get one."""
+    e = find_engine()
+    if e is None:
+        raise MoetraceError(f"no llama.cpp under {engine_root()}",
+                            hint=f"run `{SETUP}` as root (Debian sid's packages, unpacked, ~20 s), or set "
+                                 "MOETRACE_ENGINE_ROOT to where it put them")
+    return e
