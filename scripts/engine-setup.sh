@@ -8,6 +8,8 @@
 #
 #   $ENGROOT/llama.cpp/VERSION/root/...     the unpacked packages (usr/bin, usr/lib/x86_64-linux-gnu)
 #   $ENGROOT/llama.cpp/VERSION/engine.json  version, packages, loader, library path, CPU backend
+#   $ENGROOT/llama.cpp/VERSION/bin/moetrace-route-log  the routing logger (toolkit/engines/route_log.c),
+#                                           rebuilt whenever its source changes
 #   $ENGROOT/llama.cpp/current -> VERSION
 #
 # The CPU backend: Debian ships one libggml-cpu-*.so per x86 level in a directory the library
@@ -35,7 +37,23 @@ fi
 ver=$(apt-cache "${A[@]}" show llama.cpp-tools 2>/dev/null | awk '$1 == "Version:" {print $2; exit}')
 [ -n "$ver" ] || { log "Debian sid has no llama.cpp-tools today"; exit 1; }
 V=${ver#*:}  # the directory: the version without its epoch
+src=$(cd "$(dirname "$0")/.." && pwd)/toolkit/engines/route_log.c
+
+# build_logger DIR: the routing logger against DIR's headers and libraries (the host's cc; sid's
+# libllama needs newer glibc symbols than the host's, which only the loader resolves at run time)
+build_logger() {
+  local d=$1 L=$1/root/usr/lib/x86_64-linux-gnu sum
+  sum=$(sha256sum "$src" | cut -d' ' -f1)
+  [ "$(cat "$d/bin/route_log.sha256" 2>/dev/null)" = "$sum" ] && [ -x "$d/bin/moetrace-route-log" ] && return 0
+  mkdir -p "$d/bin"
+  cc -O2 -Wall -Wextra -I"$d/root/usr/include" "$src" -o "$d/bin/.moetrace-route-log.tmp" -L"$L" \
+     -Wl,--allow-shlib-undefined -lllama -lggml -lggml-base
+  mv "$d/bin/.moetrace-route-log.tmp" "$d/bin/moetrace-route-log"
+  echo "$sum" > "$d/bin/route_log.sha256"
+  log "routing logger built: $d/bin/moetrace-route-log"
+}
 if [ -f "$E/$V/engine.json" ]; then
+  build_logger "$E/$V"
   ln -sfn "$V" "$E/current"
   log "llama.cpp $ver: $E/$V (unpacked before)"; exit 0
 fi
@@ -117,6 +135,7 @@ build=$(GGML_BACKEND_PATH=x "$loader" --inhibit-cache --library-path "$L:$L/llam
 } > "$tmp/engine.json"
 rm -rf "$tmp/debs" "$tmp/backend-probe" "$tmp/backend-probe.c" "$tmp/cc.log"
 python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$tmp/engine.json"
+build_logger "$tmp"
 rm -rf "${E:?}/$V"
 mv "$tmp" "$E/$V"
 trap - EXIT

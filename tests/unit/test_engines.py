@@ -68,3 +68,20 @@ def test_a_damaged_record_names_the_file(tmp_path, monkeypatch):
 
     (row,) = engine_rows()
     assert row["status"] == "no" and "not a usable engine record" in row["detail"]
+
+
+def test_the_routing_loggers_command_and_what_it_needs(tmp_path, monkeypatch):
+    v = _tree(tmp_path)
+    monkeypatch.setenv("MOETRACE_ENGINE_ROOT", str(tmp_path))
+    e = LC.require_engine()
+    with pytest.raises(MoetraceError, match="no routing logger") as err:
+        LC.route_command(e, "m.gguf", "r.jsonl")
+    assert "engine-setup.sh" in err.value.format_message()
+    (v / "bin").mkdir()
+    (v / "bin" / "moetrace-route-log").write_text("")
+    argv = LC.route_command(e, "m.gguf", "r.jsonl", tokens=8, load_mode="none", repack=False)
+    assert argv[:4] == [str(e.loader), "--inhibit-cache", "--library-path", ":".join(e.library_path)]
+    assert argv[4:] == [str(v.resolve() / "bin" / "moetrace-route-log"), "-m", "m.gguf", "-o", "r.jsonl", "-n", "8",
+                        "-p", "the a b", "-l", "none", "-t", "1", "-r", "r0", "--no-repack"]
+    with pytest.raises(MoetraceError, match="load mode 'fast' is not one of"):
+        LC.route_command(e, "m.gguf", "r.jsonl", load_mode="fast")

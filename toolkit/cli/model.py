@@ -57,3 +57,35 @@ def synth(out, layers, experts, k, n_embd, n_ff_exp, head_dim, vocab, dtype, ali
     click.echo(f"{out}: {size / 2**20:.1f} MiB, {s['arch']}, {s['layers']} layers x {s['experts']} experts, "
                f"top-{s['experts_per_token']}, {s['expert_bytes'][0] // 1024} KiB per expert in "
                f"{s['extents_per_expert'][0]} extents; {s['shared_pages']} pages shared between owners")
+
+
+@model.command()
+@click.argument("model_path", metavar="MODEL", type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False), help="The router trace (JSON Lines).")
+@click.option("-n", "--tokens", default=64, show_default=True, help="Tokens to generate (one decode each).")
+@click.option("--prompt", default="the a b", show_default=True, help="The prompt (its routing: phase prefill).")
+@click.option("--load-mode", type=click.Choice(["auto", "none", "mmap", "mlock", "mmap+mlock", "dio"]),
+              default="mmap", show_default=True, help="How llama.cpp loads the weights (its -lm).")
+@click.option("--threads", default=1, show_default=True, help="Decode threads.")
+@click.option("--no-repack", is_flag=True, help="Keep quantized experts in the mapping (no repacking).")
+@click.option("--json", "as_json", is_flag=True, help="Print the logger's summary as JSON.")
+def route(model_path, out, tokens, prompt, load_mode, threads, no_repack, as_json):
+    """Generate TOKENS tokens from MODEL with llama.cpp (the set-up's engine, greedy, no warm-up)
+    and write each decode's routing as moetrace's router trace: per (step, layer) the experts in
+    the router's rank order, with the decode's start and duration (`t_ns`, `decode_ns`). `trace
+    stats`, `plan compile` and `sim` read it as they read any trace.
+
+    \b
+    Example:
+      moetrace model synth m.gguf && moetrace model route m.gguf -o r.jsonl -n 64 && moetrace trace stats r.jsonl
+    """
+    from moetrace.engines.llamacpp import log_routing
+
+    s = log_routing(model_path, out, tokens=tokens, prompt=prompt, load_mode=load_mode, threads=threads,
+                    repack=not no_repack)
+    if as_json:
+        emit_json({"out": out, **s})
+        return
+    ms = s["eval_ms"] / s["n_eval"] if s.get("n_eval") else float("nan")
+    click.echo(f"{out}: {s['tokens']} tokens x {s['layers']} layers routed ({s['prompt_tokens']} prompt tokens "
+               f"as prefill), {ms:.2f} ms per token, load mode {s['load_mode']}")

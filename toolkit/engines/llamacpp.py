@@ -60,6 +60,11 @@ class Engine:
             env["GGML_BACKEND_PATH"] = self.backend
         return env
 
+    @property
+    def route_log(self) -> Path:
+        """The routing logger the set-up built against this engine (toolkit/engines/route_log.c)."""
+        return self.path / "bin" / "moetrace-route-log"
+
     def describe(self) -> dict[str, Any]:
         return {"engine": "llama.cpp", "version": self.version, "build": self.build, "path": str(self.path),
                 "backend": self.backend, "cpu": self.cpu}
@@ -96,3 +101,39 @@ def require_engine() -> Engine:
                             hint=f"run `{SETUP}` as root (Debian sid's packages, unpacked, ~20 s), or set "
                                  "MOETRACE_ENGINE_ROOT to where it put them")
     return e
+
+
+LOAD_MODES = ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio")
+
+
+def route_command(e: Engine, model: str | os.PathLike, out: str | os.PathLike, tokens: int = 64,
+                  prompt: str = "the a b", load_mode: str = "mmap", threads: int = 1, repack: bool = True,
+                  request: str = "r0") -> list[str]:
+    """The argv of the routing logger: ``tokens`` generated greedily from ``prompt``, each
+    decode's routing written to ``out`` as router-trace JSON Lines."""
+    if not e.route_log.is_file():
+        raise MoetraceError(f"llama.cpp {e.version} has no routing logger ({e.route_log})",
+                            hint=f"run `{SETUP}` again: it builds it (needs a C compiler)")
+    if load_mode not in LOAD_MODES:
+        raise MoetraceError(f"load mode {load_mode!r} is not one of {', '.join(LOAD_MODES)}")
+    argv = [str(e.loader), "--inhibit-cache", "--library-path", ":".join(e.library_path), str(e.route_log),
+            "-m", str(model), "-o", str(out), "-n", str(tokens), "-p", prompt, "-l", load_mode, "-t", str(threads),
+            "-r", request]
+    return argv + ([] if repack else ["--no-repack"])
+
+
+def log_routing(model: str | os.PathLike, out: str | os.PathLike, **kw: Any) -> dict[str, Any]:
+    """Run the routing logger (route_command's options) to completion; its summary (tokens,
+    prompt_tokens, eval_ms, n_eval, layers, load_mode). MoetraceError with the logger's words
+    when it fails; ``out`` is then removed."""
+    import subprocess
+
+    e = require_engine()
+    r = subprocess.run(route_command(e, model, out, **kw), env=e.env(), capture_output=True)
+    err = r.stderr.decode(errors="replace").strip()
+    last = err.splitlines()[-1] if err else ""
+    if r.returncode != 0 or not last.startswith("{"):
+        Path(out).unlink(missing_ok=True)
+        raise MoetraceError(f"the routing logger failed (exit {r.returncode}): {err[-600:] or 'no message'}",
+                            hint="is MODEL a llama.cpp model? `moetrace pool map MODEL` reads it")
+    return json.loads(last)
