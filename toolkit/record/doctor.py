@@ -170,6 +170,6 @@ def doctor(root: str = "/", mount: bool | str = "temporary", probes_only: bool =
         unmount_ours()
     not_checked = [r["name"] for r in rows if not r["checked"]]
     if probes_only:
-        rows = [r for r in rows if r["section"] != "capability"]
+        rows = [r for r in rows if r["section"] not in ("capability", "engine")]
     return {"kernel": feats.osrelease, "root": feats.root, "mounted": feats.notes, "rows": rows,
             "plans": {n: p.to_dict() for n, p in plans.items()}, "not_checked": not_checked, "damon": damon}
