@@ -4,6 +4,7 @@ line through sid's loader, the backend in the environment, and errors that say h
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,21 @@ def test_the_routing_loggers_command_and_what_it_needs(tmp_path, monkeypatch):
                         "-p", "the a b", "-l", "none", "-t", "1", "-r", "r0", "--no-repack"]
     with pytest.raises(MoetraceError, match="load mode 'fast' is not one of"):
         LC.route_command(e, "m.gguf", "r.jsonl", load_mode="fast")
+
+
+def test_the_engines_mappings_of_the_model_by_device_and_inode(tmp_path):
+    from moetrace.engines.pageout import file_mappings
+
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"x")
+    st = f.stat()
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}"
+    maps = "\n".join([
+        f"7f0000000000-7f0000400000 r--s 00000000 {dev} {st.st_ino}                    {f}",
+        f"7f0000400000-7f0000401000 r--p 00000000 {dev} {st.st_ino + 1}                 /other",
+        "7f0000500000-7f0000600000 rw-p 00000000 00:00 0 ",
+        f"7f0000600000-7f0000800000 r--s 00400000 {dev} {st.st_ino}                    {f} (deleted)",
+        "7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0                          [stack]"])
+    assert file_mappings(1, f, maps) == [(0x7F0000000000, 0x7F0000400000), (0x7F0000600000, 0x7F0000800000)]
+    with pytest.raises(MoetraceError, match="cannot read the mappings of process"):
+        file_mappings(2 ** 22 + 7, f)
