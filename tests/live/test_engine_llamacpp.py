@@ -52,7 +52,12 @@ def test_it_reads_and_runs_the_synthesized_moe(engine, tmp_path):
     r = _run(engine, "llama-simple", "-m", str(m), "-n", "16", "the a b")
     err = r.stderr.decode(errors="replace")
     assert r.returncode == 0, err[-2000:]
-    assert re.search(r"eval time =\s+[\d.]+ ms /\s+15 runs", err), err[-1500:]  # 16 tokens: the first from the prompt pass
+    # up to 15 decodes (the first token comes from the prompt pass): llama-simple stops at an
+    # end-of-generation token, which a random model samples or not depending on the CPU backend's
+    # rounding (the routing logger below does not stop: it is the exact one)
+    runs = re.search(r"eval time =\s+[\d.]+ ms /\s+(\d+) runs", err)
+    assert runs and int(runs.group(1)) <= 15, err[-1500:]
+    assert r.stdout.startswith(b"<s> the a b")
 
 
 def _eval_callback_topk(e, model, prompt) -> dict[int, list[int]]:

@@ -49,6 +49,16 @@ def test_a_mapped_file_leaves_the_cache_and_the_process_keeps_running(live, tmp_
         p.wait()
 
 
+def _healthy(port: int) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
 def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -73,12 +83,15 @@ def test_llama_servers_model_leaves_the_cache_while_it_serves(live, tmp_path):
                          env=e.env(), stdout=log, stderr=subprocess.STDOUT)
     try:
         t_end = time.monotonic() + 60
-        while not file_mappings(p.pid, m) or resident_pages(m) < pages:
+        while not _healthy(port):  # the model loaded (populated, WILLNEED) and the server up
             assert p.poll() is None and time.monotonic() < t_end, (tmp_path / "server.log").read_text()[-2000:]
             time.sleep(0.2)
+        assert file_mappings(p.pid, m)
         r = empty_cache(p.pid, m)
-        assert r["resident_before_pages"] == pages and r["resident_after_pages"] == 0, r
-        assert p.poll() is None
+        # all of it resident after the load, less what DAMON may have taken meanwhile (it evicts
+        # on this machine's schedule, not the test's)
+        assert pages // 2 < r["resident_before_pages"] <= pages and r["resident_after_pages"] == 0, r
+        assert p.poll() is None and _healthy(port)
     finally:
         p.terminate()
         try:
