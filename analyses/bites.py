@@ -582,7 +582,7 @@ class BiteSummary:
 #: the matrix row's columns (:meth:`Bites.columns`), in order
 MATRIX_COLUMNS = ("kswapd_share", "scan_to_steal_kswapd", "scan_to_steal_direct", "sum_high_over_fC",
                   "turnovers_per_min", "bite_p50_pages", "bite_max_over_oldest", "evicted_before_read_pages",
-                  "oldest_share_min", "reread_burst_ratio", "reread_burst_ratio_aging")
+                  "oldest_share_min", "oldest_share_below_quarter", "reread_burst_ratio", "reread_burst_ratio_aging")
 
 
 @dataclass

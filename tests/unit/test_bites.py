@@ -183,7 +183,8 @@ def test_the_summary_over_the_recordings_window(samples, probe):
     assert b.columns() == {"kswapd_share": s.kswapd_share, "scan_to_steal_kswapd": 1.0, "scan_to_steal_direct": 1.0, "sum_high_over_fC": s.sum_high_over_fC,
                            "turnovers_per_min": 0.0, "bite_p50_pages": 1024.0,
                            "bite_max_over_oldest": s.bite_max_over_oldest, "evicted_before_read_pages": None,
-                           "oldest_share_min": s.oldest_share_min, "reread_burst_ratio": None,
+                           "oldest_share_min": s.oldest_share_min,
+                           "oldest_share_below_quarter": s.oldest_share_below_quarter, "reread_burst_ratio": None,
                            "reread_burst_ratio_aging": None}
 
 

@@ -309,21 +309,27 @@ def test_mechanism_findings_name_the_papers_amplification_and_m1s_regime():
 
 
 def test_m2_findings_ask_for_f_at_a_quarter_and_rereads_after_the_advances():
-    def grp(mech, amp, f_min, burst):
+    def grp(mech, amp, f_min, quarter, burst):
         return {"kernel": "6.12", "release": "6.12.95", "mglru": "on", "mechanism": mech, "capacity": "320MiB",
-                "amplification_median": amp, "oldest_share_min_min": f_min, "reread_burst_ratio_median": burst}
+                "amplification_median": amp, "oldest_share_min_min": f_min,
+                "oldest_share_below_quarter_median": quarter, "reread_burst_ratio_median": burst}
 
-    calm = [grp("cgroup", 0.78, 0.85, None), grp("balloon0.81+bites1.0", 1.2, 0.05, 1.3)]
-    f = R.m2_findings(calm)
-    assert f == ["M2 (f at or below 0.25, then re-reads per iteration after a min_seq advance above 2x the other "
-                 "iterations'): in none of the 2 groups with lru_gen samples: f fell to a quarter in 1 (6.12.95 MGLRU "
-                 "on balloon0.81+bites1.0 320MiB), with re-reads after an advance 1.30x the others'; in the "
-                 "other 1 f stayed at or above 0.85."]
-    hot = calm + [grp("balloon0.81", 2.1, 0.2, 3.5), grp("vm-memory", 2.0, 0.3, 9.0)]  # f 0.3: not M2
-    f = R.m2_findings(hot)
-    assert f == ["M2 (f at or below 0.25, then re-reads per iteration after a min_seq advance above 2x the other "
-                 "iterations'): 6.12.95 MGLRU on balloon0.81 320MiB: f down to 0.20, bursts 3.50x, 2.10x the miss "
-                 "demand."]
-    assert R.m2_findings(calm[:1])[0].endswith("groups with lru_gen samples: f stayed at or above 0.85 in all of them.")
+    head = ("M2 (f at or below 0.25 in 10% of the samples or more, then re-reads per iteration after a min_seq "
+            "advance above 2x the other iterations'): ")
+    # f at a quarter only at the window's start (1 % of the samples) is not M2's pile-up
+    calm = [grp("cgroup", 0.78, 0.85, 0.0, None), grp("balloon0.81", 0.84, 0.006, 0.01, 0.67),
+            grp("balloon0.81+bites1.0", 0.44, 0.003, 0.84, 1.2)]
+    assert R.m2_findings(calm) == [
+        head + "in none of the 3 groups with lru_gen samples: f stayed at or below a quarter in 84 % of the samples "
+        "in 1 (6.12.95 MGLRU on balloon0.81+bites1.0 320MiB), with re-reads after an advance 1.20x the others' and "
+        "0.44x the miss demand; in the other 2 f was at or below a quarter in at most 1 % of the samples (its lowest "
+        "0.01)."]
+    hot = calm + [grp("vm-memory", 2.1, 0.2, 0.5, 3.5), grp("balloon0.74", 2.0, 0.3, 0.0, 9.0)]  # 0.74: f never low
+    assert R.m2_findings(hot) == [head + "6.12.95 MGLRU on vm-memory 320MiB: f at or below a quarter in 50% of the "
+                                         "samples, bursts 3.50x, 2.10x the miss demand."]
+    assert R.m2_findings(calm[:1])[0].endswith(
+        "in all of them f never fell to a quarter (its lowest 0.85).")
+    old = {**calm[2], "oldest_share_below_quarter_median": None}  # rows from before the figure: f's lowest
+    assert "in 100 % of the samples" in R.m2_findings([old])[0]
     assert R.m2_findings([{**calm[0], "oldest_share_min_min": None}]) == []  # no lru_gen (MGLRU off): nothing said
     assert R.mechanism_findings([{**calm[0], "kswapd_share_median": 0.9}])[-1].startswith("M2 ")

@@ -332,8 +332,8 @@ SUMMARY_FIGURES = ("device_bytes_per_iteration", "amplification", "amplification
                    # the guest's sampler (reports.bites.bite_columns; absent in older cells)
                    "kswapd_share", "scan_to_steal_kswapd", "scan_to_steal_direct", "sum_high_over_fC",
                    "turnovers_per_min", "bite_p50_pages", "bite_max_over_oldest", "evicted_before_read_pages",
-                   "readahead_beyond_share", "controller_bite_over_fC", "oldest_share_min", "reread_burst_ratio",
-                   "reread_burst_ratio_aging")
+                   "readahead_beyond_share", "controller_bite_over_fC", "oldest_share_min",
+                   "oldest_share_below_quarter", "reread_burst_ratio", "reread_burst_ratio_aging")
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -582,9 +582,10 @@ def mechanism_findings(summary: list[dict[str, Any]]) -> list[str]:
     return out + m2_findings(summary)
 
 
-#: M2's test: f at or below a quarter, and re-reads per iteration after a min_seq advance at least
-#: twice those of the other iterations
-M2_OLDEST_SHARE, M2_BURST = 0.25, 2.0
+#: M2's test: f at or below a quarter in at least a tenth of the window's samples (not a moment at
+#: its start), and re-reads per iteration after a min_seq advance at least twice the other
+#: iterations'
+M2_OLDEST_SHARE, M2_TIME_SHARE, M2_BURST = 0.25, 0.1, 2.0
 
 
 def _x_range(vals: list[float]) -> str:
@@ -592,31 +593,45 @@ def _x_range(vals: list[float]) -> str:
     return f"{lo}x" if lo == hi else f"{lo}-{hi}x"
 
 
+def _quarter_time(s: dict[str, Any]) -> float:
+    """A group's share of samples with f at or below a quarter (its lowest f alone, as 1 or 0, for
+    rows from before that figure)."""
+    v = s.get("oldest_share_below_quarter_median")
+    return float(v) if v is not None else float(s["oldest_share_min_min"] <= M2_OLDEST_SHARE)
+
+
 def m2_findings(summary: list[dict[str, Any]]) -> list[str]:
     """Hypothesis M2 in words (protected folios pile up until f falls to a quarter, then aging
-    sweeps the hot set): the groups whose f fell to M2_OLDEST_SHARE with re-read bursts after the
-    min_seq advances (ratio above M2_BURST); else how low f fell and what followed the advances."""
+    sweeps the hot set): the groups whose f stayed at or below M2_OLDEST_SHARE for M2_TIME_SHARE
+    of the window with re-read bursts after the min_seq advances (ratio above M2_BURST); else
+    where f fell and what followed the advances."""
     rows = [s for s in summary if s.get("oldest_share_min_min") is not None and s.get("amplification_median") is not None]
     if not rows:
         return []
-    fell = [s for s in rows if s["oldest_share_min_min"] <= M2_OLDEST_SHARE]
+    fell = [s for s in rows if _quarter_time(s) >= M2_TIME_SHARE]
     hit = [s for s in fell if (s.get("reread_burst_ratio_median") or 0) > M2_BURST]
-    head = (f"M2 (f at or below {M2_OLDEST_SHARE:g}, then re-reads per iteration after a min_seq advance above "
-            f"{M2_BURST:g}x the other iterations'): ")
+    head = (f"M2 (f at or below {M2_OLDEST_SHARE:g} in {M2_TIME_SHARE:.0%} of the samples or more, then re-reads per "
+            f"iteration after a min_seq advance above {M2_BURST:g}x the other iterations'): ")
     if hit:
-        return [head + "; ".join(f"{_group(s)}: f down to {s['oldest_share_min_min']:.2f}, bursts "
-                                 f"{s['reread_burst_ratio_median']:.2f}x, {s['amplification_median']:.2f}x the miss demand"
-                                 for s in hit) + "."]
+        return [head + "; ".join(f"{_group(s)}: f at or below a quarter in {_quarter_time(s):.0%} of the samples, "
+                                 f"bursts {s['reread_burst_ratio_median']:.2f}x, {s['amplification_median']:.2f}x the "
+                                 "miss demand" for s in hit) + "."]
     bursts = [s["reread_burst_ratio_median"] for s in fell if s.get("reread_burst_ratio_median") is not None]
     parts = []
     if fell:
-        parts.append(f"f fell to a quarter in {len(fell)} ({', '.join(_group(s) for s in fell)}), "
+        amp = [s["amplification_median"] for s in fell]
+        parts.append(f"f stayed at or below a quarter in {_pct_range([_quarter_time(s) for s in fell])} of the samples "
+                     f"in {len(fell)} ({', '.join(_group(s) for s in fell)}), "
                      + (f"with re-reads after an advance {_x_range(bursts)} the others'" if bursts
-                        else "with no advance between two measured iterations"))
-    rest = [s["oldest_share_min_min"] for s in rows if s not in fell]
+                        else "with no advance between two measured iterations")
+                     + f" and {_x_range(amp)} the miss demand")
+    rest = [s for s in rows if s not in fell]
     if rest:
-        parts.append(f"in the other {len(rest)} f stayed at or above {min(rest):.2f}" if fell
-                     else f"f stayed at or above {min(rest):.2f} in all of them")
+        most = max(_quarter_time(s) for s in rest)
+        parts.append(f"{'in the other ' + str(len(rest)) if fell else 'in all of them'} f "
+                     + (f"was at or below a quarter in at most {_pct(most)} of the samples" if most > 0
+                        else "never fell to a quarter")
+                     + f" (its lowest {min(s['oldest_share_min_min'] for s in rest):.2f})")
     return [head + f"in none of the {len(rows)} groups with lru_gen samples: " + "; ".join(parts) + "."]
 
 
