@@ -25,8 +25,8 @@
 #   e2h e2m on the hot plan (6 cells, ~10 min)
 #   e4  long windows: 8-minute windows on 6.12 and the newest kernel under the balloon and the
 #       cgroup wall, min_ttl_ms 0 against 1000 (8 cells, ~1 h 30 min)
-#   e4m M2's most favourable case: 8-minute windows of the hot plan with mmap (aging runs, f falls)
-#       on 6.12 and the newest kernel, balloon 0.81 (2 cells, ~25 min)
+#   e4m 8-minute windows of the hot plan with mmap on 6.12 and the newest kernel, balloon 0.81 (2
+#       cells, ~25 min; measured: the balloon leaves the hot set resident, no pressure after pass 1)
 #   e5  per-layer pool files at read_ahead_kb 128 and 1024, MGLRU on and off (4 cells, ~10 min)
 # Resumable: run it again with the same OUT_DIR. Run as root, nothing else heavy beside it.
 # Usage: examples/s5_mechanism.sh [OUT_DIR] [a1|e1|e1m|e3|e3m|e3h|e3hm|e2|e2d|e2m|e2h|e4|e4m|e5 ...]   (default: /var/tmp/moetrace-s5 a1 e1)
