@@ -48,10 +48,14 @@ class Engine:
         return p
 
     def command(self, tool: str, *args: str) -> list[str]:
-        """The argv that runs ``tool`` with sid's loader and libraries (the host's ld.so.cache
+        """The argv that runs the unpacked ``tool`` (:meth:`argv`)."""
+        return self.argv(self.tool(tool), *args)
+
+    def argv(self, program: str | os.PathLike, *args: str) -> list[str]:
+        """The argv that runs ``program`` with sid's loader and libraries (the host's ld.so.cache
         never consulted, so no bookworm library stands in for a missing one)."""
-        return [str(self.loader), "--inhibit-cache", "--library-path", ":".join(self.library_path),
-                str(self.tool(tool)), *args]
+        return [str(self.loader), "--inhibit-cache", "--library-path", ":".join(self.library_path), str(program),
+                *args]
 
     def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """``base`` (default: this process's environment) with GGML_BACKEND_PATH set."""
@@ -116,10 +120,8 @@ def route_command(e: Engine, model: str | os.PathLike, out: str | os.PathLike, t
                             hint=f"run `{SETUP}` again: it builds it (needs a C compiler)")
     if load_mode not in LOAD_MODES:
         raise MoetraceError(f"load mode {load_mode!r} is not one of {', '.join(LOAD_MODES)}")
-    argv = [str(e.loader), "--inhibit-cache", "--library-path", ":".join(e.library_path), str(e.route_log),
-            "-m", str(model), "-o", str(out), "-n", str(tokens), "-p", prompt, "-l", load_mode, "-t", str(threads),
-            "-r", request]
-    return argv + ([] if repack else ["--no-repack"])
+    return e.argv(e.route_log, "-m", str(model), "-o", str(out), "-n", str(tokens), "-p", prompt, "-l", load_mode,
+                  "-t", str(threads), "-r", request, *([] if repack else ["--no-repack"]))
 
 
 def log_routing(model: str | os.PathLike, out: str | os.PathLike, **kw: Any) -> dict[str, Any]:
