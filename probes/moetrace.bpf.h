@@ -56,12 +56,34 @@ volatile u32 armed = 0;
 // unarmed and gate only what they count (reads: a call entered before arming is timed in full).
 static __always_inline int moe_armed(void) { return !gated || armed; }
 
-// -- the inode -> expert map (pagecache, lru) -------------------------------------------------
+// -- the inode -> expert map (lru) -------------------------------------------------------------
 // A pool file's inode maps to the expert id of its first extent and the experts it holds
 // (1: files layout; every expert: one pool file). record/probes/*.py declares the same struct.
 struct ino_val {
     u32 base;  // expert_id of the file's first extent
     u32 n;     // experts in the file
+};
+
+// -- the (inode, page) -> slot map by runs (pagecache) ------------------------------------------
+// Every mapped file is tiled by runs, page ranges of one owner (moetrace/record/poolmap.py):
+// slots [0, moe_n_experts) experts, then MOE_SLOT_UNATTRIBUTED, _SHARED, _NON_EXPERT. A file's
+// runs are a sorted window of the `runs` array, the first starting at page 0, the last reaching
+// the end of the page index space.
+#define MOE_SLOT_UNATTRIBUTED 0  // + moe_n_experts: no mapped file; a pool file past its experts
+#define MOE_SLOT_SHARED 1        // a page holding bytes of two owners
+#define MOE_SLOT_NON_EXPERT 2    // a model file's header, non-expert tensors, padding
+#define MOE_EXTRA_SLOTS 3
+struct moe_win {
+    u32 first;    // its runs: [first, first + count) of `runs`
+    u32 count;
+    u64 bm_base;  // the re-add bitmap's bit of the file's page 0
+    u64 pages;    // pages with bitmap bits (pages past them have none)
+};
+struct moe_run {
+    u32 start;    // first page
+    u32 pages;
+    u32 slot;
+    u32 epage;    // the page within the owner of the first page (the stream's first_page)
 };
 
 // -- who evicted a page -----------------------------------------------------------------------

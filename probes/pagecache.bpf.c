@@ -20,26 +20,33 @@
 // expert (`evictors`) and per epoch.
 //
 // Knobs (read-only globals; declared with their meaning in moetrace/record/probes/pagecache.py):
-// moe_pool_dev, moe_n_experts, moe_ppe (pages per expert), moe_wpe (bitmap words per expert), moe_have_order,
-// moe_max_folio_pages, moe_epochs, moe_stream_events. The attach groups' knobs (moe_track_reads, moe_follow_forks,
-// moe_ctx_*) decide which programs load; they are globals too, for the record.
+// moe_pool_dev, moe_n_experts, moe_search_steps, moe_have_order, moe_max_folio_pages, moe_epochs,
+// moe_stream_events; moe_n_files, moe_n_runs, moe_bm_words size the maps. The attach groups' knobs
+// (moe_track_reads, moe_follow_forks, moe_ctx_*) decide which programs load; they are globals too,
+// for the record.
 //
-// Re-reads are counted per page exactly: a bitmap with one bit per pool page; a deletion sets
-// the bits of its pages, an addition clears them and counts the bits that were set. Matching
-// (ino, index) folio pairs would undercount because folio boundaries move between a page's
-// eviction and its re-read.
+// Attribution: `inodes` gives a mapped file's window of `runs` (moetrace.bpf.h); a folio's first
+// run is found by a bounded binary search in the window, and the folio is cut run by run, one
+// bpf_loop step per piece: an expert's pages count in its slot, a page shared by two owners in
+// the shared slot, a model file's other pages in non_expert, any other file's in unattributed.
+//
+// Re-reads are counted per page exactly: a bitmap with one bit per page of every mapped file; a
+// deletion sets the bits of its pages, an addition clears them and counts the bits that were set.
+// Matching (ino, index) folio pairs would undercount because folio boundaries move between a
+// page's eviction and its re-read.
 
 #include "moetrace.bpf.h"
 
 const volatile u32 moe_pool_dev = 0;         // s_dev of the pool's filesystem, (major << 20) | minor; 0: any
-const volatile u32 moe_n_experts = 0;        // counters have moe_n_experts + 1 slots: the last is unattributed
-const volatile u32 moe_ppe = 1;              // pages per expert (the extent)
-const volatile u32 moe_wpe = 1;              // 64-bit bitmap words per expert = ceil(moe_ppe / 64)
+const volatile u32 moe_n_experts = 0;        // counters have moe_n_experts + MOE_EXTRA_SLOTS slots
+const volatile u32 moe_n_files = 0;          // mapped files (the inodes map)
+const volatile u32 moe_n_runs = 0;           // runs of every mapped file (the runs map)
+const volatile u32 moe_bm_words = 0;         // u64 words of the re-add bitmap
+const volatile u32 moe_search_steps = 0;     // halvings that find a run: ceil(log2(largest window))
 const volatile u32 moe_have_order = 1;       // the plan's reading of the format files (order field)
 const volatile u32 moe_max_folio_pages = 512;
-// Loop bounds, derived by the loader (the verifier tracks no division): expert pieces one folio
-// may span = moe_max_folio_pages / moe_ppe + 2; bitmap words one piece may span = min(moe_ppe,
-// moe_max_folio_pages) / 64 + 2 (at most 10: a piece is at most one 512-page folio).
+// Loop bounds, derived by the loader: pieces one folio may be cut into = moe_max_folio_pages + 2
+// (a piece is at least one page); bitmap words one piece may span = moe_max_folio_pages / 64 + 2.
 const volatile u32 moe_max_segs = 514;
 const volatile u32 moe_max_wps = 10;
 const volatile u32 moe_track_reads = 1;
@@ -68,6 +75,7 @@ enum moe_stat {  // the `stats` map's slots, in the declaration's order (SPEC.st
     STAT_BITMAP_MISSES,
     STAT_DEV_MISMATCH_EVENTS,
     STAT_ADD_RUNS,             // every run of the add program, armed or not (= its BPF run count)
+    STAT_RUN_MISSES,           // a walk that left its file's window (a malformed map: never expected)
     N_STATS
 };
 MOE_STAT_BTF;
@@ -80,9 +88,9 @@ struct expert_counts {
 
 struct page_event {
     u64 ts_ns;       // bpf_ktime_get_ns (CLOCK_MONOTONIC)
-    u32 expert_id;   // moe_n_experts = unattributed
+    u32 expert_id;   // the slot: an expert_id, or moe_n_experts + MOE_SLOT_*
     u32 kind;        // 0 add, 1 delete
-    u32 first_page;  // page within the expert
+    u32 first_page;  // page within the expert (shared, non_expert: the file page)
     u32 pages;
     u32 re_added;    // pages of this piece that were re-added
     u32 tgid;
@@ -90,21 +98,23 @@ struct page_event {
     u32 reserved;
 };
 
-MOE_HASH(inodes, u64, struct ino_val);
-MOE_ARRAY(counts, struct expert_counts);        // moe_n_experts + 1
-MOE_ARRAY(evicted_bm, u64);                     // moe_n_experts * moe_wpe (at least 1)
+MOE_HASH(inodes, u64, struct moe_win);         // moe_n_files (+ slack)
+MOE_ARRAY(runs, struct moe_run);                // moe_n_runs
+MOE_ARRAY(counts, struct expert_counts);        // moe_n_experts + MOE_EXTRA_SLOTS
+MOE_ARRAY(evicted_bm, u64);                     // moe_bm_words (at least 1)
 MOE_ARRAY(stats, u64);                          // N_STATS
 MOE_HASH(tgids, u32, u8);
-MOE_ARRAY(evictors, u64);                       // (moe_n_experts + 1) * N_EVICTORS: row moe_n_experts unattributed
+MOE_ARRAY(evictors, u64);                       // (moe_n_experts + MOE_EXTRA_SLOTS) * N_EVICTORS
 MOE_LRU_HASH(task_ctx, u32, u32);
 MOE_RINGBUF(events);
 MOE_ARRAY(epoch_now, u32);                      // 1: the replay writes the epoch (an inherited fd)
-MOE_ARRAY(epoch_counts, struct expert_counts);  // moe_epochs * (moe_n_experts + 1)
+MOE_ARRAY(epoch_counts, struct expert_counts);  // moe_epochs * (moe_n_experts + MOE_EXTRA_SLOTS)
 MOE_ARRAY(epoch_evictors, u64);                 // moe_epochs * N_EVICTORS: pool pages deleted
 
 // Keep the shared structs in the object's BTF (the declaration test reads them there).
 struct page_event _page_event = {};
-struct ino_val _ino_val = {};
+struct moe_win _moe_win = {};
+struct moe_run _moe_run = {};
 
 static __always_inline void stat_add(u32 slot, u64 v) { moe_add(&stats, slot, v); }
 
@@ -145,7 +155,7 @@ static __always_inline void epoch_add(u32 eid, u32 what, u64 v)
 {
     if (!moe_epochs)
         return;
-    u32 k = current_epoch() * (moe_n_experts + 1) + eid;
+    u32 k = current_epoch() * (moe_n_experts + MOE_EXTRA_SLOTS) + eid;
     struct expert_counts *c = bpf_map_lookup_elem(&epoch_counts, &k);
     if (!c)
         return;
@@ -178,39 +188,45 @@ static __always_inline void emit(u32 eid, u32 kind, u64 first, u64 pages, u64 re
     bpf_ringbuf_submit(e, 0);
 }
 
-static __always_inline void unattributed(u32 kind, u64 pages, u32 ev)
+// One piece [first, first + pages) of slot `slot` (first: the page within the owner): added
+// (kind 0, re of them re-added) or deleted (kind 1, by evictor class ev).
+static __always_inline void count_piece(u32 slot, u32 kind, u64 first, u64 pages, u64 re, u32 ev)
 {
-    u32 k = moe_n_experts;
-    struct expert_counts *c = bpf_map_lookup_elem(&counts, &k);
-    if (!c)
-        return;
-    if (kind == 0)
-        __sync_fetch_and_add(&c->added_pages, pages);
-    else
-        __sync_fetch_and_add(&c->evicted_pages, pages);
+    struct expert_counts *c = bpf_map_lookup_elem(&counts, &slot);
+    if (c) {
+        if (kind == 0) {
+            __sync_fetch_and_add(&c->added_pages, pages);
+            if (re)
+                __sync_fetch_and_add(&c->re_added_pages, re);
+        } else {
+            __sync_fetch_and_add(&c->evicted_pages, pages);
+        }
+    }
     if (kind)
-        evictor_add(moe_n_experts, ev, pages);
-    epoch_add(moe_n_experts, kind, pages);
-    emit(moe_n_experts, kind, 0, pages, 0, ev);
+        evictor_add(slot, ev, pages);
+    epoch_add(slot, kind, pages);
+    if (re)
+        epoch_add(slot, 2, re);
+    emit(slot, kind, first, pages, re, ev);
 }
 
-// The bitmap words [pstart, pend) of expert eid: set them (delete) or clear them and count the
-// bits that were set (add). Returns the re-added pages.
-static __always_inline u64 bitmap_update(u32 eid, u64 pstart, u64 pend, u32 kind)
+// The bitmap's bits [bstart, bend): set them (delete) or clear them and count the bits that were
+// set (add). Returns the re-added pages. The masks are computed without a branch (the verifier
+// would follow every combination of first / middle / last word through the loop).
+static __always_inline u64 bitmap_update(u64 bstart, u64 bend, u32 kind)
 {
     u64 re = 0;
-    u64 wfirst = pstart >> 6;
-    u64 wlast = (pend - 1) >> 6;
+    u64 wfirst = bstart >> 6;
+    u64 wlast = (bend - 1) >> 6;
     for (u32 j = 0; j < moe_max_wps; j++) {
         u64 wi = wfirst + j;
         if (wi > wlast)
             break;
-        u64 lo = wi << 6;
-        u64 a = pstart > lo ? pstart - lo : 0;
-        u64 b = pend < lo + 64 ? pend - lo : 64;
-        u64 width = b - a;
-        u64 mask = width >= 64 ? ~0ULL : (((1ULL << (width & 63)) - 1) << (a & 63));
-        u32 key = eid * moe_wpe + (u32)wi;
+        u64 a = j == 0 ? (bstart & 63) : 0;                  // j: the loop's counter, a constant
+        u64 last = 1 - moe_above(wlast, wi);                  // wi == wlast
+        u64 b = 64 - last * (63 - ((bend - 1) & 63));         // 1..64
+        u64 mask = (~0ULL >> ((64 - (b - a)) & 63)) << (a & 63);
+        u32 key = (u32)wi;
         u64 *w = bpf_map_lookup_elem(&evicted_bm, &key);
         if (!w) {
             stat_add(STAT_BITMAP_MISSES, 1);
@@ -226,14 +242,34 @@ static __always_inline u64 bitmap_update(u32 eid, u64 pstart, u64 pend, u32 kind
     return re;
 }
 
-// One folio event, cut into expert pieces: bpf_loop runs seg_step once per piece (the verifier
-// checks the step once, whatever the number of pieces: an unrolled or bounded loop of up to 514
-// pieces at one page per expert came within reach of its 1 M instruction budget).
+// The run of a window holding page idx: the last of [first, first + count) whose start <= idx
+// (a window's first run starts at page 0). A branch-free binary search (a branch per step would
+// split the verifier's state): moe_search_steps halvings narrow any window to one run.
+static __always_inline u32 run_find(const struct moe_win *w, u64 idx)
+{
+    u32 base = w->first, n = w->count;
+    for (u32 i = 0; i < moe_search_steps; i++) {
+        u32 half = n >> 1;
+        u32 mid = base + half;
+        struct moe_run *m = bpf_map_lookup_elem(&runs, &mid);
+        if (!m)
+            break;
+        u64 take = moe_above(idx + 1, m->start);  // start <= idx
+        base += half & (u32)(0 - take);
+        n -= half;
+    }
+    return base;
+}
+
+// One folio event, cut into pieces of one run each: bpf_loop runs seg_step once per piece (the
+// verifier checks the step once, whatever the number of pieces: up to one per page).
 struct seg_ctx {
-    u64 base;   // expert id of the file's first extent
-    u64 limit;  // pages of the file that belong to experts
-    u64 idx;    // next page of the folio
+    u64 idx;      // next page of the folio
     u64 end;
+    u64 bm_base;  // the window's
+    u64 bm_pages;
+    u32 r;        // the run holding idx
+    u32 rlast;    // the window's end
     u32 kind;
     u32 ev;
 };
@@ -243,38 +279,23 @@ static long seg_step(u32 s, struct seg_ctx *c)
     u64 idx = c->idx, end = c->end;
     if (idx >= end)
         return 1;
-    if (idx >= c->limit) {
-        unattributed(c->kind, end - idx, c->ev);
-        c->idx = end;
+    u32 r = c->r;
+    struct moe_run *run = bpf_map_lookup_elem(&runs, &r);
+    u64 rend = run ? (u64)run->start + run->pages : 0;
+    if (!run || r >= c->rlast || idx < run->start || rend <= idx) {
+        stat_add(STAT_RUN_MISSES, 1);
         return 1;
     }
-    u32 kind = c->kind;
-    u64 off_e = idx / moe_ppe;
-    u64 e0 = off_e * moe_ppe;
-    u32 eid = (u32)(c->base + off_e);
-    u64 pstart = idx - e0;
-    u64 pend = end - e0;
-    if (pend > moe_ppe)
-        pend = moe_ppe;
-    u64 len = pend - pstart;
-    u64 re = bitmap_update(eid, pstart, pend, kind);
-    struct expert_counts *cnt = bpf_map_lookup_elem(&counts, &eid);
-    if (cnt) {
-        if (kind == 0) {
-            __sync_fetch_and_add(&cnt->added_pages, len);
-            if (re)
-                __sync_fetch_and_add(&cnt->re_added_pages, re);
-        } else {
-            __sync_fetch_and_add(&cnt->evicted_pages, len);
-        }
+    u64 pend = end < rend ? end : rend;
+    u64 re = 0;
+    if (idx < c->bm_pages) {
+        u64 bend = pend < c->bm_pages ? pend : c->bm_pages;
+        re = bitmap_update(c->bm_base + idx, c->bm_base + bend, c->kind);
     }
-    if (kind)
-        evictor_add(eid, c->ev, len);
-    epoch_add(eid, kind, len);
-    if (re)
-        epoch_add(eid, 2, re);
-    emit(eid, kind, pstart, len, re, c->ev);
-    c->idx = e0 + pend;
+    count_piece(run->slot, c->kind, (u64)run->epage + (idx - run->start), pend - idx, re, c->ev);
+    c->idx = pend;
+    if (pend >= rend)
+        c->r = r + 1;
     return 0;
 }
 
@@ -282,13 +303,13 @@ static long seg_step(u32 s, struct seg_ctx *c)
 // evictor class ev).
 static __always_inline int account(u64 ino, u64 index, u64 npages, u32 kind, u32 ev)
 {
-    struct ino_val *v = bpf_map_lookup_elem(&inodes, &ino);
-    if (!v) {
-        unattributed(kind, npages, ev);
+    struct moe_win *w = bpf_map_lookup_elem(&inodes, &ino);
+    if (!w) {
+        count_piece(moe_n_experts + MOE_SLOT_UNATTRIBUTED, kind, 0, npages, 0, ev);
         return 0;
     }
-    struct seg_ctx c = {.base = v->base, .limit = (u64)v->n * moe_ppe, .idx = index, .end = index + npages,
-                        .kind = kind, .ev = ev};
+    struct seg_ctx c = {.idx = index, .end = index + npages, .bm_base = w->bm_base, .bm_pages = w->pages,
+                        .r = run_find(w, index), .rlast = w->first + w->count, .kind = kind, .ev = ev};
     bpf_loop(moe_max_segs, seg_step, &c, 0);
     if (c.idx < c.end)
         stat_add(STAT_UNPROCESSED_PAGES, c.end - c.idx);

@@ -53,15 +53,18 @@ def globals_of(src: str) -> dict[str, int]:
 
 
 KNOB_SETS = [
-    # files layout, 1 MiB experts
-    dict(MOE_POOL_DEV=254 << 20, MOE_N_EXPERTS=23, MOE_PPE=256, MOE_WPE=4),
+    # files layout, 1 MiB experts: 23 files of 2 runs
+    dict(MOE_POOL_DEV=254 << 20, MOE_N_EXPERTS=23, MOE_N_FILES=23, MOE_N_RUNS=46, MOE_BM_WORDS=92,
+         MOE_SEARCH_STEPS=1),
     # pool file of 4 KiB extents: one folio spans up to 512 experts
-    dict(MOE_POOL_DEV=254 << 20, MOE_N_EXPERTS=600, MOE_PPE=1, MOE_WPE=1),
-    # odd extent, per-page stream on
-    dict(MOE_POOL_DEV=0, MOE_N_EXPERTS=7, MOE_PPE=100, MOE_WPE=2, MOE_STREAM_EVENTS=1),
+    dict(MOE_POOL_DEV=254 << 20, MOE_N_EXPERTS=600, MOE_N_FILES=1, MOE_N_RUNS=601, MOE_BM_WORDS=10,
+         MOE_SEARCH_STEPS=10),
+    # a model file of 2^20 runs (the search's depth), per-page stream on
+    dict(MOE_POOL_DEV=0, MOE_N_EXPERTS=82432, MOE_N_FILES=200, MOE_N_RUNS=1 << 20, MOE_BM_WORDS=1 << 20,
+         MOE_SEARCH_STEPS=21, MOE_STREAM_EVENTS=1),
     # an older kernel: no folio order, no read tracking, no fork following
-    dict(MOE_POOL_DEV=0, MOE_N_EXPERTS=1, MOE_PPE=4096, MOE_WPE=64, MOE_HAVE_ORDER=0, MOE_TRACK_READS=0,
-         MOE_FOLLOW_FORKS=0),
+    dict(MOE_POOL_DEV=0, MOE_N_EXPERTS=1, MOE_N_FILES=1, MOE_N_RUNS=2, MOE_BM_WORDS=64, MOE_SEARCH_STEPS=1,
+         MOE_HAVE_ORDER=0, MOE_TRACK_READS=0, MOE_FOLLOW_FORKS=0),
 ]
 
 

@@ -52,16 +52,16 @@ def test_read_array_reads_a_prefix_and_the_epoch_mark(live):
     knobs = {k: int(v) for k, v in spec.knob_values(MOE_N_EXPERTS=7, MOE_EPOCHS=100).items()}
     with loaded_object(spec, knobs, ()) as o:
         t = o.map("epoch_counts")
-        assert len(t) == 100 * 8
-        for i in (0, 5, 39, 40, 799):
+        assert len(t) == 100 * 10  # 7 experts + unattributed, shared, non_expert
+        for i in (0, 5, 39, 40, 999):
             v = np.zeros(1, EXPERT_COUNTS_DTYPE)
             v["added_pages"] = i + 1
             assert lib_update(t.fd, i, v.tobytes()) == 0
         full = read_array(t, EXPERT_COUNTS_DTYPE)
         part = read_array(t, EXPERT_COUNTS_DTYPE, n=40)
-        assert len(part) == len(full) == 800
+        assert len(part) == len(full) == 1000
         assert part[:40].tolist() == full[:40].tolist() and part["added_pages"][39] == 40
-        assert not part[40:]["added_pages"].any() and full["added_pages"][799] == 800
+        assert not part[40:]["added_pages"].any() and full["added_pages"][999] == 1000
         assert o.load_u32("epoch_hi") == 0  # nothing counted yet
         o.store_u32("epoch_hi", 12)
         assert o.load_u32("epoch_hi") == 12

@@ -391,7 +391,7 @@ def test_registry_is_well_formed():
 def test_knob_values():
     spec = PROBES["pagecache"]
     assert spec.knob_values(MOE_STREAM_EVENTS=1)["MOE_STREAM_EVENTS"] == 1
-    assert spec.knob_values(MOE_PPE=256)["MOE_PPE"] == 256 and spec.knob_values()["MOE_RING_PAGES"] == 256
+    assert spec.knob_values(MOE_N_RUNS=256)["MOE_N_RUNS"] == 256 and spec.knob_values()["MOE_RING_PAGES"] == 256
     with pytest.raises(ValueError, match="unknown knob"):
         spec.knob_values(NOPE=1)
     with pytest.raises(ValueError):

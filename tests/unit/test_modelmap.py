@@ -232,3 +232,38 @@ def test_model_synth_and_pool_map_commands(tmp_path):
     assert res.exit_code == 0 and "2 layers x 8 experts, top-2, alignment 32" in res.output
     res = r.invoke(cli, ["pool", "map", str(tmp_path / "x.parquet")])
     assert res.exit_code == 1 and "neither a GGUF file" in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("alignment", [4096, 32])
+def test_the_probes_runs_give_every_page_the_owner_its_bytes_name(tmp_path, alignment):
+    """record/poolmap.py's runs (what the pagecache probe searches) against the bytes: a page of
+    one expert's constant is that expert's slot, a page of two owners' the shared slot, the rest
+    (header, token_embd, padding) non_expert; the runs tile the page space."""
+    from moetrace.record.poolmap import PAGE_SPACE, model_pool_map
+
+    p = tmp_path / "m.gguf"
+    _coded_gguf(p, alignment)
+    pm = model_pool_map(p)
+    n = pm.n_total
+    assert (pm.kind, n, pm.n_experts, pm.n_slots) == ("model", L * E, E, L * E + 3)
+    (ino, (first, count, bm_base, pages)), = pm.windows.items()
+    raw = p.read_bytes()
+    assert (ino, first, count, bm_base, pages) == (p.stat().st_ino, 0, len(pm.runs), 0, -(-len(raw) // 4096))
+    r = pm.runs
+    start = r["start"].astype(np.int64)
+    assert start[0] == 0 and (start[1:] == start[:-1] + r["pages"][:-1]).all()
+    assert start[-1] + r["pages"][-1] == PAGE_SPACE - 1 and (r["pages"] > 0).all()
+    scan = _owners_by_scan(raw, gguf.GGUFReader(str(p)).data_offset)
+    slots = {f"L{la}E{e}": la * E + e for la in range(L) for e in range(E)}
+    want = {pg: (n + 1 if len(o) > 1 else slots[next(iter(o))] if o and o != {"non_expert"} else n + 2)
+            for pg, o in scan.items()}
+    want.update({pg: n + 2 for pg in range(min(scan))})  # the header's pages
+    got = pm.classify(np.full(pages + 3, ino), np.arange(pages + 3))
+    assert dict(enumerate(got[:pages].tolist())) == want
+    assert (got[pages:] == n + 2).all()  # past the end: the file's, never another's
+    assert (pm.classify([ino + 1], [0]) == n).all()  # another inode: unattributed
+    assert int((got[:pages] == n + 1).sum()) == len(page_owners(pm.model))
+    for s in range(n):  # epage: dense over the pages an expert owns, in file order
+        ep = np.concatenate([[]] + [np.arange(x["epage"], x["epage"] + x["pages"]) for x in r[r["slot"] == s]])
+        assert ep.tolist() == list(range(len(ep)))
+    assert pm.search_steps == (count - 1).bit_length() and pm.bitmap_words == -(-pages // 64)

@@ -50,7 +50,7 @@ def test_every_knob_has_the_moe_prefix_and_old_names_are_unambiguous():
         was = [k.was for k in s.knobs if k.was]
         assert len(set(was)) == len(was) and not set(was) & set(names), p
         assert all(k.name == "MOE_" + k.was for k in s.knobs if k.was), p
-    assert sum(bool(k.was) for s in PROBES.values() for k in s.knobs) == 23
+    assert sum(bool(k.was) for s in PROBES.values() for k in s.knobs) == 21
 
 
 def test_knob_named_maps_an_old_name_with_a_notice():

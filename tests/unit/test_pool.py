@@ -123,3 +123,23 @@ def test_cli_create_scaled(tmp_path):
     info = json.loads(r.output)
     assert info["experts"] == 10 and info["scaled_from"]["n_experts"] == 896
     assert open_pool(tmp_path / "p").geometry.expert_bytes == 65536
+
+
+def test_a_pools_runs_attribute_pages_as_the_extent_formula_does(tmp_path):
+    """The runs of every layout (record/poolmap.py): page p of a file of n experts from base is
+    expert base + p // ppe below n x ppe, unattributed above; another inode is unattributed."""
+    import numpy as np
+
+    from moetrace.record.poolmap import PoolMap
+
+    pm = PoolMap({11: (0, 1), 12: (1, 3), 13: (4, 1)}, 0, 3 * 4096 + 5, 5, 5)
+    ppe = pm.pages_per_expert
+    assert ppe == 4 and pm.n_slots == 8
+    pages = np.arange(30)
+    for ino, (base, n) in pm.inodes.items():
+        want = np.where(pages < n * ppe, base + pages // ppe, 5)
+        assert pm.classify(np.full(30, ino), pages).tolist() == want.tolist()
+        assert pm.expert_ids(np.full(30, ino), pages).tolist() == np.where(want < 5, want, -1).tolist()
+    assert pm.classify([99], [0]).tolist() == [5]
+    assert pm.windows == {11: (0, 2, 0, 4), 12: (2, 4, 64, 12), 13: (6, 2, 128, 4)}
+    assert pm.search_steps == 2 and pm.bitmap_words == 3

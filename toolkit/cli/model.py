@@ -68,21 +68,31 @@ def synth(out, layers, experts, k, n_embd, n_ff_exp, head_dim, vocab, dtype, ali
               default="mmap", show_default=True, help="How llama.cpp loads the weights (its -lm).")
 @click.option("--threads", default=1, show_default=True, help="Decode threads.")
 @click.option("--no-repack", is_flag=True, help="Keep quantized experts in the mapping (no repacking).")
+@click.option("--advise", type=click.Choice(["normal", "random", "sequential"]), default=None,
+              help="madvise the model's mappings after the load (random: no readahead on the fault path).")
+@click.option("--cold", is_flag=True,
+              help="Drop the model's pages from the page cache before every pass (process_madvise "
+                   "MADV_PAGEOUT on the engine's mappings, then FADV_DONTNEED): each token reads what it routes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the logger's summary as JSON.")
-def route(model_path, out, tokens, prompt, load_mode, threads, no_repack, as_json):
+def route(model_path, out, tokens, prompt, load_mode, threads, no_repack, advise, cold, as_json):
     """Generate TOKENS tokens from MODEL with llama.cpp (the set-up's engine, greedy, no warm-up)
     and write each decode's routing as moetrace's router trace: per (step, layer) the experts in
     the router's rank order, with the decode's start and duration (`t_ns`, `decode_ns`). `trace
     stats`, `plan compile` and `sim` read it as they read any trace.
 
     \b
-    Example:
+    Under `moetrace record` each pass is an epoch of its own (load, prefill, then one per token):
+    the run's expert_epochs table is per token.
+
+    \b
+    Examples:
       moetrace model synth m.gguf && moetrace model route m.gguf -o r.jsonl -n 64 && moetrace trace stats r.jsonl
+      moetrace record --pool m.gguf --probes pagecache -- moetrace model route m.gguf -o r.jsonl --cold --advise random
     """
     from moetrace.engines.llamacpp import log_routing
 
-    s = log_routing(model_path, out, tokens=tokens, prompt=prompt, load_mode=load_mode, threads=threads,
-                    repack=not no_repack)
+    s = log_routing(model_path, out, cold=cold, tokens=tokens, prompt=prompt, load_mode=load_mode, threads=threads,
+                    repack=not no_repack, advise=advise)
     if as_json:
         emit_json({"out": out, **s})
         return

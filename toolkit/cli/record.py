@@ -19,8 +19,10 @@ from moetrace.cli.common import emit_json, exit_now
                    "(repeatable; `moetrace doctor --json` lists each probe's knobs).")
 @click.option("--out", type=click.Path(file_okay=False), metavar="RUN_DIR",
               help="Run directory to create, owner-only (default: runs/<UTC time>-<pid>).")
-@click.option("--pool", "pool_dir", type=click.Path(file_okay=False),
-              help="Pool to attribute pages to (default: the --pool of the recorded command).")
+@click.option("--pool", "pool_dir", type=click.Path(),
+              help="Pool to attribute pages to: a pool directory, or a model file (GGUF; safetensors file, "
+                   "index or directory) mapped as `moetrace pool map` does (default: the --pool of the "
+                   "recorded command).")
 @click.option("--missing-probes", type=click.Choice(["error", "warn"]), default="error", show_default=True,
               help="A probe that cannot attach (or does not exist yet): stop, or record without it "
                    "(the manifest's attach plan says why).")
@@ -73,6 +75,7 @@ def record(ctx, probes, knob_items, out, pool_dir, missing_probes, stream_events
       moetrace record --probes pagecache --out runs/pc -- replay plan.bin --pool /var/tmp/pool
       moetrace record --probes pagecache,stacks --knob stacks.MOE_SAMPLE_HZ=999 -- replay plan.bin --pool P
       moetrace record --cgroup /sys/fs/cgroup/memory/moetrace-c1 -- replay plan.bin --pool /var/tmp/pool
+      moetrace record --pool tiny.gguf --probes pagecache,block -- moetrace model route tiny.gguf -o t.jsonl
     """
     from moetrace.kernel.features import private_mounts
 

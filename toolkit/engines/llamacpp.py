@@ -110,32 +110,120 @@ def require_engine() -> Engine:
 LOAD_MODES = ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio")
 
 
+ADVICE = ("normal", "random", "sequential")
+
+
 def route_command(e: Engine, model: str | os.PathLike, out: str | os.PathLike, tokens: int = 64,
                   prompt: str = "the a b", load_mode: str = "mmap", threads: int = 1, repack: bool = True,
-                  request: str = "r0") -> list[str]:
+                  request: str = "r0", advise: str | None = None, step_fds: tuple[int, int] | None = None) -> list[str]:
     """The argv of the routing logger: ``tokens`` generated greedily from ``prompt``, each
-    decode's routing written to ``out`` as router-trace JSON Lines."""
+    decode's routing written to ``out`` as router-trace JSON Lines. ``advise``: madvise the
+    model's mappings after the load (ADVICE); ``step_fds``: (ready, go) pipe ends of a driver
+    that runs between passes (:func:`log_routing`)."""
     if not e.route_log.is_file():
         raise MoetraceError(f"llama.cpp {e.version} has no routing logger ({e.route_log})",
                             hint=f"run `{SETUP}` again: it builds it (needs a C compiler)")
     if load_mode not in LOAD_MODES:
         raise MoetraceError(f"load mode {load_mode!r} is not one of {', '.join(LOAD_MODES)}")
+    if advise is not None and advise not in ADVICE:
+        raise MoetraceError(f"advice {advise!r} is not one of {', '.join(ADVICE)}")
     return e.argv(e.route_log, "-m", str(model), "-o", str(out), "-n", str(tokens), "-p", prompt, "-l", load_mode,
-                  "-t", str(threads), "-r", request, *([] if repack else ["--no-repack"]))
+                  "-t", str(threads), "-r", request, *([] if repack else ["--no-repack"]),
+                  *(["--advise", advise] if advise else []),
+                  *(["--step", f"{step_fds[0]},{step_fds[1]}"] if step_fds else []))
 
 
-def log_routing(model: str | os.PathLike, out: str | os.PathLike, **kw: Any) -> dict[str, Any]:
+def log_routing(model: str | os.PathLike, out: str | os.PathLike, cold: bool = False, **kw: Any) -> dict[str, Any]:
     """Run the routing logger (route_command's options) to completion; its summary (tokens,
     prompt_tokens, eval_ms, n_eval, layers, load_mode). MoetraceError with the logger's words
-    when it fails; ``out`` is then removed."""
+    when it fails; ``out`` is then removed.
+
+    Under ``moetrace record`` (the pagecache probe's epoch map inherited) every pass is an epoch
+    of its own (load, prefill, decode 0, 1, ...: the run's expert_epochs are per token) and
+    replay.json in MOETRACE_RUN_DIR says which; ``cold``: the model's pages are dropped from the
+    page cache before every pass (:func:`moetrace.engines.pageout.empty_cache`), so each token
+    reads what it routes."""
     import subprocess
+    import tempfile
+
+    from moetrace.replay.epochs import EpochWriter
 
     e = require_engine()
-    r = subprocess.run(route_command(e, model, out, **kw), env=e.env(), capture_output=True)
-    err = r.stderr.decode(errors="replace").strip()
+    epochs = EpochWriter.from_env()
+    with tempfile.TemporaryFile() as err_f:
+        if cold or epochs is not None:
+            rc, emptied = _stepped(e, model, out, cold, epochs, err_f, kw)
+        else:
+            rc, emptied = subprocess.run(route_command(e, model, out, **kw), env=e.env(), stderr=err_f).returncode, []
+        err_f.seek(0)
+        err = err_f.read().decode(errors="replace").strip()
     last = err.splitlines()[-1] if err else ""
-    if r.returncode != 0 or not last.startswith("{"):
+    if rc != 0 or not last.startswith("{"):
         Path(out).unlink(missing_ok=True)
-        raise MoetraceError(f"the routing logger failed (exit {r.returncode}): {err[-600:] or 'no message'}",
+        raise MoetraceError(f"the routing logger failed (exit {rc}): {err[-600:] or 'no message'}",
                             hint="is MODEL a llama.cpp model? `moetrace pool map MODEL` reads it")
-    return json.loads(last)
+    summary = json.loads(last)
+    if cold:
+        summary["cold"] = {"passes": len(emptied), "resident_after_pages_max": max(
+            (x["resident_after_pages"] for x in emptied), default=0)}
+    return summary
+
+
+def _stepped(e: Engine, model, out, cold: bool, epochs, err_f, kw: dict) -> tuple[int, list[dict]]:
+    """The logger with a driver between its passes (route_log.c --step): the cache emptied
+    (``cold``), the epoch moved; (exit status, what each emptying found)."""
+    import subprocess
+
+    from moetrace.engines.pageout import empty_cache
+
+    r_ready, w_ready = os.pipe()
+    r_go, w_go = os.pipe()
+    emptied: list[dict] = []
+    if epochs is not None:
+        epochs.begin_steps()
+        epochs.step("load", None)
+    try:
+        p = subprocess.Popen(route_command(e, model, out, step_fds=(w_ready, r_go), **kw), env=e.env(),
+                             stderr=err_f, pass_fds=(w_ready, r_go))
+    finally:
+        os.close(w_ready)
+        os.close(r_go)
+    try:
+        with os.fdopen(r_ready, "rb") as ready:
+            for line in ready:
+                word = line.split()
+                if not word or word[0] != b"pass":
+                    break
+                n = int(word[1])
+                if cold:
+                    emptied.append(empty_cache(p.pid, model))
+                if epochs is not None:
+                    epochs.step("prefill" if n == 0 else "decode", None if n == 0 else n - 1)
+                os.write(w_go, b"g")
+        rc = p.wait()
+    except BaseException:
+        p.kill()
+        p.wait()
+        raise
+    finally:
+        os.close(w_go)
+    if epochs is not None:
+        epochs.done()
+        _write_epochs(epochs, p.pid, rc)
+        epochs.close()
+    return rc, emptied
+
+
+def _write_epochs(epochs, pid: int, rc: int) -> None:
+    """replay.json in the recorder's MOETRACE_RUN_DIR: which epoch was which pass."""
+    import sys
+
+    from moetrace.jsonutil import write_json
+    from moetrace.replay.harness import RUN_DIR_ENV
+    from moetrace.run.documents import REPLAY_SCHEMA
+
+    d = os.environ.get(RUN_DIR_ENV)
+    if d:
+        write_json(Path(d) / "replay.json", {"schema": REPLAY_SCHEMA, "command": sys.argv, "complete": rc == 0,
+                                             "exit_status": rc, "pid": pid, "mode": "engine",
+                                             "epochs": epochs.summary()})

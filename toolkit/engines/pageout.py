@@ -36,19 +36,24 @@ def file_mappings(pid: int, path: str | os.PathLike, maps_text: str | None = Non
     return out
 
 
-def empty_cache(pid: int, path: str | os.PathLike) -> dict[str, int]:
+def empty_cache(pid: int, path: str | os.PathLike, rounds: int = 3) -> dict[str, int]:
     """Drop ``path``'s pages from the page cache while process ``pid`` keeps it mapped: its
     dirty pages written back, the engine's mappings paged out, then the file's unmapped pages
-    dropped. Resident pages before
-    and after (mincore), and the bytes advised."""
+    dropped; again (up to ``rounds``) while pages stay. A page the engine faulted in last can
+    sit in its CPU's LRU add batch, where MADV_PAGEOUT cannot isolate it; FADV_DONTNEED, failing
+    on it, drains every CPU's batch (mm/fadvise.c), so the next round takes it. Resident pages
+    before and after (mincore), the bytes advised and the rounds run."""
     from moetrace.kernel.syscalls import process_pageout, resident_pages
 
-    before = resident_pages(path)
+    before = left = resident_pages(path)
+    advised = n = 0
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fdatasync(fd)  # a dirty page (a model just written) neither call can drop: written back first
-        advised = process_pageout(pid, file_mappings(pid, path))
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        while n < rounds and (n == 0 or left):
+            advised += process_pageout(pid, file_mappings(pid, path))
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            left, n = resident_pages(path), n + 1
     finally:
         os.close(fd)
-    return {"resident_before_pages": before, "resident_after_pages": resident_pages(path), "advised_bytes": advised}
+    return {"resident_before_pages": before, "resident_after_pages": left, "advised_bytes": advised, "rounds": n}

@@ -11,13 +11,23 @@
 // decode's start (CLOCK_MONOTONIC ns, `t_ns`) and its duration (`decode_ns`). An end-of-generation
 // token does not stop it (the same number of tokens every run), unless --stop-at-eog.
 //
+// --advise normal|random|sequential: after the load, madvise every mapping of the model file
+// (found in /proc/self/maps) so: random turns the fault path's readahead off (one page per
+// fault), as an engine with MADV_RANDOM would.
+// --step READY_FD,GO_FD: before each pass (the prompt's, then one per token) write "pass N\n" to
+// READY_FD and wait for a byte on GO_FD (the driver, moetrace.engines.llamacpp.route_steps, empties
+// the cache and moves the recorder's epoch in between); "end\n" after the last.
+//
 // usage: moetrace-route-log -m MODEL -o OUT.jsonl [-p PROMPT] [-n TOKENS] [-t THREADS]
 //                           [-l auto|none|mmap|mlock|mmap+mlock|dio] [-r REQUEST] [--no-repack] [--stop-at-eog]
+//                           [--advise normal|random|sequential] [--step READY_FD,GO_FD]
 #include <ggml-backend.h>
 #include <ggml.h>
 #include <llama.h>
 #include <getopt.h>
 #include <stdint.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,14 +110,55 @@ static bool silent_progress(float progress, void *user) {
 
 static int usage(const char *argv0) {
     fprintf(stderr, "usage: %s -m MODEL -o OUT.jsonl [-p PROMPT] [-n TOKENS] [-t THREADS] "
-            "[-l auto|none|mmap|mlock|mmap+mlock|dio] [-r REQUEST] [--no-repack] [--stop-at-eog]\n", argv0);
+            "[-l auto|none|mmap|mlock|mmap+mlock|dio] [-r REQUEST] [--no-repack] [--stop-at-eog] "
+            "[--advise normal|random|sequential] [--step READY_FD,GO_FD]\n", argv0);
     return 2;
+}
+
+// madvise(advice) on every mapping of `path` in this process; the mappings advised, -1 on error
+static int advise_model(const char *path, int advice) {
+    char real[4096], line[8192];
+    if (!realpath(path, real))
+        return -1;
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f)
+        return -1;
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        int off = 0;
+        if (sscanf(line, "%lx-%lx %*s %*s %*s %*s %n", &lo, &hi, &off) < 2 || !off)
+            continue;
+        char *name = line + off;
+        name[strcspn(name, "\n")] = '\0';
+        if (strcmp(name, real) != 0)
+            continue;
+        if (madvise((void *)lo, hi - lo, advice) != 0) {
+            n = -1;
+            break;
+        }
+        n++;
+    }
+    fclose(f);
+    return n;
+}
+
+// --step: tell the driver which pass comes and wait for its go; 0 when there is no driver
+static int step_wait(int ready, int go, const char *what) {
+    if (ready < 0)
+        return 0;
+    char b;
+    if (write(ready, what, strlen(what)) < 0 || read(go, &b, 1) != 1)
+        return -1;
+    return 0;
 }
 
 int main(int argc, char **argv) {
     const char *model_path = NULL, *out_path = NULL, *prompt = "the a b", *mode = "mmap", *request = "r0";
-    int n_tokens = 64, threads = 1, repack = 1, stop_at_eog = 0, opt;
-    static struct option longs[] = {{"no-repack", no_argument, 0, 'R'}, {"stop-at-eog", no_argument, 0, 'E'}, {0}};
+    const char *advise = NULL;
+    int n_tokens = 64, threads = 1, repack = 1, stop_at_eog = 0, ready = -1, go = -1, opt;
+    static struct option longs[] = {{"no-repack", no_argument, 0, 'R'}, {"stop-at-eog", no_argument, 0, 'E'},
+                                    {"advise", required_argument, 0, 'A'}, {"step", required_argument, 0, 'S'}, {0}};
     while ((opt = getopt_long(argc, argv, "m:o:p:n:t:l:r:", longs, NULL)) != -1) {
         switch (opt) {
         case 'm': model_path = optarg; break;
@@ -119,6 +170,11 @@ int main(int argc, char **argv) {
         case 'r': request = optarg; break;
         case 'R': repack = 0; break;
         case 'E': stop_at_eog = 1; break;
+        case 'A': advise = optarg; break;
+        case 'S':
+            if (sscanf(optarg, "%d,%d", &ready, &go) != 2 || ready < 0 || go < 0)
+                return usage(argv[0]);
+            break;
         default: return usage(argv[0]);
         }
     }
@@ -141,6 +197,16 @@ int main(int argc, char **argv) {
     if (!model) {
         fprintf(stderr, "%s: the model did not load\n", model_path);
         return 1;
+    }
+    if (advise) {
+        int a = !strcmp(advise, "random") ? MADV_RANDOM : !strcmp(advise, "sequential") ? MADV_SEQUENTIAL
+              : !strcmp(advise, "normal") ? MADV_NORMAL : -1;
+        int n = a < 0 ? -1 : advise_model(model_path, a);
+        if (n <= 0) {
+            fprintf(stderr, "--advise %s: %s\n", advise, a < 0 ? "not normal, random or sequential"
+                    : n == 0 ? "the model is not mapped (load mode without mmap)" : "madvise failed");
+            return 1;
+        }
     }
     const struct llama_vocab *vocab = llama_model_get_vocab(model);
     lg.n_layer = llama_model_n_layer(model);
@@ -168,6 +234,13 @@ int main(int argc, char **argv) {
     llama_token tok;
     int step = 0, rc = 0;
     for (int pass = 0; pass <= n_tokens; pass++) {  // pass 0: the prompt; then one per token
+        char what[32];
+        snprintf(what, sizeof what, "pass %d\n", pass);
+        if (step_wait(ready, go, what) != 0) {
+            fprintf(stderr, "--step: the driver is gone before pass %d\n", pass);
+            rc = 1;
+            break;
+        }
         long long t0 = now_ns();
         if (llama_decode(ctx, batch) != 0) {
             fprintf(stderr, "decode %d failed\n", pass);
@@ -183,6 +256,8 @@ int main(int argc, char **argv) {
         batch = llama_batch_get_one(&tok, 1);
     }
     fflush(lg.out);
+    if (ready >= 0 && write(ready, "end\n", 4) < 0)
+        rc = 1;
     struct llama_perf_context_data pd = llama_perf_context(ctx);
     fprintf(stderr, "{\"tokens\": %d, \"prompt_tokens\": %d, \"eval_ms\": %.3f, \"n_eval\": %d, \"layers\": %d, "
             "\"load_mode\": \"%s\"}\n", step, n_prompt, pd.t_eval_ms, pd.n_eval, lg.n_layer,

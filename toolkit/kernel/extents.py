@@ -352,19 +352,9 @@ def _clip(extents: list[Extent], lo: int, hi: int) -> list[tuple[int, int, int]]
     return out
 
 
-def pool_extents(pool: "Pool", sync: bool = True, root: str | os.PathLike = "/",
-                 device: BlockDevice | None = None) -> ExpertExtents:
-    """Per expert of ``pool`` its disk sector ranges, as an :class:`ExpertExtents`.
-
-    files layout: expert e's file's extents up to its size rounded up to the filesystem
-    block (the tail block belongs to that file alone); layers and pool layouts: the slice
-    [offset_of(e), offset_of(e) + expert_bytes) of its file's extents, rounded out to
-    whole sectors. Physical offsets are shifted by the partition start (sectors)."""
-    g = pool.geometry
-    dev = device or block_device_of(pool.data_paths()[0], root)
-    ranges: list[tuple[int, int, int]] = []
-    problems: dict[int, list[str]] = {}
-
+def _ranges_adder(dev: "BlockDevice", ranges: list, problems: dict[int, list[str]]):
+    """add(eid, pieces, want): an expert's (physical, length, flags) pieces as whole-sector ranges
+    on ``dev``, with what makes their device bytes unknowable."""
     def add(eid: int, pieces: list[tuple[int, int, int]], want: int) -> None:
         got = 0
         for ph, ln, fl in pieces:
@@ -380,6 +370,44 @@ def pool_extents(pool: "Pool", sync: bool = True, root: str | os.PathLike = "/",
             got += ln
         if got < want:
             problems.setdefault(eid, []).append(f"{want - got} of {want} bytes have no extent (hole)")
+    return add
+
+
+def model_extents(pmap, sync: bool = True, root: str | os.PathLike = "/",
+                  device: BlockDevice | None = None) -> ExpertExtents:
+    """Per expert of a model file's map (:func:`moetrace.record.poolmap.model_pool_map`) the
+    sectors of the pages it alone owns (its runs); shared and non-expert pages belong to none."""
+    files = pmap.model.files
+    dev = device or block_device_of(files[0], root)
+    ranges: list[tuple[int, int, int]] = []
+    problems: dict[int, list[str]] = {}
+    add = _ranges_adder(dev, ranges, problems)
+    page = os.sysconf("SC_PAGE_SIZE")
+    for f in files:
+        st = os.stat(f)
+        first, count, _b, _p = pmap.windows[st.st_ino]
+        ext = fiemap(f, sync=sync)
+        for r in pmap.runs[first:first + count]:
+            slot = int(r["slot"])
+            if slot < pmap.n_total:
+                lo, hi = int(r["start"]) * page, min(st.st_size, (int(r["start"]) + int(r["pages"])) * page)
+                add(slot, _clip(ext, lo, hi), hi - lo)
+    return ExpertExtents.from_ranges(ranges, pmap.n_total, pmap.n_experts, dev, problems)
+
+
+def pool_extents(pool: "Pool", sync: bool = True, root: str | os.PathLike = "/",
+                 device: BlockDevice | None = None) -> ExpertExtents:
+    """Per expert of ``pool`` its disk sector ranges, as an :class:`ExpertExtents`.
+
+    files layout: expert e's file's extents up to its size rounded up to the filesystem
+    block (the tail block belongs to that file alone); layers and pool layouts: the slice
+    [offset_of(e), offset_of(e) + expert_bytes) of its file's extents, rounded out to
+    whole sectors. Physical offsets are shifted by the partition start (sectors)."""
+    g = pool.geometry
+    dev = device or block_device_of(pool.data_paths()[0], root)
+    ranges: list[tuple[int, int, int]] = []
+    problems: dict[int, list[str]] = {}
+    add = _ranges_adder(dev, ranges, problems)
 
     if pool.layout == "files":
         for eid in range(g.n_total):

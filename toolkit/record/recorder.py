@@ -37,7 +37,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -51,7 +51,7 @@ from moetrace.record.spec import resolve
 from moetrace.record.probes import DEFAULT_PROBES, DERIVED_KNOBS, EXPERTS_PROBES, PROBES, RECORDED, recorder_class
 from moetrace.run.replaylog import read_replay_summary, requested_from_replay
 from moetrace.kernel.syscalls import set_pdeathsig
-from moetrace.record.poolmap import pool_map
+from moetrace.record.poolmap import is_model_path, model_pool_map, pool_map
 
 log = logging.getLogger("moetrace.record")
 
@@ -107,6 +107,27 @@ def option_from_command(cmd: list[str], name: str) -> str | None:
 def pool_from_command(cmd: list[str]) -> str | None:
     """The value of ``--pool`` (or ``--pool=DIR``) in a command line, if any."""
     return option_from_command(cmd, "--pool")
+
+
+#: probes that cannot attribute a model file's pages yet, and why
+MODEL_SKIPS = {"lru": "a model file's pages (runs of three slices per expert) are attributed by pagecache, "
+                      "block and reads; lru's dwell times know one extent per expert only"}
+
+
+def model_pool_doc(pmap, source: str) -> dict[str, Any]:
+    """The manifest's pool section for a model file."""
+    m = pmap.model
+    s = m.summary()
+    return {"root": str(Path(m.files[0]).resolve()), "identity": None, "layout": "model", "kind": "model",
+            "format": m.format, "arch": m.arch, "model_files": [str(Path(f).resolve()) for f in m.files],
+            "geometry": {"n_layers": pmap.n_total // pmap.n_experts, "n_experts": pmap.n_experts,
+                         **({"k": m.experts_per_token} if m.experts_per_token else {}),
+                         "expert_bytes": pmap.extent_bytes},
+            "extent_bytes": pmap.extent_bytes, "pages_per_expert": pmap.pages_per_expert,
+            "files": len(m.files), "s_dev": pmap.dev, "s_dev_text": f"{pmap.dev >> 20}:{pmap.dev & ((1 << 20) - 1)}",
+            "runs": len(pmap.runs), "search_steps": pmap.search_steps, "bitmap_words": pmap.bitmap_words,
+            "shared_pages": s["shared_pages"], "non_expert_bytes": s["non_expert_bytes"],
+            "alignment": m.alignment, "source": source}
 
 
 # ---------------------------------------------------------------------------
@@ -294,7 +315,11 @@ class _Recording:
         """The pool's inode -> expert map, and the cgroup the command joins."""
         opts = self.opts
         pool_dir = opts.pool or pool_from_command(opts.command)
-        if pool_dir is not None:
+        if pool_dir is not None and is_model_path(Path(pool_dir)):
+            self.pmap = pmap = model_pool_map(pool_dir)
+            self.pool_doc = model_pool_doc(pmap, "--pool" if opts.pool else "the command's --pool")
+            self._skip_for_model()
+        elif pool_dir is not None:
             from moetrace.inputs.pool import open_pool
 
             pool = open_pool(pool_dir)
@@ -315,6 +340,15 @@ class _Recording:
                                  hint="make one first, e.g. mkdir /sys/fs/cgroup/memory/moetrace-x and set "
                                       "memory.limit_in_bytes")
             self.cgroup_procs = str(cg.resolve() / "cgroup.procs")
+
+    def _skip_for_model(self) -> None:
+        """Probes that attribute by one extent per expert only: skipped on a model file, said why."""
+        for p, why in MODEL_SKIPS.items():
+            plan = self.plans.get(p)
+            if plan is not None and plan.status != "no":
+                self.plans[p] = replace(plan, status="no", reason=why)
+                self.attach_plan[p].update(status="no", skip_reason=why)
+                self.notes.append(f"probe {p} skipped: {why}")
 
     def create_run(self) -> None:
         """The run directory (0700) and its manifest, marked incomplete until the end."""
@@ -591,7 +625,9 @@ class _Recording:
         result_df = None
         if pc is not None or blk is not None:
             req_b = req_p = None
-            if self.pmap is not None and pc is not None:
+            if self.pmap is not None and self.pmap.kind == "model":
+                how = "a model file: no replay plan; the engine's routing log is the request (moetrace model route)"
+            elif self.pmap is not None and pc is not None:
                 req_b, req_p, how = requested_from_replay(self.log_dir, self.pmap.pool)
             else:
                 how = "no pool: nothing to attribute requests to" if self.pmap is None else "pagecache not recorded"

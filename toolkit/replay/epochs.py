@@ -93,6 +93,17 @@ class EpochWriter:
         else:
             self._new(phase, None, None)
 
+    def begin_steps(self) -> None:
+        """An engine's passes instead of a plan's iterations: one epoch per :meth:`step`
+        (those beyond the slots fold into the last)."""
+        self.mode = "step"
+        self.assigned.append([0, "setup", None, None, 0, False])
+
+    def step(self, phase: str, index: int | None) -> None:
+        """A new epoch from now: the engine's next pass (load, prefill, decode ``index``)."""
+        if self.mode == "step":
+            self._new(phase, None, index)
+
     def done(self) -> None:
         if self.mode is not None:
             self._new("after", None, None)

@@ -65,7 +65,8 @@ _GEN_COLS = (Column("time_ns", "int64", "ns", "CLOCK_MONOTONIC when the sample w
 
 #: experts.parquet, one row per expert + one unattributed row: the pagecache probe's columns ...
 EXPERTS_PAGECACHE = (
-    Column("kind", "string", "", "'expert' or 'unattributed' (pool-filesystem pages of no expert)", check="s"),
+    Column("kind", "string", "", "'expert', 'unattributed' (pages of no mapped file; a pool file's past its experts), "
+           "and for a model file 'shared' (a page two owners share) and 'non_expert' (header, other tensors)", check="s"),
     Column("layer", "Int32", "", "layer of the expert (NA for unattributed)", check="i"),
     Column("expert", "Int32", "", "expert index within the layer", check="i"),
     Column("expert_id", "Int64", "", "layer * n_experts + expert", check="i"),

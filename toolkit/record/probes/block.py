@@ -432,13 +432,13 @@ class BlockProbe(EngineProbe):
 
     def open(self) -> "BlockProbe":
         from moetrace.errors import InputError
-        from moetrace.kernel.extents import pool_extents
+        from moetrace.kernel.extents import model_extents, pool_extents
 
         self.require_plan()
         pmap = self.ctx.pmap
         if pmap is not None:
             try:
-                self.index = pool_extents(pmap.pool)
+                self.index = pool_extents(pmap.pool) if pmap.kind == "pool" else model_extents(pmap)
             except InputError as e:
                 raise ProbeError(f"the pool's extents cannot be mapped to a disk: {e.message}") from None
             self.disk = self.index.device.disk

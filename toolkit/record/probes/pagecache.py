@@ -21,6 +21,7 @@ from moetrace.run.tables import EXPERTS_PAGECACHE, named_tables
 from moetrace.errors import ProbeError
 from moetrace.kernel.syscalls import close_fd
 from moetrace.record.probe import ProbeRecorder, schema_doc
+from moetrace.record.poolmap import EXTRA_SLOTS
 from moetrace.run.evictors import EVICTOR_DOCS, EVICTORS  # noqa: F401  (re-exported: the run tables' vocabulary)
 
 # -- the declaration: attach candidates, knobs, tables (probes/pagecache.bpf.c agrees: tests/probe_build/test_core_objects.py)
@@ -80,17 +81,19 @@ PAGECACHE = ProbeSpec(
         Knob("MOE_POOL_DEV", 0,
              "s_dev of the pool's filesystem, kernel encoding (major << 20) | minor; 0: every device",
              was="POOL_DEV"),
-        Knob("MOE_N_EXPERTS", 0, "experts in the pool (counts has MOE_N_EXPERTS + 1 slots: the last is unattributed)",
-             was="N_EXPERTS"),
-        Knob("MOE_PPE", 1, "pages per expert (the extent, in pages)", was="PPE"),
-        Knob("MOE_WPE", 1, "64-bit bitmap words per expert = ceil(MOE_PPE / 64)", was="WPE"),
+        Knob("MOE_N_EXPERTS", 0, "experts in the pool (counts has MOE_N_EXPERTS + 3 slots: then unattributed, "
+                                 "shared, non_expert)", was="N_EXPERTS"),
+        Knob("MOE_N_FILES", 0, "mapped files (the inodes map's entries)"),
+        Knob("MOE_N_RUNS", 0, "runs of the mapped files (record/poolmap.py: page ranges of one owner)"),
+        Knob("MOE_BM_WORDS", 0, "64-bit words of the re-add bitmap (one bit per mapped page)"),
+        Knob("MOE_SEARCH_STEPS", 0, "binary-search halvings that find any page's run: ceil(log2(largest window))"),
         Knob("MOE_HAVE_ORDER", 1, "1: the add/delete formats carry the folio order (set from the format files)",
              was="HAVE_ORDER"),
         Knob("MOE_MAX_FOLIO_PAGES", 512, "largest folio handled in full; pages beyond it count as unprocessed",
              was="MAX_FOLIO_PAGES"),
-        Knob("MOE_MAX_SEGS", 514, "derived: expert pieces one folio may span = MOE_MAX_FOLIO_PAGES / MOE_PPE + 2",
+        Knob("MOE_MAX_SEGS", 514, "derived: pieces one folio may be cut into = MOE_MAX_FOLIO_PAGES + 2",
              was="MAX_SEGS"),
-        Knob("MOE_MAX_WPS", 10, "derived: bitmap words one piece may span = min(MOE_PPE, MOE_MAX_FOLIO_PAGES) / 64 + 2",
+        Knob("MOE_MAX_WPS", 10, "derived: bitmap words one piece may span = MOE_MAX_FOLIO_PAGES / 64 + 2",
              was="MAX_WPS"),
         Knob("MOE_TRACK_READS", 1, "1: count read-syscall bytes of the followed tgids (exit_* groups)",
              was="TRACK_READS"),
@@ -99,7 +102,7 @@ PAGECACHE = ProbeSpec(
         Knob("MOE_STREAM_EVENTS", 0, "1: one ring record per (event, expert piece): the per-page stream",
              was="STREAM_EVENTS"),
         Knob("MOE_RING_PAGES", 256, "ring buffer size in pages (power of two) when streaming", was="RING_PAGES"),
-        Knob("MOE_EPOCHS", 0, "0: totals only; > 0: per-epoch counters too (MOE_EPOCHS x (MOE_N_EXPERTS + 1) slots; "
+        Knob("MOE_EPOCHS", 0, "0: totals only; > 0: per-epoch counters too (MOE_EPOCHS x (MOE_N_EXPERTS + 3) slots; "
                           "the replay writes one epoch per iteration into epoch_now)", was="EPOCHS"),
         Knob("MOE_CTX_WRITE", 1, "1: the write(2) evictor context (drop_caches; memory.reclaim when small)"),
         Knob("MOE_CTX_INVALIDATE", 1, "1: the fadvise64 / truncate-family / madvise evictor contexts"),
@@ -113,10 +116,11 @@ PAGECACHE = ProbeSpec(
     more_tables=named_tables("expert_epochs", "epochs"),
     stats=("add_events", "delete_events", "pool_dev_add_events", "pool_dev_delete_events", "unprocessed_pages",
            "read_bytes", "read_calls", "tgid_map_full", "ring_drops", "bitmap_misses", "dev_mismatch_events",
-           "add_runs"),
+           "add_runs", "run_misses"),
     structs=(
         Struct("expert_counts", (("added_pages", "u64"), ("evicted_pages", "u64"), ("re_added_pages", "u64"))),
-        Struct("ino_val", (("base", "u32"), ("n", "u32"))),
+        Struct("moe_win", (("first", "u32"), ("count", "u32"), ("bm_base", "u64"), ("pages", "u64"))),
+        Struct("moe_run", (("start", "u32"), ("pages", "u32"), ("slot", "u32"), ("epage", "u32"))),
         Struct("page_event", (("ts_ns", "u64"), ("expert_id", "u32"), ("kind", "u32"), ("first_page", "u32"),
                               ("pages", "u32"), ("re_added", "u32"), ("tgid", "u32"), ("evictor", "u32"),
                               ("reserved", "u32"))),
@@ -129,19 +133,21 @@ MAX_TGIDS = 1024
 
 def _derived(k: dict) -> dict[str, int]:
     """The loop bounds (the verifier tracks no division, so the loader computes them)."""
-    ppe, mfp = max(1, int(k["MOE_PPE"])), int(k["MOE_MAX_FOLIO_PAGES"])
-    return {"MOE_MAX_SEGS": mfp // ppe + 2, "MOE_MAX_WPS": min(ppe, mfp) // 64 + 2}
+    mfp = int(k["MOE_MAX_FOLIO_PAGES"])
+    return {"MOE_MAX_SEGS": mfp + 2, "MOE_MAX_WPS": mfp // 64 + 2}
 
 
 def _map_sizes(k: dict[str, int]) -> dict[str, int]:
     """The CO-RE object's map sizes from its knobs (probes/pagecache.bpf.c names the maps)."""
-    n, ev = int(k["MOE_N_EXPERTS"]), 9  # 9: N_EVICTORS (moetrace.bpf.h; EVICTORS here)
+    n, ev = int(k["MOE_N_EXPERTS"]) + len(EXTRA_SLOTS), 9  # 9: N_EVICTORS (moetrace.bpf.h; EVICTORS here)
     eps = int(k["MOE_EPOCHS"])
-    return {"inodes": n + 16, "counts": n + 1, "evicted_bm": max(1, n * int(k["MOE_WPE"])), "stats": len(SPEC.stats),
-            "tgids": MAX_TGIDS, "evictors": (n + 1) * ev, "task_ctx": int(k["MOE_MAX_TASKS"]),
+    return {"inodes": int(k["MOE_N_FILES"]) + 16, "runs": max(1, int(k["MOE_N_RUNS"])), "counts": n,
+            "evicted_bm": max(1, int(k["MOE_BM_WORDS"])), "stats": len(SPEC.stats),
+            "tgids": MAX_TGIDS, "evictors": n * ev, "task_ctx": int(k["MOE_MAX_TASKS"]),
             "events": 4096 * (int(k["MOE_RING_PAGES"]) if k["MOE_STREAM_EVENTS"] else 1), "epoch_now": 1,
-            "epoch_counts": max(1, eps * (n + 1)), "epoch_evictors": max(1, eps * ev)}
+            "epoch_counts": max(1, eps * n), "epoch_evictors": max(1, eps * ev)}
 PAGE_EVENT_DTYPE = SPEC.struct("page_event").dtype()
+WIN_DTYPE = SPEC.struct("moe_win").dtype()
 EXPERT_COUNTS_DTYPE = SPEC.struct("expert_counts").dtype()
 U64 = np.dtype("<u8")
 
@@ -154,13 +160,26 @@ def pagecache_knobs(plan_knobs: dict[str, int], pmap, stream: bool, reads_record
 
     over: dict[str, int] = dict(plan_knobs)
     if pmap is not None:
-        over.update(MOE_POOL_DEV=pmap.dev, MOE_N_EXPERTS=pmap.n_total, MOE_PPE=pmap.pages_per_expert,
-                    MOE_WPE=pmap.words_per_expert, MOE_EPOCHS=epochs_for(pmap.n_total + 1))
+        over.update(MOE_POOL_DEV=pmap.dev, MOE_N_EXPERTS=pmap.n_total, MOE_N_FILES=len(pmap.windows),
+                    MOE_N_RUNS=len(pmap.runs), MOE_BM_WORDS=pmap.bitmap_words, MOE_SEARCH_STEPS=pmap.search_steps,
+                    MOE_EPOCHS=epochs_for(pmap.n_slots))
     over["MOE_STREAM_EVENTS"] = int(stream)
     if reads_recorded:
         over["MOE_TRACK_READS"] = 0  # the reads probe counts every read call: not twice
     over.update(user or {})
     return {k: int(v) for k, v in SPEC.knob_values(**over).items()}
+
+
+def fill_pool_maps(probe, pmap) -> None:
+    """The pool map's windows and runs into the probe's inodes and runs maps."""
+    from moetrace.record.poolmap import RUN_DTYPE
+
+    w = pmap.windows
+    keys = np.array(list(w), np.uint64)
+    vals = np.array([tuple(v) for v in w.values()], WIN_DTYPE)
+    probe.table("inodes").update_batch(keys, vals)
+    runs = np.ascontiguousarray(pmap.runs, RUN_DTYPE)
+    probe.table("runs").update_batch(np.arange(len(runs), dtype=np.uint32), runs)
 
 
 class PagecacheRecorder(ProbeRecorder):
@@ -199,8 +218,7 @@ class PagecacheRecorder(ProbeRecorder):
                                  for g in sorted(off) if g.startswith("exit_")}
         pmap = self.ctx.pmap
         if pmap is not None:
-            for ino, (base, n) in pmap.inodes.items():
-                self.probe.put("inodes", struct.pack("<Q", ino), struct.pack("<II", base, n))
+            fill_pool_maps(self.probe, pmap)
         if self.ctx.stream:
             self.stream = EventStream(self.probe, "events", PAGE_EVENT_DTYPE.itemsize,
                                       kernel_lost=self.stat_reader("ring_drops"),
@@ -272,7 +290,7 @@ class PagecacheRecorder(ProbeRecorder):
                 # the replay's last epoch bounds it too
                 last = int(read_array(self.probe.table("epoch_now"), np.uint32)[0])
                 reached = max(self.probe.obj.load_u32("epoch_hi"), min(last, int(self.knobs["MOE_EPOCHS"]) - 1)) + 1
-                slots = int(self.knobs["MOE_N_EXPERTS"]) + 1
+                slots = int(self.knobs["MOE_N_EXPERTS"]) + len(EXTRA_SLOTS)
                 self.epoch_counts = read_array(self.probe.table("epoch_counts"), EXPERT_COUNTS_DTYPE,
                                                n=reached * slots)
                 self.epoch_evictors = read_array(self.probe.table("epoch_evictors"), U64,
@@ -350,53 +368,63 @@ class PagecacheRecorder(ProbeRecorder):
 
 # -- the experts table (pagecache + block columns) -------------------------------------------------
 
+def extra_kinds(pmap) -> tuple[str, ...]:
+    """The rows after the experts: unattributed; a model file's shared and non_expert too."""
+    return EXTRA_SLOTS if pmap is not None and pmap.kind == "model" else EXTRA_SLOTS[:1]
+
+
 def experts_table(pmap, counts: list[tuple[int, int, int]] | None, req_bytes: np.ndarray | None,
                   req_pages: np.ndarray | None, block=None, evictors: np.ndarray | None = None) -> pd.DataFrame:
-    """experts.parquet: one row per expert (in expert_id order) + the unattributed row.
+    """experts.parquet: one row per expert (in expert_id order), then the unattributed row (and a
+    model file's shared and non_expert rows: :func:`extra_kinds`).
 
     Columns: the pagecache declaration's schema (NA when ``counts`` is None: the probe
     was not recorded), then the block declaration's (``block``: a
     :class:`moetrace.record.probes.block.BlockResult`, or None: NA). The unattributed row's
     device_read_bytes is the bytes of no expert (every disk's when no pool was named),
-    its bios NA (not counted apart). ``evictors``: the probe's (experts + 1) x EVICTORS
+    its bios NA (not counted apart). ``evictors``: the probe's slots x EVICTORS
     array of pages deleted per evictor class (NA columns when None)."""
     from moetrace.record.probes.block import SPEC as block_spec
 
     n = pmap.n_total if pmap is not None else 0
-    c = np.full((n + 1, 3), -1, np.int64) if counts is None else np.asarray(counts, np.int64).reshape(-1, 3)
+    kinds = extra_kinds(pmap)
+    rows = n + len(kinds)
+    c = (np.full((rows, 3), -1, np.int64) if counts is None
+         else np.asarray(counts, np.int64).reshape(-1, 3)[:rows])
     E = pmap.n_experts if pmap is not None else 1
     eid = np.arange(n, dtype=np.int64)
 
     def ia(x, dtype="Int64"):
         return pd.array(x, dtype=dtype)
 
-    na = [pd.NA]
+    na = [pd.NA] * len(kinds)
+    re_extra = [pd.NA] + c[n + 1:rows, 2].tolist()  # the unattributed row has no bitmap
     df = pd.DataFrame({
-        "kind": pd.array(["expert"] * n + ["unattributed"], dtype="string"),
+        "kind": pd.array(["expert"] * n + list(kinds), dtype="string"),
         "layer": ia(list(eid // E) + na, "Int32"),
         "expert": ia(list(eid % E) + na, "Int32"),
         "expert_id": ia(list(eid) + na),
         "added_pages": ia(c[:, 0].tolist()),
         "evicted_pages": ia(c[:, 1].tolist()),
-        "re_added_pages": ia(c[:n, 2].tolist() + na),
-        "requested_bytes": ia((req_bytes.tolist() if req_bytes is not None else na * n) + na),
-        "requested_pages": ia((req_pages.tolist() if req_pages is not None else na * n) + na),
+        "re_added_pages": ia(c[:n, 2].tolist() + re_extra),
+        "requested_bytes": ia((req_bytes.tolist() if req_bytes is not None else [pd.NA] * n) + na),
+        "requested_pages": ia((req_pages.tolist() if req_pages is not None else [pd.NA] * n) + na),
     })
     if counts is None:
         for col in ("added_pages", "evicted_pages", "re_added_pages"):
-            df[col] = pd.array([pd.NA] * (n + 1), dtype="Int64")
+            df[col] = pd.array([pd.NA] * rows, dtype="Int64")
     df["hit_pages"] = df["requested_pages"] - df["added_pages"]
     for i, ev in enumerate(EVICTORS):
         df[f"evicted_by_{ev}_pages"] = pd.array(
-            evictors[: n + 1, i].tolist() if evictors is not None else [pd.NA] * (n + 1), dtype="Int64")
+            evictors[:rows, i].tolist() if evictors is not None else [pd.NA] * rows, dtype="Int64")
     if block is not None:
         per = block.per_expert.set_index("expert_id").reindex(range(n))
         unattr = block.unattributed_bytes if block.index_used else block.kernel_read_bytes
-        df["device_read_bytes"] = pd.array(per["device_read_bytes"].tolist() + [unattr], dtype="Int64")
-        df["bios"] = pd.array(per["bios"].tolist() + [pd.NA], dtype="Int64")
+        df["device_read_bytes"] = pd.array(per["device_read_bytes"].tolist() + [unattr] + na[1:], dtype="Int64")
+        df["bios"] = pd.array(per["bios"].tolist() + na, dtype="Int64")
     else:
-        df["device_read_bytes"] = pd.array([pd.NA] * (n + 1), dtype="Int64")
-        df["bios"] = pd.array([pd.NA] * (n + 1), dtype="Int64")
+        df["device_read_bytes"] = pd.array([pd.NA] * rows, dtype="Int64")
+        df["bios"] = pd.array([pd.NA] * rows, dtype="Int64")
     return df[[col.name for col in SPEC.schema + block_spec.schema]]
 
 
@@ -416,6 +444,8 @@ def experts_totals(df: pd.DataFrame, requested: bool, read_bytes: int | None) ->
         "experts_evicted_by": {ev: int(e[f"evicted_by_{ev}_pages"].sum()) for ev in EVICTORS},
         "unattributed_evicted_by": {ev: int(u[f"evicted_by_{ev}_pages"]) for ev in EVICTORS},
         "syscall_read_bytes_tracked_all_files": read_bytes,
+        **{f"{k}_{c}": int(df.loc[df["kind"] == k, c].sum()) for k in EXTRA_SLOTS[1:] if (df["kind"] == k).any()
+           for c in ("added_pages", "evicted_pages", "re_added_pages")},
     }
 
 
@@ -426,7 +456,7 @@ def epoch_tables(arr: np.ndarray, epochs: list, pmap, evictors: np.ndarray | Non
 
     expert_epochs keeps the rows with a nonzero count only (an absent (epoch, expert) is
     zero: the array is read whole, nothing is missing)."""
-    n1 = pmap.n_total + 1
+    n1 = pmap.n_slots
     used = len(epochs)
     a = arr[: used * n1]
     tot = a["added_pages"].astype(np.int64) + a["evicted_pages"] + a["re_added_pages"]
@@ -434,13 +464,14 @@ def epoch_tables(arr: np.ndarray, epochs: list, pmap, evictors: np.ndarray | Non
     ep, eid = nz // n1, nz % n1
     E = pmap.n_experts
     is_exp = eid < pmap.n_total
+    kind = np.array(("expert",) + EXTRA_SLOTS, dtype=object)[np.where(is_exp, 0, eid - pmap.n_total + 1)]
 
     def ia(x, dt="Int64"):
         return pd.array(x, dtype=dt)
 
     df = pd.DataFrame({
         "epoch": ep.astype(np.int32),
-        "kind": pd.array(np.where(is_exp, "expert", "unattributed"), dtype="string"),
+        "kind": pd.array(kind, dtype="string"),
         "layer": ia(np.where(is_exp, eid // E, 0), "Int32"),
         "expert": ia(np.where(is_exp, eid % E, 0), "Int32"),
         "expert_id": ia(eid),

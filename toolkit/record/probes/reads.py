@@ -75,7 +75,7 @@ from moetrace.record.spec import Knob, ProbeSpec, Struct, tp_cand, group
 from moetrace.run.tables import TABLES, named_tables
 from moetrace.errors import MoetraceError, ProbeError
 from moetrace.kernel.syscalls import kernel_dev
-from moetrace.record.poolmap import PoolMap
+from moetrace.record.poolmap import PAGE, PoolMap
 from moetrace.record.probe import ProbeRecorder, RecordContext, log2_bounds
 from moetrace.record.spec import AttachPlan
 
@@ -513,7 +513,12 @@ def _locate(pool: PoolMap | None, ino: np.ndarray, dev: np.ndarray, known: np.nd
     single = hit & (cnt <= 1)
     eid[single] = base[single]
     multi = hit & (cnt > 1)
-    off = np.where(has_pos, pos.astype(np.uint64) // np.uint64(max(pool.extent_bytes, 1)), 0).astype(np.int64)
+    if pool.kind == "model":  # by the page's run: experts' pages, else the file's other pages
+        page = np.where(has_pos, pos.astype(np.uint64) // np.uint64(PAGE), 0).astype(np.int64)
+        slot = pool.classify(ino.astype(np.int64), page)
+        off, cnt = slot - base, np.full(n, pool.n_total, np.int64)
+    else:
+        off = np.where(has_pos, pos.astype(np.uint64) // np.uint64(max(pool.extent_bytes, 1)), 0).astype(np.int64)
     ok = multi & has_pos & (off < cnt)
     eid[ok] = base[ok] + off[ok]
     return eid, {"expert": single | ok, "no_position": multi & ~has_pos, "pool_tail": multi & has_pos & (off >= cnt)}
