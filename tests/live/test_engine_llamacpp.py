@@ -12,19 +12,8 @@ import subprocess
 
 import pytest
 
-from moetrace.engines.llamacpp import find_engine
+from common.engines import engine  # noqa: F401  (the fixture)
 from moetrace.inputs.modelsynth import ModelSpec, synth_model
-
-
-@pytest.fixture(scope="module")
-def engine():
-    e = find_engine()
-    if e is None:
-        reason = "no llama.cpp unpacked (run: bash scripts/engine-setup.sh)"
-        if os.environ.get("MOETRACE_LIVE") == "1":
-            pytest.fail(f"MOETRACE_LIVE=1: {reason}")
-        pytest.skip(reason)
-    return e
 
 
 def _run(e, tool, *args, timeout=120):

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from common.engines import engine  # noqa: F401  (the fixture)
 from moetrace.engines.pageout import empty_cache, file_mappings
 from moetrace.kernel.syscalls import resident_pages
 
@@ -42,7 +43,7 @@ def test_a_mapped_file_leaves_the_cache_and_the_process_keeps_running(live, tmp_
         os.close(fd)
         assert resident_pages(f) == 2048
         r = empty_cache(p.pid, f)
-        assert r == {"resident_before_pages": 2048, "resident_after_pages": 0, "advised_bytes": 8 << 20}
+        assert r == {"resident_before_pages": 2048, "resident_after_pages": 0, "advised_bytes": 8 << 20, "rounds": 1}
         assert p.poll() is None
     finally:
         p.kill()
@@ -65,15 +66,10 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def test_llama_servers_model_leaves_the_cache_while_it_serves(live, tmp_path):
-    from moetrace.engines.llamacpp import find_engine
+def test_llama_servers_model_leaves_the_cache_while_it_serves(live, engine, tmp_path):
     from moetrace.inputs.modelsynth import ModelSpec, synth_model
 
-    e = find_engine()
-    if e is None:
-        if os.environ.get("MOETRACE_LIVE") == "1":
-            pytest.fail("MOETRACE_LIVE=1: no llama.cpp unpacked (run: bash scripts/engine-setup.sh)")
-        pytest.skip("no llama.cpp unpacked (run: bash scripts/engine-setup.sh)")
+    e = engine
     m = tmp_path / "tiny.gguf"
     synth_model(m, ModelSpec(layers=2, experts=8, k=2, n_embd=64, n_ff_exp=128, head_dim=16))
     pages = -(-m.stat().st_size // 4096)
