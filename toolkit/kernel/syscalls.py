@@ -82,25 +82,30 @@ def set_pdeathsig(sig: int = signal.SIGKILL, *, orphan_exits: bool = False) -> N
 def resident_pages(path: str | os.PathLike, first: int = 0, n: int | None = None) -> int:
     """Pages of a file resident in the page cache, by mincore(2) (what fincore does): ``n``
     pages from page ``first`` (default: to the end). The file is mapped, never read."""
+    r = resident_map(path)
+    return int(r[first:len(r) if n is None else first + n].sum())
+
+
+def resident_map(path: str | os.PathLike) -> "np.ndarray":
+    """Per page of a file, True when it is resident in the page cache (mincore(2)); the file
+    is mapped, never read."""
     import mmap
 
     import numpy as np
 
     size = os.stat(path).st_size
     if size == 0:
-        return 0
+        return np.zeros(0, bool)
     fd = os.open(path, os.O_RDONLY)
     try:
         addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
         if addr in (None, MAP_FAILED):
             raise OSError(ctypes.get_errno(), "mmap")
         try:
-            total = -(-size // mmap.PAGESIZE)
-            vec = (ctypes.c_ubyte * total)()
+            vec = (ctypes.c_ubyte * -(-size // mmap.PAGESIZE))()
             if libc.mincore(addr, size, vec) != 0:
                 raise OSError(ctypes.get_errno(), "mincore")
-            last = total if n is None else min(total, first + n)
-            return int((np.frombuffer(vec, np.uint8)[first:last] & 1).sum())
+            return (np.frombuffer(vec, np.uint8) & 1).astype(bool)
         finally:
             libc.munmap(addr, size)
     finally:

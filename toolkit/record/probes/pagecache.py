@@ -146,6 +146,18 @@ def _map_sizes(k: dict[str, int]) -> dict[str, int]:
             "tgids": MAX_TGIDS, "evictors": n * ev, "task_ctx": int(k["MOE_MAX_TASKS"]),
             "events": 4096 * (int(k["MOE_RING_PAGES"]) if k["MOE_STREAM_EVENTS"] else 1), "epoch_now": 1,
             "epoch_counts": max(1, eps * n), "epoch_evictors": max(1, eps * ev)}
+#: bytes per entry of the maps a pool sizes: the value (arrays), key + value + the hash table's
+#: ~48-byte element header (inodes)
+MAP_ENTRY_BYTES = {"inodes": 8 + 24 + 48, "runs": 16, "evicted_bm": 8, "counts": 24, "evictors": 8,
+                   "epoch_counts": 24, "epoch_evictors": 8}
+
+
+def map_budget(knobs: dict[str, int]) -> dict[str, int]:
+    """Kernel bytes of the maps the pool sizes (README "Model files": the budget), per map."""
+    sizes = _map_sizes(knobs)
+    return {m: sizes[m] * b for m, b in MAP_ENTRY_BYTES.items()}
+
+
 PAGE_EVENT_DTYPE = SPEC.struct("page_event").dtype()
 WIN_DTYPE = SPEC.struct("moe_win").dtype()
 EXPERT_COUNTS_DTYPE = SPEC.struct("expert_counts").dtype()
@@ -324,6 +336,8 @@ class PagecacheRecorder(ProbeRecorder):
 
         st = self.stats
         manifest.setdefault("stats", {})[self.name] = st
+        budget = map_budget(self.knobs)
+        manifest.setdefault("kernel_maps", {})[self.name] = {"bytes": sum(budget.values()), "by_map": budget}
         misses = self.misses
         s = self.stream
         manifest.setdefault("lost", {})[self.name] = {
