@@ -110,7 +110,11 @@ struct moe_run {
 #define CTX_DIRECT 0x20
 #define CTX_MEMCG 0x40
 #define CTX_PROACTIVE 0x80     // a memcg reclaim window opened inside a small write(2)
+#define CTX_POPULATE 0x100     // mmap(MAP_POPULATE), madvise(MADV_WILLNEED), fadvise64(POSIX_FADV_WILLNEED)
 #define MADV_PAGEOUT_ADVICE 21
+#define MADV_WILLNEED_ADVICE 3
+#define FADV_WILLNEED_ADVICE 3
+#define MAP_POPULATE_FLAG 0x8000
 #define CLONE_THREAD_FLAG 0x00010000UL
 
 // task:task_newtask: true when the new task is a process (a thread shares its tgid), with the

@@ -7,6 +7,8 @@
 //   filemap:mm_filemap_delete_from_page_cache  pfn, i_ino, index, s_dev, order
 //   syscalls:sys_exit_{pread64,preadv,preadv2,read}  ret   (followed tgids only)
 //   task:task_newtask                          pid, clone_flags (follow forks)
+//   filemap:mm_filemap_fault                   i_ino, s_dev, index  (6.11+; why a page was added)
+//   syscalls:sys_{enter,exit}_mmap             flags (MAP_POPULATE: the add's cause)
 //   vmscan:mm_vmscan_{direct,memcg}_reclaim_{begin,end}   (evictor context, no fields)
 //   syscalls:sys_{enter,exit}_{write,fadvise64,truncate,ftruncate,fallocate,unlink,
 //       unlinkat,madvise}   count / behavior               (evictor context)
@@ -29,6 +31,13 @@
 // run is found by a bounded binary search in the window, and the folio is cut run by run, one
 // bpf_loop step per piece: an expert's pages count in its slot, a page shared by two owners in
 // the shared slot, a model file's other pages in non_expert, any other file's in unattributed.
+//
+// Why a page was added (its cause, CAUSE_*): a thread's last filemap fault on the pool's device
+// names the page it asked for (demand); the other pages added while that thread's fault reads
+// are readahead (the fault's read-around, or an async readahead a PG_readahead hit started);
+// pages added inside mmap(MAP_POPULATE), madvise(WILLNEED) or fadvise(WILLNEED) are populate;
+// the rest (read(2) and its readahead, no fault seen) other. Counted per slot, per epoch (the
+// experts'), and add events per folio order.
 //
 // Re-reads are counted per page exactly: a bitmap with one bit per page of every mapped file; a
 // deletion sets the bits of its pages, an addition clears them and counts the bits that were set.
@@ -58,6 +67,8 @@ const volatile u32 moe_ctx_write = 1;
 const volatile u32 moe_ctx_invalidate = 1;
 const volatile u32 moe_ctx_reclaim = 1;
 const volatile u32 moe_max_tasks = 16384;
+const volatile u32 moe_have_fault = 1;       // the fault group attached (filemap:mm_filemap_fault, 6.11+)
+const volatile u32 moe_ctx_populate = 1;     // the mmap group attached (MAP_POPULATE windows)
 
 #define SMALL_WRITE 64  // a write(2) of at most this many bytes: "1G" to memory.reclaim
 
@@ -76,6 +87,7 @@ enum moe_stat {  // the `stats` map's slots, in the declaration's order (SPEC.st
     STAT_DEV_MISMATCH_EVENTS,
     STAT_ADD_RUNS,             // every run of the add program, armed or not (= its BPF run count)
     STAT_RUN_MISSES,           // a walk that left its file's window (a malformed map: never expected)
+    STAT_FAULT_EVENTS,         // filemap faults on the pool's device
     N_STATS
 };
 MOE_STAT_BTF;
@@ -110,6 +122,21 @@ MOE_RINGBUF(events);
 MOE_ARRAY(epoch_now, u32);                      // 1: the replay writes the epoch (an inherited fd)
 MOE_ARRAY(epoch_counts, struct expert_counts);  // moe_epochs * (moe_n_experts + MOE_EXTRA_SLOTS)
 MOE_ARRAY(epoch_evictors, u64);                 // moe_epochs * N_EVICTORS: pool pages deleted
+
+#define CAUSE_DEMAND 0     // the page a fault asked for
+#define CAUSE_READAHEAD 1  // the other pages a fault's read added (read-around, async readahead)
+#define CAUSE_POPULATE 2   // inside mmap(MAP_POPULATE), madvise / fadvise (WILLNEED)
+#define CAUSE_OTHER 3      // read(2) and its readahead; any add with no fault or populate context
+#define N_CAUSES 4
+#define N_ORDERS 16
+struct fault_at {
+    u64 ino;
+    u64 index;
+};
+MOE_LRU_HASH(faults, u32, struct fault_at);    // thread -> its last filemap fault on the pool's device
+MOE_ARRAY(causes, u64);                         // (moe_n_experts + MOE_EXTRA_SLOTS) * N_CAUSES: pages added
+MOE_ARRAY(epoch_causes, u64);                   // moe_epochs * N_CAUSES: expert pages added
+MOE_ARRAY(orders, u64);                         // N_CAUSES * N_ORDERS: mapped-file add events per folio order
 
 // Keep the shared structs in the object's BTF (the declaration test reads them there).
 struct page_event _page_event = {};
@@ -211,9 +238,9 @@ static __always_inline void count_piece(u32 slot, u32 kind, u64 first, u64 pages
 }
 
 // The bitmap's bits [bstart, bend): set them (delete) or clear them and count the bits that were
-// set (add). Returns the re-added pages. The masks are computed without a branch (the verifier
-// would follow every combination of first / middle / last word through the loop).
-static __always_inline u64 bitmap_update(u64 bstart, u64 bend, u32 kind)
+// set (add). Returns the re-added pages. A global function: the verifier checks it once, on its
+// own, not once per path of its caller; its masks are computed without a branch.
+__noinline u64 bitmap_update(u64 bstart, u64 bend, u32 kind)
 {
     u64 re = 0;
     u64 wfirst = bstart >> 6;
@@ -261,6 +288,16 @@ static __always_inline u32 run_find(const struct moe_win *w, u64 idx)
     return base;
 }
 
+// `v` pages of slot `slot` added for cause `c`
+static __always_inline void cause_add(u32 slot, u32 c, u64 v)
+{
+    if (!v)
+        return;
+    moe_add(&causes, slot * N_CAUSES + c, v);
+    if (moe_epochs && slot < moe_n_experts)
+        moe_add(&epoch_causes, current_epoch() * N_CAUSES + c, v);
+}
+
 // One folio event, cut into pieces of one run each: bpf_loop runs seg_step once per piece (the
 // verifier checks the step once, whatever the number of pieces: up to one per page).
 struct seg_ctx {
@@ -272,6 +309,9 @@ struct seg_ctx {
     u32 rlast;    // the window's end
     u32 kind;
     u32 ev;
+    u32 cause;    // add: CAUSE_* of the event (CAUSE_READAHEAD: a fault's, fidx its page)
+    u32 _pad;
+    u64 fidx;
 };
 
 static long seg_step(u32 s, struct seg_ctx *c)
@@ -292,11 +332,34 @@ static long seg_step(u32 s, struct seg_ctx *c)
         u64 bend = pend < c->bm_pages ? pend : c->bm_pages;
         re = bitmap_update(c->bm_base + idx, c->bm_base + bend, c->kind);
     }
-    count_piece(run->slot, c->kind, (u64)run->epage + (idx - run->start), pend - idx, re, c->ev);
+    u32 slot = run->slot;
+    count_piece(slot, c->kind, (u64)run->epage + (idx - run->start), pend - idx, re, c->ev);
+    if (c->kind == 0) {
+        u64 dem = c->cause == CAUSE_READAHEAD && c->fidx >= idx && c->fidx < pend;
+        cause_add(slot, CAUSE_DEMAND, dem);
+        cause_add(slot, c->cause, pend - idx - dem);
+    }
     c->idx = pend;
     if (pend >= rend)
         c->r = r + 1;
     return 0;
+}
+
+// Why the current thread adds a page of inode ino: CAUSE_POPULATE inside a populate window,
+// CAUSE_READAHEAD (with *fidx the page it asked for: that one is CAUSE_DEMAND) after a fault of
+// this thread on ino, else CAUSE_OTHER.
+static __always_inline u32 add_cause(u64 ino, u64 *fidx)
+{
+    if (ctx_of_current() & CTX_POPULATE)
+        return CAUSE_POPULATE;
+    if (!moe_have_fault)
+        return CAUSE_OTHER;
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    struct fault_at *f = bpf_map_lookup_elem(&faults, &tid);
+    if (!f || f->ino != ino)
+        return CAUSE_OTHER;
+    *fidx = f->index;
+    return CAUSE_READAHEAD;
 }
 
 // One folio event: [index, index + npages) of inode ino; kind 0 add, 1 delete (by
@@ -309,7 +372,15 @@ static __always_inline int account(u64 ino, u64 index, u64 npages, u32 kind, u32
         return 0;
     }
     struct seg_ctx c = {.idx = index, .end = index + npages, .bm_base = w->bm_base, .bm_pages = w->pages,
-                        .r = run_find(w, index), .rlast = w->first + w->count, .kind = kind, .ev = ev};
+                        .r = run_find(w, index), .rlast = w->first + w->count, .kind = kind, .ev = ev,
+                        .cause = CAUSE_OTHER, .fidx = ~0ULL};
+    if (kind == 0) {
+        u32 ev_cause = add_cause(ino, &c.fidx);
+        c.cause = ev_cause;
+        if (ev_cause == CAUSE_READAHEAD && c.fidx >= index && c.fidx < index + npages)
+            ev_cause = CAUSE_DEMAND;  // the folio holding the page the fault asked for
+        moe_add(&orders, ev_cause * N_ORDERS + ((moe_log2l(npages) - 1) & (N_ORDERS - 1)), 1);
+    }
     bpf_loop(moe_max_segs, seg_step, &c, 0);
     if (c.idx < c.end)
         stat_add(STAT_UNPROCESSED_PAGES, c.end - c.idx);
@@ -407,7 +478,14 @@ int tp_sys_exit_write(void *ctx) { return ctx_set(CTX_WRITE | CTX_WRITE_SMALL, 0
     int tp_sys_enter_##sc(void *ctx) { return ctx_set(bits, 1); } \
     SEC("tracepoint/syscalls/sys_exit_" #sc) \
     int tp_sys_exit_##sc(void *ctx) { return ctx_set(bits, 0); }
-CTX_PAIR(fadvise64, CTX_FADVISE)
+SEC("tracepoint/syscalls/sys_enter_fadvise64")
+int tp_sys_enter_fadvise64(struct trace_event_raw_sys_enter *ctx)
+{
+    return ctx_set(ctx->args[3] == FADV_WILLNEED_ADVICE ? CTX_FADVISE | CTX_POPULATE : CTX_FADVISE, 1);
+}
+
+SEC("tracepoint/syscalls/sys_exit_fadvise64")
+int tp_sys_exit_fadvise64(void *ctx) { return ctx_set(CTX_FADVISE | CTX_POPULATE, 0); }
 CTX_PAIR(truncate, CTX_TRUNCATE)
 CTX_PAIR(ftruncate, CTX_TRUNCATE)
 CTX_PAIR(fallocate, CTX_TRUNCATE)
@@ -417,11 +495,37 @@ CTX_PAIR(unlinkat, CTX_TRUNCATE)
 SEC("tracepoint/syscalls/sys_enter_madvise")
 int tp_sys_enter_madvise(struct trace_event_raw_sys_enter *ctx)
 {
-    return ctx->args[2] == MADV_PAGEOUT_ADVICE ? ctx_set(CTX_PAGEOUT, 1) : 0;
+    u64 advice = ctx->args[2];
+    if (advice == MADV_PAGEOUT_ADVICE)
+        return ctx_set(CTX_PAGEOUT, 1);
+    return advice == MADV_WILLNEED_ADVICE ? ctx_set(CTX_POPULATE, 1) : 0;
 }
 
 SEC("tracepoint/syscalls/sys_exit_madvise")
-int tp_sys_exit_madvise(void *ctx) { return ctx_set(CTX_PAGEOUT, 0); }
+int tp_sys_exit_madvise(void *ctx) { return ctx_set(CTX_PAGEOUT | CTX_POPULATE, 0); }
+
+// -- why pages are added: faults and populate windows (groups fault, ctx_*_mmap) --------------------
+
+SEC("tracepoint/filemap/mm_filemap_fault")
+int tp_mm_filemap_fault(struct trace_event_raw_mm_filemap_fault *ctx)
+{
+    if (moe_pool_dev && ctx->s_dev != moe_pool_dev)
+        return 0;
+    stat_add(STAT_FAULT_EVENTS, 1);
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    struct fault_at f = {.ino = ctx->i_ino, .index = ctx->index};
+    bpf_map_update_elem(&faults, &tid, &f, BPF_ANY);
+    return 0;
+}
+
+SEC("tracepoint/syscalls/sys_enter_mmap")
+int tp_sys_enter_mmap(struct trace_event_raw_sys_enter *ctx)
+{
+    return (ctx->args[3] & MAP_POPULATE_FLAG) ? ctx_set(CTX_POPULATE, 1) : 0;
+}
+
+SEC("tracepoint/syscalls/sys_exit_mmap")
+int tp_sys_exit_mmap(void *ctx) { return ctx_set(CTX_POPULATE, 0); }
 
 SEC("tracepoint/vmscan/mm_vmscan_direct_reclaim_begin")
 int tp_mm_vmscan_direct_reclaim_begin(void *ctx) { return ctx_set(CTX_DIRECT, 1); }

@@ -146,6 +146,7 @@ def test_the_paper_sized_map_loads_within_budget_and_attributes_every_page(live,
     slot = pm.classify(np.full(REAL_PAGES, ino), np.arange(REAL_PAGES))
     want = np.bincount(slot, weights=after.astype(np.int64) - before.astype(np.int64), minlength=pm.n_slots)
     assert after[REAL_PAGES // 2:].all()  # the sequential half read whole
+    got[N] = want[N] = 0  # unattributed: every other file of the device, not this test's
     bad = np.flatnonzero(got != want)
     assert not len(bad), [(int(s), int(got[s]), int(want[s])) for s in bad[:10]]
     assert got[: N].sum() > 0 and got[N + 1] > 0 and got[N + 2] > 0

@@ -219,7 +219,7 @@ def _write_epochs(epochs, pid: int, rc: int) -> None:
     import sys
 
     from moetrace.jsonutil import write_json
-    from moetrace.replay.harness import RUN_DIR_ENV
+    from moetrace.run.replaylog import RUN_DIR_ENV
     from moetrace.run.documents import REPLAY_SCHEMA
 
     d = os.environ.get(RUN_DIR_ENV)

@@ -49,7 +49,7 @@ from moetrace.errors import MoetraceError, UsageError
 from moetrace.record.probe import ProbeRecorder, RecordContext
 from moetrace.record.spec import resolve
 from moetrace.record.probes import DEFAULT_PROBES, DERIVED_KNOBS, EXPERTS_PROBES, PROBES, RECORDED, recorder_class
-from moetrace.run.replaylog import read_replay_summary, requested_from_replay
+from moetrace.run.replaylog import RUN_DIR_ENV, read_replay_summary, requested_from_replay
 from moetrace.kernel.syscalls import set_pdeathsig
 from moetrace.record.poolmap import is_model_path, model_pool_map, pool_map
 
@@ -510,7 +510,7 @@ class _Recording:
         for s in (signal.SIGINT, signal.SIGTERM):
             self.old_handlers[s] = signal.signal(s, on_signal)
         env = dict(os.environ)
-        env["MOETRACE_RUN_DIR"] = str(self.replay_dir.resolve())
+        env[RUN_DIR_ENV] = str(self.replay_dir.resolve())
         for r in self.recorders:
             env.update(r.child_env())
         self.t_start = time.monotonic_ns()
@@ -635,7 +635,8 @@ class _Recording:
             from moetrace.record.probes.pagecache import experts_table, experts_totals
 
             result_df = experts_table(self.pmap, pc.expert_counts() if pc else None, req_b, req_p,
-                                      blk.result if blk else None, pc.evictors if pc else None)
+                                      blk.result if blk else None, pc.evictors if pc else None,
+                                      pc.cause_array(pc.causes) if pc else None)
             rd.write_table(run_dir, "experts", result_df)
             manifest["tables"]["experts"] = {c.name: {"dtype": c.dtype, "unit": c.unit, "doc": c.doc}
                                              for c in PROBES["pagecache"].schema + PROBES["block"].schema}

@@ -69,10 +69,9 @@ from moetrace.inputs.plan import FlatPlan, load_flat_plan  # noqa: F401  (re-exp
 
 MODES = ("pagecache", "mmap", "direct", "pinned", "hybrid")
 PREFETCH = ("none", "fadvise", "pread")
-from moetrace.run.replaylog import ITERATIONS_FILE, SUMMARY_FILE  # noqa: E402  (the run directory contract)
+from moetrace.run.replaylog import ITERATIONS_FILE, RUN_DIR_ENV, SUMMARY_FILE  # noqa: E402,F401  (the run directory contract)
 from moetrace.run.documents import REPLAY_SCHEMA  # noqa: E402  (declared with replay.json)
 from moetrace.run.tables import TABLES  # noqa: E402
-RUN_DIR_ENV = "MOETRACE_RUN_DIR"
 PDEATHSIG_ENV = "MOETRACE_PDEATHSIG"
 PAGE = mmap.PAGESIZE
 ALIGN = 4096  # O_DIRECT alignment: a multiple of every logical block size in use (512, 4096)

@@ -92,6 +92,13 @@ class Totals(TypedDict, total=False):
     syscall_read_bytes_tracked_all_files: int | None
     experts_device_read_bytes: int | None
     unattributed_device_read_bytes: int | None
+    # a model file as the pool: its shared and non-expert pages
+    shared_added_pages: int
+    shared_evicted_pages: int
+    shared_re_added_pages: int
+    non_expert_added_pages: int
+    non_expert_evicted_pages: int
+    non_expert_re_added_pages: int
 
 
 class MglruState(TypedDict, total=False):
@@ -323,6 +330,8 @@ class Manifest(TypedDict, total=False):
     requested: Requested | None
     totals: Totals
     epochs: EpochsInfo
+    add_causes: dict[str, Any]  # pagecache: fault_tracepoint, note, folio_orders {cause: {order: add events}}
+    kernel_maps: dict[str, dict[str, Any]]  # per probe: bytes, by_map (the maps the pool sizes)
     tables: dict[str, dict[str, ColumnDoc]]  # table -> column -> its declaration
     notes: list[str]
     failed_probes: dict[str, ProbeFailure]

@@ -26,6 +26,10 @@ SUMMARY_FILE = "replay.json"
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
+#: the directory the recorded command writes its replay log (replay.json) to: `moetrace record` sets it
+RUN_DIR_ENV = "MOETRACE_RUN_DIR"
+
+
 def read_replay_summary(log_dir: str | os.PathLike) -> "ReplaySummary | None":
     """replay.json of a replay log directory (its one reader: :func:`moetrace.run.metadata.read_replay`),
     or None (absent or unreadable)."""

@@ -40,6 +40,21 @@ def _evictor_cols() -> tuple[Column, ...]:
                  for e, d in EVICTOR_DOCS.items())
 
 
+#: why pages were added (probes/pagecache.bpf.c CAUSE_*): the add columns' names and meaning
+CAUSE_DOCS = {
+    "demand": "the page a page fault asked for",
+    "readahead": "the other pages a fault's read added (read-around, async readahead); NA without the "
+                 "filemap:mm_filemap_fault tracepoint (6.11+)",
+    "populate": "inside mmap(MAP_POPULATE), madvise(MADV_WILLNEED) or fadvise(POSIX_FADV_WILLNEED)",
+    "other": "read(2) and its readahead, and any add with no fault or populate context",
+}
+
+
+def _cause_cols() -> tuple[Column, ...]:
+    return tuple(Column(f"added_{c}_pages", "Int64", "pages", f"pages added: {d}", check="n?")
+                 for c, d in CAUSE_DOCS.items())
+
+
 def _lru_pages(name: str, doc: str, check: str = "") -> Column:
     return Column(name, "Int64", "pages", doc, check)
 
@@ -78,7 +93,7 @@ EXPERTS_PAGECACHE = (
     Column("requested_pages", "Int64", "pages", "pages the replay's reads cover (NA without a replay log)", check="n?"),
     Column("hit_pages", "Int64", "pages", "requested_pages - added_pages (negative: readahead charged here)",
            check="n?"),
-) + _evictor_cols()
+) + _evictor_cols() + _cause_cols()
 
 #: ... and the block probe's, merged into the same rows
 EXPERTS_BLOCK = (
@@ -106,7 +121,8 @@ TABLES: dict[str, tuple[Column, ...]] = {
         Column("start_ns", "Int64", "ns", "CLOCK_MONOTONIC when the epoch began", check="n"),
         Column("end_ns", "Int64", "ns", "when the next began (or the recording ended)", check="n"),
         Column("folded", "boolean", "", "later epochs beyond the array were counted here too"))
-        + tuple(Column(c.name, c.dtype, c.unit, c.doc + " (pool experts, this epoch)") for c in _evictor_cols()),
+        + tuple(Column(c.name, c.dtype, c.unit, c.doc + " (pool experts, this epoch)")
+                for c in _evictor_cols() + _cause_cols()),
     # -- block (probes/block.bpf.c, moetrace.record.probes.block)
     "block_latency": (Column("dev", I64, "", "tracepoint dev (major << 20) | minor"),
         Column("disk", "string"), Column("slot", "int32"), Column("lo_ns", "uint64", "ns"),

@@ -38,10 +38,14 @@ def _ctx_groups() -> tuple[AttachGroup, ...]:
               required=False, knob="MOE_CTX_WRITE") for d in ("enter", "exit")]
     for sc in _CTX_INVALIDATE:
         for d in ("enter", "exit"):
-            fields = ("behavior",) if (sc == "madvise" and d == "enter") else ()
+            fields = {"madvise": ("behavior",), "fadvise64": ("advice",)}.get(sc, ()) if d == "enter" else ()
             out.append(group(f"ctx_{d}_{sc}", tp_cand(f"syscalls:sys_{d}_{sc}", fields=fields,
                                                     note="an invalidating syscall in flight (evictor class)"),
                           required=False, knob="MOE_CTX_INVALIDATE"))
+    for d in ("enter", "exit"):
+        out.append(group(f"ctx_{d}_mmap", tp_cand(f"syscalls:sys_{d}_mmap", fields=("flags",) if d == "enter" else (),
+                                                note="an mmap(MAP_POPULATE) in flight: the pages it adds are populate"),
+                         required=False, knob="MOE_CTX_POPULATE"))
     for w in ("direct", "memcg"):
         for d in ("begin", "end"):
             out.append(group(f"ctx_{w}_{d}", tp_cand(f"vmscan:mm_vmscan_{w}_reclaim_{d}",
@@ -76,6 +80,10 @@ PAGECACHE = ProbeSpec(
         group("newtask", tp_cand("task:task_newtask", fields=("pid", "clone_flags"),
                               note="follow the command's child processes (threads share the tgid)"),
            required=False, knob="MOE_FOLLOW_FORKS"),
+        group("fault", tp_cand("filemap:mm_filemap_fault", fields=("i_ino", "s_dev", "index"),
+                            note="a page fault on a file page (6.11+): the page it asks for is demand, the other "
+                                 "pages its read adds readahead; without it they count as other"),
+           required=False, knob="MOE_HAVE_FAULT"),
     ) + _ctx_groups(),
     knobs=(
         Knob("MOE_POOL_DEV", 0,
@@ -107,7 +115,9 @@ PAGECACHE = ProbeSpec(
         Knob("MOE_CTX_WRITE", 1, "1: the write(2) evictor context (drop_caches; memory.reclaim when small)"),
         Knob("MOE_CTX_INVALIDATE", 1, "1: the fadvise64 / truncate-family / madvise evictor contexts"),
         Knob("MOE_CTX_RECLAIM", 1, "1: the direct / memcg reclaim windows (evictor context)"),
-        Knob("MOE_MAX_TASKS", 16384, "task -> evictor context entries (LRU hash)"),
+        Knob("MOE_MAX_TASKS", 16384, "task -> evictor context entries (LRU hash), and task -> last fault"),
+        Knob("MOE_HAVE_FAULT", 1, "1: the fault group (filemap:mm_filemap_fault) tells demand pages from readahead"),
+        Knob("MOE_CTX_POPULATE", 1, "1: the mmap group (MAP_POPULATE windows: the populate cause)"),
     ),
     table="experts",
     schema=EXPERTS_PAGECACHE,
@@ -116,7 +126,7 @@ PAGECACHE = ProbeSpec(
     more_tables=named_tables("expert_epochs", "epochs"),
     stats=("add_events", "delete_events", "pool_dev_add_events", "pool_dev_delete_events", "unprocessed_pages",
            "read_bytes", "read_calls", "tgid_map_full", "ring_drops", "bitmap_misses", "dev_mismatch_events",
-           "add_runs", "run_misses"),
+           "add_runs", "run_misses", "fault_events"),
     structs=(
         Struct("expert_counts", (("added_pages", "u64"), ("evicted_pages", "u64"), ("re_added_pages", "u64"))),
         Struct("moe_win", (("first", "u32"), ("count", "u32"), ("bm_base", "u64"), ("pages", "u64"))),
@@ -129,6 +139,9 @@ PAGECACHE = ProbeSpec(
 
 SPEC = PAGECACHE
 MAX_TGIDS = 1024
+#: why a page was added (probes/pagecache.bpf.c CAUSE_*, in order)
+CAUSES = ("demand", "readahead", "populate", "other")
+N_ORDERS = 16
 
 
 def _derived(k: dict) -> dict[str, int]:
@@ -145,7 +158,9 @@ def _map_sizes(k: dict[str, int]) -> dict[str, int]:
             "evicted_bm": max(1, int(k["MOE_BM_WORDS"])), "stats": len(SPEC.stats),
             "tgids": MAX_TGIDS, "evictors": n * ev, "task_ctx": int(k["MOE_MAX_TASKS"]),
             "events": 4096 * (int(k["MOE_RING_PAGES"]) if k["MOE_STREAM_EVENTS"] else 1), "epoch_now": 1,
-            "epoch_counts": max(1, eps * n), "epoch_evictors": max(1, eps * ev)}
+            "epoch_counts": max(1, eps * n), "epoch_evictors": max(1, eps * ev),
+            "faults": int(k["MOE_MAX_TASKS"]), "causes": n * len(CAUSES), "epoch_causes": max(1, eps * len(CAUSES)),
+            "orders": len(CAUSES) * N_ORDERS}
 #: bytes per entry of the maps a pool sizes: the value (arrays), key + value + the hash table's
 #: ~48-byte element header (inodes)
 MAP_ENTRY_BYTES = {"inodes": 8 + 24 + 48, "runs": 16, "evicted_bm": 8, "counts": 24, "evictors": 8,
@@ -203,8 +218,8 @@ class PagecacheRecorder(ProbeRecorder):
         super().__init__(ctx)
         self.stream = None
         self.epoch_fd: int | None = None
-        self.counts = self.evictors = None
-        self.epoch_counts = self.epoch_evictors = None
+        self.counts = self.evictors = self.causes = self.orders = None
+        self.epoch_counts = self.epoch_evictors = self.epoch_causes = None
         self.stats: dict[str, int] = {}
         self.misses: dict[str, int | None] = {}
         self.events_raw: bytes | None = None
@@ -297,6 +312,8 @@ class PagecacheRecorder(ProbeRecorder):
                 self.intervals = self.stream.intervals
             self.counts = read_array(self.probe.table("counts"), EXPERT_COUNTS_DTYPE)
             self.evictors = read_array(self.probe.table("evictors"), U64).astype(np.int64).reshape(-1, len(EVICTORS))
+            self.causes = read_array(self.probe.table("causes"), U64).astype(np.int64).reshape(-1, len(CAUSES))
+            self.orders = read_array(self.probe.table("orders"), U64).astype(np.int64).reshape(len(CAUSES), N_ORDERS)
             if self.knobs.get("MOE_EPOCHS"):  # as far as the counts reached (~100 MB for every slot)
                 # epoch_hi is a plain max from every CPU (a raise can lose a race to a lower one):
                 # the replay's last epoch bounds it too
@@ -307,6 +324,8 @@ class PagecacheRecorder(ProbeRecorder):
                                                n=reached * slots)
                 self.epoch_evictors = read_array(self.probe.table("epoch_evictors"), U64,
                                                  n=reached * len(EVICTORS)).astype(np.int64).reshape(-1, len(EVICTORS))
+                self.epoch_causes = read_array(self.probe.table("epoch_causes"), U64,
+                                               n=reached * len(CAUSES)).astype(np.int64).reshape(-1, len(CAUSES))
             self.stats = self.read_stats()
             self.misses = self.recursion_misses()
         except Exception as e:  # noqa: BLE001 - a read failure must still detach
@@ -319,6 +338,14 @@ class PagecacheRecorder(ProbeRecorder):
         close_fd(self.epoch_fd)
         self.epoch_fd = None
         super().abort()
+
+    def cause_array(self, a: np.ndarray | None) -> np.ndarray | None:
+        """``a`` (rows x CAUSES) with demand and readahead NA (-1) when no fault was seen."""
+        if a is None or self.knobs.get("MOE_HAVE_FAULT"):
+            return a
+        out = a.copy()
+        out[:, :2] = -1
+        return out
 
     # -- tables -------------------------------------------------------------------------------
     def expert_counts(self) -> list[tuple[int, int, int]] | None:
@@ -336,6 +363,15 @@ class PagecacheRecorder(ProbeRecorder):
 
         st = self.stats
         manifest.setdefault("stats", {})[self.name] = st
+        if self.orders is not None:
+            have = bool(self.knobs.get("MOE_HAVE_FAULT"))
+            manifest["add_causes"] = {
+                "fault_tracepoint": have,
+                "note": None if have else "no filemap:mm_filemap_fault on this kernel (6.11+): a fault's pages "
+                                          "count as other, demand and readahead are NA",
+                "folio_orders": {c: {str(o): int(n) for o, n in enumerate(row) if n}
+                                 for c, row in zip(CAUSES, self.orders)},
+            }
         budget = map_budget(self.knobs)
         manifest.setdefault("kernel_maps", {})[self.name] = {"bytes": sum(budget.values()), "by_map": budget}
         misses = self.misses
@@ -357,7 +393,8 @@ class PagecacheRecorder(ProbeRecorder):
             eps = epochs_from_replay(rdoc, self.ctx.command_start_ns, self.ctx.command_end_ns)
             epoch_df = meta = None
             if eps:
-                epoch_df, meta = epoch_tables(self.epoch_counts, eps, self.ctx.pmap, self.epoch_evictors)
+                epoch_df, meta = epoch_tables(self.epoch_counts, eps, self.ctx.pmap, self.epoch_evictors,
+                                              self.cause_array(self.epoch_causes))
                 for tname, tdf in (("expert_epochs", epoch_df), ("epochs", meta)):
                     rd.write_table(run_dir, tname, tdf)
                     tables[tname] = schema_doc(SPEC, tname)
@@ -388,7 +425,8 @@ def extra_kinds(pmap) -> tuple[str, ...]:
 
 
 def experts_table(pmap, counts: list[tuple[int, int, int]] | None, req_bytes: np.ndarray | None,
-                  req_pages: np.ndarray | None, block=None, evictors: np.ndarray | None = None) -> pd.DataFrame:
+                  req_pages: np.ndarray | None, block=None, evictors: np.ndarray | None = None,
+                  causes: np.ndarray | None = None) -> pd.DataFrame:
     """experts.parquet: one row per expert (in expert_id order), then the unattributed row (and a
     model file's shared and non_expert rows: :func:`extra_kinds`).
 
@@ -397,7 +435,8 @@ def experts_table(pmap, counts: list[tuple[int, int, int]] | None, req_bytes: np
     :class:`moetrace.record.probes.block.BlockResult`, or None: NA). The unattributed row's
     device_read_bytes is the bytes of no expert (every disk's when no pool was named),
     its bios NA (not counted apart). ``evictors``: the probe's slots x EVICTORS
-    array of pages deleted per evictor class (NA columns when None)."""
+    array of pages deleted per evictor class (NA columns when None); ``causes``: slots x CAUSES
+    pages added per cause (-1 or None: NA)."""
     from moetrace.record.probes.block import SPEC as block_spec
 
     n = pmap.n_total if pmap is not None else 0
@@ -431,6 +470,9 @@ def experts_table(pmap, counts: list[tuple[int, int, int]] | None, req_bytes: np
     for i, ev in enumerate(EVICTORS):
         df[f"evicted_by_{ev}_pages"] = pd.array(
             evictors[:rows, i].tolist() if evictors is not None else [pd.NA] * rows, dtype="Int64")
+    for i, cause in enumerate(CAUSES):
+        v = causes[:rows, i].tolist() if causes is not None else [pd.NA] * rows
+        df[f"added_{cause}_pages"] = pd.array([pd.NA if x == -1 else x for x in v], dtype="Int64")
     if block is not None:
         per = block.per_expert.set_index("expert_id").reindex(range(n))
         unattr = block.unattributed_bytes if block.index_used else block.kernel_read_bytes
@@ -463,8 +505,8 @@ def experts_totals(df: pd.DataFrame, requested: bool, read_bytes: int | None) ->
     }
 
 
-def epoch_tables(arr: np.ndarray, epochs: list, pmap, evictors: np.ndarray | None = None
-                 ) -> tuple[pd.DataFrame, pd.DataFrame]:
+def epoch_tables(arr: np.ndarray, epochs: list, pmap, evictors: np.ndarray | None = None,
+                 causes: np.ndarray | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(expert_epochs, epochs) from the probe's epoch_counts array and the epochs the replay
     assigned (:func:`moetrace.run.epochs.epochs_from_replay`).
 
@@ -507,6 +549,9 @@ def epoch_tables(arr: np.ndarray, epochs: list, pmap, evictors: np.ndarray | Non
     for i, ev in enumerate(EVICTORS):  # pool pages deleted in the epoch, by evictor class
         meta[f"evicted_by_{ev}_pages"] = pd.array(
             evictors[: used, i].tolist() if evictors is not None else [pd.NA] * used, dtype="Int64")
+    for i, cause in enumerate(CAUSES):  # expert pages added in the epoch, by cause
+        v = causes[: used, i].tolist() if causes is not None else [pd.NA] * used
+        meta[f"added_{cause}_pages"] = pd.array([pd.NA if x == -1 else x for x in v], dtype="Int64")
     return df, meta
 
 
