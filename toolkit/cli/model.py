@@ -73,8 +73,10 @@ def synth(out, layers, experts, k, n_embd, n_ff_exp, head_dim, vocab, dtype, ali
 @click.option("--cold", is_flag=True,
               help="Drop the model's pages from the page cache before every pass (process_madvise "
                    "MADV_PAGEOUT on the engine's mappings, then FADV_DONTNEED): each token reads what it routes.")
+@click.option("--cgroup", type=click.Path(file_okay=False, exists=True), default=None,
+              help="A cgroup directory the engine joins before it loads the model (this driver stays out).")
 @click.option("--json", "as_json", is_flag=True, help="Print the logger's summary as JSON.")
-def route(model_path, out, tokens, prompt, load_mode, threads, no_repack, advise, cold, as_json):
+def route(model_path, out, tokens, prompt, load_mode, threads, no_repack, advise, cold, cgroup, as_json):
     """Generate TOKENS tokens from MODEL with llama.cpp (the set-up's engine, greedy, no warm-up)
     and write each decode's routing as moetrace's router trace: per (step, layer) the experts in
     the router's rank order, with the decode's start and duration (`t_ns`, `decode_ns`). `trace
@@ -91,7 +93,7 @@ def route(model_path, out, tokens, prompt, load_mode, threads, no_repack, advise
     """
     from moetrace.engines.llamacpp import log_routing
 
-    s = log_routing(model_path, out, cold=cold, tokens=tokens, prompt=prompt, load_mode=load_mode, threads=threads,
+    s = log_routing(model_path, out, cold=cold, cgroup=cgroup, tokens=tokens, prompt=prompt, load_mode=load_mode, threads=threads,
                     repack=not no_repack, advise=advise)
     if as_json:
         emit_json({"out": out, **s})

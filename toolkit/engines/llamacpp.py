@@ -133,7 +133,8 @@ def route_command(e: Engine, model: str | os.PathLike, out: str | os.PathLike, t
                   *(["--step", f"{step_fds[0]},{step_fds[1]}"] if step_fds else []))
 
 
-def log_routing(model: str | os.PathLike, out: str | os.PathLike, cold: bool = False, **kw: Any) -> dict[str, Any]:
+def log_routing(model: str | os.PathLike, out: str | os.PathLike, cold: bool = False, cgroup: str | None = None,
+                **kw: Any) -> dict[str, Any]:
     """Run the routing logger (route_command's options) to completion; its summary (tokens,
     prompt_tokens, eval_ms, n_eval, layers, load_mode). MoetraceError with the logger's words
     when it fails; ``out`` is then removed.
@@ -142,7 +143,8 @@ def log_routing(model: str | os.PathLike, out: str | os.PathLike, cold: bool = F
     of its own (load, prefill, decode 0, 1, ...: the run's expert_epochs are per token) and
     replay.json in MOETRACE_RUN_DIR says which; ``cold``: the model's pages are dropped from the
     page cache before every pass (:func:`moetrace.engines.pageout.empty_cache`), so each token
-    reads what it routes."""
+    reads what it routes. ``cgroup``: a cgroup directory the logger joins before the model loads
+    (this process stays out: a cell's wall holds the engine alone)."""
     import subprocess
     import tempfile
 
@@ -151,8 +153,8 @@ def log_routing(model: str | os.PathLike, out: str | os.PathLike, cold: bool = F
     e = require_engine()
     epochs = EpochWriter.from_env()
     with tempfile.TemporaryFile() as err_f:
-        if cold or epochs is not None:
-            rc, emptied = _stepped(e, model, out, cold, epochs, err_f, kw)
+        if cold or epochs is not None or cgroup is not None:
+            rc, emptied = _stepped(e, model, out, cold, epochs, err_f, kw, cgroup)
         else:
             rc, emptied = subprocess.run(route_command(e, model, out, **kw), env=e.env(), stderr=err_f).returncode, []
         err_f.seek(0)
@@ -169,9 +171,11 @@ def log_routing(model: str | os.PathLike, out: str | os.PathLike, cold: bool = F
     return summary
 
 
-def _stepped(e: Engine, model, out, cold: bool, epochs, err_f, kw: dict) -> tuple[int, list[dict]]:
-    """The logger with a driver between its passes (route_log.c --step): the cache emptied
-    (``cold``), the epoch moved; (exit status, what each emptying found)."""
+def _stepped(e: Engine, model, out, cold: bool, epochs, err_f, kw: dict, cgroup: str | None = None
+             ) -> tuple[int, list[dict]]:
+    """The logger with a driver before its load (into ``cgroup``) and between its passes
+    (route_log.c --step): the cache emptied (``cold``), the epoch moved; (exit status, what
+    each emptying found)."""
     import subprocess
 
     from moetrace.engines.pageout import empty_cache
@@ -181,7 +185,6 @@ def _stepped(e: Engine, model, out, cold: bool, epochs, err_f, kw: dict) -> tupl
     emptied: list[dict] = []
     if epochs is not None:
         epochs.begin_steps()
-        epochs.step("load", None)
     try:
         p = subprocess.Popen(route_command(e, model, out, step_fds=(w_ready, r_go), **kw), env=e.env(),
                              stderr=err_f, pass_fds=(w_ready, r_go))
@@ -192,6 +195,13 @@ def _stepped(e: Engine, model, out, cold: bool, epochs, err_f, kw: dict) -> tupl
         with os.fdopen(r_ready, "rb") as ready:
             for line in ready:
                 word = line.split()
+                if word == [b"load"]:
+                    if cgroup is not None:
+                        Path(cgroup, "cgroup.procs").write_text(f"{p.pid}\n")
+                    if epochs is not None:
+                        epochs.step("load", None)
+                    os.write(w_go, b"g")
+                    continue
                 if not word or word[0] != b"pass":
                     break
                 n = int(word[1])

@@ -14,9 +14,10 @@
 // --advise normal|random|sequential: after the load, madvise every mapping of the model file
 // (found in /proc/self/maps) so: random turns the fault path's readahead off (one page per
 // fault), as an engine with MADV_RANDOM would.
-// --step READY_FD,GO_FD: before each pass (the prompt's, then one per token) write "pass N\n" to
-// READY_FD and wait for a byte on GO_FD (the driver, moetrace.engines.llamacpp.route_steps, empties
-// the cache and moves the recorder's epoch in between); "end\n" after the last.
+// --step READY_FD,GO_FD: before the model loads write "load\n" to READY_FD, and before each pass
+// (the prompt's, then one per token) "pass N\n", each time waiting for a byte on GO_FD (the
+// driver, moetrace.engines.llamacpp.log_routing, moves the logger into a cgroup, empties the
+// cache and moves the recorder's epoch in between); "end\n" after the last.
 //
 // usage: moetrace-route-log -m MODEL -o OUT.jsonl [-p PROMPT] [-n TOKENS] [-t THREADS]
 //                           [-l auto|none|mmap|mlock|mmap+mlock|dio] [-r REQUEST] [--no-repack] [--stop-at-eog]
@@ -193,6 +194,10 @@ int main(int argc, char **argv) {
     mp.load_mode = llama_load_mode_from_str(mode);
     mp.use_extra_bufts = repack;
     mp.progress_callback = silent_progress;
+    if (step_wait(ready, go, "load\n") != 0) {
+        fprintf(stderr, "--step: the driver is gone before the load\n");
+        return 1;
+    }
     struct llama_model *model = llama_model_load_from_file(model_path, mp);
     if (!model) {
         fprintf(stderr, "%s: the model did not load\n", model_path);
