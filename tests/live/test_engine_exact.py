@@ -59,19 +59,19 @@ def test_each_token_adds_exactly_the_pages_of_the_experts_it_routed(live, engine
     E, L, ppe = 64, 8, 192
     assert len(routed) == TOKENS * L
     ee, ep = _per_token(run)
-    dec = ep[ep["phase"] == "decode"]
+    dec = ep[ep["phase"] == "measured"]
     assert dec["iteration"].tolist() == list(range(TOKENS))  # one epoch per token, none folded
     assert not ep["folded"].any()
     want = np.zeros((TOKENS, L * E), np.int64)
     for r in routed:
         want[r["step"], r["layer"] * E + np.array(r["experts"])] = ppe
     got = np.zeros_like(want)
-    x = ee[(ee["phase"] == "decode") & (ee["kind"] == "expert")]
+    x = ee[(ee["phase"] == "measured") & (ee["kind"] == "expert")]
     got[x["iteration"].astype(int), x["expert_id"].astype(int)] = x["added_pages"].astype(np.int64)
     bad = [(t, int((got[t] != want[t]).sum())) for t in range(TOKENS) if (got[t] != want[t]).any()]
     assert not bad, f"tokens whose added pages differ from their routing (token, experts): {bad[:8]}"
     assert (want.sum(axis=1) == 8 * L * ppe).all()  # top-8 of 64 in each of 8 layers, 768 KiB each
-    other = ee[(ee["phase"] == "decode") & (ee["kind"] == "non_expert")].groupby("iteration")["added_pages"].sum()
+    other = ee[(ee["phase"] == "measured") & (ee["kind"] == "non_expert")].groupby("iteration")["added_pages"].sum()
     assert len(other) == TOKENS and (other > 0).all()  # the non-expert weights each token reads
     assert not (ee["kind"] == "shared").any()  # alignment 4096: no page has two owners
     # the whole recording: per expert, device bytes (block, by the model's extents) = added pages
@@ -106,7 +106,7 @@ def test_pages_two_experts_share_count_as_shared_never_as_either(live, engine, t
         rows = [r for r in trace if r.get("phase") != "prefill" and r["step"] == t]
         routed = {r["layer"] * 64 + x for r in rows for x in r["experts"]}
         names = {f"L{s // 64}E{s % 64}" for s in routed}
-        x = ee[(ee["iteration"] == t) & (ee["phase"] == "decode")]
+        x = ee[(ee["iteration"] == t) & (ee["phase"] == "measured")]
         got = {int(r.expert_id): int(r.added_pages) for r in x[x["kind"] == "expert"].itertuples() if r.added_pages}
         assert got == {s: own[s] for s in routed if own[s]}, t
         shared = int(x.loc[x["kind"] == "shared", "added_pages"].sum())

@@ -36,7 +36,7 @@ import numpy as np
 
 from moetrace.errors import UsageError
 
-ENGINE_CELL_JSON = "engine_cell.json"
+from moetrace.run.handle import ENGINE_CELL_JSON  # noqa: E402  (the directory contract)
 ENGINE_CELL_SCHEMA = "moetrace.engine_cell/1"
 MIB = 1 << 20
 #: the loaders a cell names: llama.cpp's stock mmap, and the same with readahead off on the fault path
@@ -115,7 +115,8 @@ def _argv(spec: EngineCellSpec, run: Path, trace: Path, cgroup: Path) -> list[st
     """`moetrace record` (outside the wall) around the routing logger (joining it)."""
     py = [spec.python, "-m", "moetrace.cli"]
     route = [*py, "model", "route", spec.model, "-o", str(trace), "-n", str(spec.tokens), "--prompt", spec.prompt,
-             "--load-mode", spec.load_mode, "--threads", str(spec.threads), "--cgroup", str(cgroup)]
+             "--load-mode", spec.load_mode, "--threads", str(spec.threads), "--cgroup", str(cgroup),
+             "--warmup-tokens", str(spec.warmup_tokens)]
     if LOADERS[spec.loader]:
         route += ["--advise", LOADERS[spec.loader]]
     return [*py, "record", "--out", str(run), "--pool", spec.model, "--probes", "pagecache,block", "--", *route]
@@ -188,7 +189,7 @@ def engine_figures(run: Path, trace: Path, pm, spec: EngineCellSpec) -> dict[str
 
     ee = pd.read_parquet(run / "expert_epochs.parquet")
     ep = pd.read_parquet(run / "epochs.parquet")
-    dec = ep[ep["phase"] == "decode"].copy()
+    dec = ep[ep["phase"].isin(["warmup", "measured"])].copy()
     dec["token"] = dec["iteration"].astype(int)
     routed = {t: {la * pm.n_experts + e for la, e in s} for t, s in _routing(trace).items()}
     model = ee[ee["kind"].isin(MODEL_KINDS)].merge(dec[["epoch", "token"]], on="epoch")

@@ -51,6 +51,7 @@ class LazyGroup(click.Group):
         "calibrate": ".calibrate:calibrate",
         "lab": ".lab:lab",
         "watch": ".watch:watch",
+        "engine": ".engine:engine",
     },
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -61,7 +62,8 @@ def cli() -> None:
     \b
     Offline (no root):  trace parse|import|synth|stats, plan compile|inspect, sim
     Pools:              pool create|verify|map (a model file's experts as extents)
-    Models:             model synth (a tiny MoE GGUF that llama.cpp runs)
+    Models:             model synth (a tiny MoE GGUF that llama.cpp runs), model route (its routing per token)
+    Engines (root):     engine cell|sweep (llama.cpp under a memory wall of C, recorded per token)
     Replay:             replay (also the `replay` command)
     Capacity (root):    cell, sweep
     Kernel:             doctor (what this kernel can trace, and why not)

@@ -75,16 +75,20 @@ def synth(out, layers, experts, k, n_embd, n_ff_exp, head_dim, vocab, dtype, ali
                    "MADV_PAGEOUT on the engine's mappings, then FADV_DONTNEED): each token reads what it routes.")
 @click.option("--cgroup", type=click.Path(file_okay=False, exists=True), default=None,
               help="A cgroup directory the engine joins before it loads the model (this driver stays out).")
+@click.option("--warmup-tokens", type=click.IntRange(0), default=0, show_default=True,
+              help="Under `moetrace record`: the first N tokens' epochs are phase warmup, the rest measured.")
 @click.option("--json", "as_json", is_flag=True, help="Print the logger's summary as JSON.")
-def route(model_path, out, tokens, prompt, load_mode, threads, no_repack, advise, cold, cgroup, as_json):
+def route(model_path, out, tokens, prompt, load_mode, threads, no_repack, advise, cold, cgroup, warmup_tokens,
+          as_json):
     """Generate TOKENS tokens from MODEL with llama.cpp (the set-up's engine, greedy, no warm-up)
     and write each decode's routing as moetrace's router trace: per (step, layer) the experts in
     the router's rank order, with the decode's start and duration (`t_ns`, `decode_ns`). `trace
     stats`, `plan compile` and `sim` read it as they read any trace.
 
     \b
-    Under `moetrace record` each pass is an epoch of its own (load, prefill, then one per token):
-    the run's expert_epochs table is per token.
+    Under `moetrace record` each pass is an epoch of its own (load, prefill, then one per token:
+    phase warmup for the first --warmup-tokens, then measured): the run's expert_epochs table is
+    per token.
 
     \b
     Examples:
@@ -93,7 +97,7 @@ def route(model_path, out, tokens, prompt, load_mode, threads, no_repack, advise
     """
     from moetrace.engines.llamacpp import log_routing
 
-    s = log_routing(model_path, out, cold=cold, cgroup=cgroup, tokens=tokens, prompt=prompt, load_mode=load_mode, threads=threads,
+    s = log_routing(model_path, out, cold=cold, cgroup=cgroup, warmup_tokens=warmup_tokens, tokens=tokens, prompt=prompt, load_mode=load_mode, threads=threads,
                     repack=not no_repack, advise=advise)
     if as_json:
         emit_json({"out": out, **s})

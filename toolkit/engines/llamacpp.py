@@ -134,14 +134,15 @@ def route_command(e: Engine, model: str | os.PathLike, out: str | os.PathLike, t
 
 
 def log_routing(model: str | os.PathLike, out: str | os.PathLike, cold: bool = False, cgroup: str | None = None,
-                **kw: Any) -> dict[str, Any]:
+                warmup_tokens: int = 0, **kw: Any) -> dict[str, Any]:
     """Run the routing logger (route_command's options) to completion; its summary (tokens,
     prompt_tokens, eval_ms, n_eval, layers, load_mode). MoetraceError with the logger's words
     when it fails; ``out`` is then removed.
 
     Under ``moetrace record`` (the pagecache probe's epoch map inherited) every pass is an epoch
-    of its own (load, prefill, decode 0, 1, ...: the run's expert_epochs are per token) and
-    replay.json in MOETRACE_RUN_DIR says which; ``cold``: the model's pages are dropped from the
+    of its own (load, prefill, then per token: phase warmup for the first ``warmup_tokens``, then
+    measured, iteration = the token: the run's expert_epochs are per token) and replay.json in
+    MOETRACE_RUN_DIR says which; ``cold``: the model's pages are dropped from the
     page cache before every pass (:func:`moetrace.engines.pageout.empty_cache`), so each token
     reads what it routes. ``cgroup``: a cgroup directory the logger joins before the model loads
     (this process stays out: a cell's wall holds the engine alone)."""
@@ -154,7 +155,7 @@ def log_routing(model: str | os.PathLike, out: str | os.PathLike, cold: bool = F
     epochs = EpochWriter.from_env()
     with tempfile.TemporaryFile() as err_f:
         if cold or epochs is not None or cgroup is not None:
-            rc, emptied = _stepped(e, model, out, cold, epochs, err_f, kw, cgroup)
+            rc, emptied = _stepped(e, model, out, cold, epochs, err_f, kw, cgroup, warmup_tokens)
         else:
             rc, emptied = subprocess.run(route_command(e, model, out, **kw), env=e.env(), stderr=err_f).returncode, []
         err_f.seek(0)
@@ -171,8 +172,8 @@ def log_routing(model: str | os.PathLike, out: str | os.PathLike, cold: bool = F
     return summary
 
 
-def _stepped(e: Engine, model, out, cold: bool, epochs, err_f, kw: dict, cgroup: str | None = None
-             ) -> tuple[int, list[dict]]:
+def _stepped(e: Engine, model, out, cold: bool, epochs, err_f, kw: dict, cgroup: str | None = None,
+             warmup_tokens: int = 0) -> tuple[int, list[dict]]:
     """The logger with a driver before its load (into ``cgroup``) and between its passes
     (route_log.c --step): the cache emptied (``cold``), the epoch moved; (exit status, what
     each emptying found)."""
@@ -208,7 +209,8 @@ def _stepped(e: Engine, model, out, cold: bool, epochs, err_f, kw: dict, cgroup:
                 if cold:
                     emptied.append(empty_cache(p.pid, model))
                 if epochs is not None:
-                    epochs.step("prefill" if n == 0 else "decode", None if n == 0 else n - 1)
+                    epochs.step("prefill" if n == 0 else "warmup" if n - 1 < warmup_tokens else "measured",
+                                None if n == 0 else n - 1)
                 os.write(w_go, b"g")
         rc = p.wait()
     except BaseException:

@@ -53,7 +53,7 @@ def load_units(path: str | os.PathLike) -> dict[str, list]:
         if not runs:
             raise InputError("no retained recorded cell in this sweep", path=str(p),
                              hint="run the sweep with --record")
-    elif kind in ("run", "cell"):
+    elif kind in ("run", "cell", "engine_cell"):
         runs = [open_run(p, unrecorded=True)]
     else:
         subs = sorted(d for d in p.iterdir() if d.is_dir()) if p.is_dir() else []
@@ -62,7 +62,7 @@ def load_units(path: str | os.PathLike) -> dict[str, list]:
                 k = kind_of(d)
             except InputError:
                 continue
-            if k in ("run", "cell"):
+            if k in ("run", "cell", "engine_cell"):
                 runs.append(open_run(d, unrecorded=True))  # an unrecorded cell: its cell.json metrics
         if not runs:
             raise InputError("not a run, cell or sweep, nor a directory of them", path=str(p),

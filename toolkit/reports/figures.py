@@ -235,3 +235,23 @@ def sim_png(table: pd.DataFrame) -> bytes:
     fig, ax = new_figure(7, 4.5)
     plot_sim(table, ax)
     return png_bytes(fig)
+
+
+def engine_sweep_png(cap: pd.DataFrame) -> bytes:
+    """Decode time and device bytes per token against C, per loader (the range of the repeats as
+    error bars), with the routed miss demand (LRU at C) beside the device bytes."""
+    fig, (a, b) = new_figure(10, 3.8, ncols=2)
+    for lo, g in cap.groupby("loader"):
+        x = g["capacity_bytes"] / 2**20
+        for ax, f, scale in ((a, "decode_ms_per_token", 1), (b, "device_bytes_per_token", 2**20)):
+            y = g[f] / scale
+            err = [(g[f] - g[f"{f}_min"]) / scale, (g[f"{f}_max"] - g[f]) / scale]
+            ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=lo)
+    g = cap.groupby("capacity_bytes")["miss_bytes_per_token"].median()
+    b.plot(g.index / 2**20, g.to_numpy() / 2**20, "k--", label="routed miss demand (LRU at C)")
+    a.set(xlabel="C (MiB)", ylabel="decode time per token (ms)", title="decode time")
+    b.set(xlabel="C (MiB)", ylabel="device MiB per token", title="device reads", yscale="log")
+    for ax in (a, b):
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    return png_bytes(fig)

@@ -29,6 +29,9 @@ from moetrace.run.documents import Cell, Manifest, ReplaySummary, Snapshot, Snap
 
 CELL_JSON = "cell.json"
 SWEEP_RESULTS = "results.parquet"
+#: an engine cell's and an engine sweep's documents (moetrace.capacity.enginecell)
+ENGINE_CELL_JSON = "engine_cell.json"
+ENGINE_SWEEP_JSON = "engine_sweep.json"
 
 
 class Tables(Mapping):
@@ -136,7 +139,10 @@ def open_run(path: str | os.PathLike, unrecorded: bool = False) -> Run:
     (no probe tables; the manifest holds the replay's plan, pool and the cell's kernel)."""
     p = Path(path)
     cell = None
-    if (p / CELL_JSON).is_file():
+    if (p / ENGINE_CELL_JSON).is_file():
+        cell = engine_cell_as_cell(p)
+        p = p / "run"
+    elif (p / CELL_JSON).is_file():
         cell = metadata.read_cell(p / CELL_JSON)
         if not (p / "run" / rundir.MANIFEST).is_file():
             if unrecorded:
@@ -161,6 +167,27 @@ def open_run(path: str | os.PathLike, unrecorded: bool = False) -> Run:
     snaps = metadata.read_snapshots(p / "snapshots.json") if (p / "snapshots.json").is_file() else {}
     folded = p / "stacks.folded"
     return Run(p, manifest, Tables(paths, manifest), snaps, cell, replay, folded if folded.is_file() else None)
+
+
+def engine_cell_as_cell(p: Path) -> Cell:
+    """An engine cell's engine_cell.json as the cell figures a check compares: a decode token is
+    its iteration (decode time, device bytes and miss demand per token), the loader its mode."""
+    import json
+
+    try:
+        d = json.loads((p / ENGINE_CELL_JSON).read_text())
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot read the engine cell: {e}", path=str(p / ENGINE_CELL_JSON)) from None
+    if not isinstance(d, dict) or not isinstance(d.get("inputs"), dict):
+        raise InputError("not an engine cell document", path=str(p / ENGINE_CELL_JSON))
+    ms = d.get("decode_ms_p50")
+    return cast(Cell, {"capacity_bytes": d["inputs"].get("capacity_bytes"), "mechanism": "cgroup",
+                       "mode": d.get("label"), "retained": bool(d.get("retained")), "host": d.get("host"),
+                       "kernel": {"release": d.get("kernel")}, "measured_iterations": d.get("measured_tokens"),
+                       "iteration_time_median_ns": None if ms is None else ms * 1e6,
+                       "device_bytes_per_iteration": d.get("device_bytes_per_token"),
+                       "miss_bytes_per_iteration": d.get("miss_bytes_per_token"),
+                       "amplification": d.get("amplification"), "engine": d})
 
 
 def _open_unrecorded_cell(p: Path, cell: Cell) -> Run:
@@ -197,8 +224,12 @@ def open_sweep(path: str | os.PathLike) -> Sweep:
 
 
 def kind_of(path: str | os.PathLike) -> str:
-    """'sweep', 'cell' or 'run' (InputError when none)."""
+    """'engine_sweep', 'engine_cell', 'sweep', 'cell' or 'run' (InputError when none)."""
     p = Path(path)
+    if (p / ENGINE_SWEEP_JSON).is_file():
+        return "engine_sweep"
+    if (p / ENGINE_CELL_JSON).is_file():
+        return "engine_cell"
     if (p / SWEEP_RESULTS).is_file():
         return "sweep"
     if (p / CELL_JSON).is_file():
