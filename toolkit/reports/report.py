@@ -712,6 +712,10 @@ def build_report(path: str | os.PathLike, out: str | os.PathLike | None = None, 
     from moetrace.run.handle import kind_of, open_run, open_sweep
 
     p = Path(path)
+    if kind_of(p) in ("engine_cell", "engine_sweep"):
+        from moetrace.reports.engine import build_engine_report
+
+        return build_engine_report(p, out, force=bool(kw.get("force")))
     out = Path(out) if out is not None else p / "report"
     if kind_of(p) == "sweep":
         kw.pop("title", None)
