@@ -97,3 +97,27 @@ def test_demo_report_answers_first_in_a_browser(demo):
     # every other cell's own report is one click away
     for c in ("192MiB-r0", "96MiB-r0", "16MiB-r0"):
         assert (out / "report" / "cells" / c / "report.html").is_file()
+
+
+def test_demo_engine_cells_and_their_report_in_a_browser(demo):
+    """Step 8: llama.cpp on the tiny MoE under a wall of half its expert pool, stock against
+    readahead off: both retained, the stock loader amplifies and its pages were mostly needed by
+    no routed expert, readahead-limited reads only routed pages; the engine report's findings
+    link every number to the table cell that shows it; REPORT.md carries them."""
+    from browser import Browser, require_browser
+
+    out, r = demo
+    res = pd.read_parquet(out / "engine" / "sweep" / "engine_results.parquet").set_index("loader")
+    assert res["retained"].all(), res["reason"].tolist()
+    assert res.loc["stock", "amplification"] > 5 and res.loc["stock", "unneeded_share"] > 0.5
+    assert res.loc["random", "unneeded_share"] == 0 and res.loc["random", "amplification"] < 2
+    assert not (out / "engine" / "tiny.gguf").exists()  # the model is removed, the results stay
+    md = (out / "REPORT.md").read_text()
+    assert "## Engine: llama.cpp under a wall of half its expert pool" in md and "- stock at C = 192 MiB" in md
+    require_browser()
+    with Browser() as b, b.open(out / "engine" / "report" / "report.html") as page:
+        text = page.evaluate("document.getElementById('findings').innerText")
+        figs = json.loads(page.evaluate(FIG_CHECK))
+        assert page.errors == [], page.errors
+    assert "stock at C = 192 MiB" in text and "random at C = 192 MiB" in text
+    assert len(figs) == 12 and all(shown == cell for shown, _where, cell in figs), figs

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import io_lock, make_expert_pools, make_layered_pool
+from conftest import drop_pages, io_lock, make_expert_pools, make_layered_pool
+from common.engines import engine  # noqa: F401  (the fixture)
 from common.record import REPLAY, _drop, _resident_pages
 
 MIB = 1 << 20
@@ -311,3 +312,87 @@ def test_watch_by_pid_counts_the_process_reads_and_ends_with_it_leaving_no_probe
     assert tot == {"expert_accesses": 23, "requested_bytes": 23 * MIB, "added_pages": 23 * MIB // 4096,
                    "device_read_bytes": 23 * MIB, "computed_miss_bytes": 23 * MIB}, tot
     assert _bpf_prog_ids() <= before  # every program watch loaded is gone
+
+
+CLIENT = """
+import json, sys, urllib.request
+port, n = int(sys.argv[1]), int(sys.argv[2])
+for i in range(n):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", method="POST",
+                                 data=json.dumps({"prompt": f"the a b {i}", "n_predict": 8}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        json.loads(r.read())
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serving(port: int) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+@pytest.mark.live
+def test_watch_by_pid_on_llama_server_sums_to_what_record_counts_of_the_same_requests(live, engine, tmp_path):
+    """llama-server serving the tiny MoE (a model file as the pool) under a wall of half its expert
+    pool: `watch --pool MODEL --pid SERVER` and `record --pool MODEL` around a client's requests
+    count the same added, re-added pages and device bytes (the server is idle outside them)."""
+    from moetrace.capacity.scope import Scope, remove_stale_scopes
+    from moetrace.inputs.modelsynth import ModelSpec, synth_model
+
+    model = tmp_path / "tiny.gguf"
+    synth_model(model, ModelSpec())
+    drop_pages([model], lambda ps: sum(_resident_pages(p) for p in ps))  # written here: charged to this memcg
+    port, run = _free_port(), tmp_path / "run"
+    log = open(tmp_path / "server.log", "wb")
+    with io_lock():
+        remove_stale_scopes("watchllama")
+        scope = Scope("watchllama").create((192 + 32) * MIB)
+        srv = w = None
+        try:
+            srv = subprocess.Popen(engine.command("llama-server", "-m", str(model), "-lm", "mmap", "--port", str(port),
+                                                  "-t", "1", "-c", "256"), env=engine.env(), stdout=log,
+                                   stderr=subprocess.STDOUT, preexec_fn=scope.preexec())
+            t_end = time.monotonic() + 120
+            while not _serving(port):
+                assert srv.poll() is None and time.monotonic() < t_end, (tmp_path / "server.log").read_text()[-2000:]
+                time.sleep(0.2)
+            time.sleep(1)
+            w = WatchProc("--pool", str(model), "--pid", str(srv.pid))
+            r = subprocess.run([*CLI, "record", "--out", str(run), "--pool", str(model), "--probes", "pagecache,block",
+                                "--", sys.executable, "-c", CLIENT, str(port), "6"], capture_output=True, text=True,
+                               timeout=600)
+            time.sleep(1.2)  # an interval after the requests: the ring's last bios are read
+        finally:
+            rc = w.stop() if w is not None else None
+            if srv is not None:
+                srv.terminate()
+                try:
+                    srv.wait(20)
+                except subprocess.TimeoutExpired:
+                    srv.kill()
+                    srv.wait()
+            log.close()
+            assert scope.remove(kill=True), f"scope {scope.path} not removed"
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert rc == 0, "".join(w.err)
+    t = json.loads((run / "manifest.json").read_text())["totals"]
+    got = {k: w.total(k) for k in ("added_pages", "re_added_pages", "device_read_bytes")}
+    print(f"\nwatch: {len(w.intervals)} intervals, {got}; record: added {t['experts_added_pages']} re-added "
+          f"{t['experts_re_added_pages']} device {t['experts_device_read_bytes']}")
+    assert t["experts_added_pages"] > 10 * 192  # the wall made the requests read experts again
+    assert got == {"added_pages": t["experts_added_pages"], "re_added_pages": t["experts_re_added_pages"],
+                   "device_read_bytes": t["experts_device_read_bytes"]}
+    assert max(f["followed_processes"] for f in w.intervals) == 1

@@ -194,7 +194,8 @@ def engine_figures(run: Path, trace: Path, pm, spec: EngineCellSpec) -> dict[str
     routed = {t: {la * pm.n_experts + e for la, e in s} for t, s in _routing(trace).items()}
     model = ee[ee["kind"].isin(MODEL_KINDS)].merge(dec[["epoch", "token"]], on="epoch")
     ex = model[model["kind"] == "expert"].copy()
-    ex["needed"] = [int(s) in routed.get(int(t), ()) for s, t in zip(ex["expert_id"], ex["token"])]
+    ex["needed"] = np.array([int(s) in routed.get(int(t), ()) for s, t in zip(ex["expert_id"], ex["token"])],
+                            dtype=bool)
     tokens = _token_table(dec, model, ex, trace, PAGE)
     measured = tokens[tokens["token"] >= spec.warmup_tokens]
     tokens.to_parquet(run.parent / "engine_tokens.parquet", index=False)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,7 @@ def run_engine_sweep(base, capacities: Sequence[int], repeats: int, loaders: Seq
             rows.append(_row(prev, lo, cap, rep, d))
             continue
         say(f"[{i + 1}/{len(order)}] {lo} C={cap >> 20}MiB r{rep} ...")
+        shutil.rmtree(d, ignore_errors=True)  # an earlier attempt's (not retained, or cut short)
         spec = dataclasses.replace(base, loader=lo, capacity_bytes=cap, name=f"{base.name}-{i}")
         try:
             res = run_engine_cell(spec, d)

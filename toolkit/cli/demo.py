@@ -39,7 +39,9 @@ def _run(args: list[str], json_out: Path | None = None) -> dict | None:
 @click.option("--seed", default=0, show_default=True, help="Random seed of the generator.")
 @click.option("--capacity/--no-capacity", default=True, show_default=True,
               help="Run step 6 (pool + capacity sweep under a memory limit; needs root).")
-def demo(out_dir, preset, steps, seed, capacity):
+@click.option("--engine/--no-engine", "engine", default=True, show_default=True,
+              help="Run step 8 (llama.cpp on a tiny MoE under a memory limit; needs root and the set-up's engine).")
+def demo(out_dir, preset, steps, seed, capacity, engine):
     """Run the pipeline on a generated trace and write every artifact to --out.
 
     \b
@@ -56,6 +58,11 @@ def demo(out_dir, preset, steps, seed, capacity):
     7. report: `moetrace report` of the sweep -> report/report.html (findings
        first, Table 2, Fig. 2, the cells, per-expert amplification, hit path,
        age, reclaim, flame graph, timeline; every cell's report under cells/)
+    8. engine (root): `model synth` a 388 MiB MoE GGUF, then llama.cpp decoding
+       it under a wall of half its expert pool, stock loader against readahead
+       off on the fault path (`engine sweep`), recorded per token ->
+       engine/report/report.html (device bytes per token against the routed
+       miss demand, the pages no routed expert needed, by cause)
     Everything lands in --out (JSON beside each step, REPORT.md last).
     """
     out = Path(out_dir)
@@ -63,7 +70,7 @@ def demo(out_dir, preset, steps, seed, capacity):
     t0 = time.monotonic()
     say = lambda s: click.echo(click.style(s, bold=True))  # noqa: E731
 
-    n = 7 if capacity else 5
+    n = (7 if capacity else 5) + (1 if engine else 0)
     trace = out / "trace.jsonl"
     say(f"[1/{n}] trace synth --preset {preset} --steps {steps}")
     syn = _run(["trace", "synth", "--preset", preset, "--steps", steps, "--seed", seed,
@@ -107,6 +114,10 @@ def demo(out_dir, preset, steps, seed, capacity):
             report_doc = _report_step(out)
             sweep_md += report_markdown(out)
 
+    if engine:
+        say(f"[{n}/{n}] engine: llama.cpp on a tiny MoE under a wall of half its expert pool, stock vs readahead off")
+        sweep_md += _engine_step(out)
+
     (out / "REPORT.md").write_text(demo_markdown(f"moetrace demo ({preset}, {steps} steps, seed {seed})", acc,
                                                  summary, ins, table, sweep_md))
     click.echo(f"done in {time.monotonic() - t0:.1f} s; artifacts in {out}/ (REPORT.md, sim.png, plan.bin, *.json)")
@@ -129,6 +140,46 @@ def _report_step(out: Path) -> dict:
 
 
 
+
+
+def _engine_step(out: Path) -> str:
+    """Step 8: the tiny MoE (`model synth`), llama.cpp decoding it under a cgroup wall of half its
+    expert pool with the stock loader and with readahead off (`engine sweep`, one cell each), the
+    engine report; its findings as REPORT.md's section."""
+    from moetrace.engines.llamacpp import find_engine
+    from moetrace.reports.report import build_report
+
+    if os.geteuid() != 0:
+        click.echo("      skipped: engine cells need root (memory cgroups); run as root, or pass --no-engine")
+        return "\n## Engine\n\nSkipped: not root.\n"
+    if find_engine() is None:
+        click.echo("      skipped: no llama.cpp unpacked (bash scripts/engine-setup.sh; the set-up runs it)")
+        return "\n## Engine\n\nSkipped: no engine (scripts/engine-setup.sh).\n"
+    t0 = time.monotonic()
+    work = out / "engine"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    model = work / "tiny.gguf"
+    _run(["model", "synth", model, "--json"], work / "synth.json")
+    _engine_sweep(work, model)
+    doc = build_report(work / "sweep", work / "report")
+    model.unlink(missing_ok=True)  # 388 MiB of test data: keep the results, not the model
+    for f in doc["findings"]:
+        click.echo(f"      {f}")
+    click.echo(f"      {doc['html']} ({time.monotonic() - t0:.0f} s with the model's synthesis)")
+    return "\n## Engine: llama.cpp under a wall of half its expert pool\n\n" + "\n".join(
+        f"- {f}" for f in doc["findings"]) + "\n\n![engine](engine/sweep/engine_fig.png)\n"
+
+
+def _engine_sweep(work: Path, model: Path):
+    """`engine sweep` of the two loaders at 192 MiB, one cell each (exit 3 when one is not retained:
+    the report says why)."""
+    from moetrace.capacity.enginecell import EngineCellSpec
+    from moetrace.capacity.enginesweep import run_engine_sweep
+
+    base = EngineCellSpec(model=str(model), capacity_bytes=192 << 20, tokens=32, warmup_tokens=8, name="demo-engine")
+    return run_engine_sweep(base, [192 << 20], 1, ["stock", "random"], work / "sweep",
+                            say=lambda s: click.echo(f"      {s}"))
 
 
 def _capacity_step(out: Path, seed: int) -> str:

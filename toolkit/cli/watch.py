@@ -74,7 +74,7 @@ def _counted(fig) -> bool:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--pool", "pool_dir", type=click.Path(file_okay=False), metavar="DIR",
+@click.option("--pool", "pool_dir", type=click.Path(), metavar="DIR|MODEL",
               help="The expert pool to attribute pages to (per-expert figures; without it everything is "
                    "unattributed).")
 @click.option("--pid", type=int, metavar="PID",

@@ -102,18 +102,15 @@ class Watcher:
         from moetrace.kernel.features import Features
         from moetrace.record.probe import RecordContext
         from moetrace.record.probes import PROBES, recorder_class
-        from moetrace.record.poolmap import pool_map
+        from moetrace.record.poolmap import open_pool_map
         from moetrace.record.recorder import check_can_record
         from moetrace.record.spec import resolve
 
         self._check_scope()
         if self.opts.pool is not None:
-            from moetrace.inputs.pool import open_pool
-
-            pool = open_pool(self.opts.pool)
-            self.pmap = pool_map(pool)
-            self.n_experts, self.n_per_layer = pool.n_total, pool.geometry.n_experts
-            self.extent_bytes, self.ppe = pool.extent_bytes, self.pmap.pages_per_expert
+            self.pmap = pm = open_pool_map(self.opts.pool)  # a pool directory or a model file
+            self.n_experts, self.n_per_layer = pm.n_total, pm.n_experts
+            self.extent_bytes, self.ppe = pm.extent_bytes, pm.pages_per_expert
         else:
             self.notes.append("no --pool: every page-cache page is unattributed, no per-expert figures")
         probes = tuple(self.opts.probes)
@@ -134,7 +131,7 @@ class Watcher:
                 rec.open()
             self.follow_new()
             if self._rec("reads") is not None:
-                self._start_stack(pool)
+                self._start_stack()
             self.prev = self.read()
         except BaseException:
             self.abort()
@@ -152,15 +149,14 @@ class Watcher:
                     r.follow(pid)
                 self.followed.add(pid)
 
-    def _start_stack(self, pool) -> None:
-        """The LRU stack of computed misses, and the pool pages resident now (mincore): the
+    def _start_stack(self) -> None:
+        """The LRU stack of computed misses, and the experts' pages resident now (mincore): the
         resident size is that plus what the probes see added, less what they see evicted."""
         from moetrace.analyses.stackdist import LiveStack
-        from moetrace.kernel.syscalls import resident_pages
 
         self.stack = LiveStack(self.n_experts)
         LiveStack(1).feed([0])  # numba's kernel loaded now, while attaching, not in the first busy interval
-        self.resident0 = sum(resident_pages(p) for p in pool.data_paths())
+        self.resident0 = self.pmap.resident_expert_pages()
 
     # -- read -----------------------------------------------------------------------------------
     def _rec(self, name: str):

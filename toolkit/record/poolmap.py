@@ -91,6 +91,24 @@ class PoolMap:
         return keys[order], vals[order]
 
     @property
+    def files(self) -> list[str]:
+        """The mapped files' paths (a pool's data files, a model's shards; [] when built by hand)."""
+        if self.model is not None:
+            return [str(f) for f in self.model.files]
+        return [str(f) for f in self.pool.data_paths()] if self.pool is not None else []
+
+    def resident_expert_pages(self) -> int:
+        """The experts' pages resident in the page cache now (mincore of every mapped file)."""
+        from moetrace.kernel.syscalls import resident_map
+
+        n = 0
+        for f in self.files:
+            r = resident_map(f)
+            slots = self.classify(np.full(len(r), os.stat(f).st_ino), np.arange(len(r)))
+            n += int((r & (slots < self.n_total)).sum())
+        return n
+
+    @property
     def n_slots(self) -> int:
         """Counter slots: the experts, then EXTRA_SLOTS."""
         return self.n_total + len(EXTRA_SLOTS)
