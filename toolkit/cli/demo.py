@@ -58,11 +58,8 @@ def demo(out_dir, preset, steps, seed, capacity, engine):
     7. report: `moetrace report` of the sweep -> report/report.html (findings
        first, Table 2, Fig. 2, the cells, per-expert amplification, hit path,
        age, reclaim, flame graph, timeline; every cell's report under cells/)
-    8. engine (root): `model synth` a 388 MiB MoE GGUF, then llama.cpp decoding
-       it under a wall of half its expert pool, stock loader against readahead
-       off on the fault path (`engine sweep`), recorded per token ->
-       engine/report/report.html (device bytes per token against the routed
-       miss demand, the pages no routed expert needed, by cause)
+    8. engine (root): llama.cpp on a synthesized MoE under a wall of half its
+       expert pool, stock vs readahead off -> engine/report/report.html
     Everything lands in --out (JSON beside each step, REPORT.md last).
     """
     out = Path(out_dir)
