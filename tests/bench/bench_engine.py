@@ -9,7 +9,8 @@ into the page cache, then --repeats times, interleaved in alternating order:
 
   (u) the unrecorded engine: `moetrace model route MODEL -n TOKENS` (llama.cpp through the
       routing logger);
-  (r) the same under `moetrace record --pool MODEL --probes pagecache,block --bpf-stats`.
+  (r) the same under `moetrace record --pool MODEL --probes pagecache,block --bpf-stats` (--probes
+      names others).
 
 Figures per pair: the decode time per token the logger times around each llama_decode (its
 eval_ms / n_eval: the engine's own measure; under record the driver also steps the engine
@@ -17,7 +18,7 @@ between tokens for the per-token epochs, outside that timing), their ratio r/u; 
 start-up record adds (launching record to the engine's start: the manifest's command_start_ns);
 the probes' CPU in the kernel (bpf_runtime total_run_time_ns over the command's wall time: a
 fraction of one CPU) and the recorder's own user + system CPU; the maps' kernel memory
-(manifest kernel_maps) and the recorder's peak RSS. Medians with a 95 % bootstrap interval over
+(manifest kernel_maps) and the recorder's peak RSS (timings recorder_maxrss_bytes). Medians with a 95 % bootstrap interval over
 the pairs. --cold: the cache emptied before every token (each token reads its experts: the
 page-cache probes fire ~12 k times a token) instead of a warm cache (they hardly fire).
 Everything it made is removed at the end (also on error).
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import shutil
 import subprocess
 import sys
@@ -52,22 +52,25 @@ def unrecorded(model: Path, d: Path, tokens: int, cold: bool) -> dict:
     return {"ms_per_token": s["eval_ms"] / s["n_eval"]}
 
 
+PROBES = "pagecache,block"
+
+
 def recorded(model: Path, d: Path, tokens: int, cold: bool) -> dict:
     run = d / "run"
     shutil.rmtree(run, ignore_errors=True)
     t0 = time.monotonic_ns()
-    r = subprocess.run([*PY, "record", "--out", str(run), "--pool", str(model), "--probes", "pagecache,block",
+    r = subprocess.run([*PY, "record", "--out", str(run), "--pool", str(model), "--probes", PROBES,
                         "--bpf-stats", "--", *route(model, d / "r.jsonl", tokens, cold)],
                        capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(r.stderr[-2000:])
-    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     s = json.loads(r.stdout[r.stdout.index("{"):r.stdout.rindex("}") + 1])
     m = json.loads((run / "manifest.json").read_text())
     tm, rt = m["timings"], m["bpf_runtime"]
     return {"ms_per_token": s["eval_ms"] / s["n_eval"], "startup_s": (tm["command_start_ns"] - t0) / 1e9,
             "probe_cpu": rt["cpu_fraction_of_wall"], "recorder_cpu_s": tm["recorder_user_s"] + tm["recorder_system_s"],
-            "kernel_maps_bytes": sum(v["bytes"] for v in m["kernel_maps"].values()), "children_maxrss_bytes": rss}
+            "kernel_maps_bytes": sum(v["bytes"] for v in m["kernel_maps"].values()),
+            "recorder_maxrss_bytes": tm["recorder_maxrss_bytes"]}
 
 
 def _line(name: str, xs: list[float], unit: str = "", scale: float = 1.0) -> str:
@@ -82,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--cold", action="store_true")
+    ap.add_argument("--probes", default=PROBES, help="record --probes (default: %(default)s)")
     a = ap.parse_args(argv)
+    globals()["PROBES"] = a.probes
     from moetrace.inputs.modelsynth import ModelSpec, synth_model
 
     d = Path(tempfile.mkdtemp(prefix="moetrace-bench-engine-", dir="/var/tmp"))
@@ -106,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         print(_line("start-up record adds (launch to the engine's start)", [p["r"]["startup_s"] for p in pairs], " s"))
         print(_line("probes' CPU in the kernel (share of one CPU)", [p["r"]["probe_cpu"] for p in pairs], " %", 100))
         print(_line("recorder's own CPU", [p["r"]["recorder_cpu_s"] for p in pairs], " s"))
-        print(f"  kernel maps {pairs[0]['r']['kernel_maps_bytes'] / 2**20:.1f} MiB; largest child RSS (record and "
-              f"its engine) {max(p['r']['children_maxrss_bytes'] for p in pairs) / 2**20:.0f} MiB")
+        print(f"  kernel maps {pairs[0]['r']['kernel_maps_bytes'] / 2**20:.1f} MiB; the recorder's peak RSS "
+              f"{max(p['r']['recorder_maxrss_bytes'] for p in pairs) / 2**20:.0f} MiB")
     finally:
         shutil.rmtree(d, ignore_errors=True)
     return 0

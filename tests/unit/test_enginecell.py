@@ -60,11 +60,13 @@ def test_figures_count_pages_no_routed_expert_needed_per_token_and_per_expert(tm
     ee = pd.DataFrame(rows, columns=["epoch", "kind", "expert_id", "added_pages"])
     ee["expert_id"] = ee["expert_id"].astype("Int64")
     ee.to_parquet(run / "expert_epochs.parquet")
-    pd.DataFrame({"kind": ["expert"], "device_read_bytes": pd.array([4096], dtype="Int64")}).to_parquet(
-        run / "experts.parquet")
+    pd.DataFrame({"kind": ["expert"] * 8, "expert_id": range(8), "device_read_bytes": pd.array([4096] * 8, "Int64"),
+                  **{f"added_{c}_pages": pd.array([i] * 8, "Int64") for i, c in
+                     enumerate(("demand", "readahead", "populate", "other"))}}).to_parquet(run / "experts.parquet")
     spec = EngineCellSpec(model=str(tr), capacity_bytes=8 * PPE * 4096, tokens=3, warmup_tokens=1)
     f = engine_figures(run, tr, _PM, spec)
     # token 1 routed L0E2 (2) and L1E1 (5): expert 0 (L0E0) was not; token 2 routed L0E0, L1E3 (7)
+    assert f["whole_run_device_bytes"] == 8 * 4096
     assert f["expert_pages_added"] == 17 and f["unneeded_pages"] == 3 + 2
     assert f["unneeded_share"] == pytest.approx(5 / 17)
     assert f["device_bytes_per_token"] == pytest.approx((11 + 8) / 2 * 4096)
@@ -74,6 +76,7 @@ def test_figures_count_pages_no_routed_expert_needed_per_token_and_per_expert(tm
     per = pd.read_parquet(tmp_path / "engine_experts.parquet").set_index("expert_id")
     assert per.loc[0, ["added_pages", "needed_pages", "unneeded_pages", "routed_tokens"]].tolist() == [6, 3, 3, 1]
     assert per.loc[6, "unneeded_share"] == 1.0 and np.isnan(per.loc[1, "unneeded_share"])
+    assert per.loc[3, ["run_added_demand_pages", "run_added_populate_pages"]].tolist() == [0, 2]
     tok = pd.read_parquet(tmp_path / "engine_tokens.parquet").set_index("token")
     assert tok.loc[1, ["model_pages_added", "expert_pages_added", "needed_pages"]].tolist() == [11, 9, 6]
 

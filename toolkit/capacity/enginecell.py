@@ -16,7 +16,8 @@ for the cell and restored. Its figures (:func:`engine_figures`), over the measur
 - amplification = device bytes / miss demand per token;
 - the share of expert pages added that no routed expert needed (pages of experts the token did
   not route), per expert and in total, and the added pages by cause (demand, readahead,
-  populate, other: the pagecache probe's), with the load's populate apart.
+  populate, other: the pagecache probe's), with the load's populate apart; per expert, the whole
+  run's pages by cause (engine_experts.parquet run_added_<cause>_pages).
 
 The directory: engine_cell.json (inputs, figures, the scope's counters, notes), route.jsonl (the
 routing), run/ (the recording), engine_experts.parquet and engine_tokens.parquet."""
@@ -201,6 +202,10 @@ def engine_figures(run: Path, trace: Path, pm, spec: EngineCellSpec) -> dict[str
     tokens.to_parquet(run.parent / "engine_tokens.parquet", index=False)
     mex = ex[ex["token"] >= spec.warmup_tokens]
     per_exp = _expert_table(mex, pm, routed, spec.warmup_tokens)
+    x = pd.read_parquet(run / "experts.parquet")
+    x = x[x["kind"] == "expert"].set_index("expert_id")
+    for c in ("demand", "readahead", "populate", "other"):  # the whole run's, load included: per cause
+        per_exp[f"run_added_{c}_pages"] = x[f"added_{c}_pages"].reindex(per_exp["expert_id"]).to_numpy()
     per_exp.to_parquet(run.parent / "engine_experts.parquet", index=False)
     miss = miss_demand(trace, pm, spec.capacity_bytes, spec.warmup_tokens)
     dev = float(measured["device_bytes"].mean())

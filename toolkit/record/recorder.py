@@ -538,7 +538,8 @@ class _Recording:
                                    command_wall_s=round((self.t_end - self.t_start) / 1e9, 6),
                                    # the recorder's own CPU while the command ran (polling rings, samplers)
                                    recorder_user_s=round(ru1.ru_utime - ru0.ru_utime, 4),
-                                   recorder_system_s=round(ru1.ru_stime - ru0.ru_stime, 4))
+                                   recorder_system_s=round(ru1.ru_stime - ru0.ru_stime, 4),
+                                   recorder_maxrss_bytes=_peak_rss())
         for r in self.recorders:
             r.settle()
         self.arm_all(False)
@@ -761,6 +762,15 @@ def _runs_after(dups: dict[str, dict[str, int]], runtime: dict[str, Any]) -> Non
                     progs[probe][name]["run_cnt_after"] = prog_fdinfo(fd).get("run_cnt")
             finally:
                 os.close(fd)
+
+
+def _peak_rss() -> int | None:
+    """This process's peak resident set (VmHWM: its own address space's, where ru_maxrss keeps
+    the parent's from before the exec)."""
+    from moetrace.kernel.procfs import read_status
+
+    v = read_status(os.getpid()).get("VmHWM", "")
+    return int(v.split()[0]) * 1024 if v.split() and v.split()[0].isdigit() else None
 
 
 def _runtime(recorders, enabled: bool, wall_ns: int) -> dict[str, Any]:
