@@ -115,6 +115,15 @@ def drop_pages(paths, resident, tries: int = 10) -> None:
     raise AssertionError(f"pool still resident after DONTNEED: {resident(paths)} (pages or bytes)")
 
 
+def sigint_default() -> None:
+    """A preexec_fn: SIGINT back to its default in the child. A shell starts a background job
+    (`cmd &` without job control: how CI may be launched) with SIGINT ignored, the children
+    inherit that, and Python then never raises KeyboardInterrupt: a Ctrl-C test would wait."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def moetrace_cli(*args: str, check: bool = True):
     """Run the moetrace CLI in a subprocess (the installed package, this Python)."""
     import subprocess

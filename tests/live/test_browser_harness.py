@@ -19,6 +19,7 @@ import pytest
 
 from browser import (Browser, BrowserError, EvaluateError, group_members, processes_mentioning,
                      require_browser)
+from conftest import sigint_default
 
 
 def png_bytes(width: int = 4, height: int = 3) -> bytes:
@@ -181,7 +182,7 @@ def test_nothing_left_behind_by_a_process(chromium, how):
 
     code = _CHILD.format(tests=str(Path(__file__).resolve().parents[1]), chromium=chromium)
     proc = subprocess.Popen([sys.executable, "-c", code, how], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
     try:
         pid, tmp = proc.stdout.readline().split()
         if how == "sigint":

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from common.lab import K61, K612, _lab, _need  # noqa: F401
+from conftest import sigint_default
 
 
 def test_guest_sees_the_host_root_read_only_and_writes_only_its_share(tmp_path):
@@ -100,7 +101,7 @@ def test_stopping_lab_run_leaves_no_guest_and_no_temporary_files(tmp_path, sig):
     tmp.mkdir()
     p = subprocess.Popen([sys.executable, "-m", "moetrace.cli", "lab", "run", "--out", str(out), "--kernel", "6.12",
                           "--accel", "tcg", "--", "sleep", "1000"], env=dict(os.environ, TMPDIR=str(tmp)),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
     t0 = time.monotonic()
     while not (out / ".guest-status.json").exists():  # written by the guest right before COMMAND
         assert p.poll() is None and time.monotonic() - t0 < 120, p.communicate()

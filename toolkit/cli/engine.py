@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import click
@@ -36,6 +37,20 @@ def engine_options(f):
     for o in reversed(opts):
         f = o(f)
     return f
+
+
+@contextlib.contextmanager
+def _interruptible():
+    """SIGINT / SIGTERM end the cell with its scope removed and read_ahead_kb put back (exit 130 / 143)."""
+    from moetrace.capacity.cell import interrupt_handlers
+    from moetrace.errors import CellInterrupted
+
+    try:
+        with interrupt_handlers():
+            yield
+    except CellInterrupted as e:
+        click.echo(f"moetrace engine: {e}; the scope was removed and read_ahead_kb put back", err=True)
+        sys.exit(e.exit_code)
 
 
 def _spec(model, capacity, tokens, warmup_tokens, read_ahead_kb, headroom, load_mode, threads, timeout_s,
@@ -87,7 +102,8 @@ def cell(model, tokens, warmup_tokens, read_ahead_kb, headroom, load_mode, threa
     private_mounts()
     spec = _spec(model, capacity, tokens, warmup_tokens, read_ahead_kb, headroom, load_mode, threads, timeout_s,
                  loader, name)
-    res = run_engine_cell(spec, out_dir)
+    with _interruptible():
+        res = run_engine_cell(spec, out_dir)
     res["capacity_bytes"] = capacity
     if as_json:
         emit_json({k: res.get(k) for k in CELL_KEYS} | {"cell_dir": out_dir})
@@ -146,8 +162,9 @@ def sweep(model, tokens, warmup_tokens, read_ahead_kb, headroom, load_mode, thre
     caps = [b for _label, b in parse_capacities(capacities)]
     base = _spec(model, caps[0] if caps else None, tokens, warmup_tokens, read_ahead_kb, headroom, load_mode,
                  threads, timeout_s)
-    res = run_engine_sweep(base, caps, repeats, [x.strip() for x in loaders.split(",") if x.strip()], out_dir,
-                           seed=seed, say=lambda s: click.echo(f"moetrace engine sweep: {s}", err=True))
+    with _interruptible():
+        res = run_engine_sweep(base, caps, repeats, [x.strip() for x in loaders.split(",") if x.strip()], out_dir,
+                               seed=seed, say=lambda s: click.echo(f"moetrace engine sweep: {s}", err=True))
     cap = capacity_table(res)
     if as_json:
         emit_json({"sweep_dir": out_dir, "capacity": cap.to_dict(orient="records")})
