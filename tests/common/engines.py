@@ -21,4 +21,24 @@ def engine():
     return e
 
 
-__all__ = ["engine"]
+def free_port() -> int:
+    """A TCP port nobody listens on now (for a llama-server of the test's)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serving(port: int) -> bool:
+    """llama-server on ``port`` answers /health (the model loaded, the server up)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+__all__ = ["engine", "free_port", "serving"]

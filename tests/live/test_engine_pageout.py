@@ -7,14 +7,13 @@ tiny MoE with mmap (its populate and WILLNEED make the whole file resident)."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
-from common.engines import engine  # noqa: F401  (the fixture)
+from common.engines import engine, free_port, serving  # noqa: F401  (engine: the fixture)
 from moetrace.engines.pageout import empty_cache, file_mappings
 from moetrace.kernel.syscalls import resident_pages
 
@@ -50,22 +49,6 @@ def test_a_mapped_file_leaves_the_cache_and_the_process_keeps_running(live, tmp_
         p.wait()
 
 
-def _healthy(port: int) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_llama_servers_model_leaves_the_cache_while_it_serves(live, engine, tmp_path):
     from moetrace.inputs.modelsynth import ModelSpec, synth_model
 
@@ -73,13 +56,13 @@ def test_llama_servers_model_leaves_the_cache_while_it_serves(live, engine, tmp_
     m = tmp_path / "tiny.gguf"
     synth_model(m, ModelSpec(layers=2, experts=8, k=2, n_embd=64, n_ff_exp=128, head_dim=16))
     pages = -(-m.stat().st_size // 4096)
-    port = _port()
+    port = free_port()
     log = open(tmp_path / "server.log", "wb")
     p = subprocess.Popen(e.command("llama-server", "-m", str(m), "-lm", "mmap", "--port", str(port), "-t", "1"),
                          env=e.env(), stdout=log, stderr=subprocess.STDOUT)
     try:
         t_end = time.monotonic() + 60
-        while not _healthy(port):  # the model loaded (populated, WILLNEED) and the server up
+        while not serving(port):  # the model loaded (populated, WILLNEED) and the server up
             assert p.poll() is None and time.monotonic() < t_end, (tmp_path / "server.log").read_text()[-2000:]
             time.sleep(0.2)
         assert file_mappings(p.pid, m)
@@ -87,7 +70,7 @@ def test_llama_servers_model_leaves_the_cache_while_it_serves(live, engine, tmp_
         # all of it resident after the load, less what DAMON may have taken meanwhile (it evicts
         # on this machine's schedule, not the test's)
         assert pages // 2 < r["resident_before_pages"] <= pages and r["resident_after_pages"] == 0, r
-        assert p.poll() is None and _healthy(port)
+        assert p.poll() is None and serving(port)
     finally:
         p.terminate()
         try:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import drop_pages, io_lock, make_expert_pools, make_layered_pool
-from common.engines import engine  # noqa: F401  (the fixture)
+from common.engines import engine, free_port, serving  # noqa: F401  (engine: the fixture)
 from common.record import REPLAY, _drop, _resident_pages
 
 MIB = 1 << 20
@@ -161,21 +161,13 @@ def test_an_outside_fadvise_raises_the_outside_evictor_alarm_within_one_interval
     assert fadv == resident or (damon and 0 < fadv <= resident), (fadv, resident, damon)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class PromServer:
     """Debian's prometheus on a loopback port, scraping one target every 0.5 s; stopped by pid."""
 
     BIN = "/usr/bin/prometheus"
 
     def __init__(self, tmp: Path, target: str):
-        self.port = _free_port()
+        self.port = free_port()
         cfg = tmp / "prometheus.yml"
         cfg.write_text("global:\n  scrape_interval: 500ms\n  scrape_timeout: 400ms\nscrape_configs:\n"
                        f"  - job_name: moetrace\n    static_configs:\n      - targets: ['{target}']\n")
@@ -236,7 +228,7 @@ def test_a_real_prometheus_scrapes_watch_and_sees_the_thrash_alarm_rise_and_fall
     base = make_layered_pool(tmp_path / "p", 3, 32)
     pool, plan = base / "pool", base / "plan.bin"
     replay = [*REPLAY, str(plan), "--pool", str(pool), "--warmup", "0", "--passes", "3", "--threads", "4"]
-    wport = _free_port()
+    wport = free_port()
     prom = w = None
     with io_lock():
         remove_stale_scopes("watchprom", ctrl)
@@ -326,24 +318,6 @@ for i in range(n):
 """
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _serving(port: int) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
 @pytest.mark.live
 def test_watch_by_pid_on_llama_server_sums_to_what_record_counts_of_the_same_requests(live, engine, tmp_path):
     """llama-server serving the tiny MoE (a model file as the pool) under a wall of half its expert
@@ -355,7 +329,7 @@ def test_watch_by_pid_on_llama_server_sums_to_what_record_counts_of_the_same_req
     model = tmp_path / "tiny.gguf"
     synth_model(model, ModelSpec())
     drop_pages([model], lambda ps: sum(_resident_pages(p) for p in ps))  # written here: charged to this memcg
-    port, run = _free_port(), tmp_path / "run"
+    port, run = free_port(), tmp_path / "run"
     log = open(tmp_path / "server.log", "wb")
     with io_lock():
         remove_stale_scopes("watchllama")
@@ -366,7 +340,7 @@ def test_watch_by_pid_on_llama_server_sums_to_what_record_counts_of_the_same_req
                                                   "-t", "1", "-c", "256"), env=engine.env(), stdout=log,
                                    stderr=subprocess.STDOUT, preexec_fn=scope.preexec())
             t_end = time.monotonic() + 120
-            while not _serving(port):
+            while not serving(port):
                 assert srv.poll() is None and time.monotonic() < t_end, (tmp_path / "server.log").read_text()[-2000:]
                 time.sleep(0.2)
             time.sleep(1)
