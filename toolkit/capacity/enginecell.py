@@ -99,19 +99,6 @@ def _set_read_ahead(model: str, kb: int, stack: ExitStack, notes: list[str]) -> 
     return {"path": str(f), "before": before, "set": int(f.read_text())}
 
 
-def _drop_model(model: str) -> int:
-    """The model's pages out of the page cache (nothing maps it yet); the pages left."""
-    from moetrace.kernel.syscalls import resident_pages
-
-    fd = os.open(model, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-    return resident_pages(model)
-
-
 def _argv(spec: EngineCellSpec, run: Path, trace: Path, cgroup: Path) -> list[str]:
     """`moetrace record` (outside the wall) around the routing logger (joining it)."""
     py = [spec.python, "-m", "moetrace.cli"]
@@ -130,6 +117,7 @@ def run_engine_cell(spec: EngineCellSpec, out_dir: str | os.PathLike) -> dict[st
     from moetrace.capacity.cell import check_privileges
     from moetrace.capacity.scope import Scope, remove_stale_scopes
     from moetrace.engines.llamacpp import require_engine
+    from moetrace.engines.pageout import drop_unmapped
     from moetrace.jsonutil import json_default
     from moetrace.kernel.hostfacts import host_facts
     from moetrace.record.poolmap import model_pool_map
@@ -153,7 +141,7 @@ def run_engine_cell(spec: EngineCellSpec, out_dir: str | os.PathLike) -> dict[st
         res["scope"] = {"path": str(scope.path), "limit_bytes": scope.limit_bytes, "cgroup_version": scope.version}
         if spec.read_ahead_kb is not None:
             res["read_ahead"] = _set_read_ahead(spec.model, spec.read_ahead_kb, stack, res["notes"])
-        res["resident_at_start_pages"] = _drop_model(spec.model)
+        res["resident_at_start_pages"] = drop_unmapped(spec.model)  # nothing maps it yet
         r = subprocess.run(_argv(spec, run, trace, scope.path), capture_output=True, text=True,
                            timeout=spec.timeout_s)
         res["scope"].update(scope.counters())

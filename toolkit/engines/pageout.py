@@ -36,6 +36,20 @@ def file_mappings(pid: int, path: str | os.PathLike, maps_text: str | None = Non
     return out
 
 
+def drop_unmapped(path: str | os.PathLike) -> int:
+    """``path``'s pages nobody maps out of the page cache (dirty ones written back first, or
+    FADV_DONTNEED could not drop them); the pages still resident (mincore)."""
+    from moetrace.kernel.syscalls import resident_pages
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    return resident_pages(path)
+
+
 def empty_cache(pid: int, path: str | os.PathLike, rounds: int = 3) -> dict[str, int]:
     """Drop ``path``'s pages from the page cache while process ``pid`` keeps it mapped: its
     dirty pages written back, the engine's mappings paged out, then the file's unmapped pages
