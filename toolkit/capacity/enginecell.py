@@ -159,14 +159,17 @@ def run_engine_cell(spec: EngineCellSpec, out_dir: str | os.PathLike) -> dict[st
     return res
 
 
-def _routing(trace: Path) -> dict[int, set[int]]:
-    """{decode step: the routed expert slots} from the logger's trace (prefill records skipped)."""
-    out: dict[int, set[int]] = {}
+def _routing(trace: Path) -> tuple[dict[int, set[tuple[int, int]]], dict[int, float]]:
+    """({decode step: the routed (layer, expert)s}, {decode step: its decode ms}) from the logger's
+    trace (prefill records skipped), read once."""
+    out: dict[int, set[tuple[int, int]]] = {}
+    ms: dict[int, float] = {}
     for line in trace.read_text().splitlines():
         r = json.loads(line)
         if r.get("phase") != "prefill":
             out.setdefault(int(r["step"]), set()).update((int(r["layer"]), int(e)) for e in r["experts"])
-    return out
+            ms[int(r["step"])] = r["decode_ns"] / 1e6
+    return out, ms
 
 
 def engine_figures(run: Path, trace: Path, pm, spec: EngineCellSpec) -> dict[str, Any]:
@@ -180,12 +183,13 @@ def engine_figures(run: Path, trace: Path, pm, spec: EngineCellSpec) -> dict[str
     ep = pd.read_parquet(run / "epochs.parquet")
     dec = ep[ep["phase"].isin(["warmup", "measured"])].copy()
     dec["token"] = dec["iteration"].astype(int)
-    routed = {t: {la * pm.n_experts + e for la, e in s} for t, s in _routing(trace).items()}
+    by_step, ms = _routing(trace)
+    routed = {t: {la * pm.n_experts + e for la, e in s} for t, s in by_step.items()}
     model = ee[ee["kind"].isin(MODEL_KINDS)].merge(dec[["epoch", "token"]], on="epoch")
     ex = model[model["kind"] == "expert"].copy()
     ex["needed"] = np.array([int(s) in routed.get(int(t), ()) for s, t in zip(ex["expert_id"], ex["token"])],
                             dtype=bool)
-    tokens = _token_table(dec, model, ex, trace, PAGE)
+    tokens = _token_table(dec, model, ex, ms, PAGE)
     measured = tokens[tokens["token"] >= spec.warmup_tokens]
     tokens.to_parquet(run.parent / "engine_tokens.parquet", index=False)
     mex = ex[ex["token"] >= spec.warmup_tokens]
@@ -212,15 +216,10 @@ def engine_figures(run: Path, trace: Path, pm, spec: EngineCellSpec) -> dict[str
             "whole_run_device_bytes": _whole_run_device_bytes(run)}
 
 
-def _token_table(dec, model, ex, trace: Path, page: int):
+def _token_table(dec, model, ex, ms: dict[int, float], page: int):
     """Per decode token: model pages added (device bytes), expert pages needed / not, decode time."""
     import pandas as pd
 
-    ms = {}
-    for line in trace.read_text().splitlines():
-        r = json.loads(line)
-        if r.get("phase") != "prefill":
-            ms[int(r["step"])] = r["decode_ns"] / 1e6
     by = model.groupby("token")["added_pages"].sum()
     need = ex[ex["needed"]].groupby("token")["added_pages"].sum()
     allx = ex.groupby("token")["added_pages"].sum()
