@@ -324,6 +324,7 @@ def test_watch_by_pid_on_llama_server_sums_to_what_record_counts_of_the_same_req
     pool: `watch --pool MODEL --pid SERVER` and `record --pool MODEL` around a client's requests
     count the same added, re-added pages and device bytes (the server is idle outside them)."""
     from moetrace.capacity.scope import Scope, remove_stale_scopes
+    from moetrace.engines.pageout import drop_unmapped
     from moetrace.inputs.modelsynth import ModelSpec, synth_model
 
     model = tmp_path / "tiny.gguf"
@@ -344,6 +345,12 @@ def test_watch_by_pid_on_llama_server_sums_to_what_record_counts_of_the_same_req
                 assert srv.poll() is None and time.monotonic() < t_end, (tmp_path / "server.log").read_text()[-2000:]
                 time.sleep(0.2)
             time.sleep(1)
+            # Each tool counts a re-add against the deletions it saw itself: a page evicted after
+            # watch attached but before record did, then read again, is a re-add to watch only.
+            # The pages the server maps stay (nothing reclaims in an idle memcg); the unmapped
+            # ones (its loader's readahead) DAMON may page out at any time (CI measured watch one
+            # re-add ahead), so they go now, before either attaches.
+            drop_unmapped(model)
             w = WatchProc("--pool", str(model), "--pid", str(srv.pid))
             r = subprocess.run([*CLI, "record", "--out", str(run), "--pool", str(model), "--probes", "pagecache,block",
                                 "--", sys.executable, "-c", CLIENT, str(port), "6"], capture_output=True, text=True,
