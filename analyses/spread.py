@@ -170,8 +170,8 @@ def repeats_to_decide(worse: float, cv: float, threshold: float = 0.0, alpha: fl
     """Cells a side with which `check` would name a move of ``worse`` (> 1: candidate / base, made
     direction-free, taken as the true move): the smallest n >= 2 at which ``power`` of
     SIMULATIONS simulated checks of n cells against n call it a regression the way check does
-    with repeats (the ratio of the medians past 1 + ``threshold`` and Welch's t over the cells at
-    p < ``alpha``), each cell's value log-normal with the spread between identical cells ``cv``
+    with repeats (the ratio of the medians past 1 + ``threshold`` and Welch's t over the cells' logs
+    at p < ``alpha``, moetrace.analyses.compare.welch), each cell's value log-normal with the spread between identical cells ``cv``
     (sd of ln value). Simulated, not a formula: with 2 or 3 cells a side Welch's degrees of freedom
     fall well below the pooled test's and the normal approximation promises too much. None beyond
     MAX_REPEATS (or no move)."""
@@ -185,10 +185,10 @@ def repeats_to_decide(worse: float, cv: float, threshold: float = 0.0, alpha: fl
     rng = np.random.default_rng(seed)
     d = math.log(worse)
     for n in range(2, MAX_REPEATS + 1):
-        b = np.exp(rng.normal(0.0, cv, (SIMULATIONS, n)))
-        c = np.exp(rng.normal(d, cv, (SIMULATIONS, n)))
-        named = (np.median(c, axis=1) / np.median(b, axis=1) > 1 + threshold) & \
-            (stats.ttest_ind(c, b, axis=1, equal_var=False).pvalue < alpha)
+        lb = rng.normal(0.0, cv, (SIMULATIONS, n))  # the cells' ln values
+        lc = rng.normal(d, cv, (SIMULATIONS, n))
+        named = (np.exp(np.median(lc, axis=1) - np.median(lb, axis=1)) > 1 + threshold) & \
+            (stats.ttest_ind(lc, lb, axis=1, equal_var=False).pvalue < alpha)
         if named.mean() >= power:
             return n
     return None

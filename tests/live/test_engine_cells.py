@@ -1,8 +1,8 @@
 """Live, issue 35 acceptance 3 and 4 (at CI's size): engine cells and an engine sweep of llama.cpp
 on the tiny MoE under a cgroup wall at half its expert pool, the stock loader against
-readahead-limited (MADV_RANDOM), three repeats each (check's Welch test on two a side has about
-one degree of freedom: a 145x move measured p = 0.08 there); `moetrace check` between the
-loaders and the sweep's report.
+readahead-limited (MADV_RANDOM), three repeats each (check's Welch test runs on the cells' logs:
+on raw values one noisy stock side left it ~2 degrees of freedom, and CI measured a 99x move at
+p = 0.0505); `moetrace check` between the loaders and the sweep's report.
 
 Oracles: the recording's /proc/vmstat pgpgin (device-wide, KiB) against the model pages the
 pagecache probe counted added; the block probe's device bytes of the model's experts against

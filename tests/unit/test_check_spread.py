@@ -108,19 +108,20 @@ def test_verdict_of_one_value_a_side(base, cand, verdict):
 
 
 def test_repeats_to_decide_is_the_fewest_cells_a_simulated_check_names_the_move_with():
-    from scipy import stats
-
     n = S.repeats_to_decide(1.3, 0.2, threshold=0.1)
     assert n == 11
-    # independently: check's own rule (medians past the threshold, Welch p < alpha) on log-normal
-    # cells, another seed: about 80 % named with n cells a side, fewer with n - 3
+    # independently: check's own rule (medians past the threshold, compare_values' p < alpha) on
+    # log-normal cells, another seed: about 80 % named with n cells a side, fewer with n - 3
     rng = np.random.default_rng(12345)
 
     def named(k):
-        b = np.exp(rng.normal(0, 0.2, (4000, k)))
-        c = np.exp(rng.normal(math.log(1.3), 0.2, (4000, k)))
-        return ((np.median(c, 1) / np.median(b, 1) > 1.1) & (stats.ttest_ind(c, b, axis=1, equal_var=False).pvalue
-                                                              < 0.05)).mean()
+        hits = 0
+        for _ in range(1000):
+            b = np.exp(rng.normal(0, 0.2, k))
+            c = np.exp(rng.normal(math.log(1.3), 0.2, k))
+            ratio, _w, p, _t = C.compare_values(b, c, True)
+            hits += ratio > 1.1 and p < 0.05
+        return hits / 1000
 
     assert 0.76 <= named(n) <= 0.86 and named(n - 3) < 0.72
     # larger moves need fewer; a tighter spread fewer; at the threshold, none would do

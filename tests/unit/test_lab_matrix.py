@@ -347,7 +347,7 @@ def test_kernel_pairs_are_checked_against_the_first_kernel(tmp_path):
     rows = pair_checks(out)
     assert [(r["base"], r["candidate"], r["base_n"], r["cand_n"]) for r in rows] == [
         ("6.1 MGLRU on", "6.12 MGLRU on", 2, 2)]
-    assert rows[0]["verdict"] == "no regression" and "cells: Welch t (2 / 2)" in rows[0]["tests"]
+    assert rows[0]["verdict"] == "no regression" and "cells: Welch t on logs (2 / 2)" in rows[0]["tests"]
 
 
 # --- the matrix's cells as jobs (issue 22): the same cells, done.json for each, one resubmission ---

@@ -30,7 +30,7 @@ def check(base, cand, thresholds_path, as_json, html_dir, mixed_hosts):
     Metrics: iteration time, device bytes per iteration, amplification, re-reads
     and refaults per iteration, scan-to-steal, hit-only ns/KiB and p50/p99,
     age at eviction (LRU dwell), MGLRU aging cadence. Medians with spread;
-    with >= 2 repeats a side, Welch's t-test and a bootstrap 95 % interval of
+    with >= 2 repeats a side, Welch's t-test (on the logs) and a 95 % interval of
     the ratio: a metric regressed when it moved the wrong way by more than its
     threshold and the test agrees (p < alpha); a geometric-mean row sums up.
     One cell a side: a Mann-Whitney U test of the per-iteration samples where a
