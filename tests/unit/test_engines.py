@@ -40,7 +40,9 @@ def test_the_command_runs_the_tool_through_sids_loader(tmp_path, monkeypatch):
         str(lib / "ld-linux-x86-64.so.2"), "--inhibit-cache", "--library-path", f"{lib}:{lib}/llama",
         str(v / "root" / "usr" / "bin" / "llama-simple"), "-m", "m.gguf"]
     env = e.env({"PATH": "/bin"})
-    assert env == {"PATH": "/bin", "GGML_BACKEND_PATH": str(lib / "ggml" / "backends0" / "libggml-cpu-zen4.so")}
+    # the tools load the set-up's backend; the routing logger scores the variants on its own CPU
+    assert env == {"PATH": "/bin", "GGML_BACKEND_PATH": str(lib / "ggml" / "backends0" / "libggml-cpu-zen4.so"),
+                   "MOETRACE_GGML_BACKENDS": str(lib / "ggml" / "backends0")}
     assert e.describe()["version"] == "1:0.7.0+dfsg-2" and e.path == v.resolve()
     with pytest.raises(MoetraceError, match="has no llama-server") as err:
         e.command("llama-server")

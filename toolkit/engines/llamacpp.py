@@ -19,6 +19,8 @@ from moetrace.errors import InputError, MoetraceError
 
 DEFAULT_ROOT = "/var/lib/moetrace/engines"
 SETUP = "bash scripts/engine-setup.sh"
+#: the routing logger's CPU backend variants directory (toolkit/engines/route_log.c)
+BACKENDS_ENV = "MOETRACE_GGML_BACKENDS"
 
 
 def engine_root() -> Path:
@@ -58,10 +60,14 @@ class Engine:
                 *args]
 
     def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
-        """``base`` (default: this process's environment) with GGML_BACKEND_PATH set."""
+        """``base`` (default: this process's environment) with GGML_BACKEND_PATH set (the backend
+        the set-up chose for its CPU: llama.cpp's tools load it) and MOETRACE_GGML_BACKENDS, the
+        directory of the CPU backend variants: the routing logger lets ggml score them on the CPU
+        it runs on, so it runs in a lab guest too (QEMU's TCG CPU has no AVX-512 or AVX2)."""
         env = dict(os.environ if base is None else base)
         if self.backend:
             env["GGML_BACKEND_PATH"] = self.backend
+            env[BACKENDS_ENV] = str(Path(self.backend).parent)
         return env
 
     @property

@@ -187,7 +187,16 @@ int main(int argc, char **argv) {
         return 1;
     }
     llama_log_set(warnings_only, NULL);
-    ggml_backend_load_all();  // GGML_BACKEND_PATH names the CPU backend (Debian looks under /usr otherwise)
+    // MOETRACE_GGML_BACKENDS: the directory of Debian's CPU backend variants; ggml scores them on
+    // the CPU this runs on (a lab guest's QEMU CPU lacks the host's AVX-512: the set-up's choice,
+    // GGML_BACKEND_PATH, does not load there). Without it, GGML_BACKEND_PATH names the backend.
+    const char *variants = getenv("MOETRACE_GGML_BACKENDS");
+    if (variants && *variants) {
+        unsetenv("GGML_BACKEND_PATH");  // else ggml loads it too, beside its own choice
+        ggml_backend_load_all_from_path(variants);
+    } else {
+        ggml_backend_load_all();
+    }
     llama_backend_init();
     struct llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 0;
