@@ -10,7 +10,7 @@ demo: setup
 	$(VENV)/bin/moetrace demo --out demo-out
 
 test: setup
-	$(PY) -m pytest -q
+	PY=$(PY) bash scripts/test.sh
 
 bench: setup
 	$(PY) tests/bench/run_all.py
