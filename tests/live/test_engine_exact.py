@@ -15,11 +15,10 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 
-from common.engines import engine  # noqa: F401  (the fixture)
+from common.engines import engine, routed_against_added  # noqa: F401  (engine: the fixture)
 from conftest import io_lock
 from moetrace.inputs.modelmap import expert_table, map_model, page_owners
 from moetrace.inputs.modelsynth import ModelSpec, synth_model
@@ -62,13 +61,7 @@ def test_each_token_adds_exactly_the_pages_of_the_experts_it_routed(live, engine
     dec = ep[ep["phase"] == "measured"]
     assert dec["iteration"].tolist() == list(range(TOKENS))  # one epoch per token, none folded
     assert not ep["folded"].any()
-    want = np.zeros((TOKENS, L * E), np.int64)
-    for r in routed:
-        want[r["step"], r["layer"] * E + np.array(r["experts"])] = ppe
-    got = np.zeros_like(want)
-    x = ee[(ee["phase"] == "measured") & (ee["kind"] == "expert")]
-    got[x["iteration"].astype(int), x["expert_id"].astype(int)] = x["added_pages"].astype(np.int64)
-    bad = [(t, int((got[t] != want[t]).sum())) for t in range(TOKENS) if (got[t] != want[t]).any()]
+    want, bad = routed_against_added(ee, routed, TOKENS, L, E, ppe)
     assert not bad, f"tokens whose added pages differ from their routing (token, experts): {bad[:8]}"
     assert (want.sum(axis=1) == 8 * L * ppe).all()  # top-8 of 64 in each of 8 layers, 768 KiB each
     other = ee[(ee["phase"] == "measured") & (ee["kind"] == "non_expert")].groupby("iteration")["added_pages"].sum()

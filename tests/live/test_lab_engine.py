@@ -16,11 +16,10 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 
-from common.engines import engine  # noqa: F401  (the fixture)
+from common.engines import engine, routed_against_added  # noqa: F401  (engine: the fixture)
 from common.lab import K612, _lab, _need
 
 TOKENS, E, L, PPE = 4, 64, 8, 192
@@ -52,13 +51,7 @@ def test_the_engine_in_a_612_guest_adds_exactly_the_pages_of_the_experts_it_rout
     ee = pd.read_parquet(run / "expert_epochs.parquet")
     ep = pd.read_parquet(run / "epochs.parquet")
     ee = ee.merge(ep[["epoch", "phase", "iteration"]], on="epoch")
-    want = np.zeros((TOKENS, L * E), np.int64)
-    for x in routed:
-        want[x["step"], x["layer"] * E + np.array(x["experts"])] = PPE
-    got = np.zeros_like(want)
-    x = ee[(ee["phase"] == "measured") & (ee["kind"] == "expert")]
-    got[x["iteration"].astype(int), x["expert_id"].astype(int)] = x["added_pages"].astype(np.int64)
-    bad = [(t, int((got[t] != want[t]).sum())) for t in range(TOKENS) if (got[t] != want[t]).any()]
+    want, bad = routed_against_added(ee, routed, TOKENS, L, E, PPE)
     assert not bad, f"tokens whose added pages differ from their routing (token, experts): {bad}"
     # every expert page a token added is one a fault asked for (the epochs' causes: expert pages)
     meas = ep[ep["phase"] == "measured"].set_index("iteration")
