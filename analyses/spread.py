@@ -171,8 +171,8 @@ def repeats_to_decide(worse: float, cv: float, threshold: float = 0.0, alpha: fl
     direction-free, taken as the true move): the smallest n >= 2 at which ``power`` of
     SIMULATIONS simulated checks of n cells against n call it a regression the way check does
     with repeats (the ratio of the medians past 1 + ``threshold`` and Welch's t over the cells' logs
-    at p < ``alpha``, moetrace.analyses.compare.welch), each cell's value log-normal with the spread between identical cells ``cv``
-    (sd of ln value). Simulated, not a formula: with 2 or 3 cells a side Welch's degrees of freedom
+    at p < ``alpha``, moetrace.analyses.compare.welch), each cell's value log-normal with the
+    spread between identical cells ``cv`` (sd of ln value). Simulated, not a formula: with 2 or 3 cells a side Welch's degrees of freedom
     fall well below the pooled test's and the normal approximation promises too much. None beyond
     MAX_REPEATS (or no move)."""
     import numpy as np
