@@ -5,13 +5,14 @@ cells of one capacity, or several cell directories). For each metric the base an
 medians, their spread, the ratio candidate / base, and where both sides have >= 2 repeats a
 Welch t-test (on the logs of positive values) and a bootstrap interval of the ratio of means
 (scipy); with one unit a side, a Mann-Whitney U test of the per-iteration samples where the
-metric has them (iteration time, as mmtests' compare tests its samples), else the threshold alone
-(column ``test`` says which). A metric regressed when it moved the wrong way by more than its
-threshold and the test agrees (p < alpha). Within-cell samples do not see the noise between identical cells (page cache
-state, the host): with one cell a side a metric regressed only beyond its spread between
-identical cells of that mechanism on that machine (:mod:`moetrace.analyses.spread`); a move
-past the threshold but within that spread is *inconclusive*, with the repeats a side that would
-decide. The geometric mean of the direction-normalised ratios (> 1: worse) summarises all.
+metric has them (iteration time, as mmtests' compare tests its samples), else the threshold
+alone (column ``test`` says which). A metric regressed when it moved the wrong way by more than
+its threshold and the test agrees (p < alpha). Within-cell samples do not see the noise between
+identical cells (page cache state, the host): with one cell a side a metric regressed only
+beyond its spread between identical cells of that mechanism on that machine
+(:mod:`moetrace.analyses.spread`); a move past the threshold but within that spread is
+*inconclusive*, with the repeats a side that would decide. The geometric mean of the
+direction-normalised ratios (> 1: worse) summarises all.
 
 Thresholds (TOML, every key optional)::
 
